@@ -1,0 +1,26 @@
+# Finds the libtorch of the Python environment we build against: its CMake prefix, C++ ABI and
+# version come from that interpreter, so the build always matches the torch that will load us.
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+execute_process(
+  COMMAND "${Python3_EXECUTABLE}" -c
+    "import torch; print(torch.utils.cmake_prefix_path); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)"
+  OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _torch_rc)
+if(NOT _torch_rc EQUAL 0)
+  message(FATAL_ERROR "torch is not importable from ${Python3_EXECUTABLE}; run scripts/setup.sh first")
+endif()
+string(REPLACE "\n" ";" _torch_info "${_torch_info}")
+list(GET _torch_info 0 TORCH_CMAKE_PREFIX)
+list(GET _torch_info 1 TORCH_CXX11_ABI)
+list(GET _torch_info 2 TORCHTPU_TORCH_VERSION)
+list(APPEND CMAKE_PREFIX_PATH "${TORCH_CMAKE_PREFIX}")
+
+# PyPI's Linux torch is a CUDA build whose CMake config insists on a CUDA toolkit (nvcc). We only
+# link against its libraries, which the wheel ships, so where no toolkit is installed we satisfy
+# the config's include guard with an empty cudart target instead of requiring one.
+find_package(CUDAToolkit QUIET)
+if(NOT CUDAToolkit_FOUND AND NOT TARGET torch::cudart)
+  add_library(torch::cudart INTERFACE IMPORTED)
+endif()
+find_package(Torch REQUIRED)
+add_compile_definitions(_GLIBCXX_USE_CXX11_ABI=${TORCH_CXX11_ABI})
+message(STATUS "torchtpu-cpp: torch ${TORCHTPU_TORCH_VERSION} at ${TORCH_CMAKE_PREFIX} (cxx11 abi ${TORCH_CXX11_ABI})")

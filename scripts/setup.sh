@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything torchtpu-cpp needs on a fresh Debian/Ubuntu machine and builds it.
+# Idempotent: a second run only rebuilds what changed.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+apt_packages=(build-essential cmake ninja-build git pkg-config python3-venv
+  nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libcli11-dev libgtest-dev libgmock-dev
+  chromium shellcheck)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo (Rust) is needed to build the chat-template renderer" >&2
+  exit 1
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -r requirements.txt
+
+if [ -f tests/js/package.json ]; then
+  (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+cmake -S . -B build -G Ninja -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
+cmake --build build -j "$(nproc)"

@@ -1,0 +1,81 @@
+// config.json of a Gemma 4 text model, parsed into a plain struct and validated. Accepts the
+// published multimodal layout (model_type "gemma4" with "text_config") and the flattened
+// text-only one ("gemma4_text"). Anything unsupported is a FormatError naming field and value.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torchtpu {
+
+enum class LayerType { kSliding, kFull };
+
+// rope_parameters for one layer type. "default" rotates all of head_dim; "proportional" rotates
+// the first partial_rotary_factor of the frequency pairs with exponents over the full head dim.
+struct RopeParams {
+  std::string rope_type = "default";  // "default" | "proportional"
+  double theta = 10000.0;
+  double partial_rotary_factor = 1.0;
+  double factor = 1.0;
+};
+
+// compressed-tensors quantization_config, as far as the loader needs it (group strategy, int4).
+struct QuantGroup {
+  std::vector<std::string> targets;  // exact names, "re:" regexes, or class names ("Linear")
+  int64_t num_bits = 4;
+  bool symmetric = true;
+  std::string strategy = "group";  // "group" | "channel"
+  int64_t group_size = 32;         // -1 for channel
+  std::string actorder;            // "" | "group" | ...
+};
+struct QuantizationConfig {
+  std::string quant_method;  // "compressed-tensors"
+  std::string format;        // "pack-quantized"
+  std::vector<QuantGroup> groups;
+  std::vector<std::string> ignore;
+};
+
+struct ModelConfig {
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;         // sliding layers
+  int64_t global_head_dim = 0;  // full layers
+  int64_t intermediate_size = 0;
+  bool use_double_wide_mlp = false;
+  int64_t hidden_size_per_layer_input = 0;
+  int64_t vocab_size_per_layer_input = 0;
+  int64_t sliding_window = 0;
+  double final_logit_softcapping = 0.0;  // 0: none
+  double rms_norm_eps = 1e-6;
+  std::vector<LayerType> layer_types;
+  RopeParams rope_sliding;
+  RopeParams rope_full;
+  int64_t num_kv_shared_layers = 0;
+  bool tie_word_embeddings = true;
+  std::string hidden_activation = "gelu_pytorch_tanh";
+  int64_t max_position_embeddings = 131072;
+  int64_t bos_token_id = 2;
+  int64_t pad_token_id = 0;
+  std::vector<int64_t> eos_token_ids;  // union of text_config and top-level eos ids
+  std::optional<QuantizationConfig> quantization;
+
+  // Derived, from the research note §1 / §2.5.
+  int64_t first_shared_layer() const { return num_hidden_layers - num_kv_shared_layers; }
+  bool is_shared(int64_t layer) const { return layer >= first_shared_layer(); }
+  // For a shared layer: the last non-shared layer of the same type. For others: the layer itself.
+  int64_t kv_source(int64_t layer) const;
+  int64_t layer_head_dim(int64_t layer) const;
+  int64_t mlp_width(int64_t layer) const;
+  const RopeParams& rope(int64_t layer) const;
+};
+
+// Parses and validates. `path` is used in every message.
+ModelConfig parse_config_json(const std::string& json_text, const std::string& path);
+ModelConfig load_config(const std::string& dir);
+
+}  // namespace torchtpu

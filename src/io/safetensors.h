@@ -1,0 +1,76 @@
+// Memory-mapped safetensors files, validated strictly: every way a file can be wrong is a
+// FormatError naming the file, the tensor and what is wrong. Torch-free: tensors are byte views.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torchtpu {
+
+enum class Dtype { kBool, kU8, kI8, kI16, kU16, kF16, kBF16, kI32, kU32, kF32, kF64, kI64, kU64 };
+
+// "BF16" -> kBF16; throws FormatError naming `where` for an unknown string.
+Dtype parse_dtype(const std::string& s, const std::string& where);
+const char* dtype_name(Dtype d);
+size_t dtype_size(Dtype d);
+
+// One tensor inside a mapped file. `data` may be unaligned; it stays valid while the file that
+// owns the mapping lives.
+struct TensorView {
+  std::string name;
+  std::string file;  // path of the file that holds it, for error messages
+  Dtype dtype;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  size_t nbytes = 0;
+  int64_t numel() const;
+};
+
+// A read-only mapping of one file (RAII). Pages are shared with the page cache.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// One .safetensors file: header parsed and validated at open (header length inside the file,
+// valid JSON, known dtypes, offsets inside the buffer, no overlap or gaps, bytes == numel x size).
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  const std::string& path() const { return file_.path(); }
+  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  MappedFile file_;
+  std::map<std::string, TensorView> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes a safetensors file (tensors sorted by name, 8-byte aligned header), for make-tiny,
+// quantize and tests.
+struct TensorToWrite {
+  std::string name;
+  Dtype dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+}  // namespace torchtpu
