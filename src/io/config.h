@@ -25,6 +25,7 @@ struct RopeParams {
 struct QuantGroup {
   std::vector<std::string> targets;  // exact names, "re:" regexes, or class names ("Linear")
   int64_t num_bits = 4;
+  std::string type = "int";  // "int" | "float"
   bool symmetric = true;
   std::string strategy = "group";  // "group" | "channel"
   int64_t group_size = 32;         // -1 for channel
@@ -59,9 +60,11 @@ struct ModelConfig {
   bool tie_word_embeddings = true;
   std::string hidden_activation = "gelu_pytorch_tanh";
   int64_t max_position_embeddings = 131072;
-  int64_t bos_token_id = 2;
-  int64_t pad_token_id = 0;
-  std::vector<int64_t> eos_token_ids;  // union of text_config and top-level eos ids
+  int64_t bos_token_id = 2;  // -1 when config.json has null
+  int64_t pad_token_id = 0;  // -1 when config.json has null
+  // Union, in order and without duplicates, of text_config's, the top level's and (load_config)
+  // generation_config.json's eos ids.
+  std::vector<int64_t> eos_token_ids;
   std::optional<QuantizationConfig> quantization;
 
   // Derived, from the research note §1 / §2.5.
@@ -76,6 +79,7 @@ struct ModelConfig {
 
 // Parses and validates. `path` is used in every message.
 ModelConfig parse_config_json(const std::string& json_text, const std::string& path);
+// DIR/config.json plus the eos ids of DIR/generation_config.json when that file exists.
 ModelConfig load_config(const std::string& dir);
 
 }  // namespace torchtpu

@@ -62,8 +62,9 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes a safetensors file (tensors sorted by name, 8-byte aligned header), for make-tiny,
-// quantize and tests.
+// Writes a safetensors file for make-tiny, quantize and tests: header padded with spaces to a
+// multiple of 8, tensors in the Rust writer's order (larger dtypes first, then by name) so each
+// starts naturally aligned. Throws ValueError when bytes != numel x dtype size.
 struct TensorToWrite {
   std::string name;
   Dtype dtype;

@@ -1,0 +1,531 @@
+#include "io/config.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+
+namespace torchtpu {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kSliding = "sliding_attention";
+constexpr const char* kFull = "full_attention";
+
+// One JSON object of config.json and the dotted path that leads to it ("text_config."), so that
+// every message names the file and the field as a user would find it. Defaults are transformers'
+// (Gemma4TextConfig in configuration_gemma4.py, transformers 5.24).
+class Fields {
+ public:
+  Fields(const json& obj, std::string path, std::string prefix)
+      : obj_(obj), path_(std::move(path)), prefix_(std::move(prefix)) {}
+
+  std::string name(const std::string& key) const { return prefix_ + key; }
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw FormatError(path_ + ": " + name(key) + " " + what);
+  }
+  [[noreturn]] void unsupported(const std::string& key, const json& value,
+                                const std::string& why) const {
+    fail(key, "= " + value.dump() + " is not supported: " + why);
+  }
+  bool has(const std::string& key) const { return obj_.contains(key) && !obj_[key].is_null(); }
+  const json& at(const std::string& key) const { return obj_[key]; }
+
+  int64_t integer(const std::string& key, int64_t def) const {
+    if (!has(key)) return def;
+    const json& v = obj_[key];
+    if (!v.is_number_integer()) fail(key, "must be an integer, got " + v.dump());
+    return v.get<int64_t>();
+  }
+  int64_t positive(const std::string& key, int64_t def) const {
+    const int64_t v = integer(key, def);
+    if (v <= 0) fail(key, "must be positive, got " + std::to_string(v));
+    return v;
+  }
+  double number(const std::string& key, double def) const {
+    if (!has(key)) return def;
+    const json& v = obj_[key];
+    if (!v.is_number()) fail(key, "must be a number, got " + v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const std::string& key, bool def) const {
+    if (!has(key)) return def;
+    const json& v = obj_[key];
+    if (!v.is_boolean()) fail(key, "must be true or false, got " + v.dump());
+    return v.get<bool>();
+  }
+  std::string string(const std::string& key, const std::string& def) const {
+    if (!has(key)) return def;
+    const json& v = obj_[key];
+    if (!v.is_string()) fail(key, "must be a string, got " + v.dump());
+    return v.get<std::string>();
+  }
+  // A field that must keep a given value because the model does not implement the others.
+  void require_false(const std::string& key, const std::string& why) const {
+    if (has(key) && !(obj_[key].is_boolean() && !obj_[key].get<bool>())) {
+      unsupported(key, obj_[key], why);
+    }
+  }
+  // An id field that may be an int, a list of ints or null; appends in order without duplicates.
+  void append_ids(const std::string& key, std::vector<int64_t>* out) const {
+    if (!has(key)) return;
+    const json& v = obj_[key];
+    auto add = [&](const json& id) {
+      if (!id.is_number_integer()) fail(key, "must be an integer or a list of integers, got " + v.dump());
+      const int64_t x = id.get<int64_t>();
+      if (std::find(out->begin(), out->end(), x) == out->end()) out->push_back(x);
+    };
+    if (v.is_array()) {
+      for (const json& id : v) add(id);
+    } else {
+      add(v);
+    }
+  }
+
+ private:
+  const json& obj_;
+  std::string path_;
+  std::string prefix_;
+};
+
+json parse_json(const std::string& text, const std::string& path) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    throw FormatError(path + ": invalid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw FormatError(path + ": expected a JSON object, got " + j.dump());
+  return j;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw NotFoundError("cannot read " + path);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+RopeParams parse_rope(const Fields& rope_parameters, const std::string& layer_type) {
+  const json& entry = rope_parameters.at(layer_type);
+  if (!entry.is_object()) rope_parameters.fail(layer_type, "must be an object, got " + entry.dump());
+  auto fail = [&](const std::string& key, const std::string& what) {
+    rope_parameters.fail(layer_type + "." + key, what);
+  };
+  auto unsupported = [&](const std::string& key, const json& value, const std::string& why) {
+    rope_parameters.unsupported(layer_type + "." + key, value, why);
+  };
+  for (const auto& [key, value] : entry.items()) {
+    if (key != "rope_type" && key != "rope_theta" && key != "partial_rotary_factor" &&
+        key != "factor") {
+      unsupported(key, value, "unknown RoPE parameter");
+    }
+  }
+  RopeParams p;
+  if (!entry.contains("rope_type") || !entry["rope_type"].is_string()) {
+    fail("rope_type", "must be a string (\"default\" or \"proportional\")");
+  }
+  p.rope_type = entry["rope_type"].get<std::string>();
+  if (p.rope_type != "default" && p.rope_type != "proportional") {
+    unsupported("rope_type", entry["rope_type"],
+                "only \"default\" and \"proportional\" RoPE are implemented");
+  }
+  if (!entry.contains("rope_theta") || !entry["rope_theta"].is_number()) {
+    fail("rope_theta", "must be a number");
+  }
+  p.theta = entry["rope_theta"].get<double>();
+  if (!(p.theta > 0)) fail("rope_theta", "must be positive, got " + entry["rope_theta"].dump());
+  if (entry.contains("partial_rotary_factor")) {
+    const json& v = entry["partial_rotary_factor"];
+    if (!v.is_number()) fail("partial_rotary_factor", "must be a number, got " + v.dump());
+    p.partial_rotary_factor = v.get<double>();
+    if (!(p.partial_rotary_factor > 0 && p.partial_rotary_factor <= 1)) {
+      fail("partial_rotary_factor", "must be in (0, 1], got " + v.dump());
+    }
+    // transformers' default RoPE ignores the factor and rotates every dimension; accepting it
+    // would leave the reader of this config guessing which of the two was meant.
+    if (p.rope_type == "default" && p.partial_rotary_factor != 1.0) {
+      unsupported("partial_rotary_factor", v,
+                  "rope_type \"default\" rotates all dimensions (\"proportional\" rotates a part)");
+    }
+  }
+  if (entry.contains("factor")) {
+    const json& v = entry["factor"];
+    if (!v.is_number() || v.get<double>() != 1.0) {
+      unsupported("factor", v, "RoPE scaling factors other than 1 are not implemented");
+    }
+  }
+  return p;
+}
+
+QuantizationConfig parse_quantization(const json& q, const std::string& path,
+                                      const std::string& prefix) {
+  const Fields f(q, path, prefix);
+  if (!q.is_object()) throw FormatError(path + ": " + prefix + " must be an object, got " + q.dump());
+  QuantizationConfig out;
+  out.quant_method = f.string("quant_method", "");
+  if (out.quant_method != "compressed-tensors") {
+    f.unsupported("quant_method", q.value("quant_method", json()),
+                  "only \"compressed-tensors\" quantization is implemented");
+  }
+  out.format = f.string("format", "");
+  if (f.has("ignore")) {
+    const json& ig = f.at("ignore");
+    if (!ig.is_array()) f.fail("ignore", "must be a list of strings, got " + ig.dump());
+    for (const json& s : ig) {
+      if (!s.is_string()) f.fail("ignore", "must be a list of strings, got " + ig.dump());
+      out.ignore.push_back(s.get<std::string>());
+    }
+  }
+  if (!f.has("config_groups") || !f.at("config_groups").is_object()) {
+    f.fail("config_groups", "must be an object of quantization groups");
+  }
+  for (const auto& [gname, g] : f.at("config_groups").items()) {
+    const std::string gprefix = prefix + ".config_groups." + gname;
+    if (!g.is_object()) throw FormatError(path + ": " + gprefix + " must be an object");
+    const Fields gf(g, path, gprefix + ".");
+    QuantGroup group;
+    if (!gf.has("targets") || !gf.at("targets").is_array()) {
+      gf.fail("targets", "must be a list of strings");
+    }
+    for (const json& t : gf.at("targets")) {
+      if (!t.is_string()) gf.fail("targets", "must be a list of strings, got " + gf.at("targets").dump());
+      group.targets.push_back(t.get<std::string>());
+    }
+    if (!gf.has("weights") || !gf.at("weights").is_object()) {
+      gf.unsupported("weights", g.value("weights", json()),
+                     "only weight quantization groups are implemented");
+    }
+    const Fields w(gf.at("weights"), path, gprefix + ".weights.");
+    group.num_bits = w.positive("num_bits", group.num_bits);
+    group.type = w.string("type", group.type);
+    group.symmetric = w.boolean("symmetric", group.symmetric);
+    group.strategy = w.string("strategy", group.strategy);
+    group.group_size = w.integer("group_size", -1);
+    if (group.strategy == "group" && group.group_size <= 0) {
+      w.fail("group_size", "must be positive for strategy \"group\", got " +
+                               gf.at("weights").value("group_size", json()).dump());
+    }
+    group.actorder = w.string("actorder", "");
+    out.groups.push_back(std::move(group));
+  }
+  return out;
+}
+
+// transformers' default when layer_types is absent: every sixth layer full, the last forced full.
+std::vector<LayerType> default_layer_types(int64_t n) {
+  std::vector<LayerType> types(n);
+  for (int64_t i = 0; i < n; ++i) types[i] = (i + 1) % 6 ? LayerType::kSliding : LayerType::kFull;
+  if (n > 0) types.back() = LayerType::kFull;
+  return types;
+}
+
+const char* layer_type_name(LayerType t) { return t == LayerType::kFull ? kFull : kSliding; }
+
+}  // namespace
+
+ModelConfig parse_config_json(const std::string& json_text, const std::string& path) {
+  const json root = parse_json(json_text, path);
+  const Fields top(root, path, "");
+  const std::string model_type = top.string("model_type", "");
+  const json* text = &root;
+  std::string prefix;
+  if (model_type == "gemma4") {
+    if (!top.has("text_config") || !root["text_config"].is_object()) {
+      top.fail("text_config", "must be an object for model_type \"gemma4\"");
+    }
+    text = &root["text_config"];
+    prefix = "text_config.";
+    const Fields tf(*text, path, prefix);
+    const std::string inner = tf.string("model_type", "gemma4_text");
+    if (inner != "gemma4_text") {
+      tf.unsupported("model_type", (*text)["model_type"], "expected \"gemma4_text\"");
+    }
+  } else if (model_type != "gemma4_text") {
+    top.unsupported("model_type", root.value("model_type", json()),
+                    "expected \"gemma4\" or \"gemma4_text\"");
+  }
+  const Fields f(*text, path, prefix);
+
+  ModelConfig c;
+  c.vocab_size = f.positive("vocab_size", 262144);
+  c.hidden_size = f.positive("hidden_size", 2304);
+  c.intermediate_size = f.positive("intermediate_size", 9216);
+  c.num_hidden_layers = f.positive("num_hidden_layers", 30);
+  c.num_attention_heads = f.positive("num_attention_heads", 8);
+  c.num_key_value_heads = f.positive("num_key_value_heads", 4);
+  c.head_dim = f.positive("head_dim", 256);
+  c.max_position_embeddings = f.positive("max_position_embeddings", 131072);
+  c.sliding_window = f.positive("sliding_window", 512);
+  c.hidden_size_per_layer_input = f.integer("hidden_size_per_layer_input", 256);
+  c.vocab_size_per_layer_input = f.positive("vocab_size_per_layer_input", 262144);
+  c.use_double_wide_mlp = f.boolean("use_double_wide_mlp", false);
+  c.num_kv_shared_layers = f.integer("num_kv_shared_layers", 0);
+  c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  c.final_logit_softcapping = f.number("final_logit_softcapping", 0.0);
+  c.hidden_activation = f.string("hidden_activation", "gelu_pytorch_tanh");
+  c.bos_token_id = f.integer("bos_token_id", 2);
+  c.pad_token_id = f.integer("pad_token_id", 0);
+  // null ids (allowed by transformers) read as -1.
+  if (text->contains("bos_token_id") && (*text)["bos_token_id"].is_null()) c.bos_token_id = -1;
+  if (text->contains("pad_token_id") && (*text)["pad_token_id"].is_null()) c.pad_token_id = -1;
+
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    f.fail("num_attention_heads", "= " + std::to_string(c.num_attention_heads) +
+                                      " is not a multiple of num_key_value_heads = " +
+                                      std::to_string(c.num_key_value_heads));
+  }
+  if (c.hidden_size_per_layer_input < 0) {
+    f.fail("hidden_size_per_layer_input",
+           "must be 0 (no per-layer inputs) or positive, got " +
+               std::to_string(c.hidden_size_per_layer_input));
+  }
+  // PLE rows are looked up with the token ids; a table at least as large as the vocabulary is
+  // what transformers builds, a smaller one would be indexed out of range.
+  if (c.hidden_size_per_layer_input > 0 && c.vocab_size_per_layer_input < c.vocab_size) {
+    f.unsupported("vocab_size_per_layer_input", (*text)["vocab_size_per_layer_input"],
+                  "it is smaller than vocab_size = " + std::to_string(c.vocab_size));
+  }
+  if (!(c.rms_norm_eps > 0)) f.fail("rms_norm_eps", "must be positive, got " + f.at("rms_norm_eps").dump());
+  if (f.has("final_logit_softcapping") && !(c.final_logit_softcapping > 0)) {
+    f.fail("final_logit_softcapping",
+           "must be positive or null, got " + f.at("final_logit_softcapping").dump());
+  }
+  if (c.hidden_activation != "gelu_pytorch_tanh" && c.hidden_activation != "gelu_tanh") {
+    f.unsupported("hidden_activation", f.at("hidden_activation"),
+                  "only the tanh-approximated GELU (gelu_pytorch_tanh) is implemented");
+  }
+  f.require_false("attention_k_eq_v", "keys equal to values is a feature of the large models");
+  f.require_false("enable_moe_block", "mixture-of-experts blocks are not implemented");
+  f.require_false("attention_bias", "the text model has no projection biases");
+  f.require_false("use_bidirectional_attention", "only causal attention is implemented");
+
+  if (f.has("layer_types")) {
+    const json& lt = f.at("layer_types");
+    if (!lt.is_array()) f.fail("layer_types", "must be a list, got " + lt.dump());
+    if (static_cast<int64_t>(lt.size()) != c.num_hidden_layers) {
+      f.fail("layer_types", "has " + std::to_string(lt.size()) + " entries but num_hidden_layers = " +
+                                std::to_string(c.num_hidden_layers));
+    }
+    for (size_t i = 0; i < lt.size(); ++i) {
+      const std::string field = "layer_types[" + std::to_string(i) + "]";
+      if (lt[i] == kSliding) {
+        c.layer_types.push_back(LayerType::kSliding);
+      } else if (lt[i] == kFull) {
+        c.layer_types.push_back(LayerType::kFull);
+      } else {
+        f.unsupported(field, lt[i], "expected \"sliding_attention\" or \"full_attention\"");
+      }
+    }
+    // transformers silently turns a sliding last layer into a full one; say so instead.
+    if (c.layer_types.back() != LayerType::kFull) {
+      f.unsupported("layer_types[" + std::to_string(lt.size() - 1) + "]", lt.back(),
+                    "the last layer must be \"full_attention\" (transformers forces it)");
+    }
+  } else {
+    c.layer_types = default_layer_types(c.num_hidden_layers);
+  }
+
+  if (c.num_kv_shared_layers < 0 || c.num_kv_shared_layers >= c.num_hidden_layers) {
+    f.fail("num_kv_shared_layers", "= " + std::to_string(c.num_kv_shared_layers) +
+                                       " must be in [0, num_hidden_layers = " +
+                                       std::to_string(c.num_hidden_layers) + ")");
+  }
+  for (int64_t l = c.first_shared_layer(); l < c.num_hidden_layers; ++l) {
+    const auto t = c.layer_types[l];
+    bool found = false;
+    for (int64_t s = 0; s < c.first_shared_layer(); ++s) found = found || c.layer_types[s] == t;
+    if (!found) {
+      f.fail("num_kv_shared_layers",
+             "= " + std::to_string(c.num_kv_shared_layers) + " leaves shared layer " +
+                 std::to_string(l) + " (" + layer_type_name(t) +
+                 ") without a non-shared layer of the same type to read K/V from");
+    }
+  }
+
+  // Head dims and KV heads per layer: the older form has global_head_dim (default 512) and
+  // num_global_key_value_heads at the top; transformers >= 5.24 writes per_layer_config
+  // {"<layer>": {"head_dim": ..., "num_key_value_heads": ...}} instead and ignores the older keys.
+  std::vector<int64_t> head_dims(c.num_hidden_layers), kv_heads(c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    kv_heads[l] = c.num_key_value_heads;
+    head_dims[l] = c.head_dim;
+  }
+  if (f.has("per_layer_config")) {
+    const json& plc = f.at("per_layer_config");
+    if (!plc.is_object()) f.fail("per_layer_config", "must be an object keyed by layer index");
+    for (const auto& [key, overrides] : plc.items()) {
+      const std::string field = "per_layer_config." + key;
+      int64_t layer = -1;
+      try {
+        size_t used = 0;
+        layer = std::stoll(key, &used);
+        if (used != key.size()) layer = -1;
+      } catch (const std::exception&) {
+        layer = -1;
+      }
+      if (layer < 0 || layer >= c.num_hidden_layers) {
+        f.fail(field, "is not a layer index in [0, " + std::to_string(c.num_hidden_layers) + ")");
+      }
+      if (!overrides.is_object()) f.fail(field, "must be an object, got " + overrides.dump());
+      const Fields o(overrides, path, prefix + field + ".");
+      for (const auto& [attr, value] : overrides.items()) {
+        if (attr != "head_dim" && attr != "num_key_value_heads") {
+          o.unsupported(attr, value, "only head_dim and num_key_value_heads may vary per layer");
+        }
+      }
+      head_dims[layer] = o.positive("head_dim", c.head_dim);
+      kv_heads[layer] = o.positive("num_key_value_heads", c.num_key_value_heads);
+    }
+  } else {
+    const int64_t global_head_dim = f.positive("global_head_dim", 512);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      if (c.layer_types[l] == LayerType::kFull) head_dims[l] = global_head_dim;
+    }
+    c.global_head_dim = global_head_dim;
+    if (f.has("num_global_key_value_heads") &&
+        f.integer("num_global_key_value_heads", 0) != c.num_key_value_heads) {
+      f.unsupported("num_global_key_value_heads", f.at("num_global_key_value_heads"),
+                    "full layers must have num_key_value_heads = " +
+                        std::to_string(c.num_key_value_heads) + " KV heads");
+    }
+  }
+  bool have_full = false;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string field = f.has("per_layer_config")
+                                  ? "per_layer_config." + std::to_string(l)
+                                  : std::string("head_dim");
+    if (kv_heads[l] != c.num_key_value_heads) {
+      f.unsupported(field, json{{"num_key_value_heads", kv_heads[l]}},
+                    "every layer must have num_key_value_heads = " +
+                        std::to_string(c.num_key_value_heads));
+    }
+    if (c.layer_types[l] == LayerType::kSliding) {
+      if (head_dims[l] != c.head_dim) {
+        f.unsupported(field, json{{"head_dim", head_dims[l]}},
+                      "sliding layers must all have head_dim = " + std::to_string(c.head_dim));
+      }
+    } else if (!have_full) {
+      c.global_head_dim = head_dims[l];
+      have_full = true;
+    } else if (head_dims[l] != c.global_head_dim) {
+      f.unsupported(field, json{{"head_dim", head_dims[l]}},
+                    "full layers must all have the same head_dim (" +
+                        std::to_string(c.global_head_dim) + ")");
+    }
+  }
+
+  if (f.has("rope_parameters")) {
+    const json& rp = f.at("rope_parameters");
+    if (!rp.is_object()) f.fail("rope_parameters", "must be an object, got " + rp.dump());
+    const Fields r(rp, path, prefix + "rope_parameters.");
+    for (const auto& [key, value] : rp.items()) {
+      if (key != kSliding && key != kFull) {
+        f.unsupported("rope_parameters." + key, value,
+                      "rope_parameters must be keyed by layer type (\"sliding_attention\", "
+                      "\"full_attention\")");
+      }
+    }
+    for (const LayerType t : {LayerType::kSliding, LayerType::kFull}) {
+      const std::string name = layer_type_name(t);
+      const bool used = std::count(c.layer_types.begin(), c.layer_types.end(), t) > 0;
+      if (!r.has(name)) {
+        if (used) r.fail(name, "is missing but layer_types uses " + name);
+        continue;
+      }
+      (t == LayerType::kFull ? c.rope_full : c.rope_sliding) = parse_rope(r, name);
+    }
+  } else {
+    c.rope_sliding = RopeParams{"default", 10000.0, 1.0, 1.0};
+    c.rope_full = RopeParams{"proportional", 1000000.0, 0.25, 1.0};
+  }
+
+  // eos ids: text config first (transformers' default 1 when absent), then the top level.
+  if (text->contains("eos_token_id")) {
+    f.append_ids("eos_token_id", &c.eos_token_ids);
+  } else {
+    c.eos_token_ids.push_back(1);
+  }
+  if (text != &root) top.append_ids("eos_token_id", &c.eos_token_ids);
+
+  if (text != &root && top.has("tie_word_embeddings") && f.has("tie_word_embeddings") &&
+      top.boolean("tie_word_embeddings", true) != f.boolean("tie_word_embeddings", true)) {
+    top.fail("tie_word_embeddings", "= " + top.at("tie_word_embeddings").dump() +
+                                        " contradicts text_config.tie_word_embeddings = " +
+                                        f.at("tie_word_embeddings").dump());
+  }
+  c.tie_word_embeddings = text != &root && top.has("tie_word_embeddings")
+                              ? top.boolean("tie_word_embeddings", true)
+                              : f.boolean("tie_word_embeddings", true);
+
+  const bool q_top = text != &root && top.has("quantization_config");
+  const bool q_text = f.has("quantization_config");
+  if (q_top && q_text && root["quantization_config"] != f.at("quantization_config")) {
+    top.fail("quantization_config", "differs from text_config.quantization_config");
+  }
+  if (q_top) {
+    c.quantization = parse_quantization(root["quantization_config"], path, "quantization_config");
+  } else if (q_text) {
+    c.quantization = parse_quantization(f.at("quantization_config"), path,
+                                        prefix + "quantization_config");
+  }
+  return c;
+}
+
+ModelConfig load_config(const std::string& dir) {
+  const fs::path config_path = fs::path(dir) / "config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(config_path, ec)) throw FormatError("checkpoint " + dir + " has no config.json");
+  ModelConfig c = parse_config_json(read_text(config_path.string()), config_path.string());
+  const fs::path gen_path = fs::path(dir) / "generation_config.json";
+  if (fs::is_regular_file(gen_path, ec)) {
+    const json gen = parse_json(read_text(gen_path.string()), gen_path.string());
+    Fields(gen, gen_path.string(), "").append_ids("eos_token_id", &c.eos_token_ids);
+  }
+  return c;
+}
+
+namespace {
+void check_layer(const ModelConfig& c, int64_t layer) {
+  if (layer < 0 || layer >= c.num_hidden_layers ||
+      layer >= static_cast<int64_t>(c.layer_types.size())) {
+    throw ValueError("layer " + std::to_string(layer) + " is outside [0, " +
+                     std::to_string(c.num_hidden_layers) + ")");
+  }
+}
+}  // namespace
+
+int64_t ModelConfig::kv_source(int64_t layer) const {
+  check_layer(*this, layer);
+  if (!is_shared(layer)) return layer;
+  for (int64_t s = first_shared_layer() - 1; s >= 0; --s) {
+    if (layer_types[s] == layer_types[layer]) return s;
+  }
+  throw ValueError("shared layer " + std::to_string(layer) + " has no source layer");
+}
+
+int64_t ModelConfig::layer_head_dim(int64_t layer) const {
+  check_layer(*this, layer);
+  return layer_types[layer] == LayerType::kFull ? global_head_dim : head_dim;
+}
+
+int64_t ModelConfig::mlp_width(int64_t layer) const {
+  check_layer(*this, layer);
+  return use_double_wide_mlp && is_shared(layer) ? 2 * intermediate_size : intermediate_size;
+}
+
+const RopeParams& ModelConfig::rope(int64_t layer) const {
+  check_layer(*this, layer);
+  return layer_types[layer] == LayerType::kFull ? rope_full : rope_sliding;
+}
+
+}  // namespace torchtpu

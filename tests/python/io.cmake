@@ -1,0 +1,6 @@
+# Our safetensors reader and writer against the Python `safetensors` library.
+add_test(NAME py_io_safetensors
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_io_safetensors.py)
+set_tests_properties(py_io_safetensors PROPERTIES
+                     ENVIRONMENT "SAFETENSORS_DUMP=$<TARGET_FILE:safetensors_dump>")
