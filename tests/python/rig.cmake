@@ -1,0 +1,10 @@
+# The Cloud TPU rig, offline: a stand-in gcloud, the startup script run with its cloud parts
+# replaced. rig_boot installs the pinned torch/torch_tpu from PyPI into a fresh venv and builds the
+# module from the script's own tarball (network, several GB of wheels, tens of minutes).
+add_test(NAME rig
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider -m "not slow"
+                 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_rig.py)
+add_test(NAME rig_boot
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q -s -p no:cacheprovider -m slow
+                 ${CMAKE_CURRENT_SOURCE_DIR}/python/test_rig.py)
+set_tests_properties(rig_boot PROPERTIES LABELS slow TIMEOUT 1500)

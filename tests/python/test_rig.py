@@ -1,0 +1,462 @@
+"""The Cloud TPU rig, checked offline: a stand-in `gcloud` (tests/rig/bin/gcloud) records every
+argument vector and answers with canned resources; the startup script runs for real with its
+Google-Cloud and TPU parts replaced (guest attributes as files, weights from a local copy, device
+cpu). The `slow` test installs the pinned pip spec from PyPI and builds the module on "boot"."""
+
+import asyncio
+import base64
+import gzip
+import http.server
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RIG = REPO / "rig" / "rig"
+FAKE_BIN = REPO / "tests" / "rig" / "bin"
+PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+METADATA_VALUE_LIMIT = 256 * 1024  # Compute Engine: one metadata value is at most 256 KiB
+STAGES = ["python", "torch", "toolchain", "build", "weights", "smoke", "unit", "serving"]
+
+
+class FakeCloud:
+    def __init__(self, root: Path):
+        self.root = root
+        self.log = root / "gcloud.jsonl"
+        self.state_file = root / "gcloud-state.json"
+        self.state = {}
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env["PATH"] = f"{FAKE_BIN}{os.pathsep}{env['PATH']}"
+        env["FAKE_GCLOUD_LOG"] = str(self.log)
+        env["FAKE_GCLOUD_STATE"] = str(self.state_file)
+        env.pop("RIG_ENV", None)
+        return env
+
+    def rig(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        self.state_file.write_text(json.dumps(self.state))
+        proc = subprocess.run([sys.executable, str(RIG), *args], env=self.env(),
+                              capture_output=True, text=True, timeout=120)
+        if check:
+            assert proc.returncode == 0, proc.stderr
+        return proc
+
+    def calls(self) -> list[dict]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+
+@pytest.fixture
+def cloud(tmp_path) -> FakeCloud:
+    return FakeCloud(tmp_path)
+
+
+def payload_of(script: str) -> dict[str, bytes]:
+    m = re.search(r"<<'RIG_PAYLOAD'\n(.*?)\nRIG_PAYLOAD\n", script, re.S)
+    assert m, "no payload heredoc in the startup script"
+    tar_bytes = gzip.decompress(base64.b64decode(m.group(1)))
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def bash_values(script: str, names: list[str]) -> dict[str, list[str]]:
+    """What bash makes of the rendered settings block: each name's words."""
+    block = script.split("# ---- settings from tpu.env (rendered) ----\n", 1)[1]
+    block = block.split("# ---- runner ----", 1)[0]
+    printer = "".join(f'printf "%s\\0" "${{{n}[@]}}"; printf "\\1"; ' for n in names)
+    out = subprocess.run(["bash", "-c", f"set -eu\n{block}\n{printer}"], capture_output=True,
+                         check=True).stdout.decode()
+    groups = out.split("\1")[:-1]
+    return {n: g.split("\0")[:-1] for n, g in zip(names, groups)}
+
+
+def write_env(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_create_requests_flex_start_queued_resource_with_the_rendered_script(cloud):
+    cloud.rig("--set", "PROJECT=my-proj-123", "create")
+
+    (call,) = cloud.calls()
+    argv = call["argv"]
+    script_arg = next(a for a in argv if a.startswith("--metadata-from-file="))
+    assert re.fullmatch(r"--metadata-from-file=startup-script=/\S+/startup-script\.sh", script_arg)
+    assert argv == [
+        "alpha", "compute", "tpus", "queued-resources", "create", "torchtpu-cpp-qr",
+        "--node-id=torchtpu-cpp-vm", "--zone=us-west4-a", "--accelerator-type=v5litepod-1",
+        "--runtime-version=v2-alpha-tpuv5-lite", "--network=default",
+        "--tags=torchtpu-cpp-serve", "--metadata=enable-guest-attributes=TRUE", script_arg,
+        "--description=torchtpu-cpp: Gemma 4 E2B over ATen on TorchTPU",
+        "--provisioning-model=flex-start", "--max-run-duration=8h",
+        "--project=my-proj-123", "--quiet",
+    ]
+    script = call["files"]["startup-script"]
+    assert script.startswith("#!/bin/bash\n")
+    assert len(script.encode()) <= METADATA_VALUE_LIMIT
+
+    # The payload is the tracked tree minus PACK_EXCLUDE's default patterns, byte for byte.
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                             check=True).stdout.decode().split("\0")
+    expected = sorted(p for p in tracked if p and (REPO / p).is_file() and not (REPO / p).is_symlink()
+                      and not p.startswith(("bench/", "docs/", "tests/js/")))
+    packed = payload_of(script)
+    assert sorted(packed) == expected
+    assert all(packed[p] == (REPO / p).read_bytes() for p in expected)
+    assert "rig/torchtpu-cpp.service" in packed
+
+    with_defaults = bash_values(script, ["TORCH_PIP_SPEC", "PYTHON_VERSION", "SERVE_CONTEXT"])
+    assert with_defaults == {
+        "TORCH_PIP_SPEC": ["torch==2.14.1", "torch_tpu==0.2.0", "huggingface_hub"],
+        "PYTHON_VERSION": ["3.12"],
+        "SERVE_CONTEXT": ["8192"],
+    }
+
+
+def test_spot_uses_the_ga_track_and_no_project_flag_when_unset(cloud):
+    cloud.rig("--set", "PROVISIONING=spot", "create")
+    argv = cloud.calls()[0]["argv"]
+    assert argv[:4] == ["compute", "tpus", "queued-resources", "create"]
+    assert "--spot" in argv
+    assert not any(a.startswith(("--project", "--provisioning-model", "--max-run")) for a in argv)
+
+
+def test_rendered_script_is_valid_bash_and_passes_shellcheck(tmp_path, cloud):
+    out = tmp_path / "startup-script.sh"
+    proc = cloud.rig("render", "--out", str(out))
+    assert str(METADATA_VALUE_LIMIT) in proc.stdout
+    subprocess.run(["bash", "-n", str(out)], check=True)
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck, "shellcheck is part of the toolchain (scripts/setup.sh installs it)"
+    lint = subprocess.run([shellcheck, "--severity=style", str(out)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    assert cloud.calls() == []
+
+
+def test_oversized_source_is_refused_before_any_gcloud_call(tmp_path, cloud):
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "rig", repo / "rig", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "big.bin").write_bytes(os.urandom(300 * 1024))  # random bytes do not compress
+    for cmd in (["init", "-q"], ["add", "-A"],
+                ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "x"]):
+        subprocess.run(["git", *cmd], cwd=repo, check=True)
+    proc = subprocess.run([sys.executable, str(repo / "rig" / "rig"), "create"],
+                          env=cloud.env(), capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert "262144-byte (256 KiB) limit" in proc.stderr
+    assert "big.bin (307200 B)" in proc.stderr
+    assert "PACK_EXCLUDE" in proc.stderr
+    assert cloud.calls() == []
+
+
+def test_values_with_spaces_and_quotes_stay_single_arguments(tmp_path, cloud):
+    description = """Gemma "4" isn't $HOME; `rm -rf /` & echo hi"""
+    env = write_env(tmp_path / "odd.env", "\n".join([
+        "DESCRIPTION='Gemma \"4\" isn'\"'\"'t $HOME; `rm -rf /` & echo hi'",
+        "TORCH_PIP_SPEC=\"torch==2.14.1 'jinja2>=3.1' 'name with space'\"",
+        "UNIT_PYTEST_ARGS=\"tests/python -k 'not slow and not (a or b)'\"",
+        "FIREWALL_SOURCE_RANGES=\"203.0.113.7/32 198.51.100.0/24\"",
+        "MODEL_ID=org/model.v1  # a comment after the value",
+        "",
+    ]))
+    cloud.rig("--env", env, "create")
+    cloud.rig("--env", env, "firewall")
+
+    create, fw_describe, fw_create = cloud.calls()
+    assert f"--description={description}" in create["argv"]
+    values = bash_values(create["files"]["startup-script"],
+                         ["TORCH_PIP_SPEC", "UNIT_PYTEST_ARGS", "MODEL_ID"])
+    assert values == {
+        "TORCH_PIP_SPEC": ["torch==2.14.1", "jinja2>=3.1", "name with space"],
+        "UNIT_PYTEST_ARGS": ["tests/python", "-k", "not slow and not (a or b)"],
+        "MODEL_ID": ["org/model.v1"],
+    }
+    assert "--source-ranges=203.0.113.7/32,198.51.100.0/24" in fw_create["argv"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("ZONE='us west4-a'", "ZONE (from "),
+    ("NODE_ID=Bad_Name", "'Bad_Name' is not a valid value"),
+    ("PORT=70000", "70000 is not a TCP port"),
+    ("FIREWALL_SOURCE_RANGES=10.0.0.1/8", "has host bits set"),
+    ("NO_SUCH_SETTING=1", "unknown setting NO_SUCH_SETTING"),
+    ("DESCRIPTION=two words", "must be quoted as one word"),
+    ("DESCRIPTION='unbalanced", "No closing quotation"),
+])
+def test_bad_settings_are_refused_with_file_and_key(tmp_path, cloud, line, message):
+    env = write_env(tmp_path / "bad.env", line + "\n")
+    proc = cloud.rig("--env", env, "create", check=False)
+    assert proc.returncode == 1
+    assert message in proc.stderr
+    assert proc.stderr.startswith("rig: error: ")
+    assert cloud.calls() == []
+
+
+def stage_attr(state: str, start: int, end: int | None = None, code: int | None = None,
+               tail: str = "") -> str:
+    lines = [f"state={state}", f"start={start}"]
+    lines += [f"end={end}"] if end is not None else []
+    lines += [f"exit={code}"] if code is not None else []
+    return "\n".join(lines) + (f"\n\n{tail}" if tail else "")
+
+
+def test_progress_reads_running_done_and_failed_stages(cloud):
+    ns = "torchtpu-rig"
+    cloud.state["guest_attributes"] = [
+        {"namespace": ns, "key": "python", "value": stage_attr("done", 1000, 1042, None,
+                                                               "Python 3.12.12"), "worker_id": 0},
+        {"namespace": ns, "key": "torch", "value": stage_attr("done", 1042, 1157, None,
+                                                              "torch 2.14.1+cpu\ntorch_tpu 0.2.0")},
+        {"namespace": ns, "key": "toolchain", "value": stage_attr(
+            "failed", 1157, 1164, 100, "Reading package lists...\nE: Unable to locate package x")},
+        {"namespace": "other", "key": "build", "value": "state=done\nstart=1"},
+    ]
+    stages = json.loads(cloud.rig("progress", "--json").stdout)
+    by_name = {s["stage"]: s for s in stages}
+    assert [s["stage"] for s in stages] == STAGES
+    assert by_name["python"]["state"] == "done" and by_name["python"]["seconds"] == 42
+    assert by_name["torch"]["seconds"] == 115
+    assert by_name["toolchain"]["state"] == "failed" and by_name["toolchain"]["exit"] == 100
+    assert by_name["build"]["state"] == "pending"  # the other namespace is not ours
+
+    text = cloud.rig("progress").stdout
+    assert re.search(r"^python\s+done\s+0:42$", text, re.M)
+    assert re.search(r"^torch\s+done\s+1:55$", text, re.M)
+    assert "    | torch_tpu 0.2.0" in text
+    assert re.search(r"^toolchain\s+failed\s+0:07  exit 100$", text, re.M)
+    assert "    | E: Unable to locate package x" in text
+    assert text.rstrip().endswith("boot failed at toolchain")
+    argv = cloud.calls()[0]["argv"]
+    assert argv == ["compute", "tpus", "tpu-vm", "get-guest-attributes", "torchtpu-cpp-vm",
+                    "--zone=us-west4-a", "--query-path=torchtpu-rig/", "--format=json", "--quiet"]
+
+    cloud.state["guest_attributes"] = [
+        {"namespace": ns, "key": "python", "value": stage_attr("running", 1000)}]
+    (running,) = [s for s in json.loads(cloud.rig("progress", "--json").stdout)
+                  if s["state"] == "running"]
+    assert running["stage"] == "python" and running["seconds"] > 0
+    assert cloud.rig("progress").stdout.rstrip().endswith("boot in progress")
+
+
+def test_startup_script_reports_done_then_failed_and_stops(tmp_path, cloud):
+    """The real runner on this machine: the python stage creates a venv, the torch stage fails on
+    a package PyPI does not have, and nothing after it runs."""
+    assert shutil.which(f"python{PY_VERSION}"), f"python{PY_VERSION} must be on PATH"
+    env_file = write_env(tmp_path / "t.env", "\n".join([
+        f"PYTHON_VERSION={PY_VERSION}",
+        "TORCH_PIP_SPEC=torchtpu-rig-no-such-package==0.0.0",
+        "PIP_INDEX_ARGS=",
+        "",
+    ]))
+    script = tmp_path / "startup-script.sh"
+    cloud.rig("--env", env_file, "render", "--out", str(script))
+    attrs = tmp_path / "attrs"
+    env = dict(os.environ, RIG_ROOT=str(tmp_path / "root"), RIG_GUEST_ATTR_DIR=str(attrs),
+               RIG_STAGES="python torch toolchain")
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 1
+    assert "STAGE: python" in proc.stdout and "STAGE: torch" in proc.stdout
+    assert "STAGE: toolchain" not in proc.stdout
+    assert "rig: stage torch failed (exit 1)" in proc.stderr
+    assert (tmp_path / "root" / "venv" / "bin" / "python3").exists()
+    assert sorted(p.name for p in (attrs / "torchtpu-rig").iterdir()) == ["python", "torch"]
+
+    cloud.state["guest_attr_dir"] = str(attrs)
+    stages = {s["stage"]: s for s in json.loads(cloud.rig("progress", "--json").stdout)}
+    assert stages["python"]["state"] == "done"
+    assert f"Python {PY_VERSION}" in stages["python"]["tail"]
+    assert stages["torch"]["state"] == "failed" and stages["torch"]["exit"] == 1
+    assert "No matching distribution found for torchtpu-rig-no-such-package" in stages["torch"]["tail"]
+    assert stages["toolchain"]["state"] == "pending"
+    assert "boot failed at torch" in cloud.rig("progress").stdout
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'{"status":"ok"}' if self.path == "/health" else b"{}"
+        self.send_response(200 if self.path == "/health" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_status_endpoint_firewall_and_delete(cloud, tmp_path):
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    cloud.state["queued_resource"] = {"state": {"state": "ACTIVE"}}
+    cloud.state["node"] = {"state": "READY", "health": "HEALTHY", "acceleratorType": "v5litepod-1",
+                           "networkEndpoints": [{"ipAddress": "10.0.0.2",
+                                                 "accessConfig": {"externalIp": "127.0.0.1"}}]}
+    try:
+        status = cloud.rig("status").stdout
+        endpoint = cloud.rig("--set", f"PORT={port}", "endpoint", "--check").stdout
+    finally:
+        server.shutdown()
+    assert "queued resource torchtpu-cpp-qr (us-west4-a): ACTIVE" in status
+    assert "node torchtpu-cpp-vm: READY, health HEALTHY, v5litepod-1, external IP 127.0.0.1" in status
+    assert endpoint.splitlines() == [f"http://127.0.0.1:{port}", '/health: 200 {"status":"ok"}']
+
+    refused = cloud.rig("firewall", check=False)
+    assert refused.returncode == 1 and "FIREWALL_SOURCE_RANGES is empty" in refused.stderr
+    n_before = len(cloud.calls())
+    cloud.rig("--set", "FIREWALL_SOURCE_RANGES=203.0.113.7/32", "firewall")
+    cloud.state["firewall_rule"] = {"name": "torchtpu-cpp-allow-serve"}
+    cloud.rig("--set", "FIREWALL_SOURCE_RANGES=203.0.113.0/24", "firewall")
+    cloud.rig("delete", "--firewall")
+
+    argvs = [c["argv"] for c in cloud.calls()[n_before:]]
+    assert argvs == [
+        ["compute", "firewall-rules", "describe", "torchtpu-cpp-allow-serve", "--format=json",
+         "--quiet"],
+        ["compute", "firewall-rules", "create", "torchtpu-cpp-allow-serve", "--network=default",
+         "--direction=INGRESS", "--action=ALLOW", "--rules=tcp:8000",
+         "--target-tags=torchtpu-cpp-serve", "--source-ranges=203.0.113.7/32", "--quiet"],
+        ["compute", "firewall-rules", "describe", "torchtpu-cpp-allow-serve", "--format=json",
+         "--quiet"],
+        ["compute", "firewall-rules", "update", "torchtpu-cpp-allow-serve", "--rules=tcp:8000",
+         "--target-tags=torchtpu-cpp-serve", "--source-ranges=203.0.113.0/24", "--quiet"],
+        ["compute", "tpus", "queued-resources", "delete", "torchtpu-cpp-qr", "--zone=us-west4-a",
+         "--force", "--quiet"],
+        ["compute", "firewall-rules", "delete", "torchtpu-cpp-allow-serve", "--quiet"],
+    ]
+
+
+def test_status_before_the_node_exists(cloud):
+    cloud.state["queued_resource"] = {"state": {"state": "WAITING_FOR_RESOURCES"}}
+    out = cloud.rig("status").stdout
+    assert "WAITING_FOR_RESOURCES" in out and "node torchtpu-cpp-vm: not created yet" in out
+    proc = cloud.rig("endpoint", check=False)
+    assert proc.returncode == 1 and "does not exist (yet)" in proc.stderr
+
+
+def test_cost_per_million_tokens_matches_the_seed():
+    # The seed rig: USD 0.60/h on a v5e-1 flex-start; 12.20 tok/s -> 13.66, vLLM 144.1 -> 1.16.
+    for tok_s, usd in (("12.20", "13.66"), ("144.1", "1.16")):
+        out = subprocess.run([sys.executable, str(RIG), "cost", "--usd-per-hour", "0.60",
+                              "--tokens-per-second", tok_s], capture_output=True, text=True,
+                             check=True).stdout
+        assert out.startswith(f"USD {usd} per million output tokens")
+
+
+def test_systemd_unit_passes_systemd_analyze(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze (package systemd) is needed to check the unit"
+    root = tmp_path / "root"
+    (root / "venv" / "bin").mkdir(parents=True)
+    (root / "venv" / "bin" / "python3").symlink_to(sys.executable)
+    unit = tmp_path / "torchtpu-cpp.service"
+    unit.write_text((REPO / "rig" / "torchtpu-cpp.service").read_text()
+                    .replace("@RIG_ROOT@", str(root)))
+    proc = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    text = unit.read_text()
+    assert "Restart=on-failure" in text and "StandardOutput=journal" in text
+    assert f"ExecStart={root}/venv/bin/python3 -m torchtpu_cpp.serve --device ${{SERVE_DEVICE}}" in text
+
+
+def test_mcp_server_lists_tools_and_calls_them(cloud):
+    from mcp import Client, StdioServerParameters
+
+    cloud.state["guest_attributes"] = [
+        {"namespace": "torchtpu-rig", "key": "python", "value": stage_attr("done", 10, 52)}]
+    cloud.state_file.write_text(json.dumps(cloud.state))
+    params = StdioServerParameters(command=sys.executable, args=[str(RIG), "mcp"], env=cloud.env())
+
+    async def session():
+        async with Client(params) as client:
+            tools = {t.name for t in (await client.list_tools()).tools}
+            progress = await client.call_tool("boot_progress", {})
+            cost = await client.call_tool("cost_per_million_tokens",
+                                          {"usd_per_hour": 0.6, "tokens_per_second": 12.2})
+            firewall = await client.call_tool("open_firewall", {})
+            return tools, progress, cost, firewall
+
+    tools, progress, cost, firewall = asyncio.run(session())
+    assert tools == {"create_tpu", "boot_progress", "tpu_status", "endpoint", "open_firewall",
+                     "delete_tpu", "cost_per_million_tokens"}
+    assert not progress.is_error
+    assert re.search(r"^python\s+done\s+0:42$", progress.content[0].text, re.M)
+    assert cost.content[0].text.startswith("USD 13.66 per million output tokens")
+    assert firewall.is_error and "FIREWALL_SOURCE_RANGES is empty" in firewall.content[0].text
+    assert [c["argv"][3] for c in cloud.calls()] == ["get-guest-attributes"]
+
+
+def _torch_tpu_has_wheel() -> bool:
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
+                           "--no-deps", "--ignore-installed", "--only-binary=:all:",
+                           "torch_tpu==0.2.0"], capture_output=True, text=True)
+    return proc.returncode == 0
+
+
+@pytest.mark.slow
+def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, cloud):
+    """The build-on-boot path on this machine: a fresh venv, the pinned pip spec from PyPI, the
+    module built from the script's own tarball against that torch, the smoke stage on cpu."""
+    assert shutil.which(f"python{PY_VERSION}"), f"python{PY_VERSION} must be on PATH"
+    spec = "torch==2.14.1 torch_tpu==0.2.0 huggingface_hub"
+    if not _torch_tpu_has_wheel():
+        spec = "torch==2.14.1 huggingface_hub"
+        print(f"torch_tpu 0.2.0 has no wheel for CPython {PY_VERSION}: installed {spec} without it")
+    weights = tmp_path / "weights"
+    for hub_id in ("xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text",
+                   "xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text-emb4"):
+        d = weights / hub_id.replace("/", "--")
+        d.mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+        (d / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
+    env_file = write_env(tmp_path / "local.env", "\n".join([
+        f"PYTHON_VERSION={PY_VERSION}",
+        f'TORCH_PIP_SPEC="{spec}"',
+        "PIP_INDEX_ARGS=",  # this machine reaches PyPI only, whose torch is the CUDA build
+        "BUILD_JOBS=2",
+        "",
+    ]))
+    script = tmp_path / "startup-script.sh"
+    print(cloud.rig("--env", env_file, "render", "--out", str(script)).stdout)
+    root, attrs = tmp_path / "root", tmp_path / "attrs"
+    env = dict(os.environ, RIG_ROOT=str(root), RIG_GUEST_ATTR_DIR=str(attrs), RIG_DEVICE="cpu",
+               RIG_WEIGHTS_FROM=str(weights),
+               RIG_STAGES="python torch toolchain build weights smoke")
+    try:
+        proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                              timeout=1440)
+        print(proc.stdout[-6000:], proc.stderr[-6000:], sep="\n")
+        cloud.state["guest_attr_dir"] = str(attrs)
+        print(cloud.rig("progress").stdout)
+        assert proc.returncode == 0
+        logs = {s: (root / "logs" / f"{s}.log").read_text() for s in
+                ("torch", "build", "smoke")}
+        assert re.search(r"^torch 2\.14\.1", logs["torch"], re.M)
+        if "torch_tpu" in spec:
+            assert "torch_tpu 0.2.0" in logs["torch"]
+            assert "torch_tpu imports against torch 2.14.1" in logs["torch"]
+        assert "torchtpu_cpp BUILD" in logs["build"]
+        assert "torchtpu_cpp matmul_sum 64.0 on cpu" in logs["smoke"]
+        check = subprocess.run(
+            [str(root / "venv" / "bin" / "python3"), "-c",
+             "import torch, torchtpu_cpp; print(torchtpu_cpp.__file__); "
+             "print(torch.__version__); print(torchtpu_cpp.BUILD['torch'])"],
+            cwd="/", capture_output=True, text=True, check=True).stdout.split()
+        assert check[0].startswith(str(root / "venv")), check[0]
+        assert check[1] == check[2], f"module built against torch {check[2]}, venv has {check[1]}"
+        stages = json.loads(cloud.rig("progress", "--json").stdout)
+        assert [s["state"] for s in stages] == ["done"] * 6 + ["pending"] * 2
+    finally:
+        shutil.rmtree(root / "venv", ignore_errors=True)
+        shutil.rmtree(root / "build", ignore_errors=True)
