@@ -3,9 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/errors.h"
 
@@ -47,7 +46,8 @@ void check_shard_name(const std::string& shard, const std::string& index_path,
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw NotFoundError("checkpoint directory " + dir + " does not exist");
+  if (!fs::is_directory(dir, ec))
+    throw NotFoundError("checkpoint directory " + dir + " does not exist");
   if (!is_file(fs::path(dir) / "config.json")) {
     throw FormatError("checkpoint " + dir + " has no config.json");
   }
@@ -68,8 +68,8 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     std::map<std::string, std::string> shard_of;  // tensor -> shard, as the index says
     for (const auto& [tensor, shard_json] : index["weight_map"].items()) {
       if (!shard_json.is_string()) {
-        throw FormatError(where + ": weight_map entry for " + tensor + " must be a file name, got " +
-                          shard_json.dump());
+        throw FormatError(where + ": weight_map entry for " + tensor +
+                          " must be a file name, got " + shard_json.dump());
       }
       const std::string shard = shard_json.get<std::string>();
       check_shard_name(shard, where, tensor);

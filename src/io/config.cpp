@@ -5,9 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "common/errors.h"
 
@@ -79,7 +78,8 @@ class Fields {
     if (!has(key)) return;
     const json& v = obj_[key];
     auto add = [&](const json& id) {
-      if (!id.is_number_integer()) fail(key, "must be an integer or a list of integers, got " + v.dump());
+      if (!id.is_number_integer())
+        fail(key, "must be an integer or a list of integers, got " + v.dump());
       const int64_t x = id.get<int64_t>();
       if (std::find(out->begin(), out->end(), x) == out->end()) out->push_back(x);
     };
@@ -117,7 +117,8 @@ std::string read_text(const std::string& path) {
 
 RopeParams parse_rope(const Fields& rope_parameters, const std::string& layer_type) {
   const json& entry = rope_parameters.at(layer_type);
-  if (!entry.is_object()) rope_parameters.fail(layer_type, "must be an object, got " + entry.dump());
+  if (!entry.is_object())
+    rope_parameters.fail(layer_type, "must be an object, got " + entry.dump());
   auto fail = [&](const std::string& key, const std::string& what) {
     rope_parameters.fail(layer_type + "." + key, what);
   };
@@ -169,8 +170,9 @@ RopeParams parse_rope(const Fields& rope_parameters, const std::string& layer_ty
 
 QuantizationConfig parse_quantization(const json& q, const std::string& path,
                                       const std::string& prefix) {
-  const Fields f(q, path, prefix);
-  if (!q.is_object()) throw FormatError(path + ": " + prefix + " must be an object, got " + q.dump());
+  const Fields f(q, path, prefix + ".");
+  if (!q.is_object())
+    throw FormatError(path + ": " + prefix + " must be an object, got " + q.dump());
   QuantizationConfig out;
   out.quant_method = f.string("quant_method", "");
   if (out.quant_method != "compressed-tensors") {
@@ -198,7 +200,8 @@ QuantizationConfig parse_quantization(const json& q, const std::string& path,
       gf.fail("targets", "must be a list of strings");
     }
     for (const json& t : gf.at("targets")) {
-      if (!t.is_string()) gf.fail("targets", "must be a list of strings, got " + gf.at("targets").dump());
+      if (!t.is_string())
+        gf.fail("targets", "must be a list of strings, got " + gf.at("targets").dump());
       group.targets.push_back(t.get<std::string>());
     }
     if (!gf.has("weights") || !gf.at("weights").is_object()) {
@@ -285,9 +288,8 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
                                       std::to_string(c.num_key_value_heads));
   }
   if (c.hidden_size_per_layer_input < 0) {
-    f.fail("hidden_size_per_layer_input",
-           "must be 0 (no per-layer inputs) or positive, got " +
-               std::to_string(c.hidden_size_per_layer_input));
+    f.fail("hidden_size_per_layer_input", "must be 0 (no per-layer inputs) or positive, got " +
+                                              std::to_string(c.hidden_size_per_layer_input));
   }
   // PLE rows are looked up with the token ids; a table at least as large as the vocabulary is
   // what transformers builds, a smaller one would be indexed out of range.
@@ -295,7 +297,8 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
     f.unsupported("vocab_size_per_layer_input", (*text)["vocab_size_per_layer_input"],
                   "it is smaller than vocab_size = " + std::to_string(c.vocab_size));
   }
-  if (!(c.rms_norm_eps > 0)) f.fail("rms_norm_eps", "must be positive, got " + f.at("rms_norm_eps").dump());
+  if (!(c.rms_norm_eps > 0))
+    f.fail("rms_norm_eps", "must be positive, got " + f.at("rms_norm_eps").dump());
   if (f.has("final_logit_softcapping") && !(c.final_logit_softcapping > 0)) {
     f.fail("final_logit_softcapping",
            "must be positive or null, got " + f.at("final_logit_softcapping").dump());
@@ -313,8 +316,9 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
     const json& lt = f.at("layer_types");
     if (!lt.is_array()) f.fail("layer_types", "must be a list, got " + lt.dump());
     if (static_cast<int64_t>(lt.size()) != c.num_hidden_layers) {
-      f.fail("layer_types", "has " + std::to_string(lt.size()) + " entries but num_hidden_layers = " +
-                                std::to_string(c.num_hidden_layers));
+      f.fail("layer_types",
+             "has " + std::to_string(lt.size()) +
+                 " entries but num_hidden_layers = " + std::to_string(c.num_hidden_layers));
     }
     for (size_t i = 0; i < lt.size(); ++i) {
       const std::string field = "layer_types[" + std::to_string(i) + "]";
@@ -336,9 +340,9 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   }
 
   if (c.num_kv_shared_layers < 0 || c.num_kv_shared_layers >= c.num_hidden_layers) {
-    f.fail("num_kv_shared_layers", "= " + std::to_string(c.num_kv_shared_layers) +
-                                       " must be in [0, num_hidden_layers = " +
-                                       std::to_string(c.num_hidden_layers) + ")");
+    f.fail("num_kv_shared_layers",
+           "= " + std::to_string(c.num_kv_shared_layers) +
+               " must be in [0, num_hidden_layers = " + std::to_string(c.num_hidden_layers) + ")");
   }
   for (int64_t l = c.first_shared_layer(); l < c.num_hidden_layers; ++l) {
     const auto t = c.layer_types[l];
@@ -401,13 +405,12 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   }
   bool have_full = false;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string field = f.has("per_layer_config")
-                                  ? "per_layer_config." + std::to_string(l)
-                                  : std::string("head_dim");
+    const std::string field = f.has("per_layer_config") ? "per_layer_config." + std::to_string(l)
+                                                        : std::string("head_dim");
     if (kv_heads[l] != c.num_key_value_heads) {
-      f.unsupported(field, json{{"num_key_value_heads", kv_heads[l]}},
-                    "every layer must have num_key_value_heads = " +
-                        std::to_string(c.num_key_value_heads));
+      f.unsupported(
+          field, json{{"num_key_value_heads", kv_heads[l]}},
+          "every layer must have num_key_value_heads = " + std::to_string(c.num_key_value_heads));
     }
     if (c.layer_types[l] == LayerType::kSliding) {
       if (head_dims[l] != c.head_dim) {
@@ -475,8 +478,8 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   if (q_top) {
     c.quantization = parse_quantization(root["quantization_config"], path, "quantization_config");
   } else if (q_text) {
-    c.quantization = parse_quantization(f.at("quantization_config"), path,
-                                        prefix + "quantization_config");
+    c.quantization =
+        parse_quantization(f.at("quantization_config"), path, prefix + "quantization_config");
   }
   return c;
 }
@@ -484,7 +487,8 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
 ModelConfig load_config(const std::string& dir) {
   const fs::path config_path = fs::path(dir) / "config.json";
   std::error_code ec;
-  if (!fs::is_regular_file(config_path, ec)) throw FormatError("checkpoint " + dir + " has no config.json");
+  if (!fs::is_regular_file(config_path, ec))
+    throw FormatError("checkpoint " + dir + " has no config.json");
   ModelConfig c = parse_config_json(read_text(config_path.string()), config_path.string());
   const fs::path gen_path = fs::path(dir) / "generation_config.json";
   if (fs::is_regular_file(gen_path, ec)) {

@@ -9,11 +9,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <tuple>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "common/errors.h"
 
@@ -32,10 +31,10 @@ struct DtypeInfo {
 };
 
 constexpr DtypeInfo kDtypes[] = {
-    {Dtype::kBool, "BOOL", 1}, {Dtype::kU8, "U8", 1},    {Dtype::kI8, "I8", 1},
-    {Dtype::kI16, "I16", 2},   {Dtype::kU16, "U16", 2},  {Dtype::kF16, "F16", 2},
-    {Dtype::kBF16, "BF16", 2}, {Dtype::kI32, "I32", 4},  {Dtype::kU32, "U32", 4},
-    {Dtype::kF32, "F32", 4},   {Dtype::kF64, "F64", 8},  {Dtype::kI64, "I64", 8},
+    {Dtype::kBool, "BOOL", 1}, {Dtype::kU8, "U8", 1},   {Dtype::kI8, "I8", 1},
+    {Dtype::kI16, "I16", 2},   {Dtype::kU16, "U16", 2}, {Dtype::kF16, "F16", 2},
+    {Dtype::kBF16, "BF16", 2}, {Dtype::kI32, "I32", 4}, {Dtype::kU32, "U32", 4},
+    {Dtype::kF32, "F32", 4},   {Dtype::kF64, "F64", 8}, {Dtype::kI64, "I64", 8},
     {Dtype::kU64, "U64", 8},
 };
 
@@ -92,7 +91,8 @@ json parse_header_json(const char* begin, size_t size, const std::string& path) 
 }
 
 uint64_t unsigned_field(const json& v, const std::string& what) {
-  if (!v.is_number_unsigned()) throw FormatError(what + " must be a non-negative integer, got " + v.dump());
+  if (!v.is_number_unsigned())
+    throw FormatError(what + " must be a non-negative integer, got " + v.dump());
   return v.get<uint64_t>();
 }
 
@@ -173,7 +173,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (!entry.is_object()) {
-        throw FormatError(path + ": __metadata__ must be an object of strings, got " + entry.dump());
+        throw FormatError(path + ": __metadata__ must be an object of strings, got " +
+                          entry.dump());
       }
       for (const auto& [k, v] : entry.items()) {
         if (!v.is_string()) {
@@ -185,7 +186,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
       continue;
     }
     const std::string where = path + ": tensor " + name;
-    if (!entry.is_object()) throw FormatError(where + ": entry must be an object, got " + entry.dump());
+    if (!entry.is_object())
+      throw FormatError(where + ": entry must be an object, got " + entry.dump());
     for (const char* field : {"dtype", "shape", "data_offsets"}) {
       if (!entry.contains(field)) throw FormatError(where + ": missing field \"" + field + "\"");
     }
@@ -197,7 +199,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     }
     t.dtype = parse_dtype(entry["dtype"].get<std::string>(), where);
     const json& shape = entry["shape"];
-    if (!shape.is_array()) throw FormatError(where + ": shape must be an array, got " + shape.dump());
+    if (!shape.is_array())
+      throw FormatError(where + ": shape must be an array, got " + shape.dump());
     for (const json& d : shape) {
       if (d.is_number_integer() && d.get<int64_t>() < 0 && !d.is_number_unsigned()) {
         throw FormatError(where + ": negative dimension " + d.dump() + " in shape " + shape.dump());
@@ -252,7 +255,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     }
     if (e.begin > prev_end) {
       throw FormatError(path + ": gap of " + std::to_string(e.begin - prev_end) +
-                        " bytes before tensor " + *e.name + " at offset " + std::to_string(e.begin) +
+                        " bytes before tensor " + *e.name + " at offset " +
+                        std::to_string(e.begin) +
                         (prev_name ? " (after tensor " + *prev_name + ")" : std::string()));
     }
     prev_end = e.end;

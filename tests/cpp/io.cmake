@@ -1,5 +1,5 @@
 add_executable(io_test ${CMAKE_CURRENT_SOURCE_DIR}/cpp/io_test.cpp)
-target_link_libraries(io_test PRIVATE torchtpu_io GTest::gtest_main)
+target_link_libraries(io_test PRIVATE torchtpu_io GTest::gmock GTest::gtest_main)
 gtest_discover_tests(io_test)
 
 # Prints what our reader sees in a safetensors file, for the Python cross-check.

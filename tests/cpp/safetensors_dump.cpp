@@ -4,9 +4,8 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "io/safetensors.h"
 
@@ -21,7 +20,8 @@ int main(int argc, char** argv) {
     if (argc == 4) {
       std::vector<TensorToWrite> tensors;
       for (const auto& [name, t] : file.tensors()) {
-        tensors.push_back({name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)});
+        tensors.push_back(
+            {name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.nbytes)});
       }
       write_safetensors(argv[3], tensors, file.metadata());
       return 0;
