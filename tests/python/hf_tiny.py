@@ -1,0 +1,360 @@
+"""Tiny Gemma 4 checkpoints made and run by transformers itself: a random small config, weights
+drawn so that the logits are far from uniform, written with `save_pretrained`."""
+
+import json
+import math
+import os
+
+import numpy as np
+import torch
+from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+S, F = SLIDING, FULL
+
+# Tiny configs saved by transformers. Between them: both prefixes, tied and untied heads, F32/BF16/
+# F16 files, one sharded, shared layers of both types, windows shorter than the prompts; the last
+# two non-shared layers are [sliding, full] (what llama.cpp's KV-reuse rule assumes).
+HF_CONFIGS = {
+    "causal-f32-shared": dict(
+        config=dict(layer_types=[S, S, S, F, S, S, F], shared=3, window=8), seed=1),
+    "multimodal-bf16-untied": dict(
+        config=dict(layer_types=[S, S, F, S, F], shared=2, window=16, hidden=128, heads=4, kv_heads=2,
+                    vocab=1024, tied=False),
+        seed=2, multimodal_prefix=True, dtype=torch.bfloat16),
+    "causal-f16-sharded-unshared": dict(
+        config=dict(layer_types=[S, S, F, S, S, F], shared=0, window=5, vocab=256, head_dim=16,
+                    global_head_dim=32, heads=4, kv_heads=2),
+        seed=3, dtype=torch.float16, max_shard_size="60KB"),
+    "e2b-pattern": dict(
+        config=dict(layer_types=[S, S, S, S, F] * 2, shared=5, window=12, hidden=96, heads=3, vocab=768,
+                    intermediate=192),
+        seed=4, multimodal_prefix=True),
+}
+
+
+def text_config(
+    *,
+    layer_types,
+    hidden=64,
+    heads=2,
+    kv_heads=1,
+    head_dim=32,
+    global_head_dim=64,
+    window=8,
+    shared=0,
+    vocab=512,
+    ple=32,
+    intermediate=128,
+    double_wide=True,
+    tied=True,
+):
+    return Gemma4TextConfig(
+        vocab_size=vocab,
+        vocab_size_per_layer_input=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=len(layer_types),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        global_head_dim=global_head_dim,
+        layer_types=list(layer_types),
+        sliding_window=window,
+        num_kv_shared_layers=shared,
+        hidden_size_per_layer_input=ple,
+        use_double_wide_mlp=double_wide,
+        final_logit_softcapping=30.0,
+        tie_word_embeddings=tied,
+        eos_token_id=1,
+        bos_token_id=2,
+        pad_token_id=0,
+    )
+
+
+FINAL_NORM_GAIN = 8.0
+
+
+@torch.no_grad()
+def _randomize(model, seed):
+    """Draws every parameter so that activations stay O(1) and the logits spread over several
+    units (greedy margins far above f32 noise, soft-cap not saturated)."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
+        if p.ndim == 2 and "embed_tokens_per_layer" in name:
+            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(model.config.get_text_config().hidden_size_per_layer_input))
+        elif p.ndim == 2 and ("embed_tokens" in name or name == "lm_head.weight"):
+            # A small embedding keeps the residual stream from being its own input token (which
+            # makes greedy decoding repeat it); the final norm's gain spreads the logits instead.
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5 / math.sqrt(p.shape[1]))
+        elif p.ndim == 2:
+            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+        elif leaf in ("q_norm", "k_norm"):
+            p.copy_(torch.rand(p.shape, generator=g) * 0.4 + 0.2)
+        elif name.endswith("model.norm.weight") or name.endswith("language_model.norm.weight"):
+            p.copy_(torch.rand(p.shape, generator=g) * FINAL_NORM_GAIN + FINAL_NORM_GAIN / 2)
+        else:
+            p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+    for name, b in model.named_buffers():
+        if name.endswith("layer_scalar"):
+            b.copy_(torch.rand(b.shape, generator=g) * 0.5 + 0.5)
+
+
+def make(out_dir, config, *, seed, multimodal_prefix=False, dtype=torch.float32, max_shard_size=None):
+    """Saves a randomly initialised model with transformers' own writer. `multimodal_prefix` saves
+    a Gemma4ForConditionalGeneration (tensors under model.language_model.) instead of a
+    Gemma4ForCausalLM (tensors under model.)."""
+    torch.manual_seed(seed)
+    if multimodal_prefix:
+        model = Gemma4ForConditionalGeneration(
+            Gemma4Config(text_config=config.to_dict(), tie_word_embeddings=config.tie_word_embeddings)
+        )
+    else:
+        model = Gemma4ForCausalLM(config)
+    _randomize(model, seed)
+    if not config.tie_word_embeddings:
+        assert model.lm_head.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+    model = model.to(dtype)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out_dir, **kwargs)
+    return out_dir
+
+
+def load(model_dir, dtype=torch.float32, attn="eager"):
+    """transformers' model for a checkpoint directory, by the config's model_type."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        model_type = json.load(f)["model_type"]
+    cls = Gemma4ForConditionalGeneration if model_type == "gemma4" else Gemma4ForCausalLM
+    model = cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
+    return model.eval()
+
+
+@torch.no_grad()
+def logits(model, ids):
+    """Logits [T, V] as float64 numpy of one forward over `ids` (no cache)."""
+    out = model(input_ids=torch.tensor([list(ids)]), use_cache=False).logits[0]
+    return out.double().numpy()
+
+
+@torch.no_grad()
+def greedy(model, ids, n):
+    """n greedy tokens, each from a fresh full forward (EOS not special)."""
+    seq = list(ids)
+    for _ in range(n):
+        seq.append(int(np.argmax(logits(model, seq)[-1])))
+    return seq[len(ids):]
+
+
+# compressed-tensors side: its own compressor writes int4 checkpoints, its own decompressor turns
+# any pack-quantized checkpoint (ours or its) back into dense weights for transformers.
+
+_VOCAB_TABLES = ("embed_tokens", "embed_tokens_per_layer", "lm_head")
+
+
+def ct_args(group, symmetric=True):
+    from compressed_tensors.quantization import QuantizationArgs
+
+    if group:
+        return QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=group)
+    return QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="channel")
+
+
+def ct_compress(weight, args, scale_dtype=torch.bfloat16):
+    """compressed-tensors' own min-max qparams and PackedQuantizationCompressor.compress."""
+    from compressed_tensors.compressors.pack_quantized import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    weight = weight.float()
+    rows, cols = weight.shape
+    grouped = weight.reshape(rows, -1, args.group_size) if args.group_size else weight.reshape(rows, 1, cols)
+    scale, zero_point = calculate_qparams(grouped.amin(-1), grouped.amax(-1), args)
+    state = {"weight": weight, "weight_scale": scale.to(scale_dtype)}
+    if not args.symmetric:
+        state["weight_zero_point"] = zero_point.round().to(torch.int8)
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    return PackedQuantizationCompressor.compress(state, scheme)
+
+
+def ct_decompress(tensors, args):
+    """compressed-tensors' PackedQuantizationCompressor.decompress with the scale widened to f32
+    first, so the product (q - z)·s is exact (the engine's f32 path) rather than rounded to bf16."""
+    from compressed_tensors.compressors.pack_quantized import PackedQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+
+    state = dict(tensors)
+    state["weight_scale"] = state["weight_scale"].float()
+    scheme = QuantizationScheme(targets=["Linear"], weights=args)
+    return PackedQuantizationCompressor.decompress(state, scheme)["weight"]
+
+
+def _quantization_config(group, symmetric, extra_targets=()):
+    args = ct_args(group, symmetric)
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear", *extra_targets],
+                "weights": args.model_dump(mode="json"),
+                "input_activations": None,
+                "output_activations": None,
+                "format": "pack-quantized",
+            }
+        },
+        "ignore": ["lm_head"],
+        "kv_cache_scheme": None,
+    }
+
+
+def _is_table(name):
+    return any(name == t or name.endswith(f".{t}") for t in _VOCAB_TABLES)
+
+
+def ct_quantize_checkpoint(src_dir, out_dir, *, group=32, symmetric=True, emb4_dir=None):
+    """A W4A16 checkpoint written by compressed-tensors' compressor from a dense one: every 2-D
+    weight except the vocabulary tables is packed. With `emb4_dir`, a second directory holds the
+    packed embed_tokens, embed_tokens_per_layer and an untied lm_head (the -emb4 twin)."""
+    from safetensors.torch import load_file, save_file
+
+    dense = {}
+    for shard in (f for f in os.listdir(src_dir) if f.endswith(".safetensors")):
+        dense.update(load_file(os.path.join(src_dir, shard)))
+    args = ct_args(group, symmetric)
+    out, unfit = {}, []
+    for name, w in dense.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and w.ndim == 2 and not _is_table(module):
+            if group and w.shape[1] % group:
+                unfit.append(module)  # compressed-tensors cannot group these columns
+                out[name] = w.contiguous()
+                continue
+            out.update({f"{module}.{k}": v.contiguous() for k, v in ct_compress(w, args).items()})
+        else:
+            out[name] = w.contiguous()
+    with open(os.path.join(src_dir, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = _quantization_config(group, symmetric)
+    config["quantization_config"]["ignore"] += sorted(unfit)
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(out, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    if emb4_dir is None:
+        return out_dir
+    tables = {}
+    prefix = next(p for p in ("model.language_model.", "model.") if f"{p}embed_tokens.weight" in dense)
+    sources = {
+        f"{prefix}embed_tokens": dense[f"{prefix}embed_tokens.weight"],
+        f"{prefix}embed_tokens_per_layer": dense.get(f"{prefix}embed_tokens_per_layer.weight"),
+        "lm_head": dense.get("lm_head.weight", dense[f"{prefix}embed_tokens.weight"]),
+    }
+    for module, w in sources.items():
+        if w is not None:
+            packed = ct_compress(w, args, scale_dtype=torch.float16)
+            tables.update({f"{module}.{k}": v.contiguous() for k, v in packed.items()})
+    config["quantization_config"] = _quantization_config(group, symmetric, ["Embedding", "re:.*lm_head"])
+    config["quantization_config"]["ignore"] = []
+    config["tie_word_embeddings"] = False
+    if "text_config" in config:
+        config["text_config"]["tie_word_embeddings"] = False
+    os.makedirs(emb4_dir, exist_ok=True)
+    save_file(tables, os.path.join(emb4_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(emb4_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return out_dir
+
+
+def _group_args(quantization_config, module):
+    """The weight args of the config group whose targets name this module (exact or `re:`), or,
+    failing that, the group targeting its class (Embedding for vocabulary tables, else Linear)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.utils.match import match_name
+
+    groups = quantization_config["config_groups"].values()
+    cls = "Embedding" if _is_table(module) and not module.endswith("lm_head") else "Linear"
+    for group in groups:
+        if any(match_name(module, t) for t in group["targets"]):
+            return QuantizationArgs.model_validate(group["weights"])
+    for group in groups:
+        if cls in group["targets"]:
+            return QuantizationArgs.model_validate(group["weights"])
+    raise AssertionError(f"no config group of the checkpoint targets {module}")
+
+
+def dense_from_quantized(quant_dir, out_dir, emb4_dir=None):
+    """Writes a dense f32 checkpoint that transformers can load: every pack-quantized module of
+    `quant_dir` (and of `emb4_dir`, whose vocabulary tables override) decompressed by
+    compressed-tensors. Returns {module: f32 tensor} of what was decompressed."""
+    from safetensors.torch import load_file, save_file
+
+    def read(directory):
+        tensors = {}
+        for shard in (f for f in os.listdir(directory) if f.endswith(".safetensors")):
+            tensors.update(load_file(os.path.join(directory, shard)))
+        with open(os.path.join(directory, "config.json")) as f:
+            return tensors, json.load(f)
+
+    def densify(tensors, config):
+        dense, decompressed = {}, {}
+        for name in sorted(tensors):
+            if name.endswith(".weight_packed"):
+                module = name.removesuffix(".weight_packed")
+                parts = {k: tensors[f"{module}.{k}"] for k in
+                         ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
+                         if f"{module}.{k}" in tensors}
+                w = ct_decompress(parts, _group_args(config["quantization_config"], module)).float()
+                dense[f"{module}.weight"] = decompressed[module] = w
+            elif not any(name.endswith(s) for s in (".weight_scale", ".weight_shape", ".weight_zero_point")):
+                dense[name] = tensors[name].float()
+        return dense, decompressed
+
+    tensors, config = read(quant_dir)
+    dense, decompressed = densify(tensors, config)
+    if emb4_dir is not None:
+        t4, c4 = read(emb4_dir)
+        d4, dec4 = densify(t4, c4)
+        dense.update({k: v for k, v in d4.items() if _is_table(k.removesuffix(".weight"))})
+        decompressed.update(dec4)
+        if "lm_head.weight" in dense:
+            config["tie_word_embeddings"] = False
+            if "text_config" in config:
+                config["text_config"]["tie_word_embeddings"] = False
+    config.pop("quantization_config", None)
+    os.makedirs(out_dir, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in dense.items()}, os.path.join(out_dir, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return decompressed
+
+
+def make_named(name, out_dir):
+    """Saves HF_CONFIGS[name] to out_dir."""
+    spec = dict(HF_CONFIGS[name])
+    config = text_config(**spec.pop("config"))
+    return make(str(out_dir), config, **spec)
+
+
+def prompt(vocab, length, seed):
+    """BOS followed by random ordinary token ids (0-3 are special)."""
+    rng = np.random.RandomState(seed)
+    return [2] + [int(t) for t in rng.randint(4, vocab, size=length - 1)]
+
+
+def greedy_margin(rows):
+    """Smallest gap between the best and second-best logit over the rows: how far the numbers
+    may move before a greedy choice flips."""
+    top2 = np.sort(np.asarray(rows, dtype=np.float64), axis=-1)[:, -2:]
+    return float(np.min(top2[:, 1] - top2[:, 0]))
+
+
+def kl(p_logits, q_logits):
+    """KL(P || Q) of the softmax distributions, in float64."""
+    p_logits = np.asarray(p_logits, dtype=np.float64)
+    q_logits = np.asarray(q_logits, dtype=np.float64)
+    log_p = p_logits - p_logits.max() - np.log(np.exp(p_logits - p_logits.max()).sum())
+    log_q = q_logits - q_logits.max() - np.log(np.exp(q_logits - q_logits.max()).sum())
+    return float(np.sum(np.exp(log_p) * (log_p - log_q)))
