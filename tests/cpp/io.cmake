@@ -5,3 +5,7 @@ gtest_discover_tests(io_test)
 # Prints what our reader sees in a safetensors file, for the Python cross-check.
 add_executable(safetensors_dump ${CMAKE_CURRENT_SOURCE_DIR}/cpp/safetensors_dump.cpp)
 target_link_libraries(safetensors_dump PRIVATE torchtpu_io)
+
+# Prints load_config(DIR) as JSON, for the cross-check against transformers.
+add_executable(config_dump ${CMAKE_CURRENT_SOURCE_DIR}/cpp/config_dump.cpp)
+target_link_libraries(config_dump PRIVATE torchtpu_io)
