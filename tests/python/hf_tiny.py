@@ -1,5 +1,6 @@
-"""Tiny Gemma 4 checkpoints made and run by transformers itself: a random small config, weights
-drawn so that the logits are far from uniform, written with `save_pretrained`."""
+"""Tiny Gemma 4 checkpoints made and run by transformers itself (a random small config, weights
+drawn so that the logits are far from uniform, written with `save_pretrained`), their int4 forms
+written and read by compressed-tensors, and the configs and criteria the parity suites share."""
 
 import json
 import math
@@ -11,6 +12,34 @@ from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGe
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 S, F = SLIDING, FULL
+
+# Parity criteria shared by the parity suites.
+N_NEW = 64
+TOL = 1e-3
+# The greedy choice must not be a coin toss: at every step the best logit leads the second by more
+# than twice the tolerance, so two implementations within the tolerance must pick the same tokens
+# and a disagreement cannot be excused as rounding.
+MIN_MARGIN = 2 * TOL
+
+# make-tiny checkpoints. Between them: different seeds; >= 2 sliding and 1 full non-shared layers
+# with the last two non-shared [sliding, full]; shared layers of both types; windows shorter than
+# the long prompt; dead shared K/V on and off; both prefixes; one sharded; F32 and BF16 files.
+MAKE_TINY_CONFIGS = {
+    "lm-prefix-dead-kv": dict(seed=11, dtype="f32", prefix="model.language_model.", dead_shared_kv=True,
+                              layer_types="sliding,sliding,sliding,full,sliding,sliding,full", shared=3,
+                              window=8, vocab=512, hidden=64),
+    "model-prefix-sharded-bf16-untied": dict(seed=12, dtype="bf16", prefix="model.", untied=True, shards=3,
+                                             layer_types="sliding,sliding,full,sliding,full", shared=2, window=16,
+                                             vocab=1024, hidden=128, heads=4, kv_heads=2),
+    "e2b-pattern-dead-kv": dict(seed=13, dtype="f32", prefix="model.", dead_shared_kv=True,
+                                layer_types=",".join((["sliding"] * 4 + ["full"]) * 2),
+                                shared=5, window=12, vocab=768, hidden=96, heads=3, kv_heads=1),
+    "unshared-narrow": dict(seed=14, dtype="bf16", prefix="model.language_model.",
+                            layer_types="sliding,sliding,full,sliding,sliding,full", shared=0, window=5,
+                            vocab=256, hidden=64, heads=4, kv_heads=2, head_dim=16, global_head_dim=32,
+                            no_double_wide=True),
+}
+
 
 # Tiny configs saved by transformers. Between them: both prefixes, tied and untied heads, F32/BF16/
 # F16 files, one sharded, shared layers of both types, windows shorter than the prompts; the last

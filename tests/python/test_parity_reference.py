@@ -9,15 +9,9 @@ import pytest
 import torch
 
 import hf_tiny
+from hf_tiny import MIN_MARGIN, N_NEW, TOL
 from reference import Reference
 from reference.pack_quant import dequantize
-
-N_NEW = 64
-TOL = 1e-3
-# The greedy choice must not be a coin toss: at every step the best logit leads the second by more
-# than twice the tolerance, so two implementations within the tolerance must pick the same tokens
-# and a disagreement cannot be excused as rounding.
-MIN_MARGIN = 2 * TOL
 
 
 def _prompts(window, vocab, seed):
@@ -153,30 +147,10 @@ def test_reference_int4_matches_transformers_on_decompressed(symmetric, name, tm
 
 # --- the engine against the reference ------------------------------------------------------------
 
-# make-tiny checkpoints. Between them: different seeds; >= 2 sliding and 1 full non-shared layers
-# with the last two non-shared [sliding, full]; shared layers of both types; windows shorter than
-# the long prompt; dead shared K/V on and off; both prefixes; one sharded; F32 and BF16 files.
-ENGINE_CONFIGS = {
-    "lm-prefix-dead-kv": dict(seed=11, dtype="f32", prefix="model.language_model.", dead_shared_kv=True,
-                              layer_types="sliding,sliding,sliding,full,sliding,sliding,full", shared=3,
-                              window=8, vocab=512, hidden=64),
-    "model-prefix-sharded-bf16-untied": dict(seed=12, dtype="bf16", prefix="model.", untied=True, shards=3,
-                                             layer_types="sliding,sliding,full,sliding,full", shared=2, window=16,
-                                             vocab=1024, hidden=128, heads=4, kv_heads=2),
-    "e2b-pattern-dead-kv": dict(seed=13, dtype="f32", prefix="model.", dead_shared_kv=True,
-                                layer_types=",".join((["sliding"] * 4 + ["full"]) * 2),
-                                shared=5, window=12, vocab=768, hidden=96, heads=3, kv_heads=1),
-    "unshared-narrow": dict(seed=14, dtype="bf16", prefix="model.language_model.",
-                            layer_types="sliding,sliding,full,sliding,sliding,full", shared=0, window=5,
-                            vocab=256, hidden=64, heads=4, kv_heads=2, head_dim=16, global_head_dim=32,
-                            no_double_wide=True),
-}
-
-
-@pytest.fixture(scope="module", params=sorted(ENGINE_CONFIGS))
+@pytest.fixture(scope="module", params=sorted(hf_tiny.MAKE_TINY_CONFIGS))
 def tiny(request, cli, tmp_path_factory):
     out = tmp_path_factory.mktemp(request.param)
-    cli.make_tiny(out, preset="tiny", **ENGINE_CONFIGS[request.param])
+    cli.make_tiny(out, preset="tiny", **hf_tiny.MAKE_TINY_CONFIGS[request.param])
     return request.param, str(out), Reference(str(out))
 
 
@@ -233,7 +207,7 @@ def test_engine_bf16_close_to_reference(tiny, cli, tmp_path, report):
 def test_engine_quantized_matches_reference(emb4, cli, tmp_path, report):
     """Checkpoints written by the engine's own `quantize`: the reference reads them (its unpacker
     is checked against compressed-tensors above), the engine must agree."""
-    src = cli.make_tiny(tmp_path / "dense", preset="tiny", **ENGINE_CONFIGS["lm-prefix-dead-kv"])
+    src = cli.make_tiny(tmp_path / "dense", preset="tiny", **hf_tiny.MAKE_TINY_CONFIGS["lm-prefix-dead-kv"])
     args = ["quantize", src, tmp_path / "q", "--group", 32]
     if emb4:
         args += ["--emb4", tmp_path / "q4"]
