@@ -404,6 +404,7 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
     }
   }
   bool have_full = false;
+  if (c.global_head_dim == 0) c.global_head_dim = c.head_dim;  // no full layer names one
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string field = f.has("per_layer_config") ? "per_layer_config." + std::to_string(l)
                                                         : std::string("head_dim");
