@@ -524,6 +524,152 @@ void TokenizerModel::bpe(std::string_view word, std::vector<int64_t>& out) const
 
 namespace {
 
+// Reads tokenizer.json in one pass. model.vocab and model.merges, nearly all of the file, go
+// straight into the model's tables; everything else becomes a DOM. Building a DOM of the whole
+// file first took most of the load time.
+class TokenizerReader {
+ public:
+  using number_integer_t = json::number_integer_t;
+  using number_unsigned_t = json::number_unsigned_t;
+  using number_float_t = json::number_float_t;
+  using string_t = json::string_t;
+  using binary_t = json::binary_t;
+
+  TokenizerReader(TokenizerModel& m, json& dom) : m_(m), dom_(dom) {}
+
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::string error;  // the first problem in vocab or merges
+
+  bool null() { return value(nullptr); }
+  bool boolean(bool v) { return value(v); }
+  bool number_integer(number_integer_t v) { return integer(v); }
+  bool number_unsigned(number_unsigned_t v) {
+    return integer(v > static_cast<number_unsigned_t>(INT64_MAX) ? -1 : static_cast<int64_t>(v));
+  }
+  bool number_float(number_float_t v, const string_t& s) { return value(v, &s); }
+  bool string(string_t& v) {
+    if (section_ == Section::kMerges) {
+      if (section_depth_ == 1) {
+        const size_t space = v.find(' ');
+        if (space == std::string::npos || v.find(' ', space + 1) != std::string::npos) {
+          return fail("model.merges[" + std::to_string(merges.size()) + "] \"" + v +
+                      "\" is not two tokens separated by one space");
+        }
+        merges.emplace_back(v.substr(0, space), v.substr(space + 1));
+        return true;
+      }
+      if (section_depth_ == 2 && pair_size_ < 2) {
+        (pair_size_ == 0 ? merges.back().first : merges.back().second) = std::move(v);
+        ++pair_size_;
+        return true;
+      }
+      return fail("model.merges[" + std::to_string(merges.size() - 1) + "] is not [a, b]");
+    }
+    return value(std::move(v));
+  }
+  bool binary(binary_t&) { return fail("binary data"); }
+  bool start_object(std::size_t n) {
+    if (section_ != Section::kNone) {
+      return fail(section_ == Section::kVocab ? "model.vocab values must be ids"
+                                              : "model.merges entries must be strings or pairs");
+    }
+    if (path_.size() == 2 && key_ == "vocab" && path_[1] == "model") {
+      section_ = Section::kVocab;
+      m_.vocab.reserve(1 << 18);
+    }
+    path_.push_back(key_);
+    return dom_parser_.start_object(n);
+  }
+  bool key(string_t& k) {
+    if (section_ == Section::kVocab) {
+      piece_ = std::move(k);
+      return true;
+    }
+    key_ = k;
+    return dom_parser_.key(k);
+  }
+  bool end_object() {
+    if (section_ == Section::kVocab) section_ = Section::kNone;
+    path_.pop_back();
+    return dom_parser_.end_object();
+  }
+  bool start_array(std::size_t n) {
+    if (section_ == Section::kMerges) {
+      if (section_depth_ != 1) return fail("model.merges entries must be strings or pairs");
+      ++section_depth_;
+      merges.emplace_back();
+      pair_size_ = 0;
+      return true;
+    }
+    if (section_ == Section::kVocab) return fail("model.vocab values must be ids");
+    if (path_.size() == 2 && key_ == "merges" && path_[1] == "model") {
+      section_ = Section::kMerges;
+      section_depth_ = 1;
+    }
+    path_.push_back(key_);
+    return dom_parser_.start_array(n);
+  }
+  bool end_array() {
+    if (section_ == Section::kMerges) {
+      if (section_depth_ == 2) {
+        --section_depth_;
+        if (pair_size_ != 2) {
+          return fail("model.merges[" + std::to_string(merges.size() - 1) + "] is not [a, b]");
+        }
+        return true;
+      }
+      section_ = Section::kNone;
+    }
+    path_.pop_back();
+    return dom_parser_.end_array();
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    if (error.empty()) error = std::string("not valid JSON: ") + e.what();
+    return false;
+  }
+
+ private:
+  enum class Section { kNone, kVocab, kMerges };
+  bool fail(std::string message) {
+    if (error.empty()) error = std::move(message);
+    return false;
+  }
+  bool integer(int64_t v) {
+    if (section_ == Section::kVocab) {
+      if (v < 0 || v > INT32_MAX) return fail("model.vocab[\"" + piece_ + "\"] is not a valid id");
+      m_.vocab.emplace(std::move(piece_), v);
+      return true;
+    }
+    return value(v);
+  }
+  template <typename T>
+  bool value(T&& v, const string_t* float_text = nullptr) {
+    if (section_ == Section::kVocab) return fail("model.vocab[\"" + piece_ + "\"] is not an id");
+    if (section_ == Section::kMerges) return fail("model.merges entries must be strings or pairs");
+    if constexpr (std::is_same_v<std::decay_t<T>, number_float_t>) {
+      return dom_parser_.number_float(v, *float_text);
+    } else if constexpr (std::is_same_v<std::decay_t<T>, int64_t>) {
+      return dom_parser_.number_integer(v);
+    } else if constexpr (std::is_same_v<std::decay_t<T>, bool>) {
+      return dom_parser_.boolean(v);
+    } else if constexpr (std::is_same_v<std::decay_t<T>, std::nullptr_t>) {
+      return dom_parser_.null();
+    } else {
+      return dom_parser_.string(v);
+    }
+  }
+
+  TokenizerModel& m_;
+  json& dom_;
+  nlohmann::detail::json_sax_dom_parser<json> dom_parser_{dom_, false};
+  std::vector<std::string> path_;
+  std::string key_;
+  std::string piece_;
+  Section section_ = Section::kNone;
+  int section_depth_ = 0;
+  size_t pair_size_ = 0;
+};
+
 std::string pattern_string(const TokenizerModel& m, const json& pattern, const std::string& where) {
   if (!pattern.is_object()) m.fail(where + ".pattern must be an object");
   if (pattern.contains("Regex")) {
@@ -648,22 +794,15 @@ void load_post_processor(TokenizerModel& m, const json& j) {
   if (!seen_sequence) m.fail("post_processor.single does not contain the sequence");
 }
 
-void load_model(TokenizerModel& m, const json& j) {
+void load_model(TokenizerModel& m, const json& j,
+                const std::vector<std::pair<std::string, std::string>>& merges) {
   if (!j.is_object()) m.fail("\"model\" is missing");
   const std::string type = j.value("type", std::string("BPE"));
   if (type != "BPE") m.fail("model type \"" + type + "\" is not supported (BPE)");
   if (j.contains("dropout") && !j["dropout"].is_null() && j["dropout"].get<double>() > 0.0) {
     m.fail("model.dropout is not supported (encoding would not be deterministic)");
   }
-  const json& vocab = j.value("vocab", json());
-  if (!vocab.is_object()) m.fail("model.vocab must be an object");
-  m.vocab.reserve(vocab.size());
-  for (const auto& [piece, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-      m.fail("model.vocab[\"" + piece + "\"] is not a valid id");
-    }
-    m.vocab.emplace(piece, id.get<int64_t>());
-  }
+  if (!j.contains("vocab") || !j["vocab"].is_object()) m.fail("model.vocab must be an object");
   if (j.contains("unk_token") && !j["unk_token"].is_null()) {
     const std::string unk = j["unk_token"].get<std::string>();
     const auto it = m.vocab.find(unk);
@@ -678,29 +817,11 @@ void load_model(TokenizerModel& m, const json& j) {
     if (j.contains(key) && !j[key].is_null()) *slot = j[key].get<std::string>();
   }
 
-  const json& merges = j.value("merges", json::array());
   m.merges.reserve(merges.size());
   const size_t prefix_len = m.continuing_subword_prefix ? m.continuing_subword_prefix->size() : 0;
   std::string merged;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const json& entry = merges[rank];
-    std::string a, b;
-    if (entry.is_string()) {
-      const std::string line = entry.get<std::string>();
-      const size_t space = line.find(' ');
-      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-        m.fail("model.merges[" + std::to_string(rank) + "] \"" + line +
-               "\" is not two tokens separated by one space");
-      }
-      a = line.substr(0, space);
-      b = line.substr(space + 1);
-    } else if (entry.is_array() && entry.size() == 2 && entry[0].is_string() &&
-               entry[1].is_string()) {
-      a = entry[0].get<std::string>();
-      b = entry[1].get<std::string>();
-    } else {
-      m.fail("model.merges[" + std::to_string(rank) + "] is neither \"a b\" nor [a, b]");
-    }
+    const auto& [a, b] = merges[rank];
     const auto ia = m.vocab.find(a);
     const auto ib = m.vocab.find(b);
     if (ia == m.vocab.end() || ib == m.vocab.end() || b.size() < prefix_len) {
@@ -817,14 +938,13 @@ Tokenizer Tokenizer::from_json_string(std::string_view json_text, const std::str
   auto m = std::make_shared<TokenizerModel>();
   m->origin = origin;
   json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    m->fail(std::string("not valid JSON: ") + e.what());
+  TokenizerReader reader(*m, j);
+  if (!json::sax_parse(json_text, &reader) || !reader.error.empty()) {
+    m->fail(reader.error.empty() ? "not valid JSON" : reader.error);
   }
   if (!j.is_object()) m->fail("top level must be an object");
   try {
-    load_model(*m, j.value("model", json()));
+    load_model(*m, j.value("model", json()), reader.merges);
     load_normalizer(*m, j.value("normalizer", json()), "normalizer");
     load_pre_tokenizer(*m, j.value("pre_tokenizer", json()), "pre_tokenizer");
     if (j.contains("decoder") && !j["decoder"].is_null()) {

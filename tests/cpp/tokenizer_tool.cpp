@@ -6,7 +6,9 @@
 //   {"op":"decode","ids":[...],"skip_special_tokens":B}  -> {"text":S}
 //   {"op":"stream","ids":[...],"show_special_tokens":B}  -> {"pieces_hex":[...]} (bytes in hex)
 //   {"op":"parse","text":S,"chunk":N}  -> {"content","reasoning","tool_calls","cut_off","raw_unparsed"}
+//   {"op":"time_encode","texts":[...]}  -> {"tokens":N,"seconds":S} (bench/tokenizer_bench.py)
 // A failure answers {"error":MESSAGE}.
+#include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -64,6 +66,14 @@ json answer(const std::optional<Tokenizer>& tok, const json& req) {
   if (op == "decode") {
     return {{"text", tok->decode(req.at("ids").get<std::vector<int64_t>>(),
                                  req.value("skip_special_tokens", false))}};
+  }
+  if (op == "time_encode") {
+    const auto texts = req.at("texts").get<std::vector<std::string>>();
+    size_t tokens = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (const std::string& t : texts) tokens += tok->encode(t).size();
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    return {{"tokens", tokens}, {"seconds", elapsed.count()}};
   }
   if (op == "stream") {
     torchtpu::Detokenizer detok(*tok, req.value("show_special_tokens", true));
