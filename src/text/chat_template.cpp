@@ -1,0 +1,245 @@
+#include "text/chat_template.h"
+
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <utility>
+
+#include "common/errors.h"
+
+extern "C" {
+int tt_jinja_render(const char* source, const char* context_json, char** out, char** err);
+void tt_jinja_free(char* s);
+}
+
+namespace torchtpu {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+// Status codes of tt_jinja_render (src/text/jinja/src/lib.rs).
+constexpr int kJinjaOk = 0;
+constexpr int kJinjaRaised = 2;
+
+// The named special tokens transformers passes to every template (SPECIAL_TOKENS_ATTRIBUTES).
+constexpr std::array<const char*, 7> kSpecialTokenNames = {
+    "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"};
+
+// The names a message's reasoning goes by; transformers copies the first one set into
+// "thinking" and "reasoning_content" so that every template finds it.
+constexpr std::array<const char*, 3> kReasoningFields = {"reasoning_content", "thinking",
+                                                         "reasoning"};
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw NotFoundError("cannot open " + path.string());
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+ojson read_json(const fs::path& path) {
+  try {
+    return ojson::parse(read_file(path));
+  } catch (const ojson::parse_error& e) {
+    throw FormatError(path.string() + " is not valid JSON: " + e.what());
+  }
+}
+
+// A special token is written as a string or as an AddedToken object {"content": ...}.
+void take_special_tokens(const ojson& config, const fs::path& file, ojson& tokens) {
+  for (const char* name : kSpecialTokenNames) {
+    auto it = config.find(name);
+    if (it == config.end() || it->is_null()) continue;
+    if (it->is_string()) {
+      tokens[name] = *it;
+    } else if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
+      tokens[name] = (*it)["content"];
+    } else {
+      throw FormatError(file.string() + ": " + name +
+                        " must be a string or an object with a string \"content\", got " +
+                        it->dump());
+    }
+  }
+}
+
+// apply_chat_template's normalisation: keys whose value is null are dropped, reasoning aliased.
+ojson normalize_message(const ojson& message, size_t index) {
+  if (!message.is_object()) {
+    throw ValueError("chat messages must be objects, but message " + std::to_string(index) +
+                     " is " + message.dump());
+  }
+  ojson kept = ojson::object();
+  for (const auto& [key, value] : message.items()) {
+    if (!value.is_null()) kept[key] = value;
+  }
+  const ojson* reasoning = nullptr;
+  for (const char* field : kReasoningFields) {
+    if (kept.contains(field)) {
+      reasoning = &kept[field];
+      break;
+    }
+  }
+  if (reasoning == nullptr) return kept;
+  // Python's {"thinking": r, **message, "reasoning_content": r}: an existing key keeps its place.
+  ojson aliased = ojson::object();
+  aliased["thinking"] = *reasoning;
+  for (const auto& [key, value] : kept.items()) aliased[key] = value;
+  aliased["reasoning_content"] = *reasoning;
+  return aliased;
+}
+
+struct JinjaString {
+  char* p = nullptr;
+  ~JinjaString() { tt_jinja_free(p); }
+};
+
+}  // namespace
+
+ChatTemplate ChatTemplate::from_dir(const std::string& dir) {
+  const fs::path root(dir);
+  if (!fs::is_directory(root)) throw NotFoundError("checkpoint directory " + dir + " not found");
+  ChatTemplate t;
+  const fs::path jinja = root / "chat_template.jinja";
+  if (fs::is_regular_file(jinja)) t.templates_["default"] = read_file(jinja);
+  const fs::path extra = root / "additional_chat_templates";
+  if (fs::is_directory(extra)) {
+    for (const auto& entry : fs::directory_iterator(extra)) {
+      if (entry.path().extension() == ".jinja") {
+        t.templates_[entry.path().stem().string()] = read_file(entry.path());
+      }
+    }
+  }
+  const fs::path config_path = root / "tokenizer_config.json";
+  ojson config = ojson::object();
+  if (fs::is_regular_file(config_path)) config = read_json(config_path);
+  if (!config.is_object()) throw FormatError(config_path.string() + " is not a JSON object");
+  // Template files take priority over the tokenizer_config.json key, as in transformers.
+  if (t.templates_.empty() && config.contains("chat_template")) {
+    const ojson& key = config["chat_template"];
+    if (key.is_string()) {
+      t.templates_["default"] = key.get<std::string>();
+    } else if (key.is_array()) {
+      for (const ojson& entry : key) {
+        if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() ||
+            !entry.contains("template") || !entry["template"].is_string()) {
+          throw FormatError(config_path.string() +
+                            ": each entry of chat_template must be {\"name\": string, "
+                            "\"template\": string}, got " +
+                            entry.dump());
+        }
+        t.templates_[entry["name"].get<std::string>()] = entry["template"].get<std::string>();
+      }
+    } else if (!key.is_null()) {
+      throw FormatError(config_path.string() +
+                        ": chat_template must be a string or a list of {name, template}, got " +
+                        key.dump());
+    }
+  }
+  if (t.templates_.empty()) {
+    throw NotFoundError("no chat template in " + dir +
+                        ": neither chat_template.jinja nor a \"chat_template\" key in "
+                        "tokenizer_config.json");
+  }
+  take_special_tokens(config, config_path, t.special_tokens_);
+  // Legacy checkpoints keep the special tokens in special_tokens_map.json, which wins.
+  const fs::path map_path = root / "special_tokens_map.json";
+  if (fs::is_regular_file(map_path)) {
+    const ojson map = read_json(map_path);
+    if (map.is_object()) take_special_tokens(map, map_path, t.special_tokens_);
+  }
+  return t;
+}
+
+ChatTemplate ChatTemplate::from_string(std::string source, std::string bos_token,
+                                       std::string eos_token) {
+  ChatTemplate t;
+  t.templates_["default"] = std::move(source);
+  t.special_tokens_["bos_token"] = std::move(bos_token);
+  t.special_tokens_["eos_token"] = std::move(eos_token);
+  return t;
+}
+
+const std::string& ChatTemplate::select(bool has_tools) const {
+  if (templates_.size() == 1 && templates_.begin()->first == "default") {
+    return templates_.begin()->second;
+  }
+  // transformers' get_chat_template for a checkpoint with several named templates.
+  if (has_tools) {
+    if (auto it = templates_.find("tool_use"); it != templates_.end()) return it->second;
+  }
+  if (auto it = templates_.find("default"); it != templates_.end()) return it->second;
+  std::string names;
+  for (const auto& [name, _] : templates_) names += (names.empty() ? "" : ", ") + name;
+  throw ValueError("this checkpoint has several chat templates (" + names +
+                   ") and none is named \"default\"");
+}
+
+const std::string& ChatTemplate::source() const { return select(false); }
+
+std::string ChatTemplate::render(const nlohmann::json& messages, const nlohmann::json& tools,
+                                 bool add_generation_prompt, const nlohmann::json& kwargs) const {
+  return render(ojson(messages), ojson(tools), add_generation_prompt, ojson(kwargs));
+}
+
+std::string ChatTemplate::render(const ojson& messages, const ojson& tools,
+                                 bool add_generation_prompt, const ojson& kwargs) const {
+  if (!messages.is_array()) {
+    throw ValueError("messages must be an array of message objects, got " + messages.dump());
+  }
+  if (messages.empty()) {
+    throw ValueError(
+        "Cannot apply chat template to an empty conversation. Provide at least one message.");
+  }
+  if (!tools.is_null()) {
+    if (!tools.is_array()) throw ValueError("tools must be an array or null, got " + tools.dump());
+    for (const ojson& tool : tools) {
+      if (!tool.is_object()) {
+        throw ValueError("each tool must be a JSON schema object, got " + tool.dump());
+      }
+    }
+  }
+  if (!kwargs.is_null() && !kwargs.is_object()) {
+    throw ValueError("template kwargs must be an object, got " + kwargs.dump());
+  }
+
+  ojson context = special_tokens_;
+  if (kwargs.is_object()) {
+    for (const auto& [key, value] : kwargs.items()) {
+      if (key == "messages" || key == "tools" || key == "documents" ||
+          key == "add_generation_prompt") {
+        throw ValueError("template kwargs must not set \"" + key +
+                         "\", which render() passes itself");
+      }
+      context[key] = value;
+    }
+  }
+  ojson normalized = ojson::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    normalized.push_back(normalize_message(messages[i], i));
+  }
+  context["messages"] = std::move(normalized);
+  context["tools"] = tools;
+  context["documents"] = nullptr;
+  context["add_generation_prompt"] = add_generation_prompt;
+
+  std::string context_json;
+  try {
+    context_json = context.dump();
+  } catch (const ojson::type_error& e) {
+    throw ValueError(std::string("chat messages, tools or kwargs are not valid UTF-8: ") +
+                     e.what());
+  }
+  JinjaString out;
+  JinjaString err;
+  const int status =
+      tt_jinja_render(select(!tools.is_null()).c_str(), context_json.c_str(), &out.p, &err.p);
+  if (status == kJinjaOk) return out.p;
+  if (status == kJinjaRaised) throw ValueError(err.p);
+  throw ValueError(std::string("chat template: ") + err.p);
+}
+
+}  // namespace torchtpu
