@@ -72,9 +72,9 @@ std::vector<std::string> Detokenizer::feed(Stage& stage, std::vector<std::string
             begin += step.content.size();
           }
           size_t end = t.size();
-          for (int64_t k = 0; k < step.stop && end >= begin + step.content.size() &&
-                              t.compare(end - step.content.size(), step.content.size(),
-                                        step.content) == 0;
+          for (int64_t k = 0;
+               k < step.stop && end >= begin + step.content.size() &&
+               t.compare(end - step.content.size(), step.content.size(), step.content) == 0;
                ++k) {
             end -= step.content.size();
           }
@@ -97,8 +97,8 @@ std::vector<std::string> Detokenizer::feed(Stage& stage, std::vector<std::string
         pos = hit + step.pattern.size();
       }
       // Hold back what could still be the start of the pattern.
-      const size_t keep = step.pattern.empty() ? 0 : std::min(step.pattern.size() - 1,
-                                                               text.size() - pos);
+      const size_t keep =
+          step.pattern.empty() ? 0 : std::min(step.pattern.size() - 1, text.size() - pos);
       const size_t cut = char_boundary(text, text.size() - keep, pos);
       out.append(text, pos, cut - pos);
       stage.tail = text.substr(cut);
@@ -118,9 +118,9 @@ std::vector<std::string> Detokenizer::feed(Stage& stage, std::vector<std::string
       if (!stage.start_done && stage.start_seen >= step.start) stage.start_done = true;
       // Hold back the trailing `content` characters that the end of the stream may strip.
       size_t end = text.size();
-      for (int64_t k = 0; k < step.stop && end >= begin + step.content.size() &&
-                          text.compare(end - step.content.size(), step.content.size(),
-                                       step.content) == 0;
+      for (int64_t k = 0;
+           k < step.stop && end >= begin + step.content.size() &&
+           text.compare(end - step.content.size(), step.content.size(), step.content) == 0;
            ++k) {
         end -= step.content.size();
       }
@@ -153,7 +153,8 @@ std::vector<std::string> Detokenizer::flush(Stage& stage) {
 }
 
 std::string Detokenizer::run(size_t first_stage, std::vector<std::string> tokens) {
-  for (size_t i = first_stage; i < stages_.size(); ++i) tokens = feed(stages_[i], std::move(tokens));
+  for (size_t i = first_stage; i < stages_.size(); ++i)
+    tokens = feed(stages_[i], std::move(tokens));
   return joined(tokens);
 }
 

@@ -33,7 +33,8 @@ class CallReader {
 
   ParseResult read_call(ToolCall& call) {
     skip_space();
-    if (!take("call:")) return fail_or_incomplete("call:", "the call does not start with \"call:\"");
+    if (!take("call:"))
+      return fail_or_incomplete("call:", "the call does not start with \"call:\"");
     const size_t brace = s_.find('{', pos_);
     if (brace == std::string_view::npos) return incomplete();
     call.name = trim(s_.substr(pos_, brace - pos_));
@@ -71,7 +72,8 @@ class CallReader {
     return true;
   }
   void skip_space() {
-    while (pos_ < s_.size() && std::string_view(" \t\r\n").find(s_[pos_]) != std::string_view::npos) {
+    while (pos_ < s_.size() &&
+           std::string_view(" \t\r\n").find(s_[pos_]) != std::string_view::npos) {
       ++pos_;
     }
   }
@@ -84,10 +86,12 @@ class CallReader {
       const size_t hit = s_.find(kQuote, search);
       if (hit == std::string_view::npos) return incomplete();
       size_t after = hit + kQuote.size();
-      while (after < s_.size() && std::string_view(" \t\r\n").find(s_[after]) != std::string_view::npos) {
+      while (after < s_.size() &&
+             std::string_view(" \t\r\n").find(s_[after]) != std::string_view::npos) {
         ++after;
       }
-      if (after == s_.size() || std::string_view(",}]:").find(s_[after]) != std::string_view::npos) {
+      if (after == s_.size() ||
+          std::string_view(",}]:").find(s_[after]) != std::string_view::npos) {
         out = std::string(s_.substr(pos_, hit - pos_));
         pos_ = hit + kQuote.size();
         return {};
@@ -101,7 +105,8 @@ class CallReader {
     if (take(kQuote)) return read_quoted(key);
     const size_t colon = s_.find_first_of(":{}[],", pos_);
     if (colon == std::string_view::npos) return incomplete();
-    if (s_[colon] != ':') return error("expected \"key:\" at \"" + std::string(s_.substr(pos_)) + "\"");
+    if (s_[colon] != ':')
+      return error("expected \"key:\" at \"" + std::string(s_.substr(pos_)) + "\"");
     key = trim(s_.substr(pos_, colon - pos_));
     if (key.empty()) return error("an argument has an empty key");
     pos_ = colon;
@@ -248,9 +253,8 @@ void OutputParser::step(OutputDelta& out) {
       case Mode::kCall: {
         const size_t hit = pending_.find(kCallClose, call_search_);
         if (hit == std::string::npos) {
-          call_search_ = pending_.size() >= kCallClose.size()
-                             ? pending_.size() - kCallClose.size() + 1
-                             : 0;
+          call_search_ =
+              pending_.size() >= kCallClose.size() ? pending_.size() - kCallClose.size() + 1 : 0;
           return;
         }
         ToolCall call;
@@ -263,7 +267,8 @@ void OutputParser::step(OutputDelta& out) {
         if (r.status == Status::kOk) {
           out.tool_calls.push_back(std::move(call));
         } else {
-          raw_unparsed_ += std::string(kCallOpen) + pending_.substr(0, hit) + std::string(kCallClose);
+          raw_unparsed_ +=
+              std::string(kCallOpen) + pending_.substr(0, hit) + std::string(kCallClose);
         }
         pending_.erase(0, hit + kCallClose.size());
         mode_ = Mode::kContent;

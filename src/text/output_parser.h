@@ -42,8 +42,8 @@ class OutputParser {
   enum class Mode { kContent, kChannelHeader, kReasoning, kCall };
   void step(OutputDelta& out);
   Mode mode_ = Mode::kContent;
-  std::string pending_;       // text not yet assigned to a part
-  size_t call_search_ = 0;    // kCall: where to look for the next closing marker
+  std::string pending_;     // text not yet assigned to a part
+  size_t call_search_ = 0;  // kCall: where to look for the next closing marker
   bool cut_off_call_ = false;
   std::string raw_unparsed_;
 };

@@ -222,8 +222,7 @@ struct TokenizerModel {
 
   // Encodings of short words, as tokenizers caches them (words under 256 bytes).
   mutable std::mutex cache_mutex;
-  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>>
-      cache;
+  mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
 
   [[noreturn]] void fail(const std::string& what) const {
     throw FormatError("tokenizer " + origin + ": " + what);
@@ -297,7 +296,8 @@ void split_added(const TokenizerModel& m, const text_detail::TokenTrie& trie, st
         stop += utf8_len(static_cast<unsigned char>(sv[stop]));
       }
     }
-    if (start_offset < start) out.push_back({std::string(sv.substr(start_offset, start - start_offset)), -1});
+    if (start_offset < start)
+      out.push_back({std::string(sv.substr(start_offset, start - start_offset)), -1});
     out.push_back({std::string(sv.substr(start, stop - start)), t.id});
     start_offset = stop;
   }
@@ -751,8 +751,8 @@ void load_decoder(TokenizerModel& m, const json& j, const std::string& where) {
   } else if (type == "Strip") {
     step.kind = DecoderStep::Kind::kStrip;
     step.content = j.value("content", std::string(" "));
-    if (step.content.empty() || utf8_len(static_cast<unsigned char>(step.content[0])) !=
-                                    step.content.size()) {
+    if (step.content.empty() ||
+        utf8_len(static_cast<unsigned char>(step.content[0])) != step.content.size()) {
       m.fail(where + ": Strip content must be one character");
     }
     step.start = j.value("start", int64_t{0});
@@ -765,7 +765,8 @@ void load_decoder(TokenizerModel& m, const json& j, const std::string& where) {
 }
 
 const json& special_ids(TokenizerModel& m, const json& specials, const std::string& name) {
-  if (!specials.contains(name)) m.fail("post_processor: special token \"" + name + "\" not defined");
+  if (!specials.contains(name))
+    m.fail("post_processor: special token \"" + name + "\" not defined");
   const json& ids = specials[name]["ids"];
   if (!ids.is_array()) m.fail("post_processor: special token \"" + name + "\" has no ids");
   return ids;
@@ -834,8 +835,8 @@ void load_model(TokenizerModel& m, const json& j,
              "\", which is not in the vocabulary");
     }
     // A repeated pair keeps its last rank, as tokenizers' map collection does.
-    m.merges[(static_cast<uint64_t>(ia->second) << 32) | static_cast<uint64_t>(ib->second)] =
-        {static_cast<uint32_t>(rank), static_cast<int32_t>(im->second)};
+    m.merges[(static_cast<uint64_t>(ia->second) << 32) | static_cast<uint64_t>(ib->second)] = {
+        static_cast<uint32_t>(rank), static_cast<int32_t>(im->second)};
   }
 }
 
@@ -924,7 +925,8 @@ void build_tables(TokenizerModel& m) {
 
 }  // namespace
 
-Tokenizer::Tokenizer(std::shared_ptr<text_detail::TokenizerModel> model) : model_(std::move(model)) {}
+Tokenizer::Tokenizer(std::shared_ptr<text_detail::TokenizerModel> model)
+    : model_(std::move(model)) {}
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -1037,15 +1039,14 @@ void decode_chain(const std::vector<DecoderStep>& steps, std::vector<std::string
       case DecoderStep::Kind::kStrip:
         for (std::string& t : tokens) {
           size_t begin = 0;
-          for (int64_t k = 0; k < step.start && t.compare(begin, step.content.size(),
-                                                           step.content) == 0;
-               ++k) {
+          for (int64_t k = 0;
+               k < step.start && t.compare(begin, step.content.size(), step.content) == 0; ++k) {
             begin += step.content.size();
           }
           size_t end = t.size();
-          for (int64_t k = 0; k < step.stop && end >= begin + step.content.size() &&
-                              t.compare(end - step.content.size(), step.content.size(),
-                                        step.content) == 0;
+          for (int64_t k = 0;
+               k < step.stop && end >= begin + step.content.size() &&
+               t.compare(end - step.content.size(), step.content.size(), step.content) == 0;
                ++k) {
             end -= step.content.size();
           }
@@ -1091,8 +1092,8 @@ std::optional<int64_t> Tokenizer::token_to_id(std::string_view token) const {
 const std::string& Tokenizer::id_to_token(int64_t id) const {
   const TokenizerModel& m = *model_;
   if (id < 0 || id >= vocab_size() || !m.known[static_cast<size_t>(id)]) {
-    throw ValueError("token id " + std::to_string(id) + " is not in the vocabulary of " +
-                     m.origin + " (size " + std::to_string(vocab_size()) + ")");
+    throw ValueError("token id " + std::to_string(id) + " is not in the vocabulary of " + m.origin +
+                     " (size " + std::to_string(vocab_size()) + ")");
   }
   return m.pieces[static_cast<size_t>(id)];
 }

@@ -70,7 +70,7 @@ TEST(Tokenizer, MergesWrittenAsStringsEqualMergesWrittenAsPairs) {
 
 TEST(Tokenizer, UnknownCharactersFallBackToBytesOrOneFusedUnk) {
   const Tokenizer tok = load(tiny_tokenizer());
-  EXPECT_EQ(tok.encode("\xC3\xA9"), (Ids{9, 10}));         // é: bytes C3 A9 are in the vocabulary
+  EXPECT_EQ(tok.encode("\xC3\xA9"), (Ids{9, 10}));  // é: bytes C3 A9 are in the vocabulary
   EXPECT_EQ(tok.encode("\xE1\xBA\x9E\xE1\xBA\x9E"), (Ids{0}));  // ẞẞ: no byte tokens, one fused unk
   json j = tiny_tokenizer();
   j["model"]["fuse_unk"] = false;
@@ -104,7 +104,9 @@ TEST(Tokenizer, DecodeSkipsSpecialTokensOnRequestAndReplacesBadBytes) {
   const Tokenizer tok = load(tiny_tokenizer());
   EXPECT_EQ(tok.decode({1, 3}, true), "a");
   EXPECT_EQ(tok.decode({1, 3}, false), "<bos>a");
-  EXPECT_EQ(tok.decode({9, 3}), "\xEF\xBF\xBD" "a");          // a lone lead byte
+  EXPECT_EQ(tok.decode({9, 3}),
+            "\xEF\xBF\xBD"
+            "a");                                                             // a lone lead byte
   EXPECT_EQ(tok.decode({9, 10, 9}), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // one per byte
   EXPECT_THROW(tok.decode({99}), ValueError);
   EXPECT_THROW(tok.encode("\xFF"), ValueError);
@@ -151,11 +153,16 @@ std::vector<std::string> stream(const Tokenizer& tok, const Ids& ids, bool show_
 
 TEST(Detokenizer, HoldsAByteRunUntilTheNextTokenEndsIt) {
   const Tokenizer tok = load(tiny_tokenizer());
-  EXPECT_EQ(stream(tok, {3, 9, 10, 4}, true),
-            (std::vector<std::string>{"a", "", "", "\xC3\xA9" "b", ""}));
+  EXPECT_EQ(stream(tok, {3, 9, 10, 4}, true), (std::vector<std::string>{"a", "", "",
+                                                                        "\xC3\xA9"
+                                                                        "b",
+                                                                        ""}));
   EXPECT_EQ(stream(tok, {9, 10}, true), (std::vector<std::string>{"", "", "\xC3\xA9"}));
   // An invalid run becomes one U+FFFD per byte, as decode() writes it.
-  EXPECT_EQ(stream(tok, {10, 3}, true), (std::vector<std::string>{"", "\xEF\xBF\xBD" "a", ""}));
+  EXPECT_EQ(stream(tok, {10, 3}, true), (std::vector<std::string>{"",
+                                                                  "\xEF\xBF\xBD"
+                                                                  "a",
+                                                                  ""}));
 }
 
 TEST(Detokenizer, ShowsOrHidesSpecialTokens) {
@@ -198,76 +205,51 @@ struct RenderedTurn {
   const char* calls;  // JSON list of {name, arguments}
 };
 const RenderedTurn kRenderedTurns[] = {
-    {"string argument",
-     R"T(<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>)T",
-     R"T()T", R"T()T",
-     R"T([{"name": "get_weather", "arguments": {"city": "Paris"}}])T"},
-    {"numbers",
-     R"T(<|tool_call>call:f{big:12345678901234,i:42,neg:-7,x:1.5}<tool_call|>)T",
+    {"string argument", R"T(<|tool_call>call:get_weather{city:<|"|>Paris<|"|>}<tool_call|>)T",
+     R"T()T", R"T()T", R"T([{"name": "get_weather", "arguments": {"city": "Paris"}}])T"},
+    {"numbers", R"T(<|tool_call>call:f{big:12345678901234,i:42,neg:-7,x:1.5}<tool_call|>)T",
      R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"i": 42, "neg": -7, "x": 1.5, "big": 12345678901234}}])T"},
-    {"exponent floats",
-     R"T(<|tool_call>call:f{large:3e+20,small:1e-07}<tool_call|>)T",
-     R"T()T", R"T()T",
-     R"T([{"name": "f", "arguments": {"small": 1e-07, "large": 3e+20}}])T"},
-    {"booleans",
-     R"T(<|tool_call>call:f{no:false,yes:true}<tool_call|>)T",
-     R"T()T", R"T()T",
+    {"exponent floats", R"T(<|tool_call>call:f{large:3e+20,small:1e-07}<tool_call|>)T", R"T()T",
+     R"T()T", R"T([{"name": "f", "arguments": {"small": 1e-07, "large": 3e+20}}])T"},
+    {"booleans", R"T(<|tool_call>call:f{no:false,yes:true}<tool_call|>)T", R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"yes": true, "no": false}}])T"},
-    {"null",
-     R"T(<|tool_call>call:f{nothing:null}<tool_call|>)T",
-     R"T()T", R"T()T",
+    {"null", R"T(<|tool_call>call:f{nothing:null}<tool_call|>)T", R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"nothing": null}}])T"},
-    {"nested object",
-     R"T(<|tool_call>call:f{outer:{inner:{deep:<|"|>v<|"|>,n:1}}}<tool_call|>)T",
+    {"nested object", R"T(<|tool_call>call:f{outer:{inner:{deep:<|"|>v<|"|>,n:1}}}<tool_call|>)T",
      R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"outer": {"inner": {"deep": "v", "n": 1}}}}])T"},
     {"array of mixed values",
-     R"T(<|tool_call>call:f{xs:[1,<|"|>two<|"|>,3.5,true,null]}<tool_call|>)T",
-     R"T()T", R"T()T",
+     R"T(<|tool_call>call:f{xs:[1,<|"|>two<|"|>,3.5,true,null]}<tool_call|>)T", R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"xs": [1, "two", 3.5, true, null]}}])T"},
-    {"array of objects",
-     R"T(<|tool_call>call:f{rows:[{a:1},{b:[2,3]}]}<tool_call|>)T",
-     R"T()T", R"T()T",
-     R"T([{"name": "f", "arguments": {"rows": [{"a": 1}, {"b": [2, 3]}]}}])T"},
-    {"nested arrays",
-     R"T(<|tool_call>call:f{m:[[1,2],[],[[3]]]}<tool_call|>)T",
-     R"T()T", R"T()T",
+    {"array of objects", R"T(<|tool_call>call:f{rows:[{a:1},{b:[2,3]}]}<tool_call|>)T", R"T()T",
+     R"T()T", R"T([{"name": "f", "arguments": {"rows": [{"a": 1}, {"b": [2, 3]}]}}])T"},
+    {"nested arrays", R"T(<|tool_call>call:f{m:[[1,2],[],[[3]]]}<tool_call|>)T", R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"m": [[1, 2], [], [[3]]]}}])T"},
-    {"no arguments",
-     R"T(<|tool_call>call:ping{}<tool_call|>)T",
-     R"T()T", R"T()T",
+    {"no arguments", R"T(<|tool_call>call:ping{}<tool_call|>)T", R"T()T", R"T()T",
      R"T([{"name": "ping", "arguments": {}}])T"},
     {"string with brackets, commas and colons",
-     R"T(<|tool_call>call:f{s:<|"|>a{b}c, d: [e]<|"|>}<tool_call|>)T",
-     R"T()T", R"T()T",
+     R"T(<|tool_call>call:f{s:<|"|>a{b}c, d: [e]<|"|>}<tool_call|>)T", R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"s": "a{b}c, d: [e]"}}])T"},
     {"string containing the delimiter",
-     R"T(<|tool_call>call:f{s:<|"|>say <|"|>hi<|"|> now<|"|>}<tool_call|>)T",
-     R"T()T", R"T()T",
+     R"T(<|tool_call>call:f{s:<|"|>say <|"|>hi<|"|> now<|"|>}<tool_call|>)T", R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"s": "say <|\"|>hi<|\"|> now"}}])T"},
     {"string containing the closing marker",
-     R"T(<|tool_call>call:f{s:<|"|>x<tool_call|>y<|"|>}<tool_call|>)T",
-     R"T()T", R"T()T",
+     R"T(<|tool_call>call:f{s:<|"|>x<tool_call|>y<|"|>}<tool_call|>)T", R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"s": "x<tool_call|>y"}}])T"},
-    {"empty string",
-     R"T(<|tool_call>call:f{s:<|"|><|"|>,t:<|"|>z<|"|>}<tool_call|>)T",
-     R"T()T", R"T()T",
-     R"T([{"name": "f", "arguments": {"s": "", "t": "z"}}])T"},
+    {"empty string", R"T(<|tool_call>call:f{s:<|"|><|"|>,t:<|"|>z<|"|>}<tool_call|>)T", R"T()T",
+     R"T()T", R"T([{"name": "f", "arguments": {"s": "", "t": "z"}}])T"},
     {"multi-line string",
      R"T(<|tool_call>call:f{code:<|"|>def f():
     return {1: 2}
 <|"|>}<tool_call|>)T",
      R"T()T", R"T()T",
      R"T([{"name": "f", "arguments": {"code": "def f():\n    return {1: 2}\n"}}])T"},
-    {"unicode string",
-     R"T(<|tool_call>call:f{s:<|"|>日本語 😀 é<|"|>}<tool_call|>)T",
-     R"T()T", R"T()T",
-     R"T([{"name": "f", "arguments": {"s": "日本語 😀 é"}}])T"},
+    {"unicode string", R"T(<|tool_call>call:f{s:<|"|>日本語 😀 é<|"|>}<tool_call|>)T", R"T()T",
+     R"T()T", R"T([{"name": "f", "arguments": {"s": "日本語 😀 é"}}])T"},
     {"literals inside strings stay strings",
      R"T(<|tool_call>call:f{a:<|"|>true<|"|>,b:<|"|>null<|"|>,c:<|"|>12<|"|>}<tool_call|>)T",
-     R"T()T", R"T()T",
-     R"T([{"name": "f", "arguments": {"a": "true", "b": "null", "c": "12"}}])T"},
+     R"T()T", R"T()T", R"T([{"name": "f", "arguments": {"a": "true", "b": "null", "c": "12"}}])T"},
     {"two calls",
      R"T(<|tool_call>call:a{x:1}<tool_call|><|tool_call>call:b{y:<|"|>z<|"|>}<tool_call|>)T",
      R"T()T", R"T()T",
@@ -284,8 +266,8 @@ Let me think.
 Step 2.
 <channel|>The answer is 4.)T",
      R"T(Let me think.
-Step 2.)T", R"T(The answer is 4.)T",
-     R"T([])T"},
+Step 2.)T",
+     R"T(The answer is 4.)T", R"T([])T"},
 };
 
 struct Parsed {

@@ -5,7 +5,8 @@
 //   {"op":"encode","text":S,"add_special_tokens":B}      -> {"ids":[...]}
 //   {"op":"decode","ids":[...],"skip_special_tokens":B}  -> {"text":S}
 //   {"op":"stream","ids":[...],"show_special_tokens":B}  -> {"pieces_hex":[...]} (bytes in hex)
-//   {"op":"parse","text":S,"chunk":N}  -> {"content","reasoning","tool_calls","cut_off","raw_unparsed"}
+//   {"op":"parse","text":S,"chunk":N}  ->
+//   {"content","reasoning","tool_calls","cut_off","raw_unparsed"}
 //   {"op":"time_encode","texts":[...]}  -> {"tokens":N,"seconds":S} (bench/tokenizer_bench.py)
 // A failure answers {"error":MESSAGE}.
 #include <chrono>
@@ -44,7 +45,8 @@ json answer(const std::optional<Tokenizer>& tok, const json& req) {
     auto take = [&](const torchtpu::OutputDelta& d) {
       content += d.content;
       reasoning += d.reasoning;
-      for (const auto& c : d.tool_calls) calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
+      for (const auto& c : d.tool_calls)
+        calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
     };
     if (chunk == 0) {
       take(parser.push(text));
@@ -78,7 +80,8 @@ json answer(const std::optional<Tokenizer>& tok, const json& req) {
   if (op == "stream") {
     torchtpu::Detokenizer detok(*tok, req.value("show_special_tokens", true));
     json pieces = json::array();
-    for (int64_t id : req.at("ids").get<std::vector<int64_t>>()) pieces.push_back(to_hex(detok.push(id)));
+    for (int64_t id : req.at("ids").get<std::vector<int64_t>>())
+      pieces.push_back(to_hex(detok.push(id)));
     pieces.push_back(to_hex(detok.finish()));
     return {{"pieces_hex", pieces}};
   }
