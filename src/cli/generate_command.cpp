@@ -1,0 +1,124 @@
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "common/errors.h"
+#include "common/memory.h"
+#include "engine/engine.h"
+#include "engine/report.h"
+#include "io/safetensors.h"
+
+namespace torchtpu::cli {
+namespace {
+
+using nlohmann::json;
+
+std::vector<int64_t> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream s(text);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    try {
+      size_t used = 0;
+      ids.push_back(std::stoll(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw ValueError("--ids: '" + item + "' is not an integer token id");
+    }
+  }
+  return ids;
+}
+
+TensorToWrite f32_tensor(const std::string& name, const at::Tensor& t) {
+  auto c = t.to(at::kCPU, at::kFloat).contiguous();
+  TensorToWrite out{name, Dtype::kF32, c.sizes().vec(),
+                    std::vector<uint8_t>(c.numel() * sizeof(float))};
+  std::memcpy(out.bytes.data(), c.data_ptr(), out.bytes.size());
+  return out;
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  struct Args {
+    std::string model, emb4, ids, dtype = "bfloat16", device = "cpu", dump_logits;
+    int64_t max_new = 64, context = 8192, chunk = 512, read_every = 1;
+    bool json = false, ignore_eos = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("generate", "Read a prompt and decode greedily");
+  cmd->add_option("--model", a->model, "Checkpoint directory")->required();
+  cmd->add_option("--emb4", a->emb4, "Directory with int4 vocabulary tables");
+  cmd->add_option("--ids", a->ids, "Prompt token ids, comma-separated")->required();
+  cmd->add_option("--max-new", a->max_new, "Tokens to generate");
+  cmd->add_option("--dtype", a->dtype, "Compute dtype: bfloat16 | float32 | float16");
+  cmd->add_option("--device", a->device, "cpu | cuda[:N]");
+  cmd->add_option("--context", a->context, "Context length (full-ring slots)");
+  cmd->add_option("--chunk", a->chunk, "Prompt tokens read per forward pass");
+  cmd->add_option("--read-every", a->read_every, "Decode steps between host reads");
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "Decode exactly --max-new tokens");
+  cmd->add_flag("--json", a->json, "Print one JSON object");
+  cmd->add_option("--dump-logits", a->dump_logits,
+                  "Write prompt_logits [T, V] and step_logits [N, V] (f32) to a safetensors file");
+  cmd->callback([a] {
+    EngineOptions options;
+    options.model_dir = a->model;
+    options.emb4_dir = a->emb4;
+    options.device = parse_device(a->device);
+    options.dtype = parse_dtype_name(a->dtype);
+    options.context = a->context;
+    options.prefill_chunk = a->chunk;
+    Engine engine(options);
+    const int64_t rss_after_load = resident_bytes();
+    const auto ids = parse_ids(a->ids);
+
+    std::vector<at::Tensor> step_logits;
+    DecodeOptions decode;
+    decode.max_new = a->max_new;
+    decode.read_every = a->read_every;
+    decode.ignore_eos = a->ignore_eos;
+    auto on_tokens = [&](const std::vector<int64_t>& batch) {
+      if (!a->json) {
+        for (auto t : batch) std::cout << t << " " << std::flush;
+      }
+      return true;
+    };
+    auto result = engine.decode(ids, decode, on_tokens, [&](const at::Tensor& logits) {
+      step_logits.push_back(logits.to(at::kCPU));
+    });
+    if (!a->json) std::cout << "\n";
+
+    if (!a->dump_logits.empty()) {
+      write_safetensors(a->dump_logits, {f32_tensor("prompt_logits", engine.logits(ids)),
+                                         f32_tensor("step_logits", at::stack(step_logits))});
+    }
+    auto top = step_logits.front().topk(5);
+    auto top_ids = std::get<1>(top);
+    auto top_values = std::get<0>(top);
+    json out = engine_report(engine);
+    out["tokens"] = result.tokens;
+    out["finish"] = result.finish;
+    out["stop_id"] = result.stop_id ? json(*result.stop_id) : json(nullptr);
+    out["prompt_tokens"] = result.prompt_tokens;
+    out["read_s"] = result.read_s;
+    out["decode_s"] = result.decode_s;
+    out["top5"] = {{"ids", std::vector<int64_t>(top_ids.data_ptr<int64_t>(),
+                                                top_ids.data_ptr<int64_t>() + 5)},
+                   {"logits", std::vector<float>(top_values.data_ptr<float>(),
+                                                 top_values.data_ptr<float>() + 5)}};
+    out["rss_after_load_bytes"] = rss_after_load;
+    out["peak_rss_bytes"] = peak_resident_bytes();
+    if (a->json) {
+      std::cout << out.dump() << "\n";
+    } else {
+      std::cerr << "finish " << result.finish << ", read " << result.read_s << " s, decode "
+                << result.decode_s << " s\n";
+    }
+  });
+}
+
+}  // namespace torchtpu::cli

@@ -1,0 +1,26 @@
+// The torchtpu-cpp command: one subcommand per file, each registered here.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "cli/commands.h"
+#include "common/errors.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"torchtpu-cpp: Gemma 4 in C++ over ATen (CPU, CUDA, TorchTPU)"};
+  app.require_subcommand(1);
+  torchtpu::cli::add_make_tiny_command(app);
+  torchtpu::cli::add_generate_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const torchtpu::ValueError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

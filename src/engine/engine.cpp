@@ -1,0 +1,176 @@
+#include "engine/engine.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "common/errors.h"
+
+namespace torchtpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+at::Tensor id_tensor(const std::vector<int64_t>& ids, const at::Device& device) {
+  return at::tensor(ids, at::kLong).view({1, static_cast<int64_t>(ids.size())}).to(device);
+}
+
+}  // namespace
+
+at::Device parse_device(const std::string& name) {
+  try {
+    return at::Device(name);
+  } catch (const std::exception&) {
+    throw ValueError("unknown device '" + name + "' (expected cpu, cuda, cuda:N, or tpu after "
+                     "importing torch_tpu)");
+  }
+}
+
+at::ScalarType parse_dtype_name(const std::string& name) {
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  if (name == "float32" || name == "f32" || name == "float") return at::kFloat;
+  if (name == "float16" || name == "f16" || name == "half") return at::kHalf;
+  throw ValueError("unknown dtype '" + name + "' (expected bfloat16, float32 or float16)");
+}
+
+std::string dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16: return "bfloat16";
+    case at::kFloat: return "float32";
+    case at::kHalf: return "float16";
+    default: return c10::toString(dtype);
+  }
+}
+
+Engine::Engine(const EngineOptions& options) : options_(options) {
+  if (options.context < 1) {
+    throw ValueError("context must be at least 1, got " + std::to_string(options.context));
+  }
+  if (options.prefill_chunk < 1) {
+    throw ValueError("prefill chunk must be at least 1, got " +
+                     std::to_string(options.prefill_chunk));
+  }
+  const auto start = Clock::now();
+  c10::InferenceMode inference;
+  model_ = std::make_unique<Gemma4>(
+      options.model_dir, ModelOptions{options.device, options.dtype, options.emb4_dir});
+  rings_ = Rings(model_->config(), options.context, /*batch=*/1, options.dtype, options.device);
+  load_s_ = seconds_since(start);
+}
+
+void Engine::check_prompt(const std::vector<int64_t>& ids) const {
+  if (ids.empty()) throw ValueError("the prompt is empty: give at least one token id");
+  const int64_t vocab = config().vocab_size;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      throw ValueError("token id " + std::to_string(ids[i]) + " at position " +
+                       std::to_string(i) + " is outside the vocabulary [0, " +
+                       std::to_string(vocab) + ")");
+    }
+  }
+  if (static_cast<int64_t>(ids.size()) > options_.context) {
+    throw ValueError("the prompt has " + std::to_string(ids.size()) +
+                     " tokens but the context holds " + std::to_string(options_.context));
+  }
+}
+
+at::Tensor Engine::logits(const std::vector<int64_t>& ids) {
+  check_prompt(ids);
+  c10::InferenceMode inference;
+  const auto n = static_cast<int64_t>(ids.size());
+  auto positions = at::arange(n, at::TensorOptions().dtype(at::kLong)).view({1, n});
+  return model_->forward(id_tensor(ids, options_.device), positions.to(options_.device), nullptr)
+      .squeeze(0);
+}
+
+at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  const int64_t chunk = options_.prefill_chunk;
+  at::Tensor last_logits;
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    const int64_t end = std::min(n, begin + chunk);
+    std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
+    auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+    const bool final_chunk = end == n;
+    last_logits = model_->forward(id_tensor(part, options_.device),
+                                  positions.to(options_.device), &rings_,
+                                  /*last_only=*/true, /*no_logits=*/!final_chunk);
+  }
+  return last_logits.view({-1});
+}
+
+DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
+                            const OnTokens& on_tokens, const OnLogits& on_logits) {
+  check_prompt(prompt);
+  if (options.max_new < 1) {
+    throw ValueError("max_new must be at least 1, got " + std::to_string(options.max_new));
+  }
+  if (options.read_every < 1) {
+    throw ValueError("read_every must be at least 1, got " + std::to_string(options.read_every));
+  }
+  c10::InferenceMode inference;
+  const auto& stops = options.stop_ids.empty() ? config().eos_token_ids : options.stop_ids;
+  const auto n = static_cast<int64_t>(prompt.size());
+  // Positions past the context have no slot in the full rings: generation ends there.
+  const int64_t budget = std::min(options.max_new, options_.context - n + 1);
+
+  DecodeResult result;
+  result.prompt_tokens = n;
+  rings_.reset();
+  auto start = Clock::now();
+  auto logits = read_prompt(prompt);
+  if (on_logits) on_logits(logits);
+  auto token = logits.argmax().view({1, 1});
+  std::vector<at::Tensor> pending{token};
+  auto position = at::full({1, 1}, n, at::TensorOptions().dtype(at::kLong).device(options_.device));
+
+  // Moves pending tokens to the host; returns false when decoding must end.
+  auto read_back = [&]() {
+    auto host = at::cat(pending).view({-1}).to(at::kCPU);
+    pending.clear();
+    const auto* data = host.data_ptr<int64_t>();
+    std::vector<int64_t> batch;
+    bool stopped = false;
+    for (int64_t i = 0; i < host.numel(); ++i) {
+      if (!options.ignore_eos && std::find(stops.begin(), stops.end(), data[i]) != stops.end()) {
+        result.stop_id = data[i];
+        stopped = true;
+        break;
+      }
+      batch.push_back(data[i]);
+    }
+    result.tokens.insert(result.tokens.end(), batch.begin(), batch.end());
+    if (result.read_s == 0) {
+      result.read_s = seconds_since(start);
+      start = Clock::now();
+    }
+    if (stopped) result.finish = "stop";
+    if (on_tokens && !batch.empty() && !on_tokens(batch)) {
+      result.finish = "cancelled";
+      return false;
+    }
+    return !stopped;
+  };
+
+  // The first token is read at once so read_s measures the prompt alone.
+  bool go_on = read_back();
+  for (int64_t step = 1; go_on && step < budget; ++step) {
+    logits = model_->forward(token, position, &rings_).view({-1});
+    if (on_logits) on_logits(logits);
+    token = logits.argmax().view({1, 1});
+    position = position + 1;
+    pending.push_back(token);
+    if (static_cast<int64_t>(pending.size()) >= options.read_every) go_on = read_back();
+  }
+  if (go_on && !pending.empty()) go_on = read_back();
+  if (result.finish.empty()) result.finish = "length";
+  result.decode_s = seconds_since(start);
+  return result;
+}
+
+}  // namespace torchtpu

@@ -1,0 +1,84 @@
+// The engine: one model, its rings, and the decode loop (read the prompt in chunks, then one token
+// per step, tokens read back to the host every `read_every` steps). One owner thread uses it
+// (DESIGN principle 4); nothing here knows about HTTP, Python or threads.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/gemma4.h"
+#include "model/rings.h"
+
+namespace torchtpu {
+
+struct EngineOptions {
+  std::string model_dir;
+  std::string emb4_dir;
+  at::Device device = at::kCPU;
+  at::ScalarType dtype = at::kBFloat16;
+  int64_t context = 8192;
+  int64_t prefill_chunk = 512;  // prompt tokens read per forward pass
+};
+
+// "cpu", "cuda:0", "tpu" (after torch_tpu registered it) -> a device; ValueError otherwise.
+at::Device parse_device(const std::string& name);
+// "bfloat16"/"bf16", "float32"/"f32", "float16"/"f16" -> a dtype; ValueError otherwise.
+at::ScalarType parse_dtype_name(const std::string& name);
+std::string dtype_name(at::ScalarType dtype);
+
+struct DecodeOptions {
+  int64_t max_new = 64;
+  std::vector<int64_t> stop_ids;  // empty: the checkpoint's eos ids
+  int64_t read_every = 1;         // steps between host reads (1 streams)
+  bool ignore_eos = false;        // decode exactly max_new tokens
+};
+
+struct DecodeResult {
+  std::vector<int64_t> tokens;  // generated ids, the stop id excluded
+  std::string finish;           // "stop" | "length" | "cancelled"
+  std::optional<int64_t> stop_id;
+  int64_t prompt_tokens = 0;
+  double read_s = 0;    // reading the prompt, until the first token is known on the host
+  double decode_s = 0;  // the remaining steps
+};
+
+// Called with each batch of new tokens as they reach the host; returning false cancels.
+using OnTokens = std::function<bool(const std::vector<int64_t>&)>;
+// Sees the float32 logits [vocab] each generated token was chosen from (tests, dumps).
+using OnLogits = std::function<void(const at::Tensor&)>;
+
+class Engine {
+ public:
+  explicit Engine(const EngineOptions& options);
+
+  const ModelConfig& config() const { return model_->config(); }
+  const EngineOptions& options() const { return options_; }
+  Layout layout() const { return rings_.layout(); }
+  const std::vector<StorageReport>& storage() const { return model_->storage(); }
+  double load_seconds() const { return load_s_; }
+
+  // float32 logits [ids.size(), vocab] of one causal pass with no cache; the rings are untouched.
+  at::Tensor logits(const std::vector<int64_t>& ids);
+
+  // Reads the prompt into freshly reset rings and decodes greedily.
+  DecodeResult decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
+                      const OnTokens& on_tokens = {}, const OnLogits& on_logits = {});
+
+  // The checks decode and logits apply to caller input (ValueError naming the value and limit).
+  void check_prompt(const std::vector<int64_t>& ids) const;
+
+ private:
+  at::Tensor read_prompt(const std::vector<int64_t>& prompt);
+
+  EngineOptions options_;
+  std::unique_ptr<Gemma4> model_;
+  Rings rings_;
+  double load_s_ = 0;
+};
+
+}  // namespace torchtpu

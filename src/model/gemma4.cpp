@@ -1,0 +1,422 @@
+#include "model/gemma4.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "common/errors.h"
+#include "io/aten_view.h"
+
+namespace torchtpu {
+namespace {
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+  s << "]";
+  return s.str();
+}
+
+void expect_shape(const TensorView& view, const std::vector<int64_t>& shape) {
+  if (view.shape != shape) {
+    throw FormatError("tensor " + view.name + " in " + view.file + " has shape " +
+                      shape_str(view.shape) + " but config.json implies " + shape_str(shape));
+  }
+}
+
+const char* dtype_label(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "f16";
+    case at::kFloat: return "f32";
+    default: return "other";
+  }
+}
+
+std::string where_label(const at::Device& device, bool aliased) {
+  return device.str() + (aliased ? " (mmap)" : "");
+}
+
+// Gemma4RMSNorm: x * (mean(x^2) + eps)^-0.5 * w, in f32, cast back to the input dtype. The weight
+// is used as is (x̂·w, not x̂·(1+w)); an undefined weight is the weightless v norm.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  auto xf = x.to(at::kFloat);
+  auto normed = xf * at::pow(xf.pow(2).mean(-1, /*keepdim=*/true) + eps, -0.5);
+  if (weight.defined()) normed = normed * weight;
+  return normed.to(x.scalar_type());
+}
+
+// Half-split ("NeoX") rotation: dimension j pairs with j + d/2.
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+at::Tensor gelu_tanh(const at::Tensor& x) { return at::gelu(x, "tanh"); }
+
+// inv_freq as transformers computes it. "proportional" rotates the first
+// int(partial_rotary_factor * d / 2) frequency pairs with exponents over the full head dim d and
+// leaves the rest unrotated (frequency 0), research note §2.4.
+at::Tensor inverse_frequencies(const RopeParams& rope_params, int64_t head_dim) {
+  const int64_t pairs = head_dim / 2;
+  int64_t rotated = pairs;
+  if (rope_params.rope_type == "proportional") {
+    rotated = static_cast<int64_t>(rope_params.partial_rotary_factor * head_dim / 2);
+  }
+  auto exponents = at::arange(0, 2 * rotated, 2, at::kLong).to(at::kFloat) / head_dim;
+  auto inv = 1.0 / at::pow(rope_params.theta, exponents);
+  if (rotated < pairs) inv = at::cat({inv, at::zeros({pairs - rotated}, at::kFloat)});
+  return inv / rope_params.factor;
+}
+
+}  // namespace
+
+VocabTable VocabTable::dense(at::Tensor weight) {
+  VocabTable t;
+  t.dtype_ = weight.scalar_type();
+  t.dense_ = std::move(weight);
+  return t;
+}
+
+VocabTable VocabTable::int4(PackedInt4 packed, at::ScalarType dtype) {
+  VocabTable t;
+  t.dtype_ = dtype;
+  t.packed_ = std::move(packed);
+  return t;
+}
+
+int64_t VocabTable::rows() const { return packed_ ? packed_->out : dense_.size(0); }
+int64_t VocabTable::width() const { return packed_ ? packed_->in : dense_.size(1); }
+
+at::Tensor VocabTable::lookup(const at::Tensor& ids) const {
+  if (packed_) return dequantize_rows(*packed_, ids, dtype_);
+  return at::embedding(dense_, ids);
+}
+
+at::Tensor VocabTable::matrix() const {
+  return packed_ ? dequantize(*packed_, dtype_) : dense_;
+}
+
+int64_t VocabTable::nbytes() const {
+  return packed_ ? packed_->nbytes() : dense_.numel() * dense_.element_size();
+}
+
+Gemma4::Gemma4(const std::string& model_dir, const ModelOptions& options)
+    : config_(load_config(model_dir)), options_(options) {
+  checkpoint_ = std::make_shared<Checkpoint>(model_dir);
+  if (!options.emb4_dir.empty()) emb4_ = std::make_shared<Checkpoint>(options.emb4_dir);
+  load(*checkpoint_, emb4_.get());
+}
+
+at::Tensor Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& module,
+                                 const std::vector<int64_t>& shape) {
+  const auto& o = options_;
+  if (has_packed(ckpt, module)) {
+    auto packed = read_packed(ckpt, module, config_.quantization ? &*config_.quantization : nullptr);
+    if (packed.out != shape[0] || packed.in != shape[1]) {
+      throw FormatError("tensor " + module + ".weight_shape in " + ckpt.dir() + " is [" +
+                        std::to_string(packed.out) + ", " + std::to_string(packed.in) +
+                        "] but config.json implies " + shape_str(shape));
+    }
+    return dequantize(packed, o.dtype).to(o.device);
+  }
+  const auto& view = ckpt.get(module + ".weight");
+  expect_shape(view, shape);
+  return host_tensor(view).to(o.device, o.dtype);
+}
+
+void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
+  const auto& c = config_;
+  const auto& o = options_;
+  const std::string p = ckpt.prefix();
+  const int64_t H = c.hidden_size;
+  const int64_t L = c.num_hidden_layers;
+  const int64_t P = c.hidden_size_per_layer_input;
+
+  auto norm = [&](const std::string& name, int64_t dim) {
+    const auto& view = ckpt.get(p + name);
+    expect_shape(view, {dim});
+    // Rounded through the compute dtype first, as a model cast to that dtype holds it.
+    return host_tensor(view).to(o.dtype).to(at::kFloat).to(o.device);
+  };
+
+  int64_t linear_bytes = 0;
+  bool linears_packed = false;
+  layers_.resize(L);
+  for (int64_t l = 0; l < L; ++l) {
+    auto& w = layers_[l];
+    const std::string lp = p + "layers." + std::to_string(l) + ".";
+    const int64_t d = c.layer_head_dim(l);
+    const int64_t F = c.mlp_width(l);
+    const int64_t q_out = c.num_attention_heads * d;
+    const int64_t kv_out = c.num_key_value_heads * d;
+    auto lin = [&](const std::string& module, std::vector<int64_t> shape) {
+      linears_packed = linears_packed || has_packed(ckpt, lp + module);
+      auto t = linear_weight(ckpt, lp + module, shape);
+      linear_bytes += t.numel() * t.element_size();
+      return t;
+    };
+    w.input_layernorm = norm("layers." + std::to_string(l) + ".input_layernorm.weight", H);
+    w.post_attention_layernorm =
+        norm("layers." + std::to_string(l) + ".post_attention_layernorm.weight", H);
+    w.pre_feedforward_layernorm =
+        norm("layers." + std::to_string(l) + ".pre_feedforward_layernorm.weight", H);
+    w.post_feedforward_layernorm =
+        norm("layers." + std::to_string(l) + ".post_feedforward_layernorm.weight", H);
+    w.q_proj = lin("self_attn.q_proj", {q_out, H});
+    w.q_norm = norm("layers." + std::to_string(l) + ".self_attn.q_norm.weight", d);
+    // Shared layers read their source's K/V; their own k/v/k_norm, present in the published
+    // checkpoint and absent from re-saved ones, are dead weights (research note §5.9).
+    if (!c.is_shared(l)) {
+      w.k_proj = lin("self_attn.k_proj", {kv_out, H});
+      w.v_proj = lin("self_attn.v_proj", {kv_out, H});
+      w.k_norm = norm("layers." + std::to_string(l) + ".self_attn.k_norm.weight", d);
+    }
+    w.o_proj = lin("self_attn.o_proj", {H, q_out});
+    w.gate_proj = lin("mlp.gate_proj", {F, H});
+    w.up_proj = lin("mlp.up_proj", {F, H});
+    w.down_proj = lin("mlp.down_proj", {H, F});
+    if (P > 0) {
+      w.per_layer_input_gate = lin("per_layer_input_gate", {P, H});
+      w.per_layer_projection = lin("per_layer_projection", {H, P});
+      w.post_per_layer_input_norm =
+          norm("layers." + std::to_string(l) + ".post_per_layer_input_norm.weight", H);
+    }
+    const auto& scalar = ckpt.get(lp + "layer_scalar");
+    expect_shape(scalar, {1});
+    w.layer_scalar = host_tensor(scalar).to(o.device, o.dtype);
+  }
+  storage_.push_back({"linears",
+                      std::string(dtype_label(o.dtype)) +
+                          (linears_packed ? " (dequantized from int4 at load)" : ""),
+                      where_label(o.device, !linears_packed && o.device.is_cpu()), linear_bytes});
+
+  final_norm_ = norm("norm.weight", H);
+  if (P > 0) {
+    const auto& view = ckpt.get(p + "per_layer_model_projection.weight");
+    expect_shape(view, {L * P, H});
+    per_layer_model_projection_ = host_tensor(view).to(o.device, o.dtype);
+    per_layer_projection_norm_ = norm("per_layer_projection_norm.weight", P);
+  }
+
+  // Vocabulary tables: the emb4 twin's int4 tables win over the main checkpoint's.
+  auto table = [&](const std::string& name, int64_t rows, int64_t width,
+                   const std::string& family) -> std::optional<VocabTable> {
+    for (const Checkpoint* source : {emb4, &ckpt}) {
+      if (!source) continue;
+      const std::string module = (name == "lm_head" ? "" : source->prefix()) + name;
+      if (has_packed(*source, module)) {
+        auto packed = read_packed(*source, module, nullptr);
+        if (packed.out != rows || packed.in != width) {
+          throw FormatError("int4 table " + module + " in " + source->dir() + " is [" +
+                            std::to_string(packed.out) + ", " + std::to_string(packed.in) +
+                            "] but config.json implies [" + std::to_string(rows) + ", " +
+                            std::to_string(width) + "]");
+        }
+        packed = packed.to(o.device);
+        storage_.push_back({family, "int4(g" + std::to_string(packed.group_size) + ", " +
+                                        dtype_label(packed.scale.scalar_type()) + " scales)",
+                            where_label(o.device, o.device.is_cpu()), packed.nbytes()});
+        return VocabTable::int4(std::move(packed), o.dtype);
+      }
+      if (const auto* view = source->find(module + ".weight")) {
+        expect_shape(*view, {rows, width});
+        auto t = host_tensor(*view).to(o.device, o.dtype);
+        storage_.push_back({family, dtype_label(o.dtype),
+                            where_label(o.device, o.device.is_cpu() &&
+                                                      scalar_type(view->dtype) == o.dtype),
+                            t.numel() * t.element_size()});
+        return VocabTable::dense(std::move(t));
+      }
+    }
+    return std::nullopt;
+  };
+  auto embed = table("embed_tokens", c.vocab_size, H, "embed_tokens");
+  if (!embed) ckpt.get(p + "embed_tokens.weight");  // throws the precise "no tensor" error
+  embed_tokens_ = std::move(*embed);
+  if (P > 0) {
+    auto ple = table("embed_tokens_per_layer", c.vocab_size_per_layer_input, L * P,
+                     "embed_tokens_per_layer");
+    if (!ple) ckpt.get(p + "embed_tokens_per_layer.weight");
+    embed_tokens_per_layer_ = std::move(*ple);
+  }
+  // An untied lm_head (the emb4 twin writes one) is used when present; otherwise the head is tied
+  // to embed_tokens. An int4 head is expanded once: every decode step reads all of it.
+  auto head = table("lm_head", c.vocab_size, H, "lm_head");
+  if (head) {
+    lm_head_ = head->is_int4() ? VocabTable::dense(head->matrix()) : std::move(*head);
+  } else if (c.tie_word_embeddings) {
+    lm_head_ = embed_tokens_.is_int4() ? VocabTable::dense(embed_tokens_.matrix()) : embed_tokens_;
+  } else {
+    throw FormatError("checkpoint " + ckpt.dir() +
+                      " has no lm_head.weight and config.json sets tie_word_embeddings false");
+  }
+
+  inv_freq_sliding_ = inverse_frequencies(c.rope_sliding, c.head_dim).to(o.device);
+  inv_freq_full_ = inverse_frequencies(c.rope_full, c.global_head_dim).to(o.device);
+}
+
+at::Tensor Gemma4::per_layer_inputs(const at::Tensor& ids, const at::Tensor& embeds) const {
+  const auto& c = config_;
+  const int64_t B = ids.size(0), T = ids.size(1);
+  const int64_t L = c.num_hidden_layers, P = c.hidden_size_per_layer_input;
+  // Scales are rounded to the table dtype before multiplying, as transformers does.
+  auto token_scale = at::scalar_tensor(std::sqrt(static_cast<double>(P)), at::kFloat)
+                         .to(options_.dtype)
+                         .to(ids.device());
+  auto token_part = (embed_tokens_per_layer_.lookup(ids.reshape(-1)) * token_scale)
+                        .view({B, T, L, P});
+  auto context_part = at::linear(embeds, per_layer_model_projection_) *
+                      std::pow(static_cast<double>(c.hidden_size), -0.5);
+  context_part = rms_norm(context_part.view({B, T, L, P}), per_layer_projection_norm_,
+                          c.rms_norm_eps);
+  return (context_part + token_part) * std::pow(2.0, -0.5);
+}
+
+at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& positions,
+                             const at::Tensor& cos, const at::Tensor& sin, Rings* rings,
+                             std::vector<at::Tensor>& kv_views) const {
+  const auto& c = config_;
+  const auto& w = layers_[l];
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t d = c.layer_head_dim(l);
+  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
+  const int64_t group = heads / kv_heads;
+  const bool sliding = c.layer_types[l] == LayerType::kSliding;
+
+  auto q = rms_norm(at::linear(x, w.q_proj).view({B, T, heads, d}), w.q_norm, c.rms_norm_eps);
+  q = rope(q, cos, sin).transpose(1, 2);  // [B, heads, T, d]
+
+  at::Tensor k, v, kpos;
+  if (c.is_shared(l)) {
+    const int64_t source = c.kv_source(l);
+    k = kv_views[3 * source];
+    v = kv_views[3 * source + 1];
+    kpos = kv_views[3 * source + 2];
+  } else {
+    k = rms_norm(at::linear(x, w.k_proj).view({B, T, kv_heads, d}), w.k_norm, c.rms_norm_eps);
+    k = rope(k, cos, sin).transpose(1, 2);  // [B, kv_heads, T, d]
+    v = rms_norm(at::linear(x, w.v_proj).view({B, T, kv_heads, d}), at::Tensor(), c.rms_norm_eps)
+            .transpose(1, 2);
+    kpos = positions;
+    if (rings) {
+      Ring& ring = rings->for_layer(l);
+      // Rows of a batch share positions for now, so one slot index serves every row.
+      auto write = [&](const at::Tensor& kk, const at::Tensor& vv, const at::Tensor& pos) {
+        auto slots = at::remainder(pos[0], ring.slots);
+        ring.k.index_copy_(2, slots, kk);
+        ring.v.index_copy_(2, slots, vv);
+        ring.kpos.index_copy_(1, slots, pos);
+      };
+      if (T == 1) {
+        // Decode: writing first is safe (the slot overwritten holds position p - slots, outside
+        // every window), and attention then reads the whole ring: one fixed-shape program.
+        write(k, v, positions);
+        k = ring.k;
+        v = ring.v;
+        kpos = ring.kpos;
+      } else {
+        // A chunk: its own queries still need ring entries that its later tokens would
+        // overwrite, so attend to ring + chunk, then keep the chunk's last `slots` tokens.
+        auto all_k = at::cat({ring.k, k}, 2);
+        auto all_v = at::cat({ring.v, v}, 2);
+        auto all_pos = at::cat({ring.kpos, positions}, 1);
+        const int64_t n = std::min(T, ring.slots);
+        write(k.narrow(2, T - n, n), v.narrow(2, T - n, n), positions.narrow(1, T - n, n));
+        k = all_k;
+        v = all_v;
+        kpos = all_pos;
+      }
+    }
+    kv_views[3 * l] = k;
+    kv_views[3 * l + 1] = v;
+    kv_views[3 * l + 2] = kpos;
+  }
+
+  const int64_t S = k.size(2);
+  // Query head h reads kv head h / group (transformers' repeat_kv order).
+  auto scores = at::matmul(q.reshape({B, kv_heads, group * T, d}), k.transpose(2, 3));
+  auto qpos = positions.unsqueeze(2);  // [B, T, 1]
+  auto key_pos = kpos.unsqueeze(1);    // [B, 1, S]
+  auto keep = (key_pos >= 0).logical_and(key_pos <= qpos);
+  if (sliding) keep = keep.logical_and(key_pos > qpos - c.sliding_window);
+  scores = scores.view({B, kv_heads, group, T, S})
+               .masked_fill(keep.logical_not().view({B, 1, 1, T, S}),
+                            -std::numeric_limits<double>::infinity());
+  // Scale 1.0 (the q/k norms carry it); softmax in f32, probabilities back in the compute dtype.
+  auto probs = at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
+  auto out = at::matmul(probs.view({B, kv_heads, group * T, S}), v);  // [B, kv, group*T, d]
+  out = out.view({B, heads, T, d}).transpose(1, 2).reshape({B, T, heads * d});
+  return at::linear(out, w.o_proj);
+}
+
+at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
+                           bool last_only, bool no_logits) const {
+  const auto& c = config_;
+  const auto dtype = options_.dtype;
+  const int64_t B = ids.size(0), T = ids.size(1);
+
+  auto embed_scale = at::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)), at::kFloat)
+                         .to(dtype)
+                         .to(ids.device());
+  auto h = embed_tokens_.lookup(ids.reshape(-1)).view({B, T, c.hidden_size}) * embed_scale;
+  at::Tensor ple;
+  if (c.hidden_size_per_layer_input > 0) ple = per_layer_inputs(ids, h);
+
+  auto pos = positions;
+  auto angles = [&](const at::Tensor& inv_freq) {
+    auto freqs = pos.unsqueeze(-1).to(at::kFloat) * inv_freq;
+    auto emb = at::cat({freqs, freqs}, -1);
+    // [B, T, 1, d]: broadcast over heads.
+    return std::make_pair(emb.cos().to(dtype).unsqueeze(2), emb.sin().to(dtype).unsqueeze(2));
+  };
+  auto [cos_sliding, sin_sliding] = angles(inv_freq_sliding_);
+  auto [cos_full, sin_full] = angles(inv_freq_full_);
+
+  std::vector<at::Tensor> kv_views(3 * c.num_hidden_layers);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (l == c.first_shared_layer()) {
+      if (no_logits) return {};
+      if (last_only && h.size(1) > 1) {
+        const int64_t t = h.size(1) - 1;
+        h = h.narrow(1, t, 1);
+        if (ple.defined()) ple = ple.narrow(1, t, 1);
+        pos = pos.narrow(1, t, 1);
+        cos_sliding = cos_sliding.narrow(1, t, 1);
+        sin_sliding = sin_sliding.narrow(1, t, 1);
+        cos_full = cos_full.narrow(1, t, 1);
+        sin_full = sin_full.narrow(1, t, 1);
+      }
+    }
+    const auto& w = layers_[l];
+    const bool sliding = c.layer_types[l] == LayerType::kSliding;
+    auto attn = attention(l, rms_norm(h, w.input_layernorm, c.rms_norm_eps), pos,
+                          sliding ? cos_sliding : cos_full, sliding ? sin_sliding : sin_full,
+                          rings, kv_views);
+    h = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
+
+    auto f = rms_norm(h, w.pre_feedforward_layernorm, c.rms_norm_eps);
+    auto m = at::linear(gelu_tanh(at::linear(f, w.gate_proj)) * at::linear(f, w.up_proj),
+                        w.down_proj);
+    h = h + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
+
+    if (ple.defined()) {
+      auto g = gelu_tanh(at::linear(h, w.per_layer_input_gate)) * ple.select(2, l);
+      h = h + rms_norm(at::linear(g, w.per_layer_projection), w.post_per_layer_input_norm,
+                       c.rms_norm_eps);
+    }
+    h = h * w.layer_scalar;  // scales the whole residual stream
+  }
+  if (no_logits) return {};
+
+  auto logits = at::linear(rms_norm(h, final_norm_, c.rms_norm_eps), lm_head_.matrix());
+  if (c.final_logit_softcapping > 0) {
+    const double cap = c.final_logit_softcapping;
+    logits = at::tanh(logits / cap) * cap;
+  }
+  return logits.to(at::kFloat);
+}
+
+}  // namespace torchtpu

@@ -1,0 +1,100 @@
+// Gemma 4 text decoder over ATen (research/gemma4-architecture.md §2). Every tensor operation is an
+// at:: call on tensors of one device, so the same code runs on the CPU, CUDA and TorchTPU.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "io/config.h"
+#include "model/rings.h"
+#include "quant/pack_quantized.h"
+
+namespace torchtpu {
+
+// A vocabulary-sized table (embed_tokens, embed_tokens_per_layer, lm_head): dense in the compute
+// dtype, or int4 pack-quantized and expanded only for the rows looked up.
+class VocabTable {
+ public:
+  static VocabTable dense(at::Tensor weight);
+  static VocabTable int4(PackedInt4 packed, at::ScalarType dtype);
+
+  int64_t rows() const;
+  int64_t width() const;
+  at::Tensor lookup(const at::Tensor& ids) const;  // [N] int64 -> [N, width] compute dtype
+  at::Tensor matrix() const;                       // the whole table in the compute dtype
+  bool is_int4() const { return packed_.has_value(); }
+  int64_t nbytes() const;
+
+ private:
+  at::Tensor dense_;
+  std::optional<PackedInt4> packed_;
+  at::ScalarType dtype_ = at::kFloat;
+};
+
+struct LayerWeights {
+  at::Tensor input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
+      post_feedforward_layernorm, post_per_layer_input_norm;  // f32, via the compute dtype
+  at::Tensor q_proj, q_norm, k_proj, k_norm, v_proj, o_proj;  // k/v/k_norm undefined when shared
+  at::Tensor gate_proj, up_proj, down_proj;
+  at::Tensor per_layer_input_gate, per_layer_projection;
+  at::Tensor layer_scalar;  // [1], compute dtype
+};
+
+// How each tensor family is held, for reports (generate --json, /v1/engine).
+struct StorageReport {
+  std::string family;  // "linears", "embed_tokens", "embed_tokens_per_layer", "lm_head", "norms"
+  std::string format;  // "bf16", "f32", "int4(g32, bf16 scales)" ...
+  std::string where;   // "cpu (mmap)", "cuda:0", ...
+  int64_t bytes = 0;
+};
+
+struct ModelOptions {
+  at::Device device = at::kCPU;
+  at::ScalarType dtype = at::kBFloat16;  // compute dtype
+  std::string emb4_dir;                  // int4 vocabulary tables overriding the checkpoint's
+};
+
+class Gemma4 {
+ public:
+  Gemma4(const std::string& model_dir, const ModelOptions& options);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+  const std::vector<StorageReport>& storage() const { return storage_; }
+
+  // One forward pass over ids [batch, T] at positions [batch, T] (int64, on the device).
+  // rings == nullptr: a plain causal pass with no cache (logits for every position).
+  // With rings: the chunk attends to what the rings hold plus itself, then is written into them.
+  // `last_only`: only the last position continues past the non-shared layers (the shared ones
+  // write nothing, so earlier positions need them only for their own logits); `no_logits` stops
+  // after the last non-shared layer, for prompt chunks before the final one.
+  // Returns float32 logits [batch, T or 1, vocab], or an undefined tensor with no_logits.
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
+                     bool last_only = false, bool no_logits = false) const;
+
+ private:
+  at::Tensor attention(int64_t layer, const at::Tensor& x, const at::Tensor& positions,
+                       const at::Tensor& cos, const at::Tensor& sin, Rings* rings,
+                       std::vector<at::Tensor>& kv_views) const;
+  at::Tensor per_layer_inputs(const at::Tensor& ids, const at::Tensor& embeds) const;
+  at::Tensor linear_weight(const Checkpoint& ckpt, const std::string& module,
+                           const std::vector<int64_t>& shape);
+  void load(const Checkpoint& ckpt, const Checkpoint* emb4);
+
+  ModelConfig config_;
+  ModelOptions options_;
+  std::shared_ptr<Checkpoint> checkpoint_;  // keeps weight mappings alive
+  std::shared_ptr<Checkpoint> emb4_;
+  std::vector<LayerWeights> layers_;
+  VocabTable embed_tokens_, embed_tokens_per_layer_, lm_head_;
+  at::Tensor per_layer_model_projection_, per_layer_projection_norm_, final_norm_;
+  at::Tensor inv_freq_sliding_, inv_freq_full_;  // f32 on the device
+  std::vector<StorageReport> storage_;
+};
+
+}  // namespace torchtpu

@@ -1,0 +1,49 @@
+// The ring KV cache (seeds, DESIGN principle 3). One ring per non-shared layer: sliding rings with
+// `sliding_window` slots, full rings with `context` slots. Position p lives in slot p % slots, and
+// `kpos` holds each slot's position (-1 when empty), so attention masks instead of slicing and
+// every decode step is the same program. Shared layers own no ring: they read their source's.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "io/config.h"
+
+namespace torchtpu {
+
+struct Ring {
+  at::Tensor k;     // [batch, kv_heads, slots, head_dim], compute dtype
+  at::Tensor v;     // [batch, kv_heads, slots, head_dim]
+  at::Tensor kpos;  // [batch, slots] int64, -1 for an empty slot
+  int64_t slots = 0;
+  LayerType type = LayerType::kSliding;
+};
+
+struct Layout {
+  int64_t full_rings = 0;
+  int64_t sliding_rings = 0;
+  int64_t shared_layers = 0;
+  int64_t context = 0;
+};
+
+class Rings {
+ public:
+  Rings() = default;
+  Rings(const ModelConfig& config, int64_t context, int64_t batch, at::ScalarType dtype,
+        const at::Device& device);
+
+  // The ring a layer reads: its own, or its source's for a shared layer.
+  Ring& for_layer(int64_t layer) { return rings_[owner_[layer]]; }
+  // Empties every ring (kpos = -1); contents need not be cleared.
+  void reset();
+  Layout layout() const { return layout_; }
+  int64_t context() const { return layout_.context; }
+
+ private:
+  std::vector<Ring> rings_;      // one per non-shared layer
+  std::vector<int64_t> owner_;   // layer -> index into rings_
+  Layout layout_;
+};
+
+}  // namespace torchtpu
