@@ -1,0 +1,37 @@
+// The OpenAI-compatible HTTP server. HTTP threads parse and validate requests and put them on a
+// bounded FIFO queue; one engine worker thread owns the Engine and serves them one at a time.
+// Used by `torchtpu-cpp serve` and, with the GIL released, from `python -m torchtpu_cpp.serve`.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+
+namespace torchtpu::server {
+
+struct ServeOptions {
+  std::string model_dir;  // empty: the built-in demo checkpoint (random weights)
+  std::string emb4_dir;
+  std::string model_id;   // reported by /v1/models; default: the directory's name
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  int64_t context = 8192;
+  std::string device = "cpu";
+  std::string dtype = "bfloat16";
+  std::string api_key;      // non-empty: Bearer auth on everything but /health
+  int max_queue = 16;       // waiting requests beyond this get 429
+  int64_t read_every = 1;   // decode steps per host read
+  std::string hosted_by = "torchtpu-cpp";  // "python" when hosted by torchtpu_cpp.serve
+};
+
+// Builds the engine on the worker thread (the thread that will own it).
+using EngineFactory = std::function<std::unique_ptr<Engine>(const EngineOptions&)>;
+
+// Serves until SIGINT/SIGTERM or request_stop(); returns the process exit code (0 on a clean stop).
+int run(const ServeOptions& options, EngineFactory make_engine = {});
+// Asks a running server to stop accepting, finish in-flight requests and return from run().
+void request_stop();
+
+}  // namespace torchtpu::server
