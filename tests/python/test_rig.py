@@ -110,7 +110,7 @@ def test_create_requests_flex_start_queued_resource_with_the_rendered_script(clo
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
                              check=True).stdout.decode().split("\0")
     expected = sorted(p for p in tracked if p and (REPO / p).is_file() and not (REPO / p).is_symlink()
-                      and not p.startswith(("bench/", "docs/", "tests/js/")))
+                      and not p.startswith(("bench/", "docs/", "tests/js/", "tests/cpp/")))
     packed = payload_of(script)
     assert sorted(packed) == expected
     assert all(packed[p] == (REPO / p).read_bytes() for p in expected)
@@ -337,12 +337,18 @@ def test_status_endpoint_firewall_and_delete(cloud, tmp_path):
     ]
 
 
-def test_status_before_the_node_exists(cloud):
+def test_status_progress_and_endpoint_before_the_node_exists(cloud):
     cloud.state["queued_resource"] = {"state": {"state": "WAITING_FOR_RESOURCES"}}
     out = cloud.rig("status").stdout
     assert "WAITING_FOR_RESOURCES" in out and "node torchtpu-cpp-vm: not created yet" in out
-    proc = cloud.rig("endpoint", check=False)
-    assert proc.returncode == 1 and "does not exist (yet)" in proc.stderr
+    for command in ("endpoint", "progress"):
+        proc = cloud.rig(command, check=False)
+        assert proc.returncode == 1 and "does not exist (yet)" in proc.stderr
+
+    cloud.state["node"] = {"state": "CREATING"}  # a node whose boot has not reported yet
+    out = cloud.rig("progress").stdout
+    assert re.search(r"^serving\s+pending$", out, re.M)
+    assert out.rstrip().endswith("no stage has reported yet (the VM may still be provisioning)")
 
 
 def test_cost_per_million_tokens_matches_the_seed():
