@@ -43,7 +43,9 @@ class Cli:
         cmd = [self.path, *map(str, args)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
-            raise AssertionError(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+            raise AssertionError(
+                f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+            )
         return proc
 
     def make_tiny(self, out, **knobs):
@@ -58,11 +60,34 @@ class Cli:
         self(*args)
         return str(out)
 
-    def generate(self, model, ids, max_new, *, dtype="float32", emb4=None, context=None, chunk=None,
-                 dump=None, ignore_eos=True):
+    def generate(
+        self,
+        model,
+        ids,
+        max_new,
+        *,
+        dtype="float32",
+        emb4=None,
+        context=None,
+        chunk=None,
+        dump=None,
+        ignore_eos=True,
+    ):
         """`generate --json`: returns (parsed JSON, dumped logits {name: float32 array} or None)."""
-        args = ["generate", "--model", model, "--ids", ",".join(map(str, ids)), "--max-new", max_new,
-                "--dtype", dtype, "--device", "cpu", "--json"]
+        args = [
+            "generate",
+            "--model",
+            model,
+            "--ids",
+            ",".join(map(str, ids)),
+            "--max-new",
+            max_new,
+            "--dtype",
+            dtype,
+            "--device",
+            "cpu",
+            "--json",
+        ]
         if emb4:
             args += ["--emb4", emb4]
         if context:

@@ -8,7 +8,12 @@ import os
 
 import numpy as np
 import torch
-from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, Gemma4TextConfig
+from transformers import (
+    Gemma4Config,
+    Gemma4ForCausalLM,
+    Gemma4ForConditionalGeneration,
+    Gemma4TextConfig,
+)
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 S, F = SLIDING, FULL
@@ -25,19 +30,59 @@ MIN_MARGIN = 2 * TOL
 # with the last two non-shared [sliding, full]; shared layers of both types; windows shorter than
 # the long prompt; dead shared K/V on and off; both prefixes; one sharded; F32 and BF16 files.
 MAKE_TINY_CONFIGS = {
-    "lm-prefix-dead-kv": dict(seed=11, dtype="f32", prefix="model.language_model.", dead_shared_kv=True,
-                              layer_types="sliding,sliding,sliding,full,sliding,sliding,full", shared=3,
-                              window=8, vocab=512, hidden=64),
-    "model-prefix-sharded-bf16-untied": dict(seed=12, dtype="bf16", prefix="model.", untied=True, shards=3,
-                                             layer_types="sliding,sliding,full,sliding,full", shared=2, window=16,
-                                             vocab=1024, hidden=128, heads=4, kv_heads=2),
-    "e2b-pattern-dead-kv": dict(seed=13, dtype="f32", prefix="model.", dead_shared_kv=True,
-                                layer_types=",".join((["sliding"] * 4 + ["full"]) * 2),
-                                shared=5, window=12, vocab=768, hidden=96, heads=3, kv_heads=1),
-    "unshared-narrow": dict(seed=14, dtype="bf16", prefix="model.language_model.",
-                            layer_types="sliding,sliding,full,sliding,sliding,full", shared=0, window=5,
-                            vocab=256, hidden=64, heads=4, kv_heads=2, head_dim=16, global_head_dim=32,
-                            no_double_wide=True),
+    "lm-prefix-dead-kv": dict(
+        seed=11,
+        dtype="f32",
+        prefix="model.language_model.",
+        dead_shared_kv=True,
+        layer_types="sliding,sliding,sliding,full,sliding,sliding,full",
+        shared=3,
+        window=8,
+        vocab=512,
+        hidden=64,
+    ),
+    "model-prefix-sharded-bf16-untied": dict(
+        seed=12,
+        dtype="bf16",
+        prefix="model.",
+        untied=True,
+        shards=3,
+        layer_types="sliding,sliding,full,sliding,full",
+        shared=2,
+        window=16,
+        vocab=1024,
+        hidden=128,
+        heads=4,
+        kv_heads=2,
+    ),
+    "e2b-pattern-dead-kv": dict(
+        seed=13,
+        dtype="f32",
+        prefix="model.",
+        dead_shared_kv=True,
+        layer_types=",".join((["sliding"] * 4 + ["full"]) * 2),
+        shared=5,
+        window=12,
+        vocab=768,
+        hidden=96,
+        heads=3,
+        kv_heads=1,
+    ),
+    "unshared-narrow": dict(
+        seed=14,
+        dtype="bf16",
+        prefix="model.language_model.",
+        layer_types="sliding,sliding,full,sliding,sliding,full",
+        shared=0,
+        window=5,
+        vocab=256,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        no_double_wide=True,
+    ),
 }
 
 
@@ -46,19 +91,51 @@ MAKE_TINY_CONFIGS = {
 # two non-shared layers are [sliding, full] (what llama.cpp's KV-reuse rule assumes).
 HF_CONFIGS = {
     "causal-f32-shared": dict(
-        config=dict(layer_types=[S, S, S, F, S, S, F], shared=3, window=8), seed=1),
+        config=dict(layer_types=[S, S, S, F, S, S, F], shared=3, window=8), seed=1
+    ),
     "multimodal-bf16-untied": dict(
-        config=dict(layer_types=[S, S, F, S, F], shared=2, window=16, hidden=128, heads=4, kv_heads=2,
-                    vocab=1024, tied=False),
-        seed=2, multimodal_prefix=True, dtype=torch.bfloat16),
+        config=dict(
+            layer_types=[S, S, F, S, F],
+            shared=2,
+            window=16,
+            hidden=128,
+            heads=4,
+            kv_heads=2,
+            vocab=1024,
+            tied=False,
+        ),
+        seed=2,
+        multimodal_prefix=True,
+        dtype=torch.bfloat16,
+    ),
     "causal-f16-sharded-unshared": dict(
-        config=dict(layer_types=[S, S, F, S, S, F], shared=0, window=5, vocab=256, head_dim=16,
-                    global_head_dim=32, heads=4, kv_heads=2),
-        seed=3, dtype=torch.float16, max_shard_size="60KB"),
+        config=dict(
+            layer_types=[S, S, F, S, S, F],
+            shared=0,
+            window=5,
+            vocab=256,
+            head_dim=16,
+            global_head_dim=32,
+            heads=4,
+            kv_heads=2,
+        ),
+        seed=3,
+        dtype=torch.float16,
+        max_shard_size="60KB",
+    ),
     "e2b-pattern": dict(
-        config=dict(layer_types=[S, S, S, S, F] * 2, shared=5, window=12, hidden=96, heads=3, vocab=768,
-                    intermediate=192),
-        seed=4, multimodal_prefix=True),
+        config=dict(
+            layer_types=[S, S, S, S, F] * 2,
+            shared=5,
+            window=12,
+            hidden=96,
+            heads=3,
+            vocab=768,
+            intermediate=192,
+        ),
+        seed=4,
+        multimodal_prefix=True,
+    ),
 }
 
 
@@ -112,7 +189,10 @@ def _randomize(model, seed):
     for name, p in model.named_parameters():
         leaf = name.rsplit(".", 2)[-2] if name.endswith(".weight") else name.rsplit(".", 1)[-1]
         if p.ndim == 2 and "embed_tokens_per_layer" in name:
-            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(model.config.get_text_config().hidden_size_per_layer_input))
+            p.copy_(
+                torch.randn(p.shape, generator=g)
+                / math.sqrt(model.config.get_text_config().hidden_size_per_layer_input)
+            )
         elif p.ndim == 2 and ("embed_tokens" in name or name == "lm_head.weight"):
             # A small embedding keeps the residual stream from being its own input token (which
             # makes greedy decoding repeat it); the final norm's gain spreads the logits instead.
@@ -130,14 +210,18 @@ def _randomize(model, seed):
             b.copy_(torch.rand(b.shape, generator=g) * 0.5 + 0.5)
 
 
-def make(out_dir, config, *, seed, multimodal_prefix=False, dtype=torch.float32, max_shard_size=None):
+def make(
+    out_dir, config, *, seed, multimodal_prefix=False, dtype=torch.float32, max_shard_size=None
+):
     """Saves a randomly initialised model with transformers' own writer. `multimodal_prefix` saves
     a Gemma4ForConditionalGeneration (tensors under model.language_model.) instead of a
     Gemma4ForCausalLM (tensors under model.)."""
     torch.manual_seed(seed)
     if multimodal_prefix:
         model = Gemma4ForConditionalGeneration(
-            Gemma4Config(text_config=config.to_dict(), tie_word_embeddings=config.tie_word_embeddings)
+            Gemma4Config(
+                text_config=config.to_dict(), tie_word_embeddings=config.tie_word_embeddings
+            )
         )
     else:
         model = Gemma4ForCausalLM(config)
@@ -172,7 +256,7 @@ def greedy(model, ids, n):
     seq = list(ids)
     for _ in range(n):
         seq.append(int(np.argmax(logits(model, seq)[-1])))
-    return seq[len(ids):]
+    return seq[len(ids) :]
 
 
 # compressed-tensors side: its own compressor writes int4 checkpoints, its own decompressor turns
@@ -185,7 +269,9 @@ def ct_args(group, symmetric=True):
     from compressed_tensors.quantization import QuantizationArgs
 
     if group:
-        return QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=group)
+        return QuantizationArgs(
+            num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=group
+        )
     return QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="channel")
 
 
@@ -197,7 +283,11 @@ def ct_compress(weight, args, scale_dtype=torch.bfloat16):
 
     weight = weight.float()
     rows, cols = weight.shape
-    grouped = weight.reshape(rows, -1, args.group_size) if args.group_size else weight.reshape(rows, 1, cols)
+    grouped = (
+        weight.reshape(rows, -1, args.group_size)
+        if args.group_size
+        else weight.reshape(rows, 1, cols)
+    )
     scale, zero_point = calculate_qparams(grouped.amin(-1), grouped.amax(-1), args)
     state = {"weight": weight, "weight_scale": scale.to(scale_dtype)}
     if not args.symmetric:
@@ -274,7 +364,9 @@ def ct_quantize_checkpoint(src_dir, out_dir, *, group=32, symmetric=True, emb4_d
     if emb4_dir is None:
         return out_dir
     tables = {}
-    prefix = next(p for p in ("model.language_model.", "model.") if f"{p}embed_tokens.weight" in dense)
+    prefix = next(
+        p for p in ("model.language_model.", "model.") if f"{p}embed_tokens.weight" in dense
+    )
     sources = {
         f"{prefix}embed_tokens": dense[f"{prefix}embed_tokens.weight"],
         f"{prefix}embed_tokens_per_layer": dense.get(f"{prefix}embed_tokens_per_layer.weight"),
@@ -284,7 +376,9 @@ def ct_quantize_checkpoint(src_dir, out_dir, *, group=32, symmetric=True, emb4_d
         if w is not None:
             packed = ct_compress(w, args, scale_dtype=torch.float16)
             tables.update({f"{module}.{k}": v.contiguous() for k, v in packed.items()})
-    config["quantization_config"] = _quantization_config(group, symmetric, ["Embedding", "re:.*lm_head"])
+    config["quantization_config"] = _quantization_config(
+        group, symmetric, ["Embedding", "re:.*lm_head"]
+    )
     config["quantization_config"]["ignore"] = []
     config["tie_word_embeddings"] = False
     if "text_config" in config:
@@ -331,12 +425,16 @@ def dense_from_quantized(quant_dir, out_dir, emb4_dir=None):
         for name in sorted(tensors):
             if name.endswith(".weight_packed"):
                 module = name.removesuffix(".weight_packed")
-                parts = {k: tensors[f"{module}.{k}"] for k in
-                         ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
-                         if f"{module}.{k}" in tensors}
+                parts = {
+                    k: tensors[f"{module}.{k}"]
+                    for k in ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point")
+                    if f"{module}.{k}" in tensors
+                }
                 w = ct_decompress(parts, _group_args(config["quantization_config"], module)).float()
                 dense[f"{module}.weight"] = decompressed[module] = w
-            elif not any(name.endswith(s) for s in (".weight_scale", ".weight_shape", ".weight_zero_point")):
+            elif not any(
+                name.endswith(s) for s in (".weight_scale", ".weight_shape", ".weight_zero_point")
+            ):
                 dense[name] = tensors[name].float()
         return dense, decompressed
 
@@ -353,8 +451,11 @@ def dense_from_quantized(quant_dir, out_dir, emb4_dir=None):
                 config["text_config"]["tie_word_embeddings"] = False
     config.pop("quantization_config", None)
     os.makedirs(out_dir, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in dense.items()}, os.path.join(out_dir, "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in dense.items()},
+        os.path.join(out_dir, "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     return decompressed

@@ -4,11 +4,10 @@ transformers and compressed-tensors first, so that a disagreement is known to be
 import json
 import os
 
+import hf_tiny
 import numpy as np
 import pytest
 import torch
-
-import hf_tiny
 from hf_tiny import MIN_MARGIN, N_NEW, TOL
 from reference import Reference
 from reference.pack_quant import dequantize
@@ -47,8 +46,10 @@ def test_reference_matches_transformers(hf_checkpoint, report):
     rows = ref.logits(ids + tokens)[len(ids) - 1 : -1]
     margin = hf_tiny.greedy_margin(rows)
     agree = sum(a == b for a, b in zip(tokens, hf_tokens))
-    report(f"reference f64 vs transformers f32 [{name}]: max|dlogit| {worst:.2e}, "
-           f"greedy {agree}/{N_NEW}, min margin {margin:.3f}, distinct tokens {len(set(tokens))}")
+    report(
+        f"reference f64 vs transformers f32 [{name}]: max|dlogit| {worst:.2e}, "
+        f"greedy {agree}/{N_NEW}, min margin {margin:.3f}, distinct tokens {len(set(tokens))}"
+    )
     assert worst <= 2e-4
     assert tokens == hf_tokens
     assert margin >= MIN_MARGIN
@@ -56,7 +57,7 @@ def test_reference_matches_transformers(hf_checkpoint, report):
 
 
 def test_reference_reads_sharded_and_f16(tmp_path):
-    """The sharded F16 config really is sharded through an index (the case above proves the math)."""
+    """The sharded F16 config really is sharded through an index (the math is proven above)."""
     hf_tiny.make_named("causal-f16-sharded-unshared", tmp_path)
     with open(tmp_path / "model.safetensors.index.json") as f:
         shards = set(json.load(f)["weight_map"].values())
@@ -64,7 +65,7 @@ def test_reference_reads_sharded_and_f16(tmp_path):
 
 
 def test_reference_ignores_dead_shared_kv(tmp_path):
-    """Garbage k_proj/v_proj/k_norm on KV-shared layers (as in the hub checkpoint) change nothing."""
+    """Garbage k_proj/v_proj/k_norm on KV-shared layers (as on the hub) change nothing."""
     from safetensors.torch import load_file, save_file
 
     hf_tiny.make_named("causal-f32-shared", tmp_path / "clean")
@@ -75,8 +76,11 @@ def test_reference_ignores_dead_shared_kv(tmp_path):
     for i in range(ref.num_layers):
         if ref.kv_source[i] != i:
             d, kv = ref.head_dim[i], ref.kv_heads[i]
-            for part, shape in (("k_proj.weight", (kv * d, ref.hidden)), ("v_proj.weight", (kv * d, ref.hidden)),
-                                ("k_norm.weight", (d,))):
+            for part, shape in (
+                ("k_proj.weight", (kv * d, ref.hidden)),
+                ("v_proj.weight", (kv * d, ref.hidden)),
+                ("k_norm.weight", (d,)),
+            ):
                 dead[f"model.layers.{i}.self_attn.{part}"] = torch.randn(shape, generator=g) * 100
     os.makedirs(tmp_path / "dead")
     save_file(dead, tmp_path / "dead" / "model.safetensors", metadata={"format": "pt"})
@@ -90,7 +94,13 @@ def test_reference_ignores_dead_shared_kv(tmp_path):
 @pytest.mark.parametrize(
     "rows,cols,group,symmetric,scale_dtype",
     [
-        (13, 36, 12, False, torch.bfloat16),  # columns not a multiple of 8, rows not of 8, zero points
+        (
+            13,
+            36,
+            12,
+            False,
+            torch.bfloat16,
+        ),  # columns not a multiple of 8, rows not of 8, zero points
         (16, 100, None, True, torch.bfloat16),  # per channel, padded last word
         (24, 96, 32, True, torch.float16),
         (9, 256, 128, False, torch.float32),
@@ -105,7 +115,9 @@ def test_unpacker_bit_identical_to_compressed_tensors(rows, cols, group, symmetr
     expected = hf_tiny.ct_decompress(packed, args).numpy()
     scale = packed["weight_scale"].double().numpy()
     zp = packed["weight_zero_point"].numpy() if "weight_zero_point" in packed else None
-    ours = dequantize(packed["weight_packed"].numpy(), scale, packed["weight_shape"].numpy(), zero_point=zp)
+    ours = dequantize(
+        packed["weight_packed"].numpy(), scale, packed["weight_shape"].numpy(), zero_point=zp
+    )
     # compressed-tensors multiplies once in f32: the correctly rounded f32 of our exact product.
     np.testing.assert_array_equal(ours.astype(np.float32), expected)
 
@@ -121,8 +133,12 @@ def test_unpacker_g_idx_picks_each_columns_group():
     g_idx = torch.randperm(cols, generator=g) % (cols // group)
     levels = unpack_from_int32(packed["weight_packed"], 4, packed["weight_shape"]).double()
     expected = (levels * packed["weight_scale"].double()[:, g_idx]).numpy()
-    ours = dequantize(packed["weight_packed"].numpy(), packed["weight_scale"].double().numpy(),
-                      packed["weight_shape"].numpy(), g_idx=g_idx.numpy())
+    ours = dequantize(
+        packed["weight_packed"].numpy(),
+        packed["weight_scale"].double().numpy(),
+        packed["weight_shape"].numpy(),
+        g_idx=g_idx.numpy(),
+    )
     np.testing.assert_array_equal(ours, expected)
 
 
@@ -131,8 +147,9 @@ def test_reference_int4_matches_transformers_on_decompressed(symmetric, name, tm
     """compressed-tensors writes W4A16 (+ an emb4 twin); the reference reading it agrees with
     transformers run on compressed-tensors' own decompression."""
     hf_tiny.make_named(name, tmp_path / "dense")
-    hf_tiny.ct_quantize_checkpoint(tmp_path / "dense", tmp_path / "q", group=32, symmetric=symmetric,
-                                   emb4_dir=tmp_path / "q4")
+    hf_tiny.ct_quantize_checkpoint(
+        tmp_path / "dense", tmp_path / "q", group=32, symmetric=symmetric, emb4_dir=tmp_path / "q4"
+    )
     for emb4 in (None, str(tmp_path / "q4")):
         hf_tiny.dense_from_quantized(tmp_path / "q", tmp_path / "hf", emb4_dir=emb4)
         model = hf_tiny.load(str(tmp_path / "hf"))
@@ -140,12 +157,15 @@ def test_reference_int4_matches_transformers_on_decompressed(symmetric, name, tm
         cfg = model.config.get_text_config()
         ids = _prompts(cfg.sliding_window, cfg.vocab_size, seed=30)["long"]
         delta = float(np.abs(ref.logits(ids) - hf_tiny.logits(model, ids)).max())
-        report(f"reference int4 vs transformers on CT-decompressed [{name}, symmetric={symmetric}, "
-               f"emb4={emb4 is not None}]: max|dlogit| {delta:.2e}")
+        report(
+            f"reference int4 vs transformers on CT-decompressed [{name}, symmetric={symmetric}, "
+            f"emb4={emb4 is not None}]: max|dlogit| {delta:.2e}"
+        )
         assert delta <= 2e-4
 
 
 # --- the engine against the reference ------------------------------------------------------------
+
 
 @pytest.fixture(scope="module", params=sorted(hf_tiny.MAKE_TINY_CONFIGS))
 def tiny(request, cli, tmp_path_factory):
@@ -156,7 +176,9 @@ def tiny(request, cli, tmp_path_factory):
 
 def _check_against_reference(cli, tmp_path, ref, ids, report, label, chunk=None):
     dump = str(tmp_path / f"{label}.safetensors")
-    out, logits = cli.generate(ref.model_dir, ids, N_NEW, context=len(ids) + N_NEW + 8, chunk=chunk, dump=dump)
+    out, logits = cli.generate(
+        ref.model_dir, ids, N_NEW, context=len(ids) + N_NEW + 8, chunk=chunk, dump=dump
+    )
     tokens = ref.greedy(ids, N_NEW)
     want = ref.logits(ids + tokens)
     T = len(ids)
@@ -164,8 +186,11 @@ def _check_against_reference(cli, tmp_path, ref, ids, report, label, chunk=None)
     step_delta = float(np.abs(logits["step_logits"] - want[T - 1 : -1]).max())
     agree = sum(a == b for a, b in zip(out["tokens"], tokens))
     margin = hf_tiny.greedy_margin(want[T - 1 : -1])
-    report(f"engine f32 vs reference [{label}]: greedy {agree}/{N_NEW}, max|dlogit| prompt {prompt_delta:.2e} "
-           f"steps {step_delta:.2e}, min margin {margin:.3f}, distinct tokens {len(set(tokens))}")
+    report(
+        f"engine f32 vs reference [{label}]: greedy {agree}/{N_NEW}, max|dlogit| prompt "
+        f"{prompt_delta:.2e} steps {step_delta:.2e}, min margin {margin:.3f}, "
+        f"distinct tokens {len(set(tokens))}"
+    )
     assert margin >= MIN_MARGIN, f"{label}: greedy margin {margin} too small for a meaningful 64/64"
     assert out["tokens"] == tokens
     assert prompt_delta <= TOL
@@ -179,7 +204,9 @@ def test_engine_matches_reference_f32(tiny, cli, tmp_path, report):
         # The long prompt plus 64 new tokens crosses the window boundary several times.
         one = _check_against_reference(cli, tmp_path, ref, ids, report, f"{name}/{kind}")
         if kind == "long":
-            chunked = _check_against_reference(cli, tmp_path, ref, ids, report, f"{name}/{kind}/chunk3", chunk=3)
+            chunked = _check_against_reference(
+                cli, tmp_path, ref, ids, report, f"{name}/{kind}/chunk3", chunk=3
+            )
             delta = float(np.abs(chunked["step_logits"] - one["step_logits"]).max())
             report(f"engine chunk 3 vs one chunk [{name}]: max|dlogit| {delta:.2e}")
             assert delta <= 2e-4
@@ -191,14 +218,20 @@ def test_engine_bf16_close_to_reference(tiny, cli, tmp_path, report):
     tokens = ref.greedy(ids, N_NEW)
     want = ref.logits(ids + tokens)
     T = len(ids)
-    _, first = cli.generate(path, ids, 1, dtype="bfloat16", dump=str(tmp_path / "first.safetensors"))
+    _, first = cli.generate(
+        path, ids, 1, dtype="bfloat16", dump=str(tmp_path / "first.safetensors")
+    )
     first_kl = hf_tiny.kl(want[T - 1], first["step_logits"][0])
     # Teacher forcing: one pass over the prompt and the reference's own greedy continuation.
-    _, forced = cli.generate(path, ids + tokens, 1, dtype="bfloat16", dump=str(tmp_path / "forced.safetensors"))
+    _, forced = cli.generate(
+        path, ids + tokens, 1, dtype="bfloat16", dump=str(tmp_path / "forced.safetensors")
+    )
     picks = np.argmax(forced["prompt_logits"][T - 1 : T - 1 + N_NEW], axis=-1)
     agree = int(np.sum(picks == np.asarray(tokens)))
-    report(f"engine bf16 vs reference f32 [{name}]: first-step KL {first_kl:.3e}, "
-           f"teacher-forced top-1 {agree}/{N_NEW}")
+    report(
+        f"engine bf16 vs reference f32 [{name}]: first-step KL {first_kl:.3e}, "
+        f"teacher-forced top-1 {agree}/{N_NEW}"
+    )
     assert first_kl <= 1e-3
     assert agree >= 0.95 * N_NEW
 
@@ -207,7 +240,9 @@ def test_engine_bf16_close_to_reference(tiny, cli, tmp_path, report):
 def test_engine_quantized_matches_reference(emb4, cli, tmp_path, report):
     """Checkpoints written by the engine's own `quantize`: the reference reads them (its unpacker
     is checked against compressed-tensors above), the engine must agree."""
-    src = cli.make_tiny(tmp_path / "dense", preset="tiny", **hf_tiny.MAKE_TINY_CONFIGS["lm-prefix-dead-kv"])
+    src = cli.make_tiny(
+        tmp_path / "dense", preset="tiny", **hf_tiny.MAKE_TINY_CONFIGS["lm-prefix-dead-kv"]
+    )
     args = ["quantize", src, tmp_path / "q", "--group", 32]
     if emb4:
         args += ["--emb4", tmp_path / "q4"]
@@ -215,16 +250,22 @@ def test_engine_quantized_matches_reference(emb4, cli, tmp_path, report):
     emb4_dir = str(tmp_path / "q4") if emb4 else None
     ref = Reference(str(tmp_path / "q"), emb4_dir=emb4_dir)
     ids = _prompts(ref.window, ref.embed.shape[0], seed=60)["long"]
-    out, logits = cli.generate(str(tmp_path / "q"), ids, N_NEW, emb4=emb4_dir, dump=str(tmp_path / "d.safetensors"))
+    out, logits = cli.generate(
+        str(tmp_path / "q"), ids, N_NEW, emb4=emb4_dir, dump=str(tmp_path / "d.safetensors")
+    )
     tokens = ref.greedy(ids, N_NEW)
     want = ref.logits(ids + tokens)
     T = len(ids)
-    delta = max(float(np.abs(logits["prompt_logits"] - want[:T]).max()),
-                float(np.abs(logits["step_logits"] - want[T - 1 : -1]).max()))
+    delta = max(
+        float(np.abs(logits["prompt_logits"] - want[:T]).max()),
+        float(np.abs(logits["step_logits"] - want[T - 1 : -1]).max()),
+    )
     agree = sum(a == b for a, b in zip(out["tokens"], tokens))
     margin = hf_tiny.greedy_margin(want[T - 1 : -1])
-    report(f"engine int4 vs reference [emb4={emb4}]: greedy {agree}/{N_NEW}, max|dlogit| {delta:.2e}, "
-           f"min margin {margin:.3f}")
+    report(
+        f"engine int4 vs reference [emb4={emb4}]: greedy {agree}/{N_NEW}, max|dlogit| {delta:.2e}, "
+        f"min margin {margin:.3f}"
+    )
     assert margin >= MIN_MARGIN
     assert out["tokens"] == tokens
     assert delta <= TOL
@@ -235,7 +276,14 @@ def test_synthetic_e2b_loads_and_decodes(cli, tmp_path_factory, report):
     out = tmp_path_factory.mktemp("e2b")
     cli.make_tiny(out, preset="e2b", seed=1, dtype="bf16")
     result, _ = cli.generate(str(out), [2, 105, 2364, 107], 2, dtype="bfloat16", context=1024)
-    report(f"synthetic E2B: layout {result['layout']}, read_s {result.get('read_s')}, "
-           f"decode_s {result.get('decode_s')}")
-    assert result["layout"] == {"full_rings": 3, "sliding_rings": 12, "shared_layers": 20, "context": 1024}
+    report(
+        f"synthetic E2B: layout {result['layout']}, read_s {result.get('read_s')}, "
+        f"decode_s {result.get('decode_s')}"
+    )
+    assert result["layout"] == {
+        "full_rings": 3,
+        "sliding_rings": 12,
+        "shared_layers": 20,
+        "context": 1024,
+    }
     assert len(result["tokens"]) == 2

@@ -2,19 +2,20 @@
 (save_pretrained) and by `torchtpu-cpp make-tiny`: the seeds' check (64 of 64 greedy tokens, KL of
 the first step), at f32 and at bf16 on both sides, and on W4A16 checkpoints from `quantize`."""
 
+import hf_tiny
 import numpy as np
 import pytest
 import torch
-
-import hf_tiny
-from reference import Reference
 from hf_tiny import MAKE_TINY_CONFIGS, MIN_MARGIN, N_NEW, TOL
+from reference import Reference
 
 MAKE_TINY = ["lm-prefix-dead-kv", "model-prefix-sharded-bf16-untied"]
 
 
-@pytest.fixture(scope="module", params=[f"hf:{n}" for n in sorted(hf_tiny.HF_CONFIGS)] +
-                [f"make-tiny:{n}" for n in MAKE_TINY])
+@pytest.fixture(
+    scope="module",
+    params=[f"hf:{n}" for n in sorted(hf_tiny.HF_CONFIGS)] + [f"make-tiny:{n}" for n in MAKE_TINY],
+)
 def checkpoint(request, tmp_path_factory):
     origin, name = request.param.split(":")
     out = tmp_path_factory.mktemp(name)
@@ -34,8 +35,14 @@ def _f32_against_transformers(cli, path, label, tmp_path, report, emb4=None, hf_
     model = hf_tiny.load(hf_path or path)
     window, vocab = _sizes(model)
     ids = hf_tiny.prompt(vocab, window + 9, 70)
-    out, logits = cli.generate(path, ids, N_NEW, emb4=emb4, context=len(ids) + N_NEW + 8,
-                               dump=str(tmp_path / "f32.safetensors"))
+    out, logits = cli.generate(
+        path,
+        ids,
+        N_NEW,
+        emb4=emb4,
+        context=len(ids) + N_NEW + 8,
+        dump=str(tmp_path / "f32.safetensors"),
+    )
     tokens = hf_tiny.greedy(model, ids, N_NEW)
     want = hf_tiny.logits(model, ids + tokens)
     T = len(ids)
@@ -43,8 +50,11 @@ def _f32_against_transformers(cli, path, label, tmp_path, report, emb4=None, hf_
     step_delta = float(np.abs(logits["step_logits"] - want[T - 1 : -1]).max())
     agree = sum(a == b for a, b in zip(out["tokens"], tokens))
     margin = hf_tiny.greedy_margin(want[T - 1 : -1])
-    report(f"engine f32 vs transformers f32 [{label}]: greedy {agree}/{N_NEW}, max|dlogit| prompt "
-           f"{prompt_delta:.2e} steps {step_delta:.2e}, min margin {margin:.3f}, logit std {want.std():.2f}")
+    report(
+        f"engine f32 vs transformers f32 [{label}]: greedy {agree}/{N_NEW}, max|dlogit| prompt "
+        f"{prompt_delta:.2e} steps {step_delta:.2e}, min margin {margin:.3f}, "
+        f"logit std {want.std():.2f}"
+    )
     assert margin >= MIN_MARGIN, f"{label}: greedy margin {margin} too small for a meaningful 64/64"
     assert out["tokens"] == tokens
     assert prompt_delta <= TOL
@@ -61,7 +71,9 @@ def test_engine_bf16_matches_transformers_bf16(checkpoint, cli, tmp_path, report
     model = hf_tiny.load(path, dtype=torch.bfloat16)
     window, vocab = _sizes(model)
     ids = hf_tiny.prompt(vocab, window + 9, 80)
-    out, logits = cli.generate(path, ids, 1, dtype="bfloat16", dump=str(tmp_path / "bf16.safetensors"))
+    out, logits = cli.generate(
+        path, ids, 1, dtype="bfloat16", dump=str(tmp_path / "bf16.safetensors")
+    )
     engine_first = logits["step_logits"][0]
     figures = {}
     for attn in ("eager", "sdpa"):
@@ -69,8 +81,11 @@ def test_engine_bf16_matches_transformers_bf16(checkpoint, cli, tmp_path, report
         figures[attn] = (hf_first, hf_tiny.kl(hf_first, engine_first))
     hf_first, first_kl = figures["eager"]
     hf_top5 = set(np.argsort(-hf_first, kind="stable")[:5].tolist())
-    report(f"engine bf16 vs transformers bf16 [{label}]: first-step KL(HF||engine) eager {first_kl:.3e}, "
-           f"sdpa {figures['sdpa'][1]:.3e}; top-5 HF {sorted(hf_top5)} engine {sorted(out['top5']['ids'])}")
+    report(
+        f"engine bf16 vs transformers bf16 [{label}]: first-step KL(HF||engine) "
+        f"eager {first_kl:.3e}, sdpa {figures['sdpa'][1]:.3e}; "
+        f"top-5 HF {sorted(hf_top5)} engine {sorted(out['top5']['ids'])}"
+    )
     assert set(out["top5"]["ids"]) == hf_top5
     assert first_kl <= 1e-3
 
@@ -89,8 +104,19 @@ def test_engine_quantized_matches_transformers(name, emb4, cli, tmp_path, report
     hf_tiny.dense_from_quantized(tmp_path / "q", tmp_path / "hf", emb4_dir=emb4_dir)
     # The reference's unpacker reads the same files to the same model (its own check of the format).
     ids = hf_tiny.prompt(MAKE_TINY_CONFIGS[name]["vocab"], 20, 90)
-    ref_delta = float(np.abs(Reference(str(tmp_path / "q"), emb4_dir=emb4_dir).logits(ids) -
-                             hf_tiny.logits(hf_tiny.load(str(tmp_path / "hf")), ids)).max())
+    ref_delta = float(
+        np.abs(
+            Reference(str(tmp_path / "q"), emb4_dir=emb4_dir).logits(ids)
+            - hf_tiny.logits(hf_tiny.load(str(tmp_path / "hf")), ids)
+        ).max()
+    )
     assert ref_delta <= 2e-4
-    _f32_against_transformers(cli, str(tmp_path / "q"), f"{name} int4 emb4={emb4}", tmp_path, report,
-                              emb4=emb4_dir, hf_path=str(tmp_path / "hf"))
+    _f32_against_transformers(
+        cli,
+        str(tmp_path / "q"),
+        f"{name} int4 emb4={emb4}",
+        tmp_path,
+        report,
+        emb4=emb4_dir,
+        hf_path=str(tmp_path / "hf"),
+    )

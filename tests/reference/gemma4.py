@@ -23,7 +23,10 @@ def _text_config(model_dir):
 
 def _prefix_of(checkpoint):
     for prefix in _PREFIXES:
-        if f"{prefix}embed_tokens.weight" in checkpoint or f"{prefix}embed_tokens.weight_packed" in checkpoint:
+        if (
+            f"{prefix}embed_tokens.weight" in checkpoint
+            or f"{prefix}embed_tokens.weight_packed" in checkpoint
+        ):
             return prefix
     for prefix in _PREFIXES:
         if any(n.startswith(f"{prefix}layers.") for n in checkpoint.names()):
@@ -37,7 +40,10 @@ def _module(checkpoint, name):
     if f"{name}.weight" in checkpoint:
         return checkpoint.float64(f"{name}.weight")
     if f"{name}.weight_packed" in checkpoint:
-        opt = lambda suffix: checkpoint.raw(f"{name}.{suffix}") if f"{name}.{suffix}" in checkpoint else None
+
+        def opt(suffix):
+            return checkpoint.raw(f"{name}.{suffix}") if f"{name}.{suffix}" in checkpoint else None
+
         return dequantize(
             checkpoint.raw(f"{name}.weight_packed"),
             checkpoint.float64(f"{name}.weight_scale"),
@@ -82,7 +88,8 @@ def _rope(x, positions, inv_freq):
 
 class Reference:
     """Gemma 4 text model in float64. `emb4_dir`, when given, supplies embed_tokens,
-    embed_tokens_per_layer and lm_head (plain or pack-quantized) in place of the main checkpoint's."""
+    embed_tokens_per_layer and lm_head (plain or pack-quantized) in place of the main
+    checkpoint's."""
 
     def __init__(self, model_dir, emb4_dir=None):
         c = _text_config(model_dir)
@@ -105,16 +112,22 @@ class Reference:
                 d = int(c["global_head_dim"])
             d = int(per_layer.get(i, {}).get("head_dim", d))
             self.head_dim.append(d)
-            self.kv_heads.append(int(per_layer.get(i, {}).get("num_key_value_heads", c["num_key_value_heads"])))
+            self.kv_heads.append(
+                int(per_layer.get(i, {}).get("num_key_value_heads", c["num_key_value_heads"]))
+            )
         rope = c["rope_parameters"]
-        self.inv_freq = [_inv_freq(rope[kind], self.head_dim[i]) for i, kind in enumerate(self.layer_types)]
+        self.inv_freq = [
+            _inv_freq(rope[kind], self.head_dim[i]) for i, kind in enumerate(self.layer_types)
+        ]
 
         first_shared = n - int(c.get("num_kv_shared_layers") or 0)
         self.kv_source = list(range(n))
         for i in range(first_shared, n):
             same = [j for j in range(first_shared) if self.layer_types[j] == self.layer_types[i]]
             if not same:
-                raise ValueError(f"shared layer {i} has no non-shared {self.layer_types[i]} layer to read")
+                raise ValueError(
+                    f"shared layer {i} has no non-shared {self.layer_types[i]} layer to read"
+                )
             self.kv_source[i] = same[-1]
 
         main = Checkpoint(model_dir)
@@ -141,14 +154,27 @@ class Reference:
             self.ple_projection_norm = _module(main, p + "per_layer_projection_norm")
         self.norm = _module(main, p + "norm")
 
-        names = ["input_layernorm", "self_attn.q_proj", "self_attn.q_norm", "self_attn.o_proj",
-                 "post_attention_layernorm", "pre_feedforward_layernorm", "mlp.gate_proj", "mlp.up_proj",
-                 "mlp.down_proj", "post_feedforward_layernorm"]
+        names = [
+            "input_layernorm",
+            "self_attn.q_proj",
+            "self_attn.q_norm",
+            "self_attn.o_proj",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+            "post_feedforward_layernorm",
+        ]
         if self.ple_dim:
             names += ["per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"]
         self.layers = []
         for i in range(n):
-            own = names + (["self_attn.k_proj", "self_attn.v_proj", "self_attn.k_norm"] if self.kv_source[i] == i else [])
+            own = names + (
+                ["self_attn.k_proj", "self_attn.v_proj", "self_attn.k_norm"]
+                if self.kv_source[i] == i
+                else []
+            )
             layer = {}
             for name in own:
                 w = _module(main, f"{p}layers.{i}.{name}")
@@ -156,7 +182,9 @@ class Reference:
                     raise ValueError(f"{model_dir}: tensor {p}layers.{i}.{name} missing")
                 layer[name] = w
             scalar = f"{p}layers.{i}.layer_scalar"
-            layer["layer_scalar"] = main.float64(scalar).reshape(()) if scalar in main else np.float64(1.0)
+            layer["layer_scalar"] = (
+                main.float64(scalar).reshape(()) if scalar in main else np.float64(1.0)
+            )
             self.layers.append(layer)
 
     def logits(self, ids):
@@ -169,21 +197,31 @@ class Reference:
 
         h = self.embed[ids] * math.sqrt(self.hidden)
         if self.ple_dim:
-            tok = (self.embed_ple[ids] * math.sqrt(self.ple_dim)).reshape(T, self.num_layers, self.ple_dim)
+            tok = (self.embed_ple[ids] * math.sqrt(self.ple_dim)).reshape(
+                T, self.num_layers, self.ple_dim
+            )
             ctx = (h @ self.ple_projection.T) * self.hidden**-0.5
-            ctx = _rms_norm(ctx.reshape(T, self.num_layers, self.ple_dim), self.ple_projection_norm, self.eps)
+            ctx = _rms_norm(
+                ctx.reshape(T, self.num_layers, self.ple_dim), self.ple_projection_norm, self.eps
+            )
             ple = (ctx + tok) * 2.0**-0.5
 
         kv = {}
         for i, w in enumerate(self.layers):
             kind, d = self.layer_types[i], self.head_dim[i]
             a = _rms_norm(h, w["input_layernorm"], self.eps)
-            q = _rms_norm((a @ w["self_attn.q_proj"].T).reshape(T, self.heads, d), w["self_attn.q_norm"], self.eps)
+            q = _rms_norm(
+                (a @ w["self_attn.q_proj"].T).reshape(T, self.heads, d),
+                w["self_attn.q_norm"],
+                self.eps,
+            )
             q = _rope(q, positions, self.inv_freq[i])
             if self.kv_source[i] == i:
                 k = (a @ w["self_attn.k_proj"].T).reshape(T, self.kv_heads[i], d)
                 v = (a @ w["self_attn.v_proj"].T).reshape(T, self.kv_heads[i], d)
-                k = _rope(_rms_norm(k, w["self_attn.k_norm"], self.eps), positions, self.inv_freq[i])
+                k = _rope(
+                    _rms_norm(k, w["self_attn.k_norm"], self.eps), positions, self.inv_freq[i]
+                )
                 v = _rms_norm(v, None, self.eps)
                 kv[i] = (k, v)
             k, v = kv[self.kv_source[i]]
@@ -200,12 +238,16 @@ class Reference:
             h = h + _rms_norm(attn, w["post_attention_layernorm"], self.eps)
 
             f = _rms_norm(h, w["pre_feedforward_layernorm"], self.eps)
-            m = (_gelu_tanh(f @ w["mlp.gate_proj"].T) * (f @ w["mlp.up_proj"].T)) @ w["mlp.down_proj"].T
+            m = (_gelu_tanh(f @ w["mlp.gate_proj"].T) * (f @ w["mlp.up_proj"].T)) @ w[
+                "mlp.down_proj"
+            ].T
             h = h + _rms_norm(m, w["post_feedforward_layernorm"], self.eps)
 
             if self.ple_dim:
                 g = _gelu_tanh(h @ w["per_layer_input_gate"].T) * ple[:, i, :]
-                h = h + _rms_norm(g @ w["per_layer_projection"].T, w["post_per_layer_input_norm"], self.eps)
+                h = h + _rms_norm(
+                    g @ w["per_layer_projection"].T, w["post_per_layer_input_norm"], self.eps
+                )
             h = h * w["layer_scalar"]
 
         logits = _rms_norm(h, self.norm, self.eps) @ self.head.T
@@ -218,4 +260,4 @@ class Reference:
         seq = [int(t) for t in ids]
         for _ in range(n):
             seq.append(int(np.argmax(self.logits(seq)[-1])))
-        return seq[len(ids):]
+        return seq[len(ids) :]

@@ -17,7 +17,9 @@ def unpack_nibbles(packed, count, axis):
     as_bytes = words.view(np.uint8).reshape(words.shape[0], -1)
     nibbles = np.stack((as_bytes & 0xF, as_bytes >> 4), axis=-1).reshape(words.shape[0], -1)
     if nibbles.shape[1] < count:
-        raise ValueError(f"packed width {words.shape[1]} words holds {nibbles.shape[1]} values, need {count}")
+        raise ValueError(
+            f"packed width {words.shape[1]} words holds {nibbles.shape[1]} values, need {count}"
+        )
     nibbles = nibbles[:, :count].astype(np.int64)
     return nibbles if axis == 1 else nibbles.T
 
@@ -26,7 +28,10 @@ def dequantize(packed, scale, shape, zero_point=None, g_idx=None):
     """Float64 weight [out, in] from the pack-quantized tensors (scale already float64)."""
     out_features, in_features = (int(v) for v in np.asarray(shape).reshape(-1))
     if packed.shape[0] != out_features or packed.shape[1] != -(-in_features // 8):
-        raise ValueError(f"weight_packed {list(packed.shape)} does not fit weight_shape {[out_features, in_features]}")
+        raise ValueError(
+            f"weight_packed {list(packed.shape)} does not fit "
+            f"weight_shape {[out_features, in_features]}"
+        )
     n_groups = scale.shape[1]
     if scale.shape[0] != out_features:
         raise ValueError(f"weight_scale {list(scale.shape)} does not fit {out_features} rows")

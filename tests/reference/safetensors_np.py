@@ -30,7 +30,9 @@ class SafetensorsFile:
         with open(path, "rb") as f:
             (header_len,) = struct.unpack("<Q", f.read(8))
             if 8 + header_len > size:
-                raise ValueError(f"{path}: header length {header_len} runs past the end ({size} bytes)")
+                raise ValueError(
+                    f"{path}: header length {header_len} runs past the end ({size} bytes)"
+                )
             header = json.loads(f.read(header_len))
         header.pop("__metadata__", None)
         self._entries = header
@@ -53,7 +55,10 @@ class SafetensorsFile:
         begin, end = entry["data_offsets"]
         count = int(np.prod(entry["shape"], dtype=np.int64))
         if end - begin != count * dt.itemsize:
-            raise ValueError(f"{self.path}: tensor {name}: {end - begin} bytes for {entry['shape']} {entry['dtype']}")
+            raise ValueError(
+                f"{self.path}: tensor {name}: {end - begin} bytes "
+                f"for {entry['shape']} {entry['dtype']}"
+            )
         buf = self._map[self._data_start + begin : self._data_start + end]
         # np.frombuffer on a slice handles unaligned offsets by copying.
         return np.frombuffer(buf.tobytes(), dtype=dt, count=count).reshape(entry["shape"])
@@ -79,7 +84,10 @@ class Checkpoint:
         if os.path.exists(index_path):
             with open(index_path) as f:
                 weight_map = json.load(f)["weight_map"]
-            files = {shard: SafetensorsFile(os.path.join(directory, shard)) for shard in set(weight_map.values())}
+            files = {
+                shard: SafetensorsFile(os.path.join(directory, shard))
+                for shard in set(weight_map.values())
+            }
             self._where = {name: files[shard] for name, shard in weight_map.items()}
             for name, file in self._where.items():
                 if name not in file._entries:
