@@ -175,7 +175,8 @@ std::string next_page(const HttpResponse& r) {
     size_t close = link.find('>', pos);
     if (close == std::string::npos) break;
     size_t next = link.find('<', close);
-    std::string params = link.substr(close + 1, next == std::string::npos ? next : next - close);
+    std::string params =
+        link.substr(close + 1, next == std::string::npos ? std::string::npos : next - close - 1);
     if (params.find("rel=\"next\"") != std::string::npos) {
       return resolve_url(r.url, link.substr(pos + 1, close - pos - 1));
     }
@@ -300,6 +301,16 @@ int64_t content_range_start(const std::string& header) {
   return std::atoll(header.c_str() + sp + 1);
 }
 
+struct FileDescriptor {
+  explicit FileDescriptor(int fd) : fd(fd) {}
+  ~FileDescriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int fd;
+};
+
 struct Download {
   HttpClient& http;
   const Options& opts;
@@ -323,11 +334,11 @@ struct Download {
       have = 0;
     }
     ensure_free_space(part.parent_path(), file.size - have, file.path);
-    int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
-    if (fd < 0) {
+    const FileDescriptor out(::open(part.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666));
+    if (out.fd < 0) {
       throw std::runtime_error("cannot open " + part.string() + ": " + std::strerror(errno));
     }
-    std::unique_ptr<int, void (*)(int*)> closer(&fd, [](int* p) { ::close(*p); });
+    const int fd = out.fd;
     auto digest = std::make_unique<Digest>(kind, file.size);
     if (have > 0) update_from_file(*digest, part.string(), have);
 
@@ -367,8 +378,10 @@ struct Download {
         if (r.status == 416 || r.status == 429 || r.status >= 500) {
           last_error = "HTTP " + std::to_string(r.status) + " from " + r.url;
           if (r.status == 416) {  // the partial file no longer fits what the server holds
-            if (::ftruncate(fd, 0) != 0)
-              throw std::runtime_error("cannot truncate " + part.string());
+            if (::ftruncate(fd, 0) != 0) {
+              throw std::runtime_error("cannot truncate " + part.string() + ": " +
+                                       std::strerror(errno));
+            }
             have = 0;
             digest = std::make_unique<Digest>(kind, file.size);
           }

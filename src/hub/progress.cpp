@@ -50,9 +50,9 @@ void Progress::start(const std::string& name, int64_t total, int64_t done) {
 void Progress::add(int64_t n) {
   done_ += n;
   if (!enabled_) return;
+  const Clock::duration interval = tty_ ? Clock::duration(kBarInterval) : kLineInterval;
   auto now = Clock::now();
-  if (now - last_draw_ >=
-      (tty_ ? kBarInterval : std::chrono::duration_cast<Clock::duration>(kLineInterval))) {
+  if (now - last_draw_ >= interval) {
     last_draw_ = now;
     draw(false);
   }

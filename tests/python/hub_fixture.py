@@ -15,6 +15,7 @@ import hashlib
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -125,9 +126,9 @@ class HubFixture:
         self.faults = Faults()
         self.honour_blobs = True  # False: ignore ?blobs=true, as an older server would
         self.tree_page_size = 1000
-        self.missing_repo_status = (
-            404  # the real Hub answers 401 to unauthenticated callers
-        )
+        # The real Hub answers 401 rather than 404 to unauthenticated callers.
+        self.missing_repo_status = 404
+        self.cdn_delay_s = 0.0  # a slow CDN, so that concurrent clients overlap
         self._lock = threading.Lock()
         self._hub = self._serve("127.0.0.1", "hub")
         self._cdn = self._serve("127.0.0.2", "cdn")
@@ -402,6 +403,7 @@ class HubFixture:
         self._send_content(h, req, f, {**meta, "ETag": f'"{f.blob_id}"'})
 
     def _cdn_get(self, h, req: Request) -> None:
+        time.sleep(self.cdn_delay_s)
         sha = req.path.rsplit("/", 1)[-1]
         for repo in self.repos.values():
             for commit in repo.refs.values():
