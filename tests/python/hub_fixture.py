@@ -82,9 +82,7 @@ class Repo:
                 h.update(path.encode() + b"\0" + hashlib.sha256(files[path]).digest())
             self.refs[name] = Commit(
                 sha=h.hexdigest(),
-                files={
-                    p: File(p, c, p.endswith(LFS_SUFFIXES)) for p, c in files.items()
-                },
+                files={p: File(p, c, p.endswith(LFS_SUFFIXES)) for p, c in files.items()},
             )
 
     def commit(self, revision: str) -> Commit | None:
@@ -108,12 +106,8 @@ class Request:
 
 @dataclass
 class Faults:
-    cut_once: set[str] = field(
-        default_factory=set
-    )  # cut the next body of these files mid-way
-    cut_at: dict[str, int] = field(
-        default_factory=dict
-    )  # cut every body at this byte offset
+    cut_once: set[str] = field(default_factory=set)  # cut the next body of these files mid-way
+    cut_at: dict[str, int] = field(default_factory=dict)  # cut every body at this byte offset
     corrupt_once: set[str] = field(default_factory=set)  # flip a byte of the next body
     corrupt_always: set[str] = field(default_factory=set)
 
@@ -218,9 +212,7 @@ class HubFixture:
             h.wfile.write(body)
 
     def _json(self, h, req: Request, payload, headers: dict | None = None) -> None:
-        self._reply(
-            h, req, 200, json.dumps(payload).encode(), headers, "application/json"
-        )
+        self._reply(h, req, 200, json.dumps(payload).encode(), headers, "application/json")
 
     def _error(
         self,
@@ -281,9 +273,7 @@ class HubFixture:
             self._tree(h, req, commit, "/".join(unquote(s) for s in rest[2:]))
 
     def _model_info(self, repo: Repo, commit: Commit, req: Request) -> dict:
-        blobs = (
-            req.query.get("blobs", ["false"])[0].lower() == "true" and self.honour_blobs
-        )
+        blobs = req.query.get("blobs", ["false"])[0].lower() == "true" and self.honour_blobs
         siblings = []
         for f in commit.files.values():
             s = {"rfilename": f.path}
@@ -418,10 +408,7 @@ class HubFixture:
         content = f.content
         if req.method == "GET":
             with self._lock:
-                corrupt = (
-                    f.path in self.faults.corrupt_always
-                    or f.path in self.faults.corrupt_once
-                )
+                corrupt = f.path in self.faults.corrupt_always or f.path in self.faults.corrupt_once
                 self.faults.corrupt_once.discard(f.path)
                 cut = self.faults.cut_at.get(f.path)
                 if cut is None and f.path in self.faults.cut_once:
@@ -429,9 +416,7 @@ class HubFixture:
                     cut = len(content) // 2
             if corrupt:
                 mid = len(content) // 2
-                content = (
-                    content[:mid] + bytes([content[mid] ^ 0xFF]) + content[mid + 1 :]
-                )
+                content = content[:mid] + bytes([content[mid] ^ 0xFF]) + content[mid + 1 :]
         else:
             cut = None
         start, status, extra = 0, 200, {"Accept-Ranges": "bytes"}
@@ -439,9 +424,7 @@ class HubFixture:
         if rng.startswith("bytes=") and rng.endswith("-"):
             start = int(rng[len("bytes=") : -1])
             if start >= len(content):
-                self._reply(
-                    h, req, 416, b"", {"Content-Range": f"bytes */{len(content)}"}
-                )
+                self._reply(h, req, 416, b"", {"Content-Range": f"bytes */{len(content)}"})
                 return
             status = 206
             extra["Content-Range"] = f"bytes {start}-{len(content) - 1}/{len(content)}"

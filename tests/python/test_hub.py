@@ -68,9 +68,7 @@ def repo_files(config_extra: dict | None = None) -> dict[str, bytes]:
         "config.json": json.dumps(config).encode(),
         "generation_config.json": b'{"eos_token_id": [1, 106]}',
         "chat_template.jinja": b"{% for m in messages %}{{ m['content'] }}{% endfor %}",
-        "tokenizer.json": json.dumps(
-            {"version": "1.0", "model": {"type": "BPE"}}
-        ).encode(),
+        "tokenizer.json": json.dumps({"version": "1.0", "model": {"type": "BPE"}}).encode(),
         "tokenizer_config.json": b'{"bos_token": "<bos>"}',
         "model.safetensors.index.json": json.dumps(index).encode(),
         "model-00001-of-00002.safetensors": shard(1, 2048),  # 512 kB
@@ -84,9 +82,7 @@ def repo_files(config_extra: dict | None = None) -> dict[str, bytes]:
 @pytest.fixture
 def hub():
     fixture = HubFixture()
-    fixture.add(
-        Repo(REPO, {"main": repo_files(), "v1": repo_files({"hidden_size": 32})})
-    )
+    fixture.add(Repo(REPO, {"main": repo_files(), "v1": repo_files({"hidden_size": 32})}))
     fixture.add(Repo("fixture-org/gated", {"main": repo_files()}, gated=True))
     fixture.add(Repo("fixture-org/private", {"main": repo_files()}, private=True))
     yield fixture
@@ -98,9 +94,7 @@ def cache(tmp_path) -> Path:
     return tmp_path / "hub-cache"
 
 
-def hub_env(
-    hub: HubFixture, cache: Path, token: str | None = None, **extra: str
-) -> dict:
+def hub_env(hub: HubFixture, cache: Path, token: str | None = None, **extra: str) -> dict:
     env = {
         k: v
         for k, v in os.environ.items()
@@ -174,16 +168,10 @@ def test_fresh_download_lays_out_the_huggingface_cache(hub, cache):
         assert link.is_symlink()
         assert os.readlink(link) == f"../../blobs/{f.etag}"
         assert link.read_bytes() == f.content
-    assert (
-        commit.files[SHARD].etag == commit.files[SHARD].sha256
-    )  # LFS: named by sha256
-    assert (
-        commit.files["config.json"].etag == commit.files["config.json"].blob_id
-    )  # git sha1
+    assert commit.files[SHARD].etag == commit.files[SHARD].sha256  # LFS: named by sha256
+    assert commit.files["config.json"].etag == commit.files["config.json"].blob_id  # git sha1
     assert not list((storage(cache) / "blobs").glob("*.incomplete"))
-    assert (
-        cache / ".locks" / storage(cache).name / f"{commit.files[SHARD].etag}.lock"
-    ).exists()
+    assert (cache / ".locks" / storage(cache).name / f"{commit.files[SHARD].etag}.lock").exists()
 
 
 def test_second_run_transfers_nothing(hub, cache):
@@ -194,9 +182,7 @@ def test_second_run_transfers_nothing(hub, cache):
     assert all(r.path.startswith("/api/models/") for r in hub.log())
     hub.clear_log()
     commit = hub.repos[REPO].refs["main"].sha
-    assert (
-        download_ok(hub, cache, REPO, commit) == first
-    )  # a commit never moves: no request
+    assert download_ok(hub, cache, REPO, commit) == first  # a commit never moves: no request
     assert hub.log() == []
 
 
@@ -286,9 +272,7 @@ def test_concurrent_downloads_fetch_each_blob_once(hub, cache):
     commit = hub.repos[REPO].refs["main"]
     for f in commit.files.values():
         if f.path in ENGINE_FILES and f.lfs:
-            assert len([r for r in hub.log("cdn") if r.path.endswith(f.sha256)]) == 1, (
-                f.path
-            )
+            assert len([r for r in hub.log("cdn") if r.path.endswith(f.sha256)]) == 1, f.path
     snap = Path(outs[0][0].strip())
     assert all((snap / n).read_bytes() == commit.files[n].content for n in ENGINE_FILES)
 
@@ -307,9 +291,7 @@ def test_damaged_cached_blob_is_verified_and_fetched_again(hub, cache):
     assert len([r for r in hub.log("cdn") if r.path.endswith(f.sha256)]) == 1
 
 
-@pytest.mark.parametrize(
-    "name, digest", [(SHARD, "sha256"), ("config.json", "git blob sha1")]
-)
+@pytest.mark.parametrize("name, digest", [(SHARD, "sha256"), ("config.json", "git blob sha1")])
 def test_persistent_corruption_is_reported_and_nothing_stored(hub, cache, name, digest):
     hub.faults.corrupt_always.add(name)
     r = run_tool(hub, cache)
@@ -317,18 +299,14 @@ def test_persistent_corruption_is_reported_and_nothing_stored(hub, cache, name, 
     assert "FormatError" in r.stderr and name in r.stderr and digest in r.stderr
     f = hub.repos[REPO].refs["main"].files[name]
     assert not (storage(cache) / "blobs" / f.etag).exists()
-    assert not (
-        storage(cache) / "snapshots" / hub.repos[REPO].refs["main"].sha / name
-    ).exists()
+    assert not (storage(cache) / "snapshots" / hub.repos[REPO].refs["main"].sha / name).exists()
 
 
 def test_disk_full_is_named(hub, cache):
     f = hub.repos[REPO].refs["main"].files[SHARD]
     blobs = storage(cache) / "blobs"
     blobs.mkdir(parents=True)
-    (blobs / f"{f.sha256}.incomplete").symlink_to(
-        "/dev/full"
-    )  # every write fails with ENOSPC
+    (blobs / f"{f.sha256}.incomplete").symlink_to("/dev/full")  # every write fails with ENOSPC
     r = run_tool(hub, cache)
     assert r.returncode == 1
     assert "disk full" in r.stderr and SHARD in r.stderr
@@ -348,9 +326,7 @@ def test_redirect_to_another_host_drops_the_token(hub, cache):
 def test_gated_repo_without_token_says_how_to_get_access(hub, cache):
     r = run_tool(hub, cache, "fixture-org/gated")
     assert r.returncode == 1
-    assert (
-        "RuntimeError" in r.stderr and "HF_TOKEN" in r.stderr and "licence" in r.stderr
-    )
+    assert "RuntimeError" in r.stderr and "HF_TOKEN" in r.stderr and "licence" in r.stderr
     assert f"{hub.url}/fixture-org/gated" in r.stderr and "401" in r.stderr
 
 
@@ -412,9 +388,7 @@ def test_offline_with_partial_cache_names_what_is_missing(hub, cache):
 
 def test_unreachable_hub_falls_back_to_the_cache(hub, cache):
     snap = download_ok(hub, cache)
-    r = run_tool(
-        hub, cache, HF_ENDPOINT="http://127.0.0.1:9"
-    )  # nothing listens on port 9
+    r = run_tool(hub, cache, HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens on port 9
     assert r.returncode == 0, r.stderr
     assert Path(r.stdout.strip()) == snap and "cached snapshot" in r.stderr
 
@@ -482,10 +456,7 @@ def test_huggingface_hub_finds_what_we_downloaded(hub, cache):
     snap_py, config, shard_path, complete = json.loads(out)
     assert Path(snap_py) == snap.resolve() or Path(snap_py).resolve() == snap.resolve()
     assert Path(config).parent.resolve() == snap.resolve()
-    assert (
-        Path(shard_path).read_bytes()
-        == hub.repos[REPO].refs["main"].files[SHARD].content
-    )
+    assert Path(shard_path).read_bytes() == hub.repos[REPO].refs["main"].files[SHARD].content
     assert complete is False
     assert hub.log() == []
 
@@ -514,9 +485,7 @@ def test_we_find_what_huggingface_hub_downloaded(hub, cache):
         print(snapshot_download({REPO!r}, allow_patterns={ENGINE_PATTERNS!r}))
     """,
     )
-    assert hub.log("cdn"), (
-        "huggingface_hub should have fetched LFS files from the CDN host"
-    )
+    assert hub.log("cdn"), "huggingface_hub should have fetched LFS files from the CDN host"
     hub.clear_log()
     snap = download_ok(hub, cache, HF_HUB_OFFLINE="1")
     assert snap.resolve() == Path(out).resolve()
