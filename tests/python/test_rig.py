@@ -1,7 +1,8 @@
 """The Cloud TPU rig, checked offline: a stand-in `gcloud` (tests/rig/bin/gcloud) records every
 argument vector and answers with canned resources; the startup script runs for real with its
-Google-Cloud and TPU parts replaced (guest attributes as files, weights from a local copy, device
-cpu). The `slow` test installs the pinned pip spec from PyPI and builds the module on "boot"."""
+Google-Cloud and TPU parts replaced (guest attributes as files, the Hub by tests/python's fake
+Hub on loopback, device cpu). The `slow` test installs the pinned pip spec from PyPI and builds
+the module on "boot"."""
 
 import asyncio
 import base64
@@ -19,6 +20,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from hub_fixture import HubFixture, Repo
 
 REPO = Path(__file__).resolve().parents[2]
 RIG = REPO / "rig" / "rig"
@@ -419,13 +421,6 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
     if not _torch_tpu_has_wheel():
         spec = "torch==2.14.1 huggingface_hub"
         print(f"torch_tpu 0.2.0 has no wheel for CPython {PY_VERSION}: installed {spec} without it")
-    weights = tmp_path / "weights"
-    for hub_id in ("xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text",
-                   "xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text-emb4"):
-        d = weights / hub_id.replace("/", "--")
-        d.mkdir(parents=True)
-        (d / "config.json").write_text("{}")
-        (d / "model.safetensors").write_bytes(b"\x02\x00\x00\x00\x00\x00\x00\x00{}")
     env_file = write_env(tmp_path / "local.env", "\n".join([
         f"PYTHON_VERSION={PY_VERSION}",
         f'TORCH_PIP_SPEC="{spec}"',
@@ -436,9 +431,15 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
     script = tmp_path / "startup-script.sh"
     print(cloud.rig("--env", env_file, "render", "--out", str(script)).stdout)
     root, attrs = tmp_path / "root", tmp_path / "attrs"
+    # The weights stage downloads with huggingface_hub for real, from the fake Hub on loopback.
+    hub = HubFixture()
+    checkpoint = {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": os.urandom(64)}
+    for hub_id in ("xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text",
+                   "xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text-emb4"):
+        hub.add(Repo(hub_id, {"main": checkpoint}))
     env = dict(os.environ, RIG_ROOT=str(root), RIG_GUEST_ATTR_DIR=str(attrs), RIG_DEVICE="cpu",
-               RIG_WEIGHTS_FROM=str(weights),
-               RIG_STAGES="python torch toolchain build weights smoke")
+               RIG_STAGES="python torch toolchain build weights smoke", HF_ENDPOINT=hub.url,
+               HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1")
     try:
         proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
                               timeout=1440)
@@ -463,6 +464,10 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
         assert check[1] == check[2], f"module built against torch {check[2]}, venv has {check[1]}"
         stages = json.loads(cloud.rig("progress", "--json").stdout)
         assert [s["state"] for s in stages] == ["done"] * 6 + ["pending"] * 2
+        for name in ("model", "emb4"):
+            got = root / "weights" / name
+            assert {p: (got / p).read_bytes() for p in checkpoint} == checkpoint
     finally:
+        hub.close()
         shutil.rmtree(root / "venv", ignore_errors=True)
         shutil.rmtree(root / "build", ignore_errors=True)
