@@ -1,0 +1,485 @@
+#include "quant/quantize.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "common/errors.h"
+#include "io/aten_view.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+
+namespace torchtpu {
+namespace {
+
+namespace fs = std::filesystem;
+using ordered_json = nlohmann::ordered_json;
+
+// The compressed-tensors release whose format and arithmetic these checkpoints reproduce.
+constexpr const char* kCompressedTensorsVersion = "0.20.1";
+constexpr int64_t kTableGroup = 32;
+constexpr int64_t kRestShardBytes = int64_t{2} << 30;
+constexpr int64_t kTableRowBlock = 8192;
+constexpr const char* kFilesToCopy[] = {
+    "tokenizer.json",          "tokenizer_config.json", "tokenizer.model",
+    "special_tokens_map.json", "added_tokens.json",     "chat_template.jinja",
+    "chat_template.json",      "generation_config.json"};
+
+double dtype_eps(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return 0.0078125;            // torch.finfo(torch.bfloat16).eps
+    case at::kHalf: return 0.0009765625;             // torch.finfo(torch.float16).eps
+    default: return 1.1920928955078125e-07;          // torch.finfo(torch.float32).eps
+  }
+}
+
+std::pair<double, double> dtype_range(at::ScalarType t) {
+  switch (t) {
+    case at::kBFloat16: return {-3.3895313892515355e+38, 3.3895313892515355e+38};
+    case at::kHalf: return {-65504.0, 65504.0};
+    default: return {-3.4028234663852886e+38, 3.4028234663852886e+38};
+  }
+}
+
+Dtype file_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kInt: return Dtype::kI32;
+    case at::kLong: return Dtype::kI64;
+    case at::kBFloat16: return Dtype::kBF16;
+    case at::kHalf: return Dtype::kF16;
+    case at::kFloat: return Dtype::kF32;
+    default: throw ValueError(std::string("no safetensors dtype for ") + at::toString(t));
+  }
+}
+
+TensorToWrite to_write(const std::string& name, const at::Tensor& t) {
+  const at::Tensor c = t.cpu().contiguous();
+  TensorToWrite w{name, file_dtype(c.scalar_type()), c.sizes().vec(), {}};
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  w.bytes.assign(p, p + c.nbytes());
+  return w;
+}
+
+// int4 values q in [-8, 7] (int8 [rows, cols]) as pack_to_int32 stores them: q + 8 in nibble
+// c % 8 of word c / 8, the last word zero-padded.
+at::Tensor pack_cols(const at::Tensor& q) {
+  const int64_t rows = q.size(0), cols = q.size(1), words = (cols + 7) / 8;
+  at::Tensor u = q.to(at::kLong) + 8;
+  if (words * 8 != cols) u = at::constant_pad_nd(u, {0, words * 8 - cols}, 0);
+  const auto shifts = at::arange(0, 32, 4, u.options());
+  return u.view({rows, words, 8}).bitwise_left_shift(shifts).sum(-1).to(at::kInt);
+}
+
+void append_packed(std::vector<TensorToWrite>* out, const std::string& module,
+                   const PackedInt4& w) {
+  out->push_back(to_write(module + ".weight_packed", w.packed));
+  out->push_back(to_write(module + ".weight_scale", w.scale));
+  out->push_back(to_write(module + ".weight_shape",
+                          at::tensor(std::vector<int64_t>{w.out, w.in}, at::kLong)));
+  if (w.zero_point.defined()) out->push_back(to_write(module + ".weight_zero_point", w.zero_point));
+}
+
+TensorToWrite copy_view(const TensorView& v) {
+  TensorToWrite w{v.name, v.dtype, v.shape, {}};
+  w.bytes.assign(v.data, v.data + v.nbytes);
+  return w;
+}
+
+// Rows [r0, r0 + n) of a 2-D view as a host tensor: aliased when aligned, copied otherwise.
+at::Tensor view_rows(const TensorView& v, int64_t r0, int64_t n) {
+  const auto type = scalar_type(v.dtype);
+  const size_t row_bytes = static_cast<size_t>(v.shape[1]) * dtype_size(v.dtype);
+  const uint8_t* p = v.data + static_cast<size_t>(r0) * row_bytes;
+  if (reinterpret_cast<uintptr_t>(p) % dtype_size(v.dtype) == 0) {
+    return at::from_blob(const_cast<uint8_t*>(p), {n, v.shape[1]}, at::TensorOptions().dtype(type));
+  }
+  auto copy = at::empty({n, v.shape[1]}, at::TensorOptions().dtype(type));
+  std::memcpy(copy.data_ptr(), p, static_cast<size_t>(n) * row_bytes);
+  return copy;
+}
+
+bool is_float(Dtype d) { return d == Dtype::kBF16 || d == Dtype::kF16 || d == Dtype::kF32; }
+
+// A vocabulary table [V, H] as a symmetric group-32 int4 table with F16 scales, quantized in row
+// blocks (quantization is row-wise, so the blocks give the same bits as the whole table) and
+// written straight into the output buffers.
+std::vector<TensorToWrite> quantize_table(const TensorView& v, const std::string& module) {
+  if (v.shape.size() != 2 || !is_float(v.dtype)) {
+    throw FormatError(v.name + " in " + v.file + ": a vocabulary table must be a 2-D float tensor");
+  }
+  const int64_t rows = v.shape[0], cols = v.shape[1];
+  const QuantizeSpec spec{kTableGroup, true, at::kHalf};
+  TensorToWrite packed{module + ".weight_packed", Dtype::kI32, {rows, (cols + 7) / 8}, {}};
+  TensorToWrite scale{module + ".weight_scale", Dtype::kF16, {rows, cols / kTableGroup}, {}};
+  packed.bytes.resize(static_cast<size_t>(rows * ((cols + 7) / 8)) * 4);
+  scale.bytes.resize(static_cast<size_t>(rows * (cols / kTableGroup)) * 2);
+  size_t packed_at = 0, scale_at = 0;
+  for (int64_t r = 0; r < rows; r += kTableRowBlock) {
+    const int64_t n = std::min(kTableRowBlock, rows - r);
+    const PackedInt4 block = quantize_weight(view_rows(v, r, n), spec, module);
+    std::memcpy(packed.bytes.data() + packed_at, block.packed.data_ptr(), block.packed.nbytes());
+    std::memcpy(scale.bytes.data() + scale_at, block.scale.data_ptr(), block.scale.nbytes());
+    packed_at += block.packed.nbytes();
+    scale_at += block.scale.nbytes();
+  }
+  std::vector<TensorToWrite> out;
+  out.push_back(std::move(packed));
+  out.push_back(std::move(scale));
+  out.push_back(to_write(module + ".weight_shape",
+                         at::tensor(std::vector<int64_t>{rows, cols}, at::kLong)));
+  return out;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw NotFoundError("cannot read " + p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_text(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary);
+  out << text;
+  if (!out) throw ValueError("cannot write " + p.string());
+}
+
+void prepare_out_dir(const std::string& dir, const std::string& in_dir, const char* what) {
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    if (!fs::is_directory(dir, ec) || !fs::is_empty(dir, ec)) {
+      throw ValueError(std::string(what) + " " + dir + " exists and is not an empty directory");
+    }
+    if (fs::equivalent(dir, in_dir, ec)) {
+      throw ValueError(std::string(what) + " " + dir + " is the input checkpoint");
+    }
+  }
+  fs::create_directories(dir, ec);
+  if (ec) throw ValueError("cannot create " + std::string(what) + " " + dir + ": " + ec.message());
+}
+
+ordered_json weights_args(int64_t group_size, bool symmetric) {
+  // Keys in the order compressed-tensors writes them (json.dump with sort_keys).
+  ordered_json w;
+  w["dynamic"] = false;
+  w["group_size"] = group_size > 0 ? ordered_json(group_size) : ordered_json(nullptr);
+  w["num_bits"] = 4;
+  w["observer"] = "minmax";
+  w["strategy"] = group_size > 0 ? "group" : "channel";
+  w["symmetric"] = symmetric;
+  w["type"] = "int";
+  return w;
+}
+
+ordered_json config_group(const std::vector<std::string>& targets, int64_t group_size,
+                          bool symmetric) {
+  ordered_json g;
+  g["format"] = "pack-quantized";
+  g["input_activations"] = nullptr;
+  g["output_activations"] = nullptr;
+  g["targets"] = targets;
+  g["weights"] = weights_args(group_size, symmetric);
+  return g;
+}
+
+ordered_json quantization_config(const ordered_json& groups, const std::vector<std::string>& ignore) {
+  ordered_json q;
+  q["config_groups"] = groups;
+  q["format"] = "pack-quantized";
+  q["global_compression_ratio"] = nullptr;
+  q["ignore"] = ignore;
+  q["kv_cache_scheme"] = nullptr;
+  q["moe_sparsity_config"] = nullptr;
+  q["quant_method"] = "compressed-tensors";
+  q["quantization_status"] = "compressed";
+  q["sparsity_config"] = ordered_json::object();
+  q["transform_config"] = ordered_json::object();
+  q["version"] = kCompressedTensorsVersion;
+  return q;
+}
+
+// The ignore entry for a dense weight outside the text model: its tower, "model.vision_tower.x.weight"
+// -> "re:model\.vision_tower\..*", or the module itself when the name is too short for a tower.
+std::string ignore_entry(const std::string& name, const std::string& module) {
+  size_t dot = name.find('.');
+  if (dot != std::string::npos) dot = name.find('.', dot + 1);
+  if (dot == std::string::npos || dot >= module.size()) return module;
+  const std::string head = name.substr(0, dot);
+  std::string escaped;
+  for (char c : head) {
+    if (c == '.') escaped += '\\';
+    escaped += c;
+  }
+  return "re:" + escaped + "\\..*";
+}
+
+enum class Kind { kQuantize, kDense, kTable };
+struct Item {
+  std::string name;
+  std::string module;
+  Kind kind;
+};
+struct Shard {
+  std::string file;
+  std::vector<Item> items;
+};
+
+struct Output {
+  std::string dir;
+  ordered_json weight_map = ordered_json::object();
+  int64_t bytes = 0;
+
+  void write(const std::string& file, const std::vector<TensorToWrite>& tensors) {
+    write_safetensors((fs::path(dir) / file).string(), tensors);
+    for (const auto& t : tensors) {
+      weight_map[t.name] = file;
+      bytes += static_cast<int64_t>(t.bytes.size());
+    }
+  }
+  void finish(const ordered_json& config, const Checkpoint& in) {
+    ordered_json index;
+    index["metadata"] = {{"total_size", bytes}};
+    index["weight_map"] = weight_map;
+    write_text(fs::path(dir) / "model.safetensors.index.json", index.dump(2) + "\n");
+    write_text(fs::path(dir) / "config.json", config.dump(2) + "\n");
+    for (const char* f : kFilesToCopy) {
+      const std::string src = in.file_if_exists(f);
+      if (!src.empty()) fs::copy_file(src, fs::path(dir) / f, fs::copy_options::overwrite_existing);
+    }
+  }
+};
+
+}  // namespace
+
+PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
+                           const std::string& module) {
+  if (weight.dim() != 2 || !at::isFloatingType(weight.scalar_type())) {
+    throw ValueError(module + ": only 2-D float weights can be quantized, got " +
+                     std::string(at::toString(weight.scalar_type())) + " of " +
+                     std::to_string(weight.dim()) + " dims");
+  }
+  const int64_t out = weight.size(0), in = weight.size(1);
+  const int64_t group = spec.group_size == -1 ? in : spec.group_size;
+  if (group <= 0 || in % group != 0) {
+    throw ValueError(module + ": " + std::to_string(in) + " input columns are not a multiple of "
+                     "the group size " + std::to_string(spec.group_size) +
+                     " (compressed-tensors requires whole groups)");
+  }
+  // Same ATen ops in the same dtypes as compressed-tensors, so every rounding step agrees.
+  const at::ScalarType wt = weight.scalar_type();
+  const at::ScalarType ct = spec.scale_dtype && *spec.scale_dtype != wt ? at::kFloat : wt;
+  const at::Tensor x = weight.cpu().to(ct).contiguous().view({out, in / group, group});
+  at::Tensor lo = x.amin(-1), hi = x.amax(-1);
+  lo = at::minimum(lo, at::zeros_like(lo));
+  hi = at::maximum(hi, at::zeros_like(hi));
+  const at::Tensor q_min = at::scalar_tensor(-8.0, at::kFloat);
+  const at::Tensor q_max = at::scalar_tensor(7.0, at::kFloat);
+  const at::Tensor bit_range = q_max - q_min;
+  at::Tensor scale, zero;
+  if (spec.symmetric) {
+    scale = at::maximum(lo.abs(), hi.abs()) / (bit_range.to(ct) / 2);
+  } else {
+    scale = (hi - lo) / bit_range.to(ct);
+    zero = at::clamp(q_min - lo / scale, q_min, q_max);
+  }
+  if (spec.scale_dtype) {
+    const auto [smin, smax] = dtype_range(*spec.scale_dtype);
+    scale = at::clamp(scale, smin, smax).to(*spec.scale_dtype).to(ct);
+  }
+  const double eps = dtype_eps(spec.scale_dtype.value_or(ct));
+  scale = at::where(scale == 0, at::scalar_tensor(eps, scale.options()), scale);
+  if (!spec.symmetric) zero = at::round(at::clamp(zero, -128, 127)).to(at::kChar);
+
+  at::Tensor scaled = x / scale.unsqueeze(-1);
+  if (zero.defined()) scaled += zero.unsqueeze(-1).to(ct);
+  const at::Tensor q =
+      at::round(at::clamp(scaled, q_min, q_max)).to(ct).to(at::kChar).view({out, in});
+
+  PackedInt4 w;
+  w.module = module;
+  w.out = out;
+  w.in = in;
+  w.group_size = group;
+  w.packed = pack_cols(q);
+  w.scale = scale.to(spec.scale_dtype.value_or(wt)).contiguous();
+  if (zero.defined()) w.zero_point = pack_cols(zero.t().contiguous()).t().contiguous();
+  return w;
+}
+
+QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string& out_dir,
+                                    const QuantizeCheckpointOptions& options) {
+  if (options.group_size != -1 && options.group_size <= 0) {
+    throw ValueError("--group must be positive or -1 (one scale per output row), got " +
+                     std::to_string(options.group_size));
+  }
+  const Checkpoint ckpt(in_dir);
+  const fs::path config_path = fs::path(in_dir) / "config.json";
+  if (!fs::is_regular_file(config_path)) {
+    throw NotFoundError("checkpoint " + in_dir + " has no config.json");
+  }
+  ordered_json config;
+  try {
+    config = ordered_json::parse(read_text(config_path));
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(config_path.string() + ": invalid JSON: " + e.what());
+  }
+  const bool has_text_config = config.contains("text_config") && config["text_config"].is_object();
+  if (config.contains("quantization_config") ||
+      (has_text_config && config["text_config"].contains("quantization_config"))) {
+    throw ValueError("checkpoint " + in_dir + " is already quantized (config.json has a "
+                     "quantization_config); quantize reads dense bf16/f16/f32 checkpoints");
+  }
+  const bool emb4 = !options.emb4_dir.empty();
+  prepare_out_dir(out_dir, in_dir, "OUT");
+  if (emb4) prepare_out_dir(options.emb4_dir, in_dir, "--emb4 directory");
+
+  const std::string& prefix = ckpt.prefix();
+  const std::string embed = prefix + "embed_tokens", embed_ple = prefix + "embed_tokens_per_layer";
+  const bool tied = ckpt.find("lm_head.weight") == nullptr;
+
+  std::map<int64_t, Shard> layer_shards;
+  std::vector<Item> rest;
+  std::vector<std::string> ignore{"lm_head"};
+  for (const std::string& name : ckpt.names()) {
+    const TensorView& v = ckpt.get(name);
+    const bool weight = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+    const std::string module = weight ? name.substr(0, name.size() - 7) : name;
+    if (name.size() > 14 && name.compare(name.size() - 14, 14, ".weight_packed") == 0) {
+      throw ValueError("checkpoint " + in_dir + " already holds pack-quantized tensors (" + name +
+                       "); quantize reads dense checkpoints");
+    }
+    const bool text = name.rfind(prefix, 0) == 0;
+    const bool table = weight && (module == embed || module == embed_ple || module == "lm_head");
+    Kind kind = Kind::kDense;
+    if (table) {
+      kind = Kind::kTable;
+    } else if (weight && text && v.shape.size() == 2) {
+      if (!is_float(v.dtype)) {
+        throw FormatError(name + " in " + v.file + ": dtype " + dtype_name(v.dtype) +
+                          " cannot be quantized; expected BF16, F16 or F32");
+      }
+      kind = Kind::kQuantize;
+    } else if (weight && !text && v.shape.size() == 2) {
+      const std::string pattern = ignore_entry(name, module);
+      if (std::find(ignore.begin(), ignore.end(), pattern) == ignore.end()) {
+        ignore.push_back(pattern);
+      }
+    }
+    Item item{name, module, kind};
+    const std::string layers = prefix + "layers.";
+    if (text && name.rfind(layers, 0) == 0) {
+      const size_t end = name.find('.', layers.size());
+      const std::string digits = name.substr(layers.size(), end - layers.size());
+      if (!digits.empty() && std::all_of(digits.begin(), digits.end(), ::isdigit)) {
+        layer_shards[std::stoll(digits)].items.push_back(std::move(item));
+        continue;
+      }
+    }
+    rest.push_back(std::move(item));
+  }
+
+  std::vector<Shard> shards;
+  for (auto& [layer, shard] : layer_shards) {
+    char file[64];
+    std::snprintf(file, sizeof(file), "model-layer-%03lld.safetensors",
+                  static_cast<long long>(layer));
+    shard.file = file;
+    shards.push_back(std::move(shard));
+  }
+  int64_t rest_bytes = 0;
+  for (Item& item : rest) {
+    const int64_t n = static_cast<int64_t>(ckpt.get(item.name).nbytes);
+    if (shards.empty() || shards.back().file.rfind("model-rest-", 0) != 0 ||
+        (rest_bytes > 0 && rest_bytes + n > kRestShardBytes)) {
+      char file[64];
+      int64_t index = 0;
+      for (const Shard& s : shards) index += s.file.rfind("model-rest-", 0) == 0;
+      std::snprintf(file, sizeof(file), "model-rest-%03lld.safetensors",
+                    static_cast<long long>(index));
+      shards.push_back(Shard{file, {}});
+      rest_bytes = 0;
+    }
+    rest_bytes += n;
+    shards.back().items.push_back(std::move(item));
+  }
+
+  const QuantizeSpec spec{options.group_size, options.symmetric, std::nullopt};
+  QuantizeSummary summary;
+  Output main_out{out_dir}, emb4_out{options.emb4_dir};
+  for (const Shard& shard : shards) {
+    std::vector<TensorToWrite> tensors;
+    std::vector<std::string> table_names;
+    for (const Item& item : shard.items) {
+      const TensorView& v = ckpt.get(item.name);
+      if (item.kind == Kind::kQuantize) {
+        append_packed(&tensors, item.module, quantize_weight(host_tensor(v), spec, item.module));
+        ++summary.quantized;
+      } else {
+        tensors.push_back(copy_view(v));
+        ++summary.dense;
+        if (item.kind == Kind::kTable) table_names.push_back(item.name);
+      }
+    }
+    main_out.write(shard.file, tensors);
+    if (!emb4) continue;
+
+    std::vector<TensorToWrite> twin;
+    for (TensorToWrite& t : tensors) {
+      if (std::find(table_names.begin(), table_names.end(), t.name) == table_names.end()) {
+        twin.push_back(std::move(t));
+      }
+    }
+    tensors.clear();
+    tensors.shrink_to_fit();
+    for (const Item& item : shard.items) {
+      if (item.kind != Kind::kTable) continue;
+      for (TensorToWrite& t : quantize_table(ckpt.get(item.name), item.module)) {
+        if (tied && item.module == embed) {
+          TensorToWrite head = t;
+          head.name = "lm_head" + t.name.substr(embed.size());
+          twin.push_back(std::move(head));
+        }
+        twin.push_back(std::move(t));
+      }
+      summary.emb4_tables += (tied && item.module == embed) ? 2 : 1;
+    }
+    emb4_out.write(shard.file, twin);
+  }
+  summary.out_bytes = main_out.bytes;
+  summary.emb4_bytes = emb4_out.bytes;
+
+  // quantization_config at the top level, where transformers and vLLM look for it.
+  ordered_json groups;
+  groups["group_0"] = config_group({"Linear"}, options.group_size, options.symmetric);
+  ordered_json out_config = config;
+  out_config["quantization_config"] = quantization_config(groups, ignore);
+  main_out.finish(out_config, ckpt);
+  if (emb4) {
+    // Table groups come first: compressed-tensors' model-free dequantizer applies the groups in
+    // file order and treats a "Linear" target as matching every tensor.
+    ordered_json twin_groups;
+    twin_groups["group_embed_tokens_per_layer"] =
+        config_group({"re:.*\\.embed_tokens_per_layer$"}, kTableGroup, true);
+    twin_groups["group_embed_tokens"] = config_group({"re:.*\\.embed_tokens$"}, kTableGroup, true);
+    twin_groups["group_lm_head"] = config_group({"re:^lm_head$"}, kTableGroup, true);
+    twin_groups["group_0"] = groups["group_0"];
+    std::vector<std::string> twin_ignore;
+    for (const std::string& s : ignore) {
+      if (s != "lm_head") twin_ignore.push_back(s);
+    }
+    ordered_json twin_config = config;
+    twin_config["tie_word_embeddings"] = false;
+    if (has_text_config) twin_config["text_config"]["tie_word_embeddings"] = false;
+    twin_config["quantization_config"] = quantization_config(twin_groups, twin_ignore);
+    emb4_out.finish(twin_config, ckpt);
+  }
+  return summary;
+}
+
+}  // namespace torchtpu
