@@ -285,6 +285,19 @@ def test_startup_script_reports_done_then_failed_and_stops(tmp_path, cloud):
     assert "boot failed at torch" in cloud.rig("progress").stdout
 
 
+def test_unit_stage_without_tests_is_reported_skipped_not_done(tmp_path, cloud):
+    script = tmp_path / "startup-script.sh"
+    cloud.rig("render", "--out", str(script))
+    attrs = tmp_path / "attrs"
+    env = dict(os.environ, RIG_ROOT=str(tmp_path / "root"), RIG_GUEST_ATTR_DIR=str(attrs),
+               RIG_STAGES="unit")
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, check=True, timeout=60)
+    cloud.state["guest_attr_dir"] = str(attrs)
+    text = cloud.rig("progress").stdout
+    assert re.search(r"^unit\s+skipped\s+0:0\d$", text, re.M)
+    assert "    | UNIT_PYTEST_ARGS is empty in tpu.env: no tests were run" in text
+
+
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         body = b'{"status":"ok"}' if self.path == "/health" else b"{}"
