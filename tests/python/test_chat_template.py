@@ -17,7 +17,9 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-DATA = Path(os.environ.get("GEMMA4_DATA", Path(__file__).parents[3] / "shared/data/gemma4"))
+DATA = Path(
+    os.environ.get("GEMMA4_DATA", Path(__file__).parents[3] / "shared/data/gemma4")
+)
 RENDER = os.environ.get("CHAT_TEMPLATE_RENDER")
 MAIN = DATA / "chat_template.jinja"
 VARIANTS = sorted(p for p in DATA.glob("chat_template.*.jinja"))
@@ -61,7 +63,10 @@ def render_native(requests):
     )
     out = [json.loads(line) for line in proc.stdout.decode().split("\n") if line]
     assert len(out) == len(requests), proc.stderr.decode()
-    return [("rendered", o["rendered"]) if "rendered" in o else ("error", o["error"]) for o in out]
+    return [
+        ("rendered", o["rendered"]) if "rendered" in o else ("error", o["error"])
+        for o in out
+    ]
 
 
 def request(template_path, case):
@@ -82,7 +87,9 @@ def assert_same(case_name, ours, theirs):
     elif theirs[0] == "raised":
         assert ours == ("error", theirs[1]), f"{case_name}: raise_exception differs"
     else:
-        assert ours[0] == "error", f"{case_name}: transformers failed ({theirs[1]}), we rendered"
+        assert ours[0] == "error", (
+            f"{case_name}: transformers failed ({theirs[1]}), we rendered"
+        )
 
 
 def cross_check(template_path, cases):
@@ -130,7 +137,11 @@ WEATHER = {
                     "required": ["city"],
                 },
                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                "days": {"type": "integer", "description": "Forecast days", "nullable": True},
+                "days": {
+                    "type": "integer",
+                    "description": "Forecast days",
+                    "nullable": True,
+                },
                 "fields": {
                     "type": "array",
                     "items": {
@@ -158,7 +169,10 @@ SEARCH = {
                 "query": {"type": "string", "description": "Query text"},
                 "limit": {"type": "integer"},
                 "safe": {"type": "boolean"},
-                "tags": {"type": "array", "items": {"type": "string", "enum": ["news", "blog"]}},
+                "tags": {
+                    "type": "array",
+                    "items": {"type": "string", "enum": ["news", "blog"]},
+                },
             },
             "required": ["query"],
         },
@@ -177,25 +191,46 @@ WEATHER_ARGS = {
     "days": None,
     "fields": [{"name": "temp", "precision": 1}, {"name": "wind"}],
 }
-SEARCH_ARGS = {"query": 'naïve "quotes" <|"|> & 日本', "limit": 10, "safe": False, "ratio": 1e-05}
+SEARCH_ARGS = {
+    "query": 'naïve "quotes" <|"|> & 日本',
+    "limit": 10,
+    "safe": False,
+    "ratio": 1e-05,
+}
 
 
 def call(id_, name, args):
-    return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+    return {
+        "id": id_,
+        "type": "function",
+        "function": {"name": name, "arguments": args},
+    }
+
+
+def u(text):
+    return {"role": "user", "content": text}
+
+
+def a(text):
+    return {"role": "assistant", "content": text}
 
 
 def conversations():
-    u = lambda text: {"role": "user", "content": text}  # noqa: E731
-    a = lambda text: {"role": "assistant", "content": text}  # noqa: E731
     thought = "<|channel>thought\nLet me think about this.<channel|>"
     convs = {
         "user_only": [u("Hello")],
         "system": [{"role": "system", "content": "Be brief."}, u("Hi")],
-        "developer": [{"role": "developer", "content": "  Answer in French.  "}, u("Hi")],
+        "developer": [
+            {"role": "developer", "content": "  Answer in French.  "},
+            u("Hi"),
+        ],
         "system_parts": [
             {
                 "role": "system",
-                "content": [{"type": "text", "text": "Part one."}, {"type": "text", "text": "Two"}],
+                "content": [
+                    {"type": "text", "text": "Part one."},
+                    {"type": "text", "text": "Two"},
+                ],
             },
             u("Go"),
         ],
@@ -209,23 +244,46 @@ def conversations():
                 ],
             }
         ],
-        "many_turns": [m for i in range(6) for m in (u(f"Question {i}?"), a(f"Answer {i}."))]
+        "many_turns": [
+            m for i in range(6) for m in (u(f"Question {i}?"), a(f"Answer {i}."))
+        ]
         + [u("Last one")],
-        "thinking_stripped": [u("Hi"), a(thought + "Hello!"), u("And now?"), a(thought + "Ok.")],
-        "thinking_midcontent": [u("Q"), a("Pre <|channel>thought\nx<channel|> post"), u("Q2")],
+        "thinking_stripped": [
+            u("Hi"),
+            a(thought + "Hello!"),
+            u("And now?"),
+            a(thought + "Ok."),
+        ],
+        "thinking_midcontent": [
+            u("Q"),
+            a("Pre <|channel>thought\nx<channel|> post"),
+            u("Q2"),
+        ],
         "reasoning_field": [
             u("Q1"),
             {"role": "assistant", "content": "A1", "reasoning_content": "hidden old"},
             u("Q2"),
             {"role": "assistant", "content": "A2", "reasoning_content": "visible new"},
         ],
-        "thinking_key": [u("Q"), {"role": "assistant", "content": "A", "thinking": "T"}],
+        "thinking_key": [
+            u("Q"),
+            {"role": "assistant", "content": "A", "thinking": "T"},
+        ],
         "unicode": [u("日本語で答えて 🙂👩‍👩‍👧 «ça»\ttab"), a("はい。\n\n  ")],
         "whitespace": [u("\n\n  spaced  \n"), a("  padded  ")],
         "tool_round": [
             u("Weather in Paris?"),
-            {"role": "assistant", "content": None, "tool_calls": [call("c1", "get_weather", WEATHER_ARGS)]},
-            {"role": "tool", "tool_call_id": "c1", "name": "get_weather", "content": '{"temp": 21.5}'},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [call("c1", "get_weather", WEATHER_ARGS)],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "c1",
+                "name": "get_weather",
+                "content": '{"temp": 21.5}',
+            },
             a("It is 21.5 °C."),
         ],
         "tool_two_calls": [
@@ -235,11 +293,24 @@ def conversations():
                 "content": "",
                 "tool_calls": [
                     call("a", "search", SEARCH_ARGS),
-                    call("b", "get_weather", {"location": {"city": "Tokyo"}, "unit": "celsius"}),
+                    call(
+                        "b",
+                        "get_weather",
+                        {"location": {"city": "Tokyo"}, "unit": "celsius"},
+                    ),
                 ],
             },
-            {"role": "tool", "tool_call_id": "a", "content": [{"type": "text", "text": "3 hits"}]},
-            {"role": "tool", "tool_call_id": "b", "name": "get_weather", "content": "Sunny"},
+            {
+                "role": "tool",
+                "tool_call_id": "a",
+                "content": [{"type": "text", "text": "3 hits"}],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "b",
+                "name": "get_weather",
+                "content": "Sunny",
+            },
         ],
         "tool_then_user": [
             u("Time?"),
@@ -248,7 +319,10 @@ def conversations():
             a("Noon."),
             u("Thanks"),
         ],
-        "tool_pending": [u("Time?"), {"role": "assistant", "tool_calls": [call("t", "now", {})]}],
+        "tool_pending": [
+            u("Time?"),
+            {"role": "assistant", "tool_calls": [call("t", "now", {})]},
+        ],
         "tool_args_none": [
             u("Time?"),
             {"role": "assistant", "tool_calls": [call("t", "now", None)]},
@@ -263,7 +337,11 @@ def conversations():
             {
                 "role": "assistant",
                 "tool_calls": [
-                    call("n", "search", {"a": 3.0, "b": -2, "c": 1e20, "d": 0.1, "e": [1, 2.5, True]})
+                    call(
+                        "n",
+                        "search",
+                        {"a": 3.0, "b": -2, "c": 1e20, "d": 0.1, "e": [1, 2.5, True]},
+                    )
                 ],
             },
             {"role": "tool", "tool_call_id": "n", "content": "ok"},
@@ -273,7 +351,13 @@ def conversations():
             {
                 "role": "assistant",
                 "reasoning_content": "Need the tool.",
-                "tool_calls": [call("w", "get_weather", {"location": {"city": "Oslo"}, "unit": "celsius"})],
+                "tool_calls": [
+                    call(
+                        "w",
+                        "get_weather",
+                        {"location": {"city": "Oslo"}, "unit": "celsius"},
+                    )
+                ],
             },
             {"role": "tool", "tool_call_id": "w", "content": "Cold"},
         ],
@@ -282,7 +366,9 @@ def conversations():
             {
                 "role": "assistant",
                 "tool_calls": [call("w", "get_weather", {"unit": "celsius"})],
-                "tool_responses": [{"name": "get_weather", "response": {"temp": -3, "sky": "clear"}}],
+                "tool_responses": [
+                    {"name": "get_weather", "response": {"temp": -3, "sky": "clear"}}
+                ],
             },
         ],
         "ends_with_assistant": [u("Hi"), a("Hello")],
@@ -294,7 +380,7 @@ def conversations():
 def generated_cases():
     cases = []
     for name, messages in conversations().items():
-        with_tools = name.startswith("tool") or name.startswith("legacy")
+        with_tools = name.startswith(("tool", "legacy"))
         for agp in (True, False):
             for thinking in (None, True, False):
                 kwargs = {} if thinking is None else {"enable_thinking": thinking}
@@ -310,13 +396,22 @@ def generated_cases():
     # Tools declared on conversations that use none, and preserve_thinking.
     for name in ("user_only", "system", "many_turns"):
         cases.append(
-            {"name": f"{name}/tools", "messages": conversations()[name], "tools": TOOLS,
-             "add_generation_prompt": True, "kwargs": {}}
+            {
+                "name": f"{name}/tools",
+                "messages": conversations()[name],
+                "tools": TOOLS,
+                "add_generation_prompt": True,
+                "kwargs": {},
+            }
         )
     cases.append(
-        {"name": "tool_with_reasoning/preserve", "messages": conversations()["tool_with_reasoning"],
-         "tools": TOOLS, "add_generation_prompt": True,
-         "kwargs": {"preserve_thinking": True, "enable_thinking": True}}
+        {
+            "name": "tool_with_reasoning/preserve",
+            "messages": conversations()["tool_with_reasoning"],
+            "tools": TOOLS,
+            "add_generation_prompt": True,
+            "kwargs": {"preserve_thinking": True, "enable_thinking": True},
+        }
     )
     return cases
 
@@ -326,11 +421,15 @@ def generated_cases():
 
 
 def test_stored_examples_match_transformers_and_their_recorded_rendering():
-    cases = stored_cases(json.loads((DATA / "rendered_examples.json").read_text(encoding="utf-8")))
+    cases = stored_cases(
+        json.loads((DATA / "rendered_examples.json").read_text(encoding="utf-8"))
+    )
     theirs = cross_check(MAIN, cases)
     for case, t in zip(cases, theirs):
         if case["rendered"] is None:
-            assert t == ("raised", case["error"].removeprefix("TemplateError: ")), case["name"]
+            assert t == ("raised", case["error"].removeprefix("TemplateError: ")), case[
+                "name"
+            ]
         else:
             assert t == ("rendered", case["rendered"]), case["name"]
 
@@ -344,10 +443,14 @@ def test_generated_conversations_match_transformers():
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda p: p.name)
 def test_template_variants_match_transformers(variant):
-    stored = json.loads((DATA / "rendered_examples.variants.json").read_text(encoding="utf-8"))
+    stored = json.loads(
+        (DATA / "rendered_examples.variants.json").read_text(encoding="utf-8")
+    )
     cases = stored_cases(stored.get(variant.name, []))
     subset = [c for c in generated_cases() if c["name"].endswith("agp=True/think=True")]
-    subset += [c for c in generated_cases() if c["name"].startswith("tool_round/agp=False")]
+    subset += [
+        c for c in generated_cases() if c["name"].startswith("tool_round/agp=False")
+    ]
     theirs = cross_check(variant, cases + subset)
     for case, t in zip(cases, theirs):
         if case["rendered"] is not None:
@@ -419,7 +522,7 @@ PROBES = {
 PROBE_X = {
     "n": -3,
     "f": 2.5e-07,
-    "s": "é \"q\" \n\t\u0001 \u2028 日本 😀 </s>",
+    "s": 'é "q" \n\t\u0001 \u2028 日本 😀 </s>',
     "l": [1, 2.0, None, True, "x", [], {}],
     "u": {"nested": {"a": [{"z": 1, "a": 2}]}},
     "big": 12345678901234567890,
@@ -460,15 +563,23 @@ def save_checkpoint(tokenizer, directory, as_config_key):
         config_path.write_text(json.dumps(config), encoding="utf-8")
 
 
-@pytest.mark.parametrize("as_config_key", [False, True], ids=["jinja_file", "config_key"])
+@pytest.mark.parametrize(
+    "as_config_key", [False, True], ids=["jinja_file", "config_key"]
+)
 def test_from_dir_matches_transformers_loading_the_same_directory(as_config_key):
     template = MAIN.read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory() as directory:
-        save_checkpoint(make_tokenizer(template, bos="<s>", eos="</s>"), directory, as_config_key)
+        save_checkpoint(
+            make_tokenizer(template, bos="<s>", eos="</s>"), directory, as_config_key
+        )
         loaded = AutoTokenizer.from_pretrained(directory)
-        cases = [c for c in generated_cases() if c["name"].endswith("agp=True/think=None")]
+        cases = [
+            c for c in generated_cases() if c["name"].endswith("agp=True/think=None")
+        ]
         theirs = [reference(loaded, c) for c in cases]
-        ours = render_native([{**request(MAIN, c), "model_dir": directory} for c in cases])
+        ours = render_native(
+            [{**request(MAIN, c), "model_dir": directory} for c in cases]
+        )
         for case, o, t in zip(cases, ours, theirs):
             assert_same(case["name"], o, t)
         assert any(t[1].startswith("<s>") for t in theirs)
