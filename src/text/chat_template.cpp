@@ -145,9 +145,10 @@ ChatTemplate ChatTemplate::from_dir(const std::string& dir) {
                         "tokenizer_config.json");
   }
   take_special_tokens(config, config_path, t.special_tokens_);
-  // Legacy checkpoints keep the special tokens in special_tokens_map.json, which wins.
+  // Legacy checkpoints keep the special tokens in special_tokens_map.json; transformers reads it,
+  // over the config's values, only when the config has no added_tokens_decoder.
   const fs::path map_path = root / "special_tokens_map.json";
-  if (fs::is_regular_file(map_path)) {
+  if (!config.contains("added_tokens_decoder") && fs::is_regular_file(map_path)) {
     const ojson map = read_json(map_path);
     if (map.is_object()) take_special_tokens(map, map_path, t.special_tokens_);
   }

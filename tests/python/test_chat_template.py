@@ -548,38 +548,51 @@ def test_jinja_semantics_probe_matches_transformers(name, tmp_path):
     cross_check(path, [case])
 
 
-def save_checkpoint(tokenizer, directory, as_config_key):
+def save_checkpoint(tokenizer, directory, layout):
     tokenizer.save_pretrained(directory)
-    if as_config_key:
+    root = Path(directory)
+    if layout == "config_key":
         # The older layout: the template list inside tokenizer_config.json, no .jinja file.
-        template = (Path(directory) / "chat_template.jinja").read_text(encoding="utf-8")
-        (Path(directory) / "chat_template.jinja").unlink()
-        config_path = Path(directory) / "tokenizer_config.json"
-        config = json.loads(config_path.read_text(encoding="utf-8"))
+        template = (root / "chat_template.jinja").read_text(encoding="utf-8")
+        (root / "chat_template.jinja").unlink()
+        config = json.loads(
+            (root / "tokenizer_config.json").read_text(encoding="utf-8")
+        )
         config["chat_template"] = [
             {"name": "default", "template": template},
             {"name": "tool_use", "template": "TOOLS:{{ tools | length }}" + template},
         ]
-        config_path.write_text(json.dumps(config), encoding="utf-8")
+        (root / "tokenizer_config.json").write_text(
+            json.dumps(config), encoding="utf-8"
+        )
+    elif layout == "special_tokens_map":
+        # Legacy special_tokens_map.json, whose tokens win over the config's.
+        tokens = {"bos_token": {"content": "<m>", "lstrip": False}, "eos_token": "</m>"}
+        (root / "special_tokens_map.json").write_text(
+            json.dumps(tokens), encoding="utf-8"
+        )
 
 
-@pytest.mark.parametrize(
-    "as_config_key", [False, True], ids=["jinja_file", "config_key"]
-)
-def test_from_dir_matches_transformers_loading_the_same_directory(as_config_key):
+@pytest.mark.parametrize("layout", ["jinja_file", "config_key", "special_tokens_map"])
+def test_from_dir_matches_transformers_loading_the_same_directory(layout):
     template = MAIN.read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory() as directory:
-        save_checkpoint(
-            make_tokenizer(template, bos="<s>", eos="</s>"), directory, as_config_key
-        )
+        tokenizer = make_tokenizer(template, bos="<s>", eos="</s>")
+        save_checkpoint(tokenizer, directory, layout)
         loaded = AutoTokenizer.from_pretrained(directory)
         cases = [
             c for c in generated_cases() if c["name"].endswith("agp=True/think=None")
         ]
         theirs = [reference(loaded, c) for c in cases]
-        ours = render_native(
-            [{**request(MAIN, c), "model_dir": directory} for c in cases]
-        )
+        requests = [{**request(MAIN, c), "model_dir": directory} for c in cases]
+        ours = render_native(requests)
         for case, o, t in zip(cases, ours, theirs):
             assert_same(case["name"], o, t)
-        assert any(t[1].startswith("<s>") for t in theirs)
+        bos = "<m>" if layout == "special_tokens_map" else "<s>"
+        assert all(
+            t[1].removeprefix("TOOLS:3").startswith(bos)
+            for t in theirs
+            if t[0] == "rendered"
+        )
+        if layout == "config_key":
+            assert any(t[1].startswith("TOOLS:3") for t in theirs)
