@@ -141,10 +141,7 @@ fn build_environment(raised: Arc<Mutex<Option<String>>>) -> Environment<'static>
     env.set_undefined_behavior(UndefinedBehavior::Lenient);
     env.set_auto_escape_callback(|_| AutoEscape::None);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.set_formatter(|out, _state, value| {
-        pyrepr::write_str(out, value)
-            .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()))
-    });
+    env.set_formatter(|out, _state, value| pyrepr::write_str(out, value));
     env.add_filter("tojson", pyjson::tojson_filter);
     env.add_filter("string", |value: &Value| -> Result<Value, Error> {
         Ok(Value::from(pyrepr::to_str(value)?))
