@@ -7,7 +7,7 @@ cd "$root"
 
 apt_packages=(build-essential cmake ninja-build git pkg-config python3-venv
   nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libcli11-dev libgtest-dev libgmock-dev
-  chromium shellcheck)
+  chromium shellcheck ccache)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
