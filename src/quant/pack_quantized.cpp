@@ -40,8 +40,10 @@ bool matches_name(const std::string& module, const std::string& target) {
     try {
       re = std::regex(target.substr(3), std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
-      throw FormatError("quantization_config pattern \"" + target + "\" is not a valid regular "
-                        "expression: " + e.what());
+      throw FormatError("quantization_config pattern \"" + target +
+                        "\" is not a valid regular "
+                        "expression: " +
+                        e.what());
     }
     return std::regex_search(module, re, std::regex_constants::match_continuous);
   }
@@ -146,7 +148,8 @@ std::string QuantMismatch::summary(const std::string& dir, size_t max_names) con
     if (v.size() > max_names) s += ", ... (" + std::to_string(v.size()) + " in all)";
     return s;
   };
-  std::string msg = "checkpoint " + dir + ": quantization_config and tensor names disagree; "
+  std::string msg = "checkpoint " + dir +
+                    ": quantization_config and tensor names disagree; "
                     "the tensor names win.";
   if (!packed_not_targeted.empty()) {
     msg += " Stored pack-quantized but not covered by quantization_config: " +
@@ -270,9 +273,9 @@ PackedInt4 read_packed(const Checkpoint& ckpt, const std::string& module,
     expect_dtype(*zero, {Dtype::kI32});
     const std::vector<int64_t> zero_expect{ceil_div(out, kPerWord), groups};
     if (zero->shape != zero_expect) {
-      fail(*zero, "shape " + shape_str(zero->shape) + " does not match " +
-                      shape_str(zero_expect) + " (8 int4 values per int32 along the " +
-                      std::to_string(out) + " output rows, one column per scale group)");
+      fail(*zero, "shape " + shape_str(zero->shape) + " does not match " + shape_str(zero_expect) +
+                      " (8 int4 values per int32 along the " + std::to_string(out) +
+                      " output rows, one column per scale group)");
     }
     w.zero_point = host_tensor(*zero);
   }
@@ -312,10 +315,9 @@ at::Tensor dequantize(const PackedInt4& w, at::ScalarType dtype) {
   auto result = at::empty({w.out, w.in}, w.scale.options().dtype(dtype));
   for (int64_t r = 0; r < w.out; r += block) {
     const int64_t n = std::min(block, w.out - r);
-    result.narrow(0, r, n).copy_(dequantize_block(w, w.packed.narrow(0, r, n),
-                                                  w.scale.narrow(0, r, n),
-                                                  zero.defined() ? zero.narrow(0, r, n) : zero,
-                                                  groups, dtype));
+    result.narrow(0, r, n).copy_(
+        dequantize_block(w, w.packed.narrow(0, r, n), w.scale.narrow(0, r, n),
+                         zero.defined() ? zero.narrow(0, r, n) : zero, groups, dtype));
   }
   return result;
 }

@@ -74,7 +74,8 @@ PackedInt4 read_packed(const Checkpoint& ckpt, const std::string& module,
                        const QuantizationConfig* quant);
 
 // FormatError naming module and file unless `w` is [out, in]: an int4 vocabulary table must have
-// one row per token. `expected` says where the expectation comes from ("vocab_size in config.json").
+// one row per token. `expected` says where the expectation comes from ("vocab_size in
+// config.json").
 void expect_shape(const PackedInt4& w, int64_t out, int64_t in, const std::string& expected);
 
 // Full [out, in] matrix in `dtype`, bit-identical to compressed-tensors' decompressor: the exact

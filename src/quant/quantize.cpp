@@ -1,13 +1,12 @@
 #include "quant/quantize.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "common/errors.h"
@@ -25,36 +24,47 @@ using ordered_json = nlohmann::ordered_json;
 constexpr const char* kCompressedTensorsVersion = "0.20.1";
 constexpr int64_t kTableGroup = 32;
 constexpr int64_t kRestShardBytes = int64_t{2} << 30;
-constexpr int64_t kTableRowBlock = 8192;
+constexpr int64_t kTableRowBlock = 2048;  // bounds the f32 temporaries to ~100 MiB at E2B widths
 constexpr const char* kFilesToCopy[] = {
-    "tokenizer.json",          "tokenizer_config.json", "tokenizer.model",
-    "special_tokens_map.json", "added_tokens.json",     "chat_template.jinja",
-    "chat_template.json",      "generation_config.json"};
+    "tokenizer.json",    "tokenizer_config.json", "tokenizer.model",    "special_tokens_map.json",
+    "added_tokens.json", "chat_template.jinja",   "chat_template.json", "generation_config.json"};
 
 double dtype_eps(at::ScalarType t) {
   switch (t) {
-    case at::kBFloat16: return 0.0078125;            // torch.finfo(torch.bfloat16).eps
-    case at::kHalf: return 0.0009765625;             // torch.finfo(torch.float16).eps
-    default: return 1.1920928955078125e-07;          // torch.finfo(torch.float32).eps
+    case at::kBFloat16:
+      return 0.0078125;  // torch.finfo(torch.bfloat16).eps
+    case at::kHalf:
+      return 0.0009765625;  // torch.finfo(torch.float16).eps
+    default:
+      return 1.1920928955078125e-07;  // torch.finfo(torch.float32).eps
   }
 }
 
 std::pair<double, double> dtype_range(at::ScalarType t) {
   switch (t) {
-    case at::kBFloat16: return {-3.3895313892515355e+38, 3.3895313892515355e+38};
-    case at::kHalf: return {-65504.0, 65504.0};
-    default: return {-3.4028234663852886e+38, 3.4028234663852886e+38};
+    case at::kBFloat16:
+      return {-3.3895313892515355e+38, 3.3895313892515355e+38};
+    case at::kHalf:
+      return {-65504.0, 65504.0};
+    default:
+      return {-3.4028234663852886e+38, 3.4028234663852886e+38};
   }
 }
 
 Dtype file_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kInt: return Dtype::kI32;
-    case at::kLong: return Dtype::kI64;
-    case at::kBFloat16: return Dtype::kBF16;
-    case at::kHalf: return Dtype::kF16;
-    case at::kFloat: return Dtype::kF32;
-    default: throw ValueError(std::string("no safetensors dtype for ") + at::toString(t));
+    case at::kInt:
+      return Dtype::kI32;
+    case at::kLong:
+      return Dtype::kI64;
+    case at::kBFloat16:
+      return Dtype::kBF16;
+    case at::kHalf:
+      return Dtype::kF16;
+    case at::kFloat:
+      return Dtype::kF32;
+    default:
+      throw ValueError(std::string("no safetensors dtype for ") + at::toString(t));
   }
 }
 
@@ -80,8 +90,8 @@ void append_packed(std::vector<TensorToWrite>* out, const std::string& module,
                    const PackedInt4& w) {
   out->push_back(to_write(module + ".weight_packed", w.packed));
   out->push_back(to_write(module + ".weight_scale", w.scale));
-  out->push_back(to_write(module + ".weight_shape",
-                          at::tensor(std::vector<int64_t>{w.out, w.in}, at::kLong)));
+  out->push_back(
+      to_write(module + ".weight_shape", at::tensor(std::vector<int64_t>{w.out, w.in}, at::kLong)));
   if (w.zero_point.defined()) out->push_back(to_write(module + ".weight_zero_point", w.zero_point));
 }
 
@@ -131,8 +141,8 @@ std::vector<TensorToWrite> quantize_table(const TensorView& v, const std::string
   std::vector<TensorToWrite> out;
   out.push_back(std::move(packed));
   out.push_back(std::move(scale));
-  out.push_back(to_write(module + ".weight_shape",
-                         at::tensor(std::vector<int64_t>{rows, cols}, at::kLong)));
+  out.push_back(
+      to_write(module + ".weight_shape", at::tensor(std::vector<int64_t>{rows, cols}, at::kLong)));
   return out;
 }
 
@@ -188,7 +198,8 @@ ordered_json config_group(const std::vector<std::string>& targets, int64_t group
   return g;
 }
 
-ordered_json quantization_config(const ordered_json& groups, const std::vector<std::string>& ignore) {
+ordered_json quantization_config(const ordered_json& groups,
+                                 const std::vector<std::string>& ignore) {
   ordered_json q;
   q["config_groups"] = groups;
   q["format"] = "pack-quantized";
@@ -204,7 +215,8 @@ ordered_json quantization_config(const ordered_json& groups, const std::vector<s
   return q;
 }
 
-// The ignore entry for a dense weight outside the text model: its tower, "model.vision_tower.x.weight"
+// The ignore entry for a dense weight outside the text model: its tower,
+// "model.vision_tower.x.weight"
 // -> "re:model\.vision_tower\..*", or the module itself when the name is too short for a tower.
 std::string ignore_entry(const std::string& name, const std::string& module) {
   size_t dot = name.find('.');
@@ -267,8 +279,10 @@ PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
   const int64_t out = weight.size(0), in = weight.size(1);
   const int64_t group = spec.group_size == -1 ? in : spec.group_size;
   if (group <= 0 || in % group != 0) {
-    throw ValueError(module + ": " + std::to_string(in) + " input columns are not a multiple of "
-                     "the group size " + std::to_string(spec.group_size) +
+    throw ValueError(module + ": " + std::to_string(in) +
+                     " input columns are not a multiple of "
+                     "the group size " +
+                     std::to_string(spec.group_size) +
                      " (compressed-tensors requires whole groups)");
   }
   // Same ATen ops in the same dtypes as compressed-tensors, so every rounding step agrees.
@@ -332,7 +346,8 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
   const bool has_text_config = config.contains("text_config") && config["text_config"].is_object();
   if (config.contains("quantization_config") ||
       (has_text_config && config["text_config"].contains("quantization_config"))) {
-    throw ValueError("checkpoint " + in_dir + " is already quantized (config.json has a "
+    throw ValueError("checkpoint " + in_dir +
+                     " is already quantized (config.json has a "
                      "quantization_config); quantize reads dense bf16/f16/f32 checkpoints");
   }
   const bool emb4 = !options.emb4_dir.empty();

@@ -34,15 +34,15 @@ PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
 struct QuantizeCheckpointOptions {
   int64_t group_size = 32;  // -1: channel strategy
   bool symmetric = true;
-  std::string emb4_dir;     // also write the emb4 twin there; "" for none
+  std::string emb4_dir;  // also write the emb4 twin there; "" for none
 };
 
 struct QuantizeSummary {
-  int64_t quantized = 0;       // linears written pack-quantized
-  int64_t dense = 0;           // tensors copied unchanged to the main output
-  int64_t emb4_tables = 0;     // int4 vocabulary tables in the emb4 twin
-  int64_t out_bytes = 0;       // tensor bytes of the main output
-  int64_t emb4_bytes = 0;      // tensor bytes of the emb4 twin
+  int64_t quantized = 0;    // linears written pack-quantized
+  int64_t dense = 0;        // tensors copied unchanged to the main output
+  int64_t emb4_tables = 0;  // int4 vocabulary tables in the emb4 twin
+  int64_t out_bytes = 0;    // tensor bytes of the main output
+  int64_t emb4_bytes = 0;   // tensor bytes of the emb4 twin
 };
 
 // Reads the dense checkpoint `in_dir` and writes `out_dir` (which must not exist or be empty):

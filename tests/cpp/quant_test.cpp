@@ -2,11 +2,11 @@
 // out by hand here), validation with precise errors, config matching and the quantizer's bounds.
 // Bit-exactness against the compressed-tensors library is tests/python/test_quant.py.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -49,8 +49,8 @@ std::string config_json(const std::string& weights, const std::string& targets =
                         const std::string& ignore = "[\"lm_head\"]") {
   return R"({"model_type": "gemma4_text", "quantization_config": {"quant_method":
       "compressed-tensors", "format": "pack-quantized", "ignore": )" +
-         ignore + R"(, "config_groups": {"group_0": {"targets": )" + targets +
-         R"(, "weights": )" + weights + "}}}}";
+         ignore + R"(, "config_groups": {"group_0": {"targets": )" + targets + R"(, "weights": )" +
+         weights + "}}}}";
 }
 const std::string kGroup32 =
     R"({"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group", "group_size": 32})";
@@ -108,7 +108,8 @@ class QuantTest : public ::testing::Test {
 };
 
 void expect_contains(const std::string& message, const std::vector<std::string>& parts) {
-  for (const auto& p : parts) EXPECT_NE(message.find(p), std::string::npos) << message << "\n  lacks: " << p;
+  for (const auto& p : parts)
+    EXPECT_NE(message.find(p), std::string::npos) << message << "\n  lacks: " << p;
 }
 
 // Column c of row r: word c / 8, nibble c % 8 (bits 4i..4i+3), stored as q + 8.
@@ -141,7 +142,8 @@ TEST_F(QuantTest, DequantizesTheDocumentedNibbleLayoutPerChannel) {
   const at::Tensor d = dequantize(w, at::kFloat);
   ASSERT_EQ(d.sizes(), (std::vector<int64_t>{3, 10}));
   for (int r = 0; r < 3; ++r) {
-    for (int c = 0; c < 10; ++c) EXPECT_EQ(d[r][c].item<float>(), q[r][c] * scale[r]) << r << "," << c;
+    for (int c = 0; c < 10; ++c)
+      EXPECT_EQ(d[r][c].item<float>(), q[r][c] * scale[r]) << r << "," << c;
   }
   EXPECT_TRUE(at::equal(dequantize_rows(w, at::tensor({2, 0, 2}, at::kLong), at::kFloat),
                         d.index_select(0, at::tensor({2, 0, 2}, at::kLong))));
@@ -175,23 +177,24 @@ TEST_F(QuantTest, ScaleShapeNotFittingTheGroupSizeIsAnError) {
   auto t = module_tensors(4, 64);
   replace(&t, from_tensor(kModule + ".weight_scale", at::ones({4, 4}, at::kBFloat16)));
   write(t, config_json(kGroup32));
-  expect_contains(read_error(), {kModule + ".weight_scale", "shape [4, 4]", "group size 32",
-                                 "needs [4, 2]"});
+  expect_contains(read_error(),
+                  {kModule + ".weight_scale", "shape [4, 4]", "group size 32", "needs [4, 2]"});
 }
 
 TEST_F(QuantTest, ScaleWithWrongRowCountIsAnError) {
   auto t = module_tensors(4, 64);
   replace(&t, from_tensor(kModule + ".weight_scale", at::ones({5, 2}, at::kBFloat16)));
   write(t, config_json(kGroup32));
-  expect_contains(read_error(), {kModule + ".weight_scale", "shape [5, 2]", "expected [4, groups]"});
+  expect_contains(read_error(),
+                  {kModule + ".weight_scale", "shape [5, 2]", "expected [4, groups]"});
 }
 
 TEST_F(QuantTest, ZeroPointInASymmetricConfigIsAnError) {
   auto t = module_tensors(4, 64);
   t.push_back(from_tensor(kModule + ".weight_zero_point", at::zeros({1, 2}, at::kInt)));
   write(t, config_json(kGroup32));
-  expect_contains(read_error(), {kModule + ".weight_zero_point", "zero point is stored",
-                                 "symmetric: true"});
+  expect_contains(read_error(),
+                  {kModule + ".weight_zero_point", "zero point is stored", "symmetric: true"});
 }
 
 TEST_F(QuantTest, AsymmetricConfigWithoutZeroPointIsAnError) {
@@ -210,8 +213,8 @@ TEST_F(QuantTest, WrongDtypesAreErrors) {
   auto t = module_tensors(4, 64);
   replace(&t, from_tensor(kModule + ".weight_scale", at::ones({4, 2}, at::kInt)));
   write(t, config_json(kGroup32));
-  expect_contains(read_error(), {kModule + ".weight_scale", "dtype I32 is not supported",
-                                 "BF16 or F16 or F32"});
+  expect_contains(read_error(),
+                  {kModule + ".weight_scale", "dtype I32 is not supported", "BF16 or F16 or F32"});
   t = module_tensors(4, 64);
   replace(&t, from_tensor(kModule + ".weight_packed", at::zeros({4, 8}, at::kLong)));
   write(t, config_json(kGroup32));
@@ -231,7 +234,8 @@ TEST_F(QuantTest, GIdxSelectsTheScaleOfEachColumn) {
   auto t = module_tensors(2, 64);
   std::vector<std::vector<int>> q(2, std::vector<int>(64, 1));
   replace(&t, raw<int32_t>(kModule + ".weight_packed", Dtype::kI32, {2, 8}, pack_by_hand(q)));
-  replace(&t, from_tensor(kModule + ".weight_scale", at::tensor({1.0f, 4.0f, 2.0f, 8.0f}).view({2, 2})));
+  replace(&t, from_tensor(kModule + ".weight_scale",
+                          at::tensor({1.0f, 4.0f, 2.0f, 8.0f}).view({2, 2})));
   at::Tensor g_idx = at::zeros({64}, at::kInt);
   g_idx[3] = 1;
   t.push_back(from_tensor(kModule + ".weight_g_idx", g_idx));
@@ -263,7 +267,8 @@ void write_in_order(const fs::path& path, const std::vector<TensorToWrite>& tens
   nlohmann::json header = nlohmann::json::object();
   size_t offset = 0;
   for (const auto& t : tensors) {
-    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
+    header[t.name] = {{"dtype", dtype_name(t.dtype)},
+                      {"shape", t.shape},
                       {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }
@@ -273,7 +278,8 @@ void write_in_order(const fs::path& path, const std::vector<TensorToWrite>& tens
   const uint64_t n = text.size();
   out.write(reinterpret_cast<const char*>(&n), 8);
   out << text;
-  for (const auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  for (const auto& t : tensors)
+    out.write(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
 }
 
 TEST_F(QuantTest, UnalignedTensorsAreCopiedAndReadTheSame) {
@@ -334,8 +340,8 @@ TEST(QuantGroupFor, FollowsCompressedTensorsPrecedence) {
   regex_a.targets = {"re:.*\\.mlp\\..*"};
   exact.targets = {"model.layers.0.mlp.up_proj"};
   embedding.targets = {"Embedding"};
-  const auto c = config_with({linear, regex_b, regex_a, exact, embedding},
-                             {"lm_head", "re:.*vision.*"});
+  const auto c =
+      config_with({linear, regex_b, regex_a, exact, embedding}, {"lm_head", "re:.*vision.*"});
   EXPECT_EQ(quant_group_for(c, "model.layers.0.self_attn.q_proj"), &c.groups[0]);
   EXPECT_EQ(quant_group_for(c, "model.layers.0.mlp.up_proj"), &c.groups[3]);
   // Both patterns match; "re:.*\.mlp\..*" sorts first, as compressed-tensors orders them.
@@ -347,10 +353,10 @@ TEST(QuantGroupFor, FollowsCompressedTensorsPrecedence) {
   // re: patterns are anchored at the start like Python's re.match.
   const auto anchored = config_with({regex_b}, {});
   EXPECT_EQ(quant_group_for(config_with({[] {
-                                           QuantGroup g;
-                                           g.targets = {"re:mlp"};
-                                           return g;
-                                         }()},
+                                          QuantGroup g;
+                                          g.targets = {"re:mlp"};
+                                          return g;
+                                        }()},
                                         {}),
                             "model.layers.0.mlp.up_proj"),
             nullptr);

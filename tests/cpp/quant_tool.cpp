@@ -1,14 +1,13 @@
 // Drives the quant layer from tests/python/test_quant.py, which checks it against the
 // compressed-tensors library:
-//   quant_tool dequant DIR MODULE OUT.safetensors [--dtype bf16|f16|f32] [--rows 3,0,7]
-//       writes "weight" = dequantize(read_packed(...)) and, with --rows, "rows" =
+//   quant_tool dequant DIR OUT.safetensors MODULE... [--dtype bf16|f16|f32] [--rows 3,0,7]
+//       writes MODULE = dequantize(read_packed(...)) and, with --rows, MODULE.rows =
 //       dequantize_rows(...) of those rows.
 //   quant_tool quantize-weight IN.safetensors TENSOR OUT.safetensors [--group G] [--asym]
 //       [--scale-dtype f16]   writes weight_packed / weight_scale / [weight_zero_point].
 //   quant_tool mismatch DIR   prints quantized_modules_mismatch(...).summary(DIR).
 //   quant_tool quantize IN OUT ...   the CLI's quantize command.
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -37,12 +36,23 @@ TensorToWrite to_write(const std::string& name, const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
   Dtype d;
   switch (c.scalar_type()) {
-    case at::kInt: d = Dtype::kI32; break;
-    case at::kLong: d = Dtype::kI64; break;
-    case at::kBFloat16: d = Dtype::kBF16; break;
-    case at::kHalf: d = Dtype::kF16; break;
-    case at::kFloat: d = Dtype::kF32; break;
-    default: throw ValueError("unexpected dtype");
+    case at::kInt:
+      d = Dtype::kI32;
+      break;
+    case at::kLong:
+      d = Dtype::kI64;
+      break;
+    case at::kBFloat16:
+      d = Dtype::kBF16;
+      break;
+    case at::kHalf:
+      d = Dtype::kF16;
+      break;
+    case at::kFloat:
+      d = Dtype::kF32;
+      break;
+    default:
+      throw ValueError("unexpected dtype");
   }
   TensorToWrite w{name, d, c.sizes().vec(), {}};
   const auto* p = static_cast<const uint8_t*>(c.data_ptr());
@@ -52,27 +62,32 @@ TensorToWrite to_write(const std::string& name, const at::Tensor& t) {
 
 void add_dequant(CLI::App& app) {
   struct Args {
-    std::string dir, module, out, dtype = "f32", rows;
+    std::string dir, out, dtype = "f32", rows;
+    std::vector<std::string> modules;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand("dequant", "dequantize one module");
+  CLI::App* cmd = app.add_subcommand("dequant", "dequantize modules");
   cmd->add_option("DIR", a->dir)->required();
-  cmd->add_option("MODULE", a->module)->required();
   cmd->add_option("OUT", a->out)->required();
+  cmd->add_option("MODULES", a->modules)->required();
   cmd->add_option("--dtype", a->dtype);
   cmd->add_option("--rows", a->rows);
   cmd->callback([a] {
     const Checkpoint ckpt(a->dir);
     const ModelConfig config = load_config(a->dir);
     const QuantizationConfig* quant = config.quantization ? &*config.quantization : nullptr;
-    const PackedInt4 w = read_packed(ckpt, a->module, quant);
     const at::ScalarType dtype = parse_float_dtype(a->dtype);
-    std::vector<TensorToWrite> out{to_write("weight", dequantize(w, dtype))};
-    if (!a->rows.empty()) {
-      std::vector<int64_t> rows;
-      std::stringstream ss(a->rows);
-      for (std::string item; std::getline(ss, item, ',');) rows.push_back(std::stoll(item));
-      out.push_back(to_write("rows", dequantize_rows(w, at::tensor(rows, at::kLong), dtype)));
+    std::vector<int64_t> rows;
+    std::stringstream ss(a->rows);
+    for (std::string item; std::getline(ss, item, ',');) rows.push_back(std::stoll(item));
+    std::vector<TensorToWrite> out;
+    for (const std::string& module : a->modules) {
+      const PackedInt4 w = read_packed(ckpt, module, quant);
+      out.push_back(to_write(module, dequantize(w, dtype)));
+      if (!rows.empty()) {
+        out.push_back(
+            to_write(module + ".rows", dequantize_rows(w, at::tensor(rows, at::kLong), dtype)));
+      }
     }
     write_safetensors(a->out, out);
   });

@@ -16,8 +16,6 @@ import subprocess
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from compressed_tensors.compressors import ModelCompressor
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
@@ -34,6 +32,7 @@ from compressed_tensors.quantization.utils.helpers import (
     calculate_qparams,
     compute_dynamic_scales_and_zp,
 )
+from safetensors.torch import load_file, save_file
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
@@ -45,19 +44,40 @@ def _tool():
         return os.environ["TORCHTPU_QUANT_TOOL"]
     found = sorted(REPO.glob("build*/tests/quant_tool"), key=lambda p: -p.stat().st_mtime)
     if not found:
-        pytest.fail("quant_tool is not built (ninja -C build-<name> quant_tool) and TORCHTPU_QUANT_TOOL is unset")
+        pytest.fail(
+            "quant_tool is not built (ninja -C build-<name> quant_tool) and TORCHTPU_QUANT_TOOL is unset"
+        )
     return str(found[0])
 
 
 def run_tool(*args):
-    result = subprocess.run([_tool(), *map(str, args)], capture_output=True, text=True)
+    result = subprocess.run([_tool(), *map(str, args)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, f"quant_tool {' '.join(map(str, args))} failed:\n{result.stderr}"
     return result.stdout
 
 
+def dequant(directory, modules, tmp_path, dtype, rows=()):
+    """Our reader's dequantize (and dequantize_rows of `rows`) of each module, in one process."""
+    out = tmp_path / "dequantized.safetensors"
+    run_tool(
+        "dequant",
+        directory,
+        out,
+        *modules,
+        "--dtype",
+        dtype,
+        *(["--rows", ",".join(map(str, rows))] if rows else []),
+    )
+    return load_file(str(out))
+
+
 def bits_equal(a, b):
     """Same dtype, shape and bit pattern (torch.equal would let -0.0 == 0.0 pass)."""
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype]))
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.view(BITS[a.dtype]), b.view(BITS[b.dtype]))
+    )
 
 
 def weight_args(strategy, group_size, symmetric, **extra):
@@ -77,7 +97,9 @@ def minmax_qparams(weight, args):
     """The min-max observer's qparams, from the library's own functions: per group via
     compute_dynamic_scales_and_zp, per output row via calculate_qparams."""
     if args.strategy == "channel":
-        return calculate_qparams(weight.amin(dim=1, keepdim=True), weight.amax(dim=1, keepdim=True), args)
+        return calculate_qparams(
+            weight.amin(dim=1, keepdim=True), weight.amax(dim=1, keepdim=True), args
+        )
     return compute_dynamic_scales_and_zp(weight, args, module=None)
 
 
@@ -138,19 +160,26 @@ def library_checkpoint(tmp_path_factory):
     """A checkpoint written by the library's compressor and the library's own decompression of it."""
     directory = tmp_path_factory.mktemp("library_ckpt")
     modules, groups, weights = {}, {}, {}
-    for i, (name, out, inp, dtype, strategy, group_size, symmetric, target) in enumerate(LIBRARY_CASES):
+    for i, (name, out, inp, dtype, strategy, group_size, symmetric, target) in enumerate(
+        LIBRARY_CASES
+    ):
         linear = torch.nn.Linear(inp, out, bias=False, dtype=dtype)
         weights[name] = random_weight(out, inp, dtype, seed=i)
         linear.weight.data.copy_(weights[name])
         modules[name] = linear
         targets = {"exact": [name], "regex": [r"re:.*\.mlp\.gate_p"], "class": ["Linear"]}[target]
         groups[f"group_{i}"] = QuantizationScheme(
-            targets=targets, weights=weight_args(strategy, group_size, symmetric), format="pack-quantized"
+            targets=targets,
+            weights=weight_args(strategy, group_size, symmetric),
+            format="pack-quantized",
         )
     modules["model.embed_tokens"] = torch.nn.Embedding(16, 8)
     model = build_model(modules)
     config = QuantizationConfig(
-        config_groups=groups, ignore=["lm_head"], format="pack-quantized", quantization_status="frozen"
+        config_groups=groups,
+        ignore=["lm_head"],
+        format="pack-quantized",
+        quantization_status="frozen",
     )
     apply_quantization_config(model, config)
     for name, *_ in LIBRARY_CASES:
@@ -170,7 +199,10 @@ def library_checkpoint(tmp_path_factory):
         g_idx = torch.randperm(inp, generator=torch.Generator().manual_seed(7 + i)) // group_size
         n_groups = inp // group_size
         args = weight_args("group", group_size, symmetric)
-        per_group = [minmax_qparams(w[:, g_idx == g].contiguous(), weight_args("channel", None, symmetric)) for g in range(n_groups)]
+        per_group = [
+            minmax_qparams(w[:, g_idx == g].contiguous(), weight_args("channel", None, symmetric))
+            for g in range(n_groups)
+        ]
         scale = torch.cat([s for s, _ in per_group], dim=1)
         zero = torch.cat([z for _, z in per_group], dim=1)
         column_args = weight_args("group", 1, symmetric)
@@ -184,9 +216,13 @@ def library_checkpoint(tmp_path_factory):
         unpacked = unpack_from_int32(tensors[f"{name}.weight_packed"], 4, torch.Size([out, inp]))
         zero_ref = None
         if not symmetric:
-            zero_ref = unpack_from_int32(tensors[f"{name}.weight_zero_point"], 4, torch.Size([out, n_groups]), packed_dim=0)[:, g_idx]
+            zero_ref = unpack_from_int32(
+                tensors[f"{name}.weight_zero_point"], 4, torch.Size([out, n_groups]), packed_dim=0
+            )[:, g_idx]
         reference[name] = dequantize(unpacked, scale[:, g_idx], zero_ref, column_args)
-        g_idx_groups[f"group_gidx_{i}"] = QuantizationScheme(targets=[name], weights=args, format="pack-quantized")
+        g_idx_groups[f"group_gidx_{i}"] = QuantizationScheme(
+            targets=[name], weights=args, format="pack-quantized"
+        )
 
     save_file(tensors, str(directory / "model.safetensors"))
     write_config(directory, {})
@@ -202,24 +238,24 @@ def library_checkpoint(tmp_path_factory):
     return directory, reference
 
 
-@pytest.mark.parametrize("case", LIBRARY_CASES + G_IDX_CASES, ids=lambda c: c[0].removeprefix("model.layers."))
+@pytest.mark.parametrize(
+    "case", LIBRARY_CASES + G_IDX_CASES, ids=lambda c: c[0].removeprefix("model.layers.")
+)
 def test_dequantize_is_bit_identical_to_the_library(library_checkpoint, tmp_path, case):
     directory, reference = library_checkpoint
     name, out = case[0], case[1]
     expected = reference[name]
     dtype = {v: k for k, v in DTYPES.items()}[expected.dtype]
     rows = [out - 1, 0, 3, 3, out // 2]
-    run_tool("dequant", directory, name, tmp_path / "out.safetensors", "--dtype", dtype, "--rows", ",".join(map(str, rows)))
-    ours = load_file(str(tmp_path / "out.safetensors"))
-    assert bits_equal(ours["weight"], expected)
-    assert bits_equal(ours["rows"], expected[rows])
+    ours = dequant(directory, [name], tmp_path, dtype, rows)
+    assert bits_equal(ours[name], expected)
+    assert bits_equal(ours[f"{name}.rows"], expected[rows])
 
 
 def test_dequantize_converts_after_rounding_to_the_scale_dtype(library_checkpoint, tmp_path):
     directory, reference = library_checkpoint
     name = "model.layers.0.self_attn.k_proj"
-    run_tool("dequant", directory, name, tmp_path / "out.safetensors", "--dtype", "f32")
-    assert torch.equal(load_file(str(tmp_path / "out.safetensors"))["weight"], reference[name].float())
+    assert torch.equal(dequant(directory, [name], tmp_path, "f32")[name], reference[name].float())
 
 
 def test_library_checkpoint_config_and_tensors_agree(library_checkpoint):
@@ -247,7 +283,9 @@ def test_quantize_reproduces_the_library_bit_for_bit(tmp_path, case):
     save_file({"w": w}, str(tmp_path / "in.safetensors"))
     flags = ["--group", group_size] + ([] if symmetric else ["--asym"])
     flags += ["--scale-dtype", scale_dtype] if scale_dtype else []
-    run_tool("quantize-weight", tmp_path / "in.safetensors", "w", tmp_path / "q.safetensors", *flags)
+    run_tool(
+        "quantize-weight", tmp_path / "in.safetensors", "w", tmp_path / "q.safetensors", *flags
+    )
     ours = load_file(str(tmp_path / "q.safetensors"))
 
     strategy = "channel" if group_size == -1 else "group"
@@ -329,8 +367,18 @@ def dense_model(directory):
 
 def library_format_config(tmp_path, weights, ignore):
     """The quantization_config the library itself writes for this scheme (update_config)."""
-    groups = {name: QuantizationScheme(targets=targets, weights=weight_args(**args), format="pack-quantized") for name, (targets, args) in weights.items()}
-    qc = QuantizationConfig(config_groups=groups, ignore=ignore, format="pack-quantized", quantization_status="compressed")
+    groups = {
+        name: QuantizationScheme(
+            targets=targets, weights=weight_args(**args), format="pack-quantized"
+        )
+        for name, (targets, args) in weights.items()
+    }
+    qc = QuantizationConfig(
+        config_groups=groups,
+        ignore=ignore,
+        format="pack-quantized",
+        quantization_status="compressed",
+    )
     directory = tmp_path / "library_config"
     directory.mkdir()
     (directory / "config.json").write_text("{}")
@@ -346,21 +394,37 @@ def load_dir(directory):
 
 
 def is_linear(name):
-    return name.startswith(TEXT) and name.endswith(".weight") and "embed_tokens" not in name and "norm" not in name
+    return (
+        name.startswith(TEXT)
+        and name.endswith(".weight")
+        and "embed_tokens" not in name
+        and "norm" not in name
+    )
 
 
-@pytest.mark.parametrize("group_size,symmetric", [(32, True), (16, False), (-1, True)], ids=["g32", "g16-asym", "channel"])
+@pytest.mark.parametrize(
+    "group_size,symmetric",
+    [(32, True), (16, False), (-1, True)],
+    ids=["g32", "g16-asym", "channel"],
+)
 def test_quantize_command_writes_what_the_library_reads(tmp_path, group_size, symmetric):
     (tmp_path / "in").mkdir()
     source = dense_model(tmp_path / "in")
     out = tmp_path / "out"
-    run_tool("quantize", tmp_path / "in", out, "--group", group_size, *([] if symmetric else ["--asym"]))
+    run_tool(
+        "quantize", tmp_path / "in", out, "--group", group_size, *([] if symmetric else ["--asym"])
+    )
     config = json.loads((out / "config.json").read_text())
     strategy = "channel" if group_size == -1 else "group"
-    args = dict(strategy=strategy, group_size=group_size, symmetric=symmetric)
-    expected = library_format_config(tmp_path, {"group_0": (["Linear"], args)}, ["lm_head", r"re:model\.vision_tower\..*"])
+    args = {"strategy": strategy, "group_size": group_size, "symmetric": symmetric}
+    expected = library_format_config(
+        tmp_path, {"group_0": (["Linear"], args)}, ["lm_head", r"re:model\.vision_tower\..*"]
+    )
     assert config["quantization_config"] == expected
-    assert config["text_config"] == json.loads((tmp_path / "in" / "config.json").read_text())["text_config"]
+    assert (
+        config["text_config"]
+        == json.loads((tmp_path / "in" / "config.json").read_text())["text_config"]
+    )
     assert (out / "tokenizer.json").read_text() == '{"version": "1.0"}'
     assert (out / "chat_template.jinja").exists()
 
@@ -377,11 +441,11 @@ def test_quantize_command_writes_what_the_library_reads(tmp_path, group_size, sy
         assert (f"{module}.weight_zero_point" in stored) == (not symmetric)
 
     library = CompressedTensorsDequantizer(str(out), dtype=torch.float32).validate(dict(stored))
+    ours = dequant(out, sorted(quantized), tmp_path, "f32")
     for module in sorted(quantized):
         original = source[f"{module}.weight"].double()
         theirs = library[f"{module}.weight"]
-        run_tool("dequant", out, module, tmp_path / "d.safetensors", "--dtype", "f32")
-        assert torch.equal(load_file(str(tmp_path / "d.safetensors"))["weight"], theirs), module
+        assert torch.equal(ours[module], theirs), module
         scale = stored[f"{module}.weight_scale"].double()
         scale = scale.repeat_interleave(original.shape[1] // scale.shape[1], dim=1)
         error = (theirs.double() - original).abs()
@@ -392,15 +456,29 @@ def test_quantize_command_writes_what_the_library_reads(tmp_path, group_size, sy
     assert run_tool("mismatch", out).strip() == ""
 
 
-def test_quantize_command_writes_the_emb4_twin(tmp_path):
-    (tmp_path / "in").mkdir()
-    source = dense_model(tmp_path / "in")
-    out, twin = tmp_path / "out", tmp_path / "emb4"
-    run_tool("quantize", tmp_path / "in", out, "--group", 32, "--emb4", twin)
+@pytest.fixture(scope="module")
+def emb4_twin(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("emb4")
+    (directory / "in").mkdir()
+    source = dense_model(directory / "in")
+    run_tool(
+        "quantize", directory / "in", directory / "out", "--group", 32, "--emb4", directory / "emb4"
+    )
+    return directory, source
 
+
+TABLES = [f"{TEXT}embed_tokens", f"{TEXT}embed_tokens_per_layer", "lm_head"]
+
+
+def test_emb4_twin_is_what_the_library_reads(emb4_twin, tmp_path):
+    directory, source = emb4_twin
+    twin = directory / "emb4"
     config = json.loads((twin / "config.json").read_text())
-    assert config["tie_word_embeddings"] is False and config["text_config"]["tie_word_embeddings"] is False
-    table = dict(strategy="group", group_size=32, symmetric=True)
+    assert (
+        config["tie_word_embeddings"] is False
+        and config["text_config"]["tie_word_embeddings"] is False
+    )
+    table = {"strategy": "group", "group_size": 32, "symmetric": True}
     expected = library_format_config(
         tmp_path,
         {
@@ -414,12 +492,10 @@ def test_quantize_command_writes_the_emb4_twin(tmp_path):
     assert config["quantization_config"] == expected
 
     stored = load_dir(twin)
-    main = load_dir(out)
-    for name, tensor in main.items():
+    for name, tensor in load_dir(directory / "out").items():
         if "embed_tokens" not in name:
             assert torch.equal(stored[name], tensor), name
-    tables = {"embed_tokens": VOCAB, "embed_tokens_per_layer": VOCAB}
-    for module in [f"{TEXT}embed_tokens", f"{TEXT}embed_tokens_per_layer", "lm_head"]:
+    for module in TABLES:
         assert f"{module}.weight" not in stored
         assert stored[f"{module}.weight_scale"].dtype == torch.float16
         assert f"{module}.weight_zero_point" not in stored
@@ -427,15 +503,27 @@ def test_quantize_command_writes_the_emb4_twin(tmp_path):
         assert torch.equal(stored[f"lm_head.{suffix}"], stored[f"{TEXT}embed_tokens.{suffix}"])
 
     library = CompressedTensorsDequantizer(str(twin), dtype=torch.float32).validate(dict(stored))
-    for module in tables:
-        original = source[f"{TEXT}{module}.weight"].double()
-        theirs = library[f"{TEXT}{module}.weight"]
-        scale = stored[f"{TEXT}{module}.weight_scale"].double().repeat_interleave(32, dim=1)
-        assert torch.all((theirs.double() - original).abs() <= 0.55 * scale + theirs.double().abs() * 2**-10), module
-        rows = [VOCAB - 1, 0, 17]
-        run_tool("dequant", twin, f"{TEXT}{module}", tmp_path / "d.safetensors", "--dtype", "f32", "--rows", ",".join(map(str, rows)))
-        ours = load_file(str(tmp_path / "d.safetensors"))
-        assert torch.equal(ours["weight"], theirs) and torch.equal(ours["rows"], theirs[rows]), module
+    for module in TABLES[:2]:
+        original = source[f"{module}.weight"].double()
+        theirs = library[f"{module}.weight"].double()
+        scale = stored[f"{module}.weight_scale"].double().repeat_interleave(32, dim=1)
+        # Symmetric, f32 arithmetic: half a step; the f16-rounded scale may sit 2^-11 below
+        # amax / 7.5, so the group's extreme overshoots 7.5 steps by up to 8 * 2^-11 before the
+        # clamp to 7; plus the f16 rounding of the product.
+        bound = (0.5 + 8 * 2**-11) * scale + theirs.abs() * 2**-11
+        assert torch.all((theirs - original).abs() <= bound), module
+
+
+def test_emb4_twin_reads_back_through_our_reader(emb4_twin, tmp_path):
+    directory, _ = emb4_twin
+    twin = directory / "emb4"
+    library = CompressedTensorsDequantizer(str(twin), dtype=torch.float32).validate(load_dir(twin))
+    rows = [VOCAB - 1, 0, 17, 17]
+    ours = dequant(twin, TABLES, tmp_path, "f32", rows)
+    for module in TABLES:
+        theirs = library[f"{module}.weight"]
+        assert torch.equal(ours[module], theirs), module
+        assert torch.equal(ours[f"{module}.rows"], theirs[rows]), module
 
 
 def test_quantize_refuses_a_non_empty_output_and_a_quantized_input(tmp_path):
@@ -443,8 +531,18 @@ def test_quantize_refuses_a_non_empty_output_and_a_quantized_input(tmp_path):
     dense_model(tmp_path / "in")
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("")
-    result = subprocess.run([_tool(), "quantize", tmp_path / "in", tmp_path / "busy"], capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool(), "quantize", tmp_path / "in", tmp_path / "busy"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode != 0 and "exists and is not an empty directory" in result.stderr
     run_tool("quantize", tmp_path / "in", tmp_path / "q")
-    result = subprocess.run([_tool(), "quantize", tmp_path / "q", tmp_path / "q2"], capture_output=True, text=True)
+    result = subprocess.run(
+        [_tool(), "quantize", tmp_path / "q", tmp_path / "q2"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode != 0 and "already quantized" in result.stderr
