@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 from pathlib import Path
 
@@ -447,7 +448,10 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
     ]))
     script = tmp_path / "startup-script.sh"
     print(cloud.rig("--env", env_file, "render", "--out", str(script)).stdout)
-    root, attrs = tmp_path / "root", tmp_path / "attrs"
+    # A fixed root, emptied first: the venv is fresh, and the paths the compiler sees are the same
+    # from run to run, so the build's ccache (see CMakeLists.txt) can answer a rerun.
+    root, attrs = Path(tempfile.gettempdir()) / "torchtpu-rig-boot", tmp_path / "attrs"
+    shutil.rmtree(root, ignore_errors=True)
     # The weights stage downloads with huggingface_hub for real, from the fake Hub on loopback.
     hub = HubFixture()
     checkpoint = {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": os.urandom(64)}
@@ -486,5 +490,6 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
             assert {p: (got / p).read_bytes() for p in checkpoint} == checkpoint
     finally:
         hub.close()
-        shutil.rmtree(root / "venv", ignore_errors=True)
-        shutil.rmtree(root / "build", ignore_errors=True)
+        if (root / "logs").is_dir():
+            shutil.copytree(root / "logs", tmp_path / "logs")  # the venv is gigabytes; logs stay
+        shutil.rmtree(root, ignore_errors=True)
