@@ -13,6 +13,8 @@ import lzma
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -26,6 +28,7 @@ from hub_fixture import HubFixture, Repo
 REPO = Path(__file__).resolve().parents[2]
 RIG = REPO / "rig" / "rig"
 FAKE_BIN = REPO / "tests" / "rig" / "bin"
+FAKE_VM_BIN = REPO / "tests" / "rig" / "vm-bin"
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 METADATA_VALUE_LIMIT = 256 * 1024  # Compute Engine: one metadata value is at most 256 KiB
 STAGES = ["python", "torch", "toolchain", "build", "weights", "smoke", "unit", "serving"]
@@ -380,20 +383,75 @@ def test_cost_per_million_tokens_matches_the_seed():
         assert out.startswith(f"USD {usd} per million output tokens")
 
 
-def test_systemd_unit_passes_systemd_analyze(tmp_path):
-    analyze = shutil.which("systemd-analyze")
-    assert analyze, "systemd-analyze (package systemd) is needed to check the unit"
-    root = tmp_path / "root"
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("service_fails", [False, True])
+def test_serving_stage_installs_the_unit_and_waits_for_health(tmp_path, cloud, service_fails):
+    """The serving stage with systemd, journald and apt replaced (tests/rig/vm-bin): the stand-in
+    systemctl starts an HTTP server that answers /health, or reports the unit failed."""
+    port = _free_port()
+    script = tmp_path / "startup-script.sh"
+    cloud.rig("--set", f"PORT={port}", "--set", "HEALTH_TIMEOUT=60", "render", "--out", str(script))
+    root, etc, attrs = tmp_path / "root", tmp_path / "etc", tmp_path / "attrs"
+    (root / "src" / "rig").mkdir(parents=True)  # what the build stage unpacks
+    shutil.copy(REPO / "rig" / "torchtpu-cpp.service", root / "src" / "rig")
     (root / "venv" / "bin").mkdir(parents=True)
     (root / "venv" / "bin" / "python3").symlink_to(sys.executable)
-    unit = tmp_path / "torchtpu-cpp.service"
-    unit.write_text((REPO / "rig" / "torchtpu-cpp.service").read_text()
-                    .replace("@RIG_ROOT@", str(root)))
-    proc = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
-    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    text = unit.read_text()
-    assert "Restart=on-failure" in text and "StandardOutput=journal" in text
-    assert f"ExecStart={root}/venv/bin/python3 -m torchtpu_cpp.serve --device ${{SERVE_DEVICE}}" in text
+    log = tmp_path / "systemd.jsonl"
+    env = dict(os.environ, PATH=f"{FAKE_VM_BIN}{os.pathsep}{os.environ['PATH']}",
+               RIG_ROOT=str(root), RIG_ETC=str(etc), RIG_GUEST_ATTR_DIR=str(attrs),
+               RIG_STAGES="serving", FAKE_SYSTEMD_LOG=str(log), FAKE_HEALTH_PORT=str(port))
+    if service_fails:
+        env["FAKE_SERVICE_FAILS"] = "1"
+    try:
+        proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        pid_file = Path(f"{log}.pid")
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+    unit = etc / "systemd" / "system" / "torchtpu-cpp.service"
+    assert f"EnvironmentFile={etc}/torchtpu-cpp/serve.env" in unit.read_text()
+    assert (f"ExecStart={root}/venv/bin/python3 -m torchtpu_cpp.serve --device ${{SERVE_DEVICE}} "
+            "--model ${MODEL_DIR} $EMB4_ARGS --port ${PORT} --host 0.0.0.0 "
+            "--context ${SERVE_CONTEXT}") in unit.read_text()
+    analyze = shutil.which("systemd-analyze")
+    assert analyze, "systemd-analyze (package systemd) checks the unit"
+    verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    assert (etc / "torchtpu-cpp" / "serve.env").read_text().splitlines() == [
+        "SERVE_DEVICE=tpu",
+        f"MODEL_DIR={root}/weights/model",
+        f'EMB4_ARGS="--emb4 {root}/weights/emb4"',
+        f"PORT={port}",
+        "SERVE_CONTEXT=8192",
+        "TORCH_TPU_DEFER_AND_FUSE=1",
+        "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "HF_HUB_OFFLINE=1",
+        "PYTHONUNBUFFERED=1",
+    ]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls[:3] == [["daemon-reload"], ["enable", "torchtpu-cpp.service"],
+                         ["restart", "torchtpu-cpp.service"]]
+
+    cloud.state["guest_attr_dir"] = str(attrs)
+    (stage,) = [s for s in json.loads(cloud.rig("progress", "--json").stdout)
+                if s["stage"] == "serving"]
+    if service_fails:
+        assert proc.returncode == 1
+        assert stage["state"] == "failed"
+        assert ["is-failed", "--quiet", "torchtpu-cpp.service"] in calls
+        assert "journal line from the stand-in (-u torchtpu-cpp.service -n 40" in stage["tail"]
+        assert f"torchtpu-cpp.service did not answer /health on port {port}" in stage["tail"]
+    else:
+        assert proc.returncode == 0, proc.stderr
+        assert stage["state"] == "done"
+        assert '{"status":"ok"}' in stage["tail"] and f"serving on port {port}" in stage["tail"]
 
 
 def test_mcp_server_lists_tools_and_calls_them(cloud):
