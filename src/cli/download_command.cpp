@@ -47,7 +47,9 @@ void add_download_command(CLI::App& app) {
   cmd->add_option("id", args->id, "Hub model id, org/name or org/name@revision")->required();
   cmd->add_option("--revision", args->revision, "branch, tag or commit (default: main)");
   cmd->add_option("--include", args->include,
-                  "only files matching this glob (repeatable), among those the engine reads");
+                  "only files matching this glob (repeat the flag for more), among those the "
+                  "engine reads")
+      ->allow_extra_args(false);
   cmd->add_option("--cache-dir", args->cache_dir, "cache directory instead of HF_HUB_CACHE");
   cmd->add_flag("--quiet", args->quiet, "no progress output");
   cmd->callback([args] { run_download(*args); });

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -380,26 +381,38 @@ TEST(HubOffline, ServesACompleteCachedSnapshotWithoutNetwork) {
   fs::remove_all(dir);
 }
 
-TEST(HubCli, DownloadCommandParsesIdRevisionAndIncludes) {
+namespace {
+
+// Runs `args` through a fresh app holding only the download command.
+void parse_download(std::vector<std::string> args) {
   CLI::App app;
   add_download_command(app);
-  // Offline with an empty cache: the command runs and fails with the Hub's own error.
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last first
+  app.parse(args);
+}
+
+}  // namespace
+
+TEST(HubCli, DownloadCommandPassesIdRevisionAndIncludes) {
+  // Offline, against a cached snapshot of v1 that holds config.json but not the weights.
   auto env = ScopedEnv({{"HF_HUB_OFFLINE", "1"}});
   fs::path dir = temp_dir("cli");
-  std::vector<std::string> args = {"download",    "org/name@v1", "--include", "*.json",
-                                   "--cache-dir", dir.string(),  "--quiet"};
-  std::vector<std::string> reversed(args.rbegin(), args.rend());
-  EXPECT_THROW(app.parse(reversed), NotFoundError);
+  const std::string commit(40, 'f');
+  RepoCache c(dir, "org/name");
+  c.write_ref("v1", commit);
+  RepoFile config{"config.json", 2, git_sha1_of("{}"), ""};
+  RepoFile weights{"model.safetensors", 3, git_sha1_of("ptr"), sha256_of("abc")};
+  c.write_tree(commit, {config, weights});
+  write(c.blob(config.etag()), "{}");
+  c.link(commit, config.path, config.etag());
+  const std::string cache = "--cache-dir=" + dir.string();
 
-  CLI::App twice;
-  add_download_command(twice);
-  args = {"download", "org/name@v1", "--revision", "v2", "--cache-dir", dir.string()};
-  reversed.assign(args.rbegin(), args.rend());
-  EXPECT_THROW(twice.parse(reversed), ValueError);
-
-  CLI::App missing;
-  add_download_command(missing);
-  reversed = {"download"};
-  EXPECT_THROW(missing.parse(reversed), CLI::RequiredError);
+  EXPECT_NO_THROW(parse_download({"download", "--include", "*.json", "org/name@v1", cache}));
+  EXPECT_NO_THROW(parse_download({"download", "org/name", "--revision", "v1", "--include",
+                                  "config.json", "--include", "*.jinja", cache, "--quiet"}));
+  EXPECT_THROW(parse_download({"download", "org/name@v1", cache}), NotFoundError);
+  EXPECT_THROW(parse_download({"download", "org/name", cache}), NotFoundError);
+  EXPECT_THROW(parse_download({"download", "org/name@v1", "--revision", "v2", cache}), ValueError);
+  EXPECT_THROW(parse_download({"download"}), CLI::RequiredError);
   fs::remove_all(dir);
 }

@@ -22,19 +22,17 @@ from hub_fixture import HubFixture, Repo
 from safetensors.numpy import save
 
 
-def _find_tool() -> str:
-    """HUB_DOWNLOAD_TOOL (CTest sets it), else the newest build directory's."""
-    if os.environ.get("HUB_DOWNLOAD_TOOL"):
-        return os.environ["HUB_DOWNLOAD_TOOL"]
+def _find_built(env_var: str, pattern: str) -> str:
+    """The executable named by `env_var` (CTest sets it), else the newest in a build directory."""
+    if os.environ.get(env_var):
+        return os.environ[env_var]
     repo_dir = Path(__file__).resolve().parents[2]
-    found = sorted(
-        repo_dir.glob("build*/tests/hub_download_tool"),
-        key=lambda p: -p.stat().st_mtime,
-    )
+    found = sorted(repo_dir.glob(pattern), key=lambda p: -p.stat().st_mtime)
     return str(found[0]) if found else ""
 
 
-TOOL = _find_tool()
+TOOL = _find_built("HUB_DOWNLOAD_TOOL", "build*/tests/hub_download_tool")
+CLI = _find_built("TORCHTPU_CLI", "build*/torchtpu-cpp")
 REPO = "fixture-org/tiny-gemma"
 ENGINE_FILES = {
     "config.json",
@@ -391,6 +389,34 @@ def test_unreachable_hub_falls_back_to_the_cache(hub, cache):
     r = run_tool(hub, cache, HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens on port 9
     assert r.returncode == 0, r.stderr
     assert Path(r.stdout.strip()) == snap and "cached snapshot" in r.stderr
+
+
+# --- the command line ---
+
+
+def test_cli_download_prints_the_snapshot_dir(hub, cache):
+    assert CLI, "build torchtpu-cpp, or point TORCHTPU_CLI at it"
+    r = subprocess.run(
+        [CLI, "download", f"{REPO}@v1", "--include", "*.json"],
+        env=hub_env(hub, cache),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    snap = Path(r.stdout.strip())
+    assert snap == storage(cache) / "snapshots" / hub.repos[REPO].refs["v1"].sha
+    assert {p.name for p in snap.iterdir()} == {n for n in ENGINE_FILES if n.endswith(".json")}
+    r = subprocess.run(
+        [CLI, "download", "fixture-org/nope"],
+        env=hub_env(hub, cache),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode != 0 and "'fixture-org/nope' not found" in r.stderr and r.stdout == ""
 
 
 # --- progress ---
