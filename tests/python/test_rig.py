@@ -51,8 +51,13 @@ class FakeCloud:
 
     def rig(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         self.state_file.write_text(json.dumps(self.state))
-        proc = subprocess.run([sys.executable, str(RIG), *args], env=self.env(),
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, str(RIG), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if check:
             assert proc.returncode == 0, proc.stderr
         return proc
@@ -81,8 +86,9 @@ def bash_values(script: str, names: list[str]) -> dict[str, list[str]]:
     block = script.split("# ---- settings from tpu.env (rendered) ----\n", 1)[1]
     block = block.split("# ---- runner ----", 1)[0]
     printer = "".join(f'printf "%s\\0" "${{{n}[@]}}"; printf "\\1"; ' for n in names)
-    out = subprocess.run(["bash", "-c", f"set -eu\n{block}\n{printer}"], capture_output=True,
-                         check=True).stdout.decode()
+    out = subprocess.run(
+        ["bash", "-c", f"set -eu\n{block}\n{printer}"], capture_output=True, check=True
+    ).stdout.decode()
     groups = out.split("\1")[:-1]
     return {n: g.split("\0")[:-1] for n, g in zip(names, groups)}
 
@@ -100,27 +106,46 @@ def test_create_requests_flex_start_queued_resource_with_the_rendered_script(clo
     script_arg = next(a for a in argv if a.startswith("--metadata-from-file="))
     assert re.fullmatch(r"--metadata-from-file=startup-script=/\S+/startup-script\.sh", script_arg)
     assert argv == [
-        "alpha", "compute", "tpus", "queued-resources", "create", "torchtpu-cpp-qr",
-        "--node-id=torchtpu-cpp-vm", "--zone=us-west4-a", "--accelerator-type=v5litepod-1",
-        "--runtime-version=v2-alpha-tpuv5-lite", "--network=default",
-        "--tags=torchtpu-cpp-serve", "--metadata=enable-guest-attributes=TRUE", script_arg,
+        "alpha",
+        "compute",
+        "tpus",
+        "queued-resources",
+        "create",
+        "torchtpu-cpp-qr",
+        "--node-id=torchtpu-cpp-vm",
+        "--zone=us-west4-a",
+        "--accelerator-type=v5litepod-1",
+        "--runtime-version=v2-alpha-tpuv5-lite",
+        "--network=default",
+        "--tags=torchtpu-cpp-serve",
+        "--metadata=enable-guest-attributes=TRUE",
+        script_arg,
         "--description=torchtpu-cpp: Gemma 4 E2B over ATen on TorchTPU",
-        "--provisioning-model=flex-start", "--max-run-duration=8h",
-        "--project=my-proj-123", "--quiet",
+        "--provisioning-model=flex-start",
+        "--max-run-duration=8h",
+        "--project=my-proj-123",
+        "--quiet",
     ]
     script = call["files"]["startup-script"]
     assert script.startswith("#!/bin/bash\n")
     assert len(script.encode()) <= METADATA_VALUE_LIMIT
 
     # The payload is the tracked tree minus PACK_EXCLUDE's default patterns, byte for byte.
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
-                             check=True).stdout.decode().split("\0")
+    tracked = (
+        subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
     left_out = ("bench/", "docs/", "scripts/", "tests/")
     expected = sorted(
-        p for p in tracked
-        if p and (REPO / p).is_file() and not (REPO / p).is_symlink()
+        p
+        for p in tracked
+        if p
+        and (REPO / p).is_file()
+        and not (REPO / p).is_symlink()
         and not p.startswith(left_out)
-        and (not p.startswith("rig/") or p == "rig/torchtpu-cpp.service"))
+        and (not p.startswith("rig/") or p == "rig/torchtpu-cpp.service")
+    )
     packed = payload_of(script)
     assert sorted(packed) == expected
     assert all(packed[p] == (REPO / p).read_bytes() for p in expected)
@@ -149,7 +174,9 @@ def test_rendered_script_is_valid_bash_and_passes_shellcheck(tmp_path, cloud):
     subprocess.run(["bash", "-n", str(out)], check=True)
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is part of the toolchain (scripts/setup.sh installs it)"
-    lint = subprocess.run([shellcheck, "--severity=style", str(out)], capture_output=True, text=True)
+    lint = subprocess.run(
+        [shellcheck, "--severity=style", str(out)], capture_output=True, text=True
+    )
     assert lint.returncode == 0, lint.stdout
     assert cloud.calls() == []
 
@@ -158,11 +185,18 @@ def test_oversized_source_is_refused_before_any_gcloud_call(tmp_path, cloud):
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "rig", repo / "rig", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "big.bin").write_bytes(os.urandom(300 * 1024))  # random bytes do not compress
-    for cmd in (["init", "-q"], ["add", "-A"],
-                ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "x"]):
+    for cmd in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "x"],
+    ):
         subprocess.run(["git", *cmd], cwd=repo, check=True)
-    proc = subprocess.run([sys.executable, str(repo / "rig" / "rig"), "create"],
-                          env=cloud.env(), capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(repo / "rig" / "rig"), "create"],
+        env=cloud.env(),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1
     assert "262144-byte (256 KiB) limit" in proc.stderr
     assert "big.bin (307200 B)" in proc.stderr
@@ -172,21 +206,27 @@ def test_oversized_source_is_refused_before_any_gcloud_call(tmp_path, cloud):
 
 def test_values_with_spaces_and_quotes_stay_single_arguments(tmp_path, cloud):
     description = """Gemma "4" isn't $HOME; `rm -rf /` & echo hi"""
-    env = write_env(tmp_path / "odd.env", "\n".join([
-        "DESCRIPTION='Gemma \"4\" isn'\"'\"'t $HOME; `rm -rf /` & echo hi'",
-        "TORCH_PIP_SPEC=\"torch==2.14.1 'jinja2>=3.1' 'name with space'\"",
-        "UNIT_PYTEST_ARGS=\"tests/python -k 'not slow and not (a or b)'\"",
-        "FIREWALL_SOURCE_RANGES=\"203.0.113.7/32 198.51.100.0/24\"",
-        "MODEL_ID=org/model.v1  # a comment after the value",
-        "",
-    ]))
+    env = write_env(
+        tmp_path / "odd.env",
+        "\n".join(
+            [
+                "DESCRIPTION='Gemma \"4\" isn'\"'\"'t $HOME; `rm -rf /` & echo hi'",
+                "TORCH_PIP_SPEC=\"torch==2.14.1 'jinja2>=3.1' 'name with space'\"",
+                "UNIT_PYTEST_ARGS=\"tests/python -k 'not slow and not (a or b)'\"",
+                'FIREWALL_SOURCE_RANGES="203.0.113.7/32 198.51.100.0/24"',
+                "MODEL_ID=org/model.v1  # a comment after the value",
+                "",
+            ]
+        ),
+    )
     cloud.rig("--env", env, "create")
     cloud.rig("--env", env, "firewall")
 
     create, fw_describe, fw_create = cloud.calls()
     assert f"--description={description}" in create["argv"]
-    values = bash_values(create["files"]["startup-script"],
-                         ["TORCH_PIP_SPEC", "UNIT_PYTEST_ARGS", "MODEL_ID"])
+    values = bash_values(
+        create["files"]["startup-script"], ["TORCH_PIP_SPEC", "UNIT_PYTEST_ARGS", "MODEL_ID"]
+    )
     assert values == {
         "TORCH_PIP_SPEC": ["torch==2.14.1", "jinja2>=3.1", "name with space"],
         "UNIT_PYTEST_ARGS": ["tests/python", "-k", "not slow and not (a or b)"],
@@ -195,15 +235,18 @@ def test_values_with_spaces_and_quotes_stay_single_arguments(tmp_path, cloud):
     assert "--source-ranges=203.0.113.7/32,198.51.100.0/24" in fw_create["argv"]
 
 
-@pytest.mark.parametrize("line, message", [
-    ("ZONE='us west4-a'", "ZONE (from "),
-    ("NODE_ID=Bad_Name", "'Bad_Name' is not a valid value"),
-    ("PORT=70000", "70000 is not a TCP port"),
-    ("FIREWALL_SOURCE_RANGES=10.0.0.1/8", "has host bits set"),
-    ("NO_SUCH_SETTING=1", "unknown setting NO_SUCH_SETTING"),
-    ("DESCRIPTION=two words", "must be quoted as one word"),
-    ("DESCRIPTION='unbalanced", "No closing quotation"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("ZONE='us west4-a'", "ZONE (from "),
+        ("NODE_ID=Bad_Name", "'Bad_Name' is not a valid value"),
+        ("PORT=70000", "70000 is not a TCP port"),
+        ("FIREWALL_SOURCE_RANGES=10.0.0.1/8", "has host bits set"),
+        ("NO_SUCH_SETTING=1", "unknown setting NO_SUCH_SETTING"),
+        ("DESCRIPTION=two words", "must be quoted as one word"),
+        ("DESCRIPTION='unbalanced", "No closing quotation"),
+    ],
+)
 def test_bad_settings_are_refused_with_file_and_key(tmp_path, cloud, line, message):
     env = write_env(tmp_path / "bad.env", line + "\n")
     proc = cloud.rig("--env", env, "create", check=False)
@@ -213,8 +256,9 @@ def test_bad_settings_are_refused_with_file_and_key(tmp_path, cloud, line, messa
     assert cloud.calls() == []
 
 
-def stage_attr(state: str, start: int, end: int | None = None, code: int | None = None,
-               tail: str = "") -> str:
+def stage_attr(
+    state: str, start: int, end: int | None = None, code: int | None = None, tail: str = ""
+) -> str:
     lines = [f"state={state}", f"start={start}"]
     lines += [f"end={end}"] if end is not None else []
     lines += [f"exit={code}"] if code is not None else []
@@ -224,12 +268,24 @@ def stage_attr(state: str, start: int, end: int | None = None, code: int | None 
 def test_progress_reads_running_done_and_failed_stages(cloud):
     ns = "torchtpu-rig"
     cloud.state["guest_attributes"] = [
-        {"namespace": ns, "key": "python", "value": stage_attr("done", 1000, 1042, None,
-                                                               "Python 3.12.12"), "worker_id": 0},
-        {"namespace": ns, "key": "torch", "value": stage_attr("done", 1042, 1157, None,
-                                                              "torch 2.14.1+cpu\ntorch_tpu 0.2.0")},
-        {"namespace": ns, "key": "toolchain", "value": stage_attr(
-            "failed", 1157, 1164, 100, "Reading package lists...\nE: Unable to locate package x")},
+        {
+            "namespace": ns,
+            "key": "python",
+            "value": stage_attr("done", 1000, 1042, None, "Python 3.12.12"),
+            "worker_id": 0,
+        },
+        {
+            "namespace": ns,
+            "key": "torch",
+            "value": stage_attr("done", 1042, 1157, None, "torch 2.14.1+cpu\ntorch_tpu 0.2.0"),
+        },
+        {
+            "namespace": ns,
+            "key": "toolchain",
+            "value": stage_attr(
+                "failed", 1157, 1164, 100, "Reading package lists...\nE: Unable to locate package x"
+            ),
+        },
         {"namespace": "other", "key": "build", "value": "state=done\nstart=1"},
     ]
     stages = json.loads(cloud.rig("progress", "--json").stdout)
@@ -248,13 +304,24 @@ def test_progress_reads_running_done_and_failed_stages(cloud):
     assert "    | E: Unable to locate package x" in text
     assert text.rstrip().endswith("boot failed at toolchain")
     argv = cloud.calls()[0]["argv"]
-    assert argv == ["compute", "tpus", "tpu-vm", "get-guest-attributes", "torchtpu-cpp-vm",
-                    "--zone=us-west4-a", "--query-path=torchtpu-rig/", "--format=json", "--quiet"]
+    assert argv == [
+        "compute",
+        "tpus",
+        "tpu-vm",
+        "get-guest-attributes",
+        "torchtpu-cpp-vm",
+        "--zone=us-west4-a",
+        "--query-path=torchtpu-rig/",
+        "--format=json",
+        "--quiet",
+    ]
 
     cloud.state["guest_attributes"] = [
-        {"namespace": ns, "key": "python", "value": stage_attr("running", 1000)}]
-    (running,) = [s for s in json.loads(cloud.rig("progress", "--json").stdout)
-                  if s["state"] == "running"]
+        {"namespace": ns, "key": "python", "value": stage_attr("running", 1000)}
+    ]
+    (running,) = [
+        s for s in json.loads(cloud.rig("progress", "--json").stdout) if s["state"] == "running"
+    ]
     assert running["stage"] == "python" and running["seconds"] > 0
     assert cloud.rig("progress").stdout.rstrip().endswith("boot in progress")
 
@@ -263,19 +330,29 @@ def test_startup_script_reports_done_then_failed_and_stops(tmp_path, cloud):
     """The real runner on this machine: the python stage creates a venv, the torch stage fails on
     a package PyPI does not have, and nothing after it runs."""
     assert shutil.which(f"python{PY_VERSION}"), f"python{PY_VERSION} must be on PATH"
-    env_file = write_env(tmp_path / "t.env", "\n".join([
-        f"PYTHON_VERSION={PY_VERSION}",
-        "TORCH_PIP_SPEC=torchtpu-rig-no-such-package==0.0.0",
-        "PIP_INDEX_ARGS=",
-        "",
-    ]))
+    env_file = write_env(
+        tmp_path / "t.env",
+        "\n".join(
+            [
+                f"PYTHON_VERSION={PY_VERSION}",
+                "TORCH_PIP_SPEC=torchtpu-rig-no-such-package==0.0.0",
+                "PIP_INDEX_ARGS=",
+                "",
+            ]
+        ),
+    )
     script = tmp_path / "startup-script.sh"
     cloud.rig("--env", env_file, "render", "--out", str(script))
     attrs = tmp_path / "attrs"
-    env = dict(os.environ, RIG_ROOT=str(tmp_path / "root"), RIG_GUEST_ATTR_DIR=str(attrs),
-               RIG_STAGES="python torch toolchain")
-    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
-                          timeout=600)
+    env = dict(
+        os.environ,
+        RIG_ROOT=str(tmp_path / "root"),
+        RIG_GUEST_ATTR_DIR=str(attrs),
+        RIG_STAGES="python torch toolchain",
+    )
+    proc = subprocess.run(
+        ["bash", str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 1
     assert "STAGE: python" in proc.stdout and "STAGE: torch" in proc.stdout
     assert "STAGE: toolchain" not in proc.stdout
@@ -288,7 +365,9 @@ def test_startup_script_reports_done_then_failed_and_stops(tmp_path, cloud):
     assert stages["python"]["state"] == "done"
     assert f"Python {PY_VERSION}" in stages["python"]["tail"]
     assert stages["torch"]["state"] == "failed" and stages["torch"]["exit"] == 1
-    assert "No matching distribution found for torchtpu-rig-no-such-package" in stages["torch"]["tail"]
+    assert (
+        "No matching distribution found for torchtpu-rig-no-such-package" in stages["torch"]["tail"]
+    )
     assert stages["toolchain"]["state"] == "pending"
     assert "boot failed at torch" in cloud.rig("progress").stdout
 
@@ -297,8 +376,12 @@ def test_unit_stage_without_tests_is_reported_skipped_not_done(tmp_path, cloud):
     script = tmp_path / "startup-script.sh"
     cloud.rig("render", "--out", str(script))
     attrs = tmp_path / "attrs"
-    env = dict(os.environ, RIG_ROOT=str(tmp_path / "root"), RIG_GUEST_ATTR_DIR=str(attrs),
-               RIG_STAGES="unit")
+    env = dict(
+        os.environ,
+        RIG_ROOT=str(tmp_path / "root"),
+        RIG_GUEST_ATTR_DIR=str(attrs),
+        RIG_STAGES="unit",
+    )
     subprocess.run(["bash", str(script)], env=env, capture_output=True, check=True, timeout=60)
     cloud.state["guest_attr_dir"] = str(attrs)
     text = cloud.rig("progress").stdout
@@ -323,16 +406,23 @@ def test_status_endpoint_firewall_and_delete(cloud, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     cloud.state["queued_resource"] = {"state": {"state": "ACTIVE"}}
-    cloud.state["node"] = {"state": "READY", "health": "HEALTHY", "acceleratorType": "v5litepod-1",
-                           "networkEndpoints": [{"ipAddress": "10.0.0.2",
-                                                 "accessConfig": {"externalIp": "127.0.0.1"}}]}
+    cloud.state["node"] = {
+        "state": "READY",
+        "health": "HEALTHY",
+        "acceleratorType": "v5litepod-1",
+        "networkEndpoints": [
+            {"ipAddress": "10.0.0.2", "accessConfig": {"externalIp": "127.0.0.1"}}
+        ],
+    }
     try:
         status = cloud.rig("status").stdout
         endpoint = cloud.rig("--set", f"PORT={port}", "endpoint", "--check").stdout
     finally:
         server.shutdown()
     assert "queued resource torchtpu-cpp-qr (us-west4-a): ACTIVE" in status
-    assert "node torchtpu-cpp-vm: READY, health HEALTHY, v5litepod-1, external IP 127.0.0.1" in status
+    assert (
+        "node torchtpu-cpp-vm: READY, health HEALTHY, v5litepod-1, external IP 127.0.0.1" in status
+    )
     assert endpoint.splitlines() == [f"http://127.0.0.1:{port}", '/health: 200 {"status":"ok"}']
 
     refused = cloud.rig("firewall", check=False)
@@ -345,17 +435,55 @@ def test_status_endpoint_firewall_and_delete(cloud, tmp_path):
 
     argvs = [c["argv"] for c in cloud.calls()[n_before:]]
     assert argvs == [
-        ["compute", "firewall-rules", "describe", "torchtpu-cpp-allow-serve", "--format=json",
-         "--quiet"],
-        ["compute", "firewall-rules", "create", "torchtpu-cpp-allow-serve", "--network=default",
-         "--direction=INGRESS", "--action=ALLOW", "--rules=tcp:8000",
-         "--target-tags=torchtpu-cpp-serve", "--source-ranges=203.0.113.7/32", "--quiet"],
-        ["compute", "firewall-rules", "describe", "torchtpu-cpp-allow-serve", "--format=json",
-         "--quiet"],
-        ["compute", "firewall-rules", "update", "torchtpu-cpp-allow-serve", "--rules=tcp:8000",
-         "--target-tags=torchtpu-cpp-serve", "--source-ranges=203.0.113.0/24", "--quiet"],
-        ["compute", "tpus", "queued-resources", "delete", "torchtpu-cpp-qr", "--zone=us-west4-a",
-         "--force", "--quiet"],
+        [
+            "compute",
+            "firewall-rules",
+            "describe",
+            "torchtpu-cpp-allow-serve",
+            "--format=json",
+            "--quiet",
+        ],
+        [
+            "compute",
+            "firewall-rules",
+            "create",
+            "torchtpu-cpp-allow-serve",
+            "--network=default",
+            "--direction=INGRESS",
+            "--action=ALLOW",
+            "--rules=tcp:8000",
+            "--target-tags=torchtpu-cpp-serve",
+            "--source-ranges=203.0.113.7/32",
+            "--quiet",
+        ],
+        [
+            "compute",
+            "firewall-rules",
+            "describe",
+            "torchtpu-cpp-allow-serve",
+            "--format=json",
+            "--quiet",
+        ],
+        [
+            "compute",
+            "firewall-rules",
+            "update",
+            "torchtpu-cpp-allow-serve",
+            "--rules=tcp:8000",
+            "--target-tags=torchtpu-cpp-serve",
+            "--source-ranges=203.0.113.0/24",
+            "--quiet",
+        ],
+        [
+            "compute",
+            "tpus",
+            "queued-resources",
+            "delete",
+            "torchtpu-cpp-qr",
+            "--zone=us-west4-a",
+            "--force",
+            "--quiet",
+        ],
         ["compute", "firewall-rules", "delete", "torchtpu-cpp-allow-serve", "--quiet"],
     ]
 
@@ -377,9 +505,20 @@ def test_status_progress_and_endpoint_before_the_node_exists(cloud):
 def test_cost_per_million_tokens_matches_the_seed():
     # The seed rig: USD 0.60/h on a v5e-1 flex-start; 12.20 tok/s -> 13.66, vLLM 144.1 -> 1.16.
     for tok_s, usd in (("12.20", "13.66"), ("144.1", "1.16")):
-        out = subprocess.run([sys.executable, str(RIG), "cost", "--usd-per-hour", "0.60",
-                              "--tokens-per-second", tok_s], capture_output=True, text=True,
-                             check=True).stdout
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(RIG),
+                "cost",
+                "--usd-per-hour",
+                "0.60",
+                "--tokens-per-second",
+                tok_s,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert out.startswith(f"USD {usd} per million output tokens")
 
 
@@ -402,14 +541,22 @@ def test_serving_stage_installs_the_unit_and_waits_for_health(tmp_path, cloud, s
     (root / "venv" / "bin").mkdir(parents=True)
     (root / "venv" / "bin" / "python3").symlink_to(sys.executable)
     log = tmp_path / "systemd.jsonl"
-    env = dict(os.environ, PATH=f"{FAKE_VM_BIN}{os.pathsep}{os.environ['PATH']}",
-               RIG_ROOT=str(root), RIG_ETC=str(etc), RIG_GUEST_ATTR_DIR=str(attrs),
-               RIG_STAGES="serving", FAKE_SYSTEMD_LOG=str(log), FAKE_HEALTH_PORT=str(port))
+    env = dict(
+        os.environ,
+        PATH=f"{FAKE_VM_BIN}{os.pathsep}{os.environ['PATH']}",
+        RIG_ROOT=str(root),
+        RIG_ETC=str(etc),
+        RIG_GUEST_ATTR_DIR=str(attrs),
+        RIG_STAGES="serving",
+        FAKE_SYSTEMD_LOG=str(log),
+        FAKE_HEALTH_PORT=str(port),
+    )
     if service_fails:
         env["FAKE_SERVICE_FAILS"] = "1"
     try:
-        proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            ["bash", str(script)], env=env, capture_output=True, text=True, timeout=120
+        )
     finally:
         pid_file = Path(f"{log}.pid")
         if pid_file.exists():
@@ -417,9 +564,11 @@ def test_serving_stage_installs_the_unit_and_waits_for_health(tmp_path, cloud, s
 
     unit = etc / "systemd" / "system" / "torchtpu-cpp.service"
     assert f"EnvironmentFile={etc}/torchtpu-cpp/serve.env" in unit.read_text()
-    assert (f"ExecStart={root}/venv/bin/python3 -m torchtpu_cpp.serve --device ${{SERVE_DEVICE}} "
-            "--model ${MODEL_DIR} $EMB4_ARGS --port ${PORT} --host 0.0.0.0 "
-            "--context ${SERVE_CONTEXT}") in unit.read_text()
+    assert (
+        f"ExecStart={root}/venv/bin/python3 -m torchtpu_cpp.serve --device ${{SERVE_DEVICE}} "
+        "--model ${MODEL_DIR} --model-id ${MODEL_ID} $EMB4_ARGS --port ${PORT} "
+        "--host 0.0.0.0 --context ${SERVE_CONTEXT}"
+    ) in unit.read_text()
     analyze = shutil.which("systemd-analyze")
     assert analyze, "systemd-analyze (package systemd) checks the unit"
     verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
@@ -427,6 +576,7 @@ def test_serving_stage_installs_the_unit_and_waits_for_health(tmp_path, cloud, s
     assert (etc / "torchtpu-cpp" / "serve.env").read_text().splitlines() == [
         "SERVE_DEVICE=tpu",
         f"MODEL_DIR={root}/weights/model",
+        "MODEL_ID=xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text",
         f'EMB4_ARGS="--emb4 {root}/weights/emb4"',
         f"PORT={port}",
         "SERVE_CONTEXT=8192",
@@ -436,12 +586,16 @@ def test_serving_stage_installs_the_unit_and_waits_for_health(tmp_path, cloud, s
         "PYTHONUNBUFFERED=1",
     ]
     calls = [json.loads(line) for line in log.read_text().splitlines()]
-    assert calls[:3] == [["daemon-reload"], ["enable", "torchtpu-cpp.service"],
-                         ["restart", "torchtpu-cpp.service"]]
+    assert calls[:3] == [
+        ["daemon-reload"],
+        ["enable", "torchtpu-cpp.service"],
+        ["restart", "torchtpu-cpp.service"],
+    ]
 
     cloud.state["guest_attr_dir"] = str(attrs)
-    (stage,) = [s for s in json.loads(cloud.rig("progress", "--json").stdout)
-                if s["stage"] == "serving"]
+    (stage,) = [
+        s for s in json.loads(cloud.rig("progress", "--json").stdout) if s["stage"] == "serving"
+    ]
     if service_fails:
         assert proc.returncode == 1
         assert stage["state"] == "failed"
@@ -458,7 +612,8 @@ def test_mcp_server_lists_tools_and_calls_them(cloud):
     from mcp import Client, StdioServerParameters
 
     cloud.state["guest_attributes"] = [
-        {"namespace": "torchtpu-rig", "key": "python", "value": stage_attr("done", 10, 52)}]
+        {"namespace": "torchtpu-rig", "key": "python", "value": stage_attr("done", 10, 52)}
+    ]
     cloud.state_file.write_text(json.dumps(cloud.state))
     params = StdioServerParameters(command=sys.executable, args=[str(RIG), "mcp"], env=cloud.env())
 
@@ -466,14 +621,22 @@ def test_mcp_server_lists_tools_and_calls_them(cloud):
         async with Client(params) as client:
             tools = {t.name for t in (await client.list_tools()).tools}
             progress = await client.call_tool("boot_progress", {})
-            cost = await client.call_tool("cost_per_million_tokens",
-                                          {"usd_per_hour": 0.6, "tokens_per_second": 12.2})
+            cost = await client.call_tool(
+                "cost_per_million_tokens", {"usd_per_hour": 0.6, "tokens_per_second": 12.2}
+            )
             firewall = await client.call_tool("open_firewall", {})
             return tools, progress, cost, firewall
 
     tools, progress, cost, firewall = asyncio.run(session())
-    assert tools == {"create_tpu", "boot_progress", "tpu_status", "endpoint", "open_firewall",
-                     "delete_tpu", "cost_per_million_tokens"}
+    assert tools == {
+        "create_tpu",
+        "boot_progress",
+        "tpu_status",
+        "endpoint",
+        "open_firewall",
+        "delete_tpu",
+        "cost_per_million_tokens",
+    }
     assert not progress.is_error
     assert re.search(r"^python\s+done\s+0:42$", progress.content[0].text, re.M)
     assert cost.content[0].text.startswith("USD 13.66 per million output tokens")
@@ -482,9 +645,22 @@ def test_mcp_server_lists_tools_and_calls_them(cloud):
 
 
 def _torch_tpu_has_wheel() -> bool:
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet",
-                           "--no-deps", "--ignore-installed", "--only-binary=:all:",
-                           "torch_tpu==0.2.0"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--no-deps",
+            "--ignore-installed",
+            "--only-binary=:all:",
+            "torch_tpu==0.2.0",
+        ],
+        capture_output=True,
+        text=True,
+    )
     return proc.returncode == 0
 
 
@@ -497,13 +673,18 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
     if not _torch_tpu_has_wheel():
         spec = "torch==2.14.1 huggingface_hub"
         print(f"torch_tpu 0.2.0 has no wheel for CPython {PY_VERSION}: installed {spec} without it")
-    env_file = write_env(tmp_path / "local.env", "\n".join([
-        f"PYTHON_VERSION={PY_VERSION}",
-        f'TORCH_PIP_SPEC="{spec}"',
-        "PIP_INDEX_ARGS=",  # this machine reaches PyPI only, whose torch is the CUDA build
-        "BUILD_JOBS=2",
-        "",
-    ]))
+    env_file = write_env(
+        tmp_path / "local.env",
+        "\n".join(
+            [
+                f"PYTHON_VERSION={PY_VERSION}",
+                f'TORCH_PIP_SPEC="{spec}"',
+                "PIP_INDEX_ARGS=",  # this machine reaches PyPI only, whose torch is the CUDA build
+                "BUILD_JOBS=2",
+                "",
+            ]
+        ),
+    )
     script = tmp_path / "startup-script.sh"
     print(cloud.rig("--env", env_file, "render", "--out", str(script)).stdout)
     # A fixed root, emptied first: the venv is fresh, and the paths the compiler sees are the same
@@ -513,21 +694,30 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
     # The weights stage downloads with huggingface_hub for real, from the fake Hub on loopback.
     hub = HubFixture()
     checkpoint = {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": os.urandom(64)}
-    for hub_id in ("xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text",
-                   "xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text-emb4"):
+    for hub_id in (
+        "xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text",
+        "xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text-emb4",
+    ):
         hub.add(Repo(hub_id, {"main": checkpoint}))
-    env = dict(os.environ, RIG_ROOT=str(root), RIG_GUEST_ATTR_DIR=str(attrs), RIG_DEVICE="cpu",
-               RIG_STAGES="python torch toolchain build weights smoke", HF_ENDPOINT=hub.url,
-               HF_HOME=str(tmp_path / "hf-home"), HF_HUB_DISABLE_XET="1")
+    env = dict(
+        os.environ,
+        RIG_ROOT=str(root),
+        RIG_GUEST_ATTR_DIR=str(attrs),
+        RIG_DEVICE="cpu",
+        RIG_STAGES="python torch toolchain build weights smoke",
+        HF_ENDPOINT=hub.url,
+        HF_HOME=str(tmp_path / "hf-home"),
+        HF_HUB_DISABLE_XET="1",
+    )
     try:
-        proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True,
-                              timeout=1440)
+        proc = subprocess.run(
+            ["bash", str(script)], env=env, capture_output=True, text=True, timeout=1440
+        )
         print(proc.stdout[-6000:], proc.stderr[-6000:], sep="\n")
         cloud.state["guest_attr_dir"] = str(attrs)
         print(cloud.rig("progress").stdout)
         assert proc.returncode == 0
-        logs = {s: (root / "logs" / f"{s}.log").read_text() for s in
-                ("torch", "build", "smoke")}
+        logs = {s: (root / "logs" / f"{s}.log").read_text() for s in ("torch", "build", "smoke")}
         assert re.search(r"^torch 2\.14\.1", logs["torch"], re.M)
         if "torch_tpu" in spec:
             assert "torch_tpu 0.2.0" in logs["torch"]
@@ -535,10 +725,17 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
         assert "torchtpu_cpp BUILD" in logs["build"]
         assert "torchtpu_cpp matmul_sum 64.0 on cpu" in logs["smoke"]
         check = subprocess.run(
-            [str(root / "venv" / "bin" / "python3"), "-c",
-             "import torch, torchtpu_cpp; print(torchtpu_cpp.__file__); "
-             "print(torch.__version__); print(torchtpu_cpp.BUILD['torch'])"],
-            cwd="/", capture_output=True, text=True, check=True).stdout.split()
+            [
+                str(root / "venv" / "bin" / "python3"),
+                "-c",
+                "import torch, torchtpu_cpp; print(torchtpu_cpp.__file__); "
+                "print(torch.__version__); print(torchtpu_cpp.BUILD['torch'])",
+            ],
+            cwd="/",
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         assert check[0].startswith(str(root / "venv")), check[0]
         assert check[1] == check[2], f"module built against torch {check[2]}, venv has {check[1]}"
         stages = json.loads(cloud.rig("progress", "--json").stdout)
