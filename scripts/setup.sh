@@ -6,7 +6,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 apt_packages=(build-essential cmake ninja-build git pkg-config python3-venv
-  nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libcli11-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libssl-dev libcli11-dev libgtest-dev libgmock-dev
   chromium shellcheck ccache)
 missing=()
 for p in "${apt_packages[@]}"; do

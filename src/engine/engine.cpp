@@ -121,11 +121,13 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
 
   DecodeResult result;
   result.prompt_tokens = n;
+  Sampler sampler(options.sampling, at::tensor(prompt, at::kLong), config().vocab_size,
+                  options_.device);
   rings_.reset();
   auto start = Clock::now();
   auto logits = read_prompt(prompt);
   if (on_logits) on_logits(logits);
-  auto token = logits.argmax().view({1, 1});
+  auto token = sampler.next(logits).view({1, 1});
   std::vector<at::Tensor> pending{token};
   auto position = at::full({1, 1}, n, at::TensorOptions().dtype(at::kLong).device(options_.device));
 
@@ -162,7 +164,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   for (int64_t step = 1; go_on && step < budget; ++step) {
     logits = model_->forward(token, position, &rings_).view({-1});
     if (on_logits) on_logits(logits);
-    token = logits.argmax().view({1, 1});
+    token = sampler.next(logits).view({1, 1});
     position = position + 1;
     pending.push_back(token);
     if (static_cast<int64_t>(pending.size()) >= options.read_every) go_on = read_back();

@@ -13,6 +13,7 @@
 
 #include "model/gemma4.h"
 #include "model/rings.h"
+#include "model/sampling.h"
 
 namespace torchtpu {
 
@@ -36,6 +37,7 @@ struct DecodeOptions {
   std::vector<int64_t> stop_ids;  // empty: the checkpoint's eos ids
   int64_t read_every = 1;         // steps between host reads (1 streams)
   bool ignore_eos = false;        // decode exactly max_new tokens
+  SamplingParams sampling;        // greedy by default
 };
 
 struct DecodeResult {
@@ -65,7 +67,7 @@ class Engine {
   // float32 logits [ids.size(), vocab] of one causal pass with no cache; the rings are untouched.
   at::Tensor logits(const std::vector<int64_t>& ids);
 
-  // Reads the prompt into freshly reset rings and decodes greedily.
+  // Reads the prompt into freshly reset rings and decodes (greedy or sampled, per options).
   DecodeResult decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
                       const OnTokens& on_tokens = {}, const OnLogits& on_logits = {});
 

@@ -132,9 +132,11 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     return kv.first.rfind("model.language_model.", 0) == 0;
   });
   prefix_ = multimodal ? "model.language_model." : "model.";
-  if (!index_.count(prefix_ + "embed_tokens.weight")) {
+  // The table may be dense or pack-quantized (an emb4 twin holds only int4 tables).
+  if (!index_.count(prefix_ + "embed_tokens.weight") &&
+      !index_.count(prefix_ + "embed_tokens.weight_packed")) {
     throw FormatError("checkpoint " + dir + " has no " + prefix_ +
-                      "embed_tokens.weight (tensor names must start with "
+                      "embed_tokens.weight or .weight_packed (tensor names must start with "
                       "\"model.language_model.\" or \"model.\")");
   }
 }
