@@ -1,4 +1,5 @@
 #include <iostream>
+#include <optional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -10,7 +11,12 @@
 #include "common/memory.h"
 #include "engine/engine.h"
 #include "engine/report.h"
+#include "io/checkpoint.h"
+#include "hub/hub.h"
 #include "io/safetensors.h"
+#include "text/chat_template.h"
+#include "text/detokenizer.h"
+#include "text/tokenizer.h"
 
 namespace torchtpu::cli {
 namespace {
@@ -45,15 +51,23 @@ TensorToWrite f32_tensor(const std::string& name, const at::Tensor& t) {
 
 void add_generate_command(CLI::App& app) {
   struct Args {
-    std::string model, emb4, ids, dtype = "bfloat16", device = "cpu", dump_logits;
+    std::string model, emb4, ids, prompt, system, dtype = "bfloat16", device = "cpu", dump_logits;
     int64_t max_new = 64, context = 8192, chunk = 512, read_every = 1;
-    bool json = false, ignore_eos = false;
+    bool json = false, ignore_eos = false, chat = false, think = false;
+    SamplingParams sampling;
+    uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("generate", "Read a prompt and decode greedily");
-  cmd->add_option("--model", a->model, "Checkpoint directory")->required();
-  cmd->add_option("--emb4", a->emb4, "Directory with int4 vocabulary tables");
-  cmd->add_option("--ids", a->ids, "Prompt token ids, comma-separated")->required();
+  cmd->add_option("--model", a->model, "Checkpoint directory or Hub id (org/name[@rev])")
+      ->required();
+  cmd->add_option("--emb4", a->emb4, "Directory or Hub id with int4 vocabulary tables");
+  auto* ids = cmd->add_option("--ids", a->ids, "Prompt token ids, comma-separated");
+  auto* prompt = cmd->add_option("--prompt", a->prompt, "Prompt text (needs tokenizer.json)");
+  ids->excludes(prompt);
+  cmd->add_flag("--chat", a->chat, "Render --prompt as a user turn with the chat template");
+  cmd->add_option("--system", a->system, "System prompt (implies --chat)");
+  cmd->add_flag("--think", a->think, "Enable thinking in the chat template (implies --chat)");
   cmd->add_option("--max-new", a->max_new, "Tokens to generate");
   cmd->add_option("--dtype", a->dtype, "Compute dtype: bfloat16 | float32 | float16");
   cmd->add_option("--device", a->device, "cpu | cuda[:N]");
@@ -61,36 +75,78 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--chunk", a->chunk, "Prompt tokens read per forward pass");
   cmd->add_option("--read-every", a->read_every, "Decode steps between host reads");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Decode exactly --max-new tokens");
+  cmd->add_option("--temperature", a->sampling.temperature, "0 (default): greedy");
+  cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0: off)");
+  cmd->add_option("--top-p", a->sampling.top_p, "Keep the smallest set with this mass (1: off)");
+  cmd->add_option("--min-p", a->sampling.min_p, "Drop tokens below min_p x the top probability");
+  cmd->add_option("--repetition-penalty", a->sampling.repetition_penalty, "1: off");
+  cmd->add_option("--presence-penalty", a->sampling.presence_penalty, "0: off");
+  cmd->add_option("--frequency-penalty", a->sampling.frequency_penalty, "0: off");
+  auto* seed = cmd->add_option("--seed", a->seed, "Sampling seed (same seed, same tokens)");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_option("--dump-logits", a->dump_logits,
                   "Write prompt_logits [T, V] and step_logits [N, V] (f32) to a safetensors file");
-  cmd->callback([a] {
+  cmd->callback([a, seed] {
+    if (a->ids.empty() && a->prompt.empty()) throw ValueError("give --ids or --prompt");
+    const auto hub = hub::Options::from_env();
     EngineOptions options;
-    options.model_dir = a->model;
-    options.emb4_dir = a->emb4;
+    options.model_dir = hub::resolve_model(a->model, hub);
+    options.emb4_dir = a->emb4.empty() ? "" : hub::resolve_model(a->emb4, hub);
     options.device = parse_device(a->device);
     options.dtype = parse_dtype_name(a->dtype);
     options.context = a->context;
     options.prefill_chunk = a->chunk;
     Engine engine(options);
     const int64_t rss_after_load = resident_bytes();
-    const auto ids = parse_ids(a->ids);
+    std::optional<Tokenizer> tokenizer;
+    std::vector<int64_t> ids;
+    if (!a->prompt.empty()) {
+      const auto path = Checkpoint(options.model_dir).file_if_exists("tokenizer.json");
+      if (path.empty()) {
+        throw NotFoundError("--prompt needs " + options.model_dir +
+                            "/tokenizer.json; give token ids with --ids instead");
+      }
+      tokenizer = Tokenizer::from_file(path);
+      std::string text = a->prompt;
+      if (a->chat || a->think || !a->system.empty()) {
+        nlohmann::json messages = nlohmann::json::array();
+        if (!a->system.empty()) messages.push_back({{"role", "system"}, {"content", a->system}});
+        messages.push_back({{"role", "user"}, {"content", a->prompt}});
+        text = ChatTemplate::from_dir(options.model_dir)
+                   .render(messages, nullptr, /*add_generation_prompt=*/true,
+                           {{"enable_thinking", a->think}});
+      }
+      // The chat template writes <bos> itself; a plain prompt gets the tokenizer's own BOS.
+      ids = tokenizer->encode(text, /*add_special_tokens=*/text == a->prompt);
+    } else {
+      ids = parse_ids(a->ids);
+    }
+    std::optional<Detokenizer> detokenizer;
+    if (tokenizer) detokenizer.emplace(*tokenizer, /*show_special_tokens=*/false);
 
     std::vector<at::Tensor> step_logits;
     DecodeOptions decode;
     decode.max_new = a->max_new;
     decode.read_every = a->read_every;
     decode.ignore_eos = a->ignore_eos;
+    decode.sampling = a->sampling;
+    if (seed->count() > 0) decode.sampling.seed = a->seed;
     auto on_tokens = [&](const std::vector<int64_t>& batch) {
-      if (!a->json) {
-        for (auto t : batch) std::cout << t << " " << std::flush;
+      if (a->json) return true;
+      for (auto t : batch) {
+        if (detokenizer) {
+          std::cout << detokenizer->push(t);
+        } else {
+          std::cout << t << " ";
+        }
       }
+      std::cout << std::flush;
       return true;
     };
     auto result = engine.decode(ids, decode, on_tokens, [&](const at::Tensor& logits) {
       step_logits.push_back(logits.to(at::kCPU));
     });
-    if (!a->json) std::cout << "\n";
+    if (!a->json) std::cout << (detokenizer ? detokenizer->finish() : "") << "\n";
 
     if (!a->dump_logits.empty()) {
       write_safetensors(a->dump_logits, {f32_tensor("prompt_logits", engine.logits(ids)),
@@ -100,7 +156,9 @@ void add_generate_command(CLI::App& app) {
     auto top_ids = std::get<1>(top);
     auto top_values = std::get<0>(top);
     json out = engine_report(engine);
+    out["prompt_ids"] = ids;
     out["tokens"] = result.tokens;
+    if (tokenizer) out["text"] = tokenizer->decode(result.tokens, /*skip_special_tokens=*/true);
     out["finish"] = result.finish;
     out["stop_id"] = result.stop_id ? json(*result.stop_id) : json(nullptr);
     out["prompt_tokens"] = result.prompt_tokens;
