@@ -1,0 +1,229 @@
+// torchtpu_cpp.Engine: one Engine owned by the Python thread that created it.
+// Load, logits and decode run with the GIL released; the on_tokens callback
+// takes it back once per read batch.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "common/errors.h"
+#include "engine/engine.h"
+#include "engine/report.h"
+#include "python/bindings.h"
+
+namespace torchtpu::python {
+namespace {
+
+std::string current_thread_name() {
+  return py::module_::import("threading").attr("current_thread")().attr("name").cast<std::string>();
+}
+
+// Wraps the Engine with the owner-thread rule (DESIGN principle 4): every
+// method checks the calling OS thread against the creator's and raises
+// RuntimeError otherwise. A call made from inside an on_tokens callback (same
+// thread, engine mid-decode) is refused the same way.
+class PyEngine {
+ public:
+  PyEngine(const EngineOptions &options)
+      : owner_(std::this_thread::get_id()), owner_name_(current_thread_name()) {
+    py::gil_scoped_release released;
+    engine_ = std::make_unique<Engine>(options);
+  }
+
+  // The engine, after the owner check and, for calls that run the model
+  // (`exclusive`), the check that no decode is in progress; RuntimeError if
+  // either fails.
+  Engine &begin(const char *method, bool exclusive = false) {
+    if (std::this_thread::get_id() != owner_) {
+      throw std::runtime_error(std::string("Engine.") + method + "() called from thread '" +
+                               current_thread_name() + "', but this Engine belongs to thread '" +
+                               owner_name_ +
+                               "' that created it; send work to that thread (a "
+                               "queue) instead of sharing the engine");
+    }
+    if (exclusive && busy_) {
+      throw std::runtime_error(std::string("Engine.") + method +
+                               "() called while this engine is decoding (from inside an "
+                               "on_tokens callback); one call at a time");
+    }
+    return *engine_;
+  }
+
+  // Marks the engine busy for the duration of a call that may run Python
+  // callbacks. Only the owner thread gets this far, so a plain bool suffices.
+  struct Busy {
+    explicit Busy(PyEngine &engine) : engine_(engine) { engine_.busy_ = true; }
+    ~Busy() { engine_.busy_ = false; }
+    PyEngine &engine_;
+  };
+  const std::string &owner_name() const { return owner_name_; }
+
+ private:
+  std::thread::id owner_;
+  std::string owner_name_;
+  bool busy_ = false;
+  std::unique_ptr<Engine> engine_;
+};
+
+EngineOptions engine_options(const std::string &model_dir, const std::optional<std::string> &emb4,
+                             py::handle like, int64_t context, py::handle device, py::handle dtype,
+                             int64_t prefill_chunk) {
+  EngineOptions options;
+  options.model_dir = model_dir;
+  options.emb4_dir = emb4.value_or("");
+  options.context = context;
+  options.prefill_chunk = prefill_chunk;
+  options.dtype = to_dtype(dtype);
+  std::optional<at::Device> named;
+  if (!device.is_none()) named = parse_device(py::str(device).cast<std::string>());
+  if (!like.is_none()) {
+    const at::Device from_like = to_tensor(like, "like").device();
+    if (named && *named != from_like) {
+      throw ValueError("device '" + named->str() + "' and like.device '" + from_like.str() +
+                       "' disagree; give one of them");
+    }
+    named = from_like;
+  }
+  options.device = named.value_or(at::Device(at::kCPU));
+  return options;
+}
+
+// Runs the engine's decode with the GIL released. Each read batch takes the GIL
+// back to run `on_tokens` and to let Python handle signals (Ctrl-C ends the
+// decode with KeyboardInterrupt); a Python error raised there stops the decode
+// and is raised again once the GIL is held.
+DecodeResult run_decode(PyEngine &self, const char *method, const std::vector<int64_t> &ids,
+                        const DecodeOptions &options, py::handle on_tokens) {
+  Engine &engine = self.begin(method, /*exclusive=*/true);
+  if (!on_tokens.is_none() && !PyCallable_Check(on_tokens.ptr())) {
+    throw py::type_error("on_tokens must be callable or None, got " +
+                         std::string(py::str(py::type::handle_of(on_tokens).attr("__name__"))));
+  }
+  std::optional<py::error_already_set> failure;
+  auto relay = [&](const std::vector<int64_t> &batch) -> bool {
+    py::gil_scoped_acquire acquired;
+    try {
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (on_tokens.is_none()) return true;
+      const py::object go_on = py::reinterpret_borrow<py::object>(on_tokens)(to_list(batch));
+      const int truth = PyObject_IsTrue(go_on.ptr());
+      if (truth < 0) throw py::error_already_set();
+      return truth == 1;
+    } catch (py::error_already_set &e) {
+      failure.emplace(std::move(e));
+      return false;
+    }
+  };
+  PyEngine::Busy busy(self);
+  DecodeResult result;
+  {
+    py::gil_scoped_release released;
+    result = engine.decode(ids, options, relay);
+  }
+  if (failure) throw std::move(*failure);
+  return result;
+}
+
+py::dict layout_dict(const Layout &layout) {
+  py::dict d;
+  d["full_rings"] = layout.full_rings;
+  d["sliding_rings"] = layout.sliding_rings;
+  d["shared_layers"] = layout.shared_layers;
+  d["context"] = layout.context;
+  return d;
+}
+
+}  // namespace
+
+void bind_engine(py::module_ &m) {
+  py::class_<DecodeResult>(m, "DecodeResult",
+                           "What one decode produced: tokens (the stop id excluded), why it "
+                           "ended, and the engine's own timings.")
+      .def_property_readonly("tokens", [](const DecodeResult &r) { return to_list(r.tokens); })
+      .def_readonly("finish", &DecodeResult::finish)
+      .def_readonly("stop_id", &DecodeResult::stop_id)
+      .def_readonly("prompt_tokens", &DecodeResult::prompt_tokens)
+      .def_readonly("read_s", &DecodeResult::read_s)
+      .def_readonly("decode_s", &DecodeResult::decode_s)
+      .def("__repr__", [](const DecodeResult &r) {
+        return "DecodeResult(tokens=<" + std::to_string(r.tokens.size()) + " ids>, finish='" +
+               r.finish + "', read_s=" + std::to_string(r.read_s) +
+               ", decode_s=" + std::to_string(r.decode_s) + ")";
+      });
+
+  py::class_<PyEngine>(m, "Engine",
+                       "Gemma 4 weights and ring KV cache on one device, used "
+                       "by the thread that "
+                       "created it.")
+      .def(py::init([](const std::string &model_dir, const std::optional<std::string> &emb4_dir,
+                       py::handle like, int64_t context, py::handle device, py::handle dtype,
+                       int64_t prefill_chunk) {
+             return std::make_unique<PyEngine>(
+                 engine_options(model_dir, emb4_dir, like, context, device, dtype, prefill_chunk));
+           }),
+           py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
+           py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
+           py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512)
+      .def("layout", [](PyEngine &self) { return layout_dict(self.begin("layout").layout()); })
+      .def("report",
+           [](PyEngine &self) {
+             const std::string text = engine_report(self.begin("report")).dump();
+             return py::module_::import("json").attr("loads")(text);
+           })
+      .def_property_readonly(
+          "vocab_size", [](PyEngine &self) { return self.begin("vocab_size").config().vocab_size; })
+      .def_property_readonly("eos_token_ids",
+                             [](PyEngine &self) {
+                               return to_list(self.begin("eos_token_ids").config().eos_token_ids);
+                             })
+      .def_property_readonly(
+          "device", [](PyEngine &self) { return self.begin("device").options().device.str(); })
+      .def_property_readonly(
+          "dtype", [](PyEngine &self) { return dtype_name(self.begin("dtype").options().dtype); })
+      .def_property_readonly(
+          "load_seconds", [](PyEngine &self) { return self.begin("load_seconds").load_seconds(); })
+      .def_property_readonly("owner_thread", &PyEngine::owner_name)
+      .def(
+          "logits",
+          [](PyEngine &self, py::handle ids) {
+            Engine &engine = self.begin("logits", /*exclusive=*/true);
+            const auto tokens = to_ids(ids, "ids");
+            at::Tensor logits;
+            {
+              py::gil_scoped_release released;
+              logits = engine.logits(tokens);
+            }
+            return to_python(logits);
+          },
+          py::arg("ids"))
+      .def(
+          "generate",
+          [](PyEngine &self, py::handle ids, int64_t max_new, int64_t read_every) {
+            DecodeOptions options;
+            options.max_new = max_new;
+            options.read_every = read_every;
+            options.ignore_eos = true;
+            const auto r = run_decode(self, "generate", to_ids(ids, "ids"), options, py::none());
+            return py::make_tuple(to_list(r.tokens), r.read_s, r.decode_s);
+          },
+          py::arg("ids"), py::arg("max_new"), py::arg("read_every") = 1)
+      .def(
+          "decode",
+          [](PyEngine &self, py::handle ids, int64_t max_new, py::handle stop, int64_t read_every,
+             py::handle on_tokens) {
+            DecodeOptions options;
+            options.max_new = max_new;
+            options.read_every = read_every;
+            if (!stop.is_none()) {
+              options.stop_ids = to_ids(stop, "stop");
+              options.ignore_eos = options.stop_ids.empty();
+            }
+            return run_decode(self, "decode", to_ids(ids, "ids"), options, on_tokens);
+          },
+          py::arg("ids"), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
+          py::arg("read_every") = 1, py::arg("on_tokens") = py::none());
+}
+
+}  // namespace torchtpu::python

@@ -1,0 +1,70 @@
+// The C++ server hosted by a Python process (python -m torchtpu_cpp.serve): the
+// same server as `torchtpu-cpp serve`, run with the GIL released, so Python
+// only hosts (imports torch_tpu, owns the process) while HTTP threads and the
+// engine worker are C++.
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "python/bindings.h"
+#include "server/server.h"
+
+namespace torchtpu::python {
+
+void bind_serve(py::module_ &m) {
+  m.def(
+      "serve",
+      [](const std::string &model_dir, const std::string &emb4_dir, const std::string &model_id,
+         const std::string &host, int port, int64_t context, const std::string &device,
+         const std::string &dtype, const std::string &api_key, int max_queue, int64_t read_every,
+         int64_t max_body_bytes, py::handle like) {
+        server::ServeOptions options;
+        options.model_dir = model_dir;
+        options.emb4_dir = emb4_dir;
+        options.model_id = model_id;
+        options.host = host;
+        options.port = port;
+        options.context = context;
+        options.device = device;
+        options.dtype = dtype;
+        options.api_key = api_key;
+        options.max_queue = max_queue;
+        options.read_every = read_every;
+        options.max_body_bytes = max_body_bytes;
+        options.hosted_by = "python";
+        // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop()
+        // from them.
+        options.install_signal_handlers = false;
+        std::optional<at::Device> like_device;
+        if (!like.is_none()) {
+          like_device = to_tensor(like, "like").device();
+          options.device = like_device->str();
+        }
+        // Called by the server's engine worker thread, which then owns the
+        // engine; it needs no Python, so the GIL stays released for the whole
+        // life of the server.
+        server::EngineFactory factory = [like_device](const EngineOptions &engine_options) {
+          EngineOptions chosen = engine_options;
+          if (like_device) chosen.device = *like_device;
+          return std::make_unique<Engine>(chosen);
+        };
+        py::gil_scoped_release released;
+        return server::run(options, factory);
+      },
+      py::kw_only(), py::arg("model_dir") = "", py::arg("emb4_dir") = "", py::arg("model_id") = "",
+      py::arg("host") = "127.0.0.1", py::arg("port") = 8000, py::arg("context") = 8192,
+      py::arg("device") = "cpu", py::arg("dtype") = "bfloat16", py::arg("api_key") = "",
+      py::arg("max_queue") = 16, py::arg("read_every") = 1,
+      py::arg("max_body_bytes") = server::ServeOptions{}.max_body_bytes,
+      py::arg("like") = py::none(),
+      "Runs the OpenAI-compatible server until request_stop(); returns the "
+      "exit code. Blocks the "
+      "calling thread with the GIL released; installs no signal handlers.");
+  m.def(
+      "request_stop", [] { server::request_stop(); },
+      "Asks a running serve() to finish in-flight requests and return.");
+}
+
+}  // namespace torchtpu::python

@@ -1,0 +1,134 @@
+# Type stub of torchtpu_cpp (the pybind11 extension _torchtpu_cpp re-exported by __init__).
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from os import PathLike
+from typing import Any, Final, Literal, SupportsIndex, TypeAlias, TypedDict
+
+import torch
+
+__version__: Final[str]
+
+class _Build(TypedDict):
+    version: str
+    git_revision: str
+    torch: str
+    compiler: str
+    cxx_standard: str
+    cxx11_abi: bool
+    python: str
+    pybind11: str
+
+BUILD: Final[_Build]
+
+class _Layout(TypedDict):
+    full_rings: int
+    sliding_rings: int
+    shared_layers: int
+    context: int
+
+_Ids: TypeAlias = Iterable[SupportsIndex]
+_DType: TypeAlias = str | torch.dtype
+
+class DecodeResult:
+    @property
+    def tokens(self) -> list[int]: ...
+    @property
+    def finish(self) -> Literal["stop", "length", "cancelled"]: ...
+    @property
+    def stop_id(self) -> int | None: ...
+    @property
+    def prompt_tokens(self) -> int: ...
+    @property
+    def read_s(self) -> float: ...
+    @property
+    def decode_s(self) -> float: ...
+
+class Engine:
+    """Weights and ring KV cache on one device. Only the creating thread may use it
+    (RuntimeError from any other); load, logits and decode release the GIL."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        emb4_dir: str | None = None,
+        like: torch.Tensor | None = None,
+        context: int = 8192,
+        *,
+        device: str | None = None,
+        dtype: _DType = "bfloat16",
+        prefill_chunk: int = 512,
+    ) -> None: ...
+    def layout(self) -> _Layout: ...
+    def report(self) -> dict[str, Any]: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def eos_token_ids(self) -> list[int]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def load_seconds(self) -> float: ...
+    @property
+    def owner_thread(self) -> str: ...
+    def logits(self, ids: _Ids) -> torch.Tensor:
+        """float32 [len(ids), vocab] of one causal pass; the KV cache is untouched."""
+    def generate(
+        self, ids: _Ids, max_new: int, read_every: int = 1
+    ) -> tuple[list[int], float, float]:
+        """Exactly max_new greedy tokens (no stop ids): (tokens, read_s, decode_s)."""
+    def decode(
+        self,
+        ids: _Ids,
+        max_new: int,
+        stop: Iterable[SupportsIndex] | None = (1, 106, 50),
+        read_every: int = 1,
+        on_tokens: Callable[[list[int]], object] | None = None,
+    ) -> DecodeResult:
+        """Greedy decode ending at a stop id (None: the checkpoint's eos ids; empty: none),
+        max_new tokens, or a falsy on_tokens return ("cancelled")."""
+
+class Tokenizer:
+    def __init__(self, path: str) -> None: ...
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
+    def decode(self, ids: _Ids, skip_special_tokens: bool = False) -> str: ...
+    @property
+    def vocab_size(self) -> int: ...
+    def token_to_id(self, token: str) -> int | None: ...
+    def id_to_token(self, id: int) -> str: ...
+    def __len__(self) -> int: ...
+
+class ChatTemplate:
+    def __init__(self, path: str) -> None: ...
+    @staticmethod
+    def from_string(
+        source: str, bos_token: str = "<bos>", eos_token: str = "<eos>"
+    ) -> ChatTemplate: ...
+    @property
+    def source(self) -> str: ...
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        enable_thinking: bool = False,
+        **kwargs: Any,
+    ) -> str: ...
+
+def render_chat(
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    enable_thinking: bool = False,
+    *,
+    template: str | PathLike[str] | ChatTemplate,
+    add_generation_prompt: bool = True,
+    **kwargs: Any,
+) -> str: ...
+def matmul_sum(x: torch.Tensor) -> torch.Tensor:
+    """(x @ x.T).sum() by ATen in C++: a 0-d tensor on x's device."""
+
+def ramp(n: int, like: torch.Tensor | None = None, dtype: _DType = "bfloat16") -> torch.Tensor:
+    """[0, ..., n-1] built in C++ and moved to like's device."""
+
+def add_(x: torch.Tensor, value: float) -> torch.Tensor:
+    """x += value in C++, in place; returns x itself."""

@@ -1,0 +1,94 @@
+"""python -m torchtpu_cpp.serve: the OpenAI-compatible server of `torchtpu-cpp serve`, hosted by
+Python. Python's part is what only Python can do: import torch_tpu (which registers the TPU with
+libtorch) and name the device with a tensor on it. Everything else is the same C++ server: its
+engine worker thread builds the engine and owns it, HTTP threads parse requests, and the GIL
+stays released while it runs."""
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+
+def _parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m torchtpu_cpp.serve", description=__doc__)
+    p.add_argument("--model", default="", help="checkpoint dir (default: built-in demo weights)")
+    p.add_argument("--emb4", default="", help="dir of the int4 vocabulary tables (emb4 twin)")
+    p.add_argument("--model-id", default="", help="name reported by /v1/models")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    p.add_argument("--context", type=int, default=8192, help="tokens the KV cache holds")
+    p.add_argument("--device", default="cpu", help="cpu, cuda[:N], or tpu (imports torch_tpu)")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16, float32 or float16")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("TORCHTPU_API_KEY", ""),
+        help="require 'Authorization: Bearer KEY' on everything but /health "
+        "(default: $TORCHTPU_API_KEY)",
+    )
+    p.add_argument("--max-queue", type=int, default=16, help="requests that may wait")
+    p.add_argument("--read-every", type=int, default=1, help="decode steps between host reads")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = _parse_args(argv)
+    import torch
+
+    if args.device.split(":")[0] == "tpu":
+        import torch_tpu  # noqa: F401  (registers the "tpu" device with libtorch)
+
+    import torchtpu_cpp
+    from torchtpu_cpp import _torchtpu_cpp
+
+    # A tensor torch makes on the device names it the way the seeds do (`like`), and fails here,
+    # with torch's own message, if the device is not usable.
+    like = None if args.device == "cpu" else torch.zeros(1, device=args.device)
+    print(
+        f"torchtpu_cpp {torchtpu_cpp.__version__} (torch {torch.__version__}) hosting the server "
+        f"on {like.device if like is not None else 'cpu'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    outcome = {}
+
+    def serve():
+        try:
+            outcome["code"] = _torchtpu_cpp.serve(
+                model_dir=args.model,
+                emb4_dir=args.emb4,
+                model_id=args.model_id,
+                host=args.host,
+                port=args.port,
+                context=args.context,
+                device=args.device,
+                dtype=args.dtype,
+                api_key=args.api_key,
+                max_queue=args.max_queue,
+                read_every=args.read_every,
+                max_body_bytes=args.max_body_bytes,
+                like=like,
+            )
+        except BaseException as e:  # noqa: BLE001 (raised again on the main thread)
+            outcome["error"] = e
+
+    # The server runs on a thread of its own so that the main thread keeps Python's signal
+    # handling: SIGINT/SIGTERM ask the server to stop, it answers the requests it has, returns.
+    def stop(signum, frame):
+        _torchtpu_cpp.request_stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server = threading.Thread(target=serve, name="torchtpu-cpp-server")
+    server.start()
+    while server.is_alive():
+        server.join(0.5)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["code"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,437 @@
+"""The torchtpu_cpp module (issue #5): the seed's eight binding tests re-created for our module,
+Engine.logits against the float64 reference, and read_every batching against read_every=1.
+
+Tiny checkpoints come from `torchtpu-cpp make-tiny`; the module is imported from the CMake build
+tree (CTest sets PYTHONPATH to <build>/python)."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _import_module():
+    """torchtpu_cpp from PYTHONPATH (CTest), else from the newest build tree of the repo."""
+    try:
+        import torchtpu_cpp
+    except ImportError:
+        trees = sorted(
+            REPO_DIR.glob("build*/python/torchtpu_cpp"), key=lambda p: -p.stat().st_mtime
+        )
+        if not trees:
+            raise
+        sys.path.insert(0, str(trees[0].parent))
+        import torchtpu_cpp
+    return torchtpu_cpp
+
+
+tt = _import_module()
+
+import hf_tiny  # conftest puts tests/python on sys.path
+from reference import Reference
+
+CONTEXT = 64
+
+
+@pytest.fixture(scope="module")
+def tiny(cli, tmp_path_factory):
+    """The `tiny` preset at f32: 7 layers (S S S F | S S F, the last 3 KV-shared), vocab 512."""
+    return cli.make_tiny(tmp_path_factory.mktemp("tiny"), seed=5, dtype="f32")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    return tt.Engine(tiny, context=CONTEXT, dtype="float32")
+
+
+def _prompt(n, seed=1, vocab=512):
+    return hf_tiny.prompt(vocab, n, seed)
+
+
+# --- 1. bad input is ValueError -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call,words",
+    [
+        (lambda e: e.decode([], 4), ["empty"]),
+        (lambda e: e.logits([]), ["empty"]),
+        (lambda e: e.generate([], 4), ["empty"]),
+        (lambda e: e.decode([2, 5], 0), ["max_new", "0"]),
+        (lambda e: e.generate([2, 5], -3), ["max_new", "-3"]),
+        (lambda e: e.decode([2, 512], 4), ["512", "position 1", "vocabulary"]),
+        (lambda e: e.logits([2, -1]), ["-1", "vocabulary"]),
+        (lambda e: e.decode(_prompt(CONTEXT + 1), 4), [str(CONTEXT + 1), str(CONTEXT)]),
+        (lambda e: e.logits(_prompt(CONTEXT + 5)), [str(CONTEXT + 5), str(CONTEXT)]),
+        (lambda e: e.decode([2, 5], 4, read_every=0), ["read_every", "0"]),
+        (lambda e: e.generate([2, 5], 4, read_every=-1), ["read_every", "-1"]),
+        (lambda e: e.decode([2, 5], 4, stop=[1, "a"]), ["stop[1]", "'a'", "str"]),
+        (lambda e: e.decode([2, 5], 4, stop=[1.5]), ["stop[0]", "1.5", "float"]),
+        (lambda e: e.decode([2, 5], 4, stop=[True]), ["stop[0]", "bool"]),
+        (lambda e: e.decode([2, 5], 4, stop="abc"), ["stop", "str"]),
+        (lambda e: e.decode([2, "5"], 4), ["ids[1]", "'5'"]),
+        (lambda e: e.decode([2, 2**70], 4), ["ids[1]"]),
+        (lambda e: e.logits(None), ["ids", "NoneType"]),
+    ],
+)
+def test_bad_input_is_value_error(engine, call, words):
+    with pytest.raises(ValueError) as info:
+        call(engine)
+    for word in words:
+        assert word in str(info.value)
+    # Nothing else broke: the engine still decodes.
+    assert len(engine.generate([2, 7, 9], 3)[0]) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        ({"dtype": "int3"}, ["dtype", "int3"]),
+        ({"dtype": torch.int8}, ["dtype", "int8"]),
+        ({"device": "quantum:0"}, ["device", "quantum:0"]),
+        ({"context": 0}, ["context", "0"]),
+    ],
+)
+def test_bad_engine_arguments_are_value_error(tiny, kwargs, words):
+    with pytest.raises(ValueError) as info:
+        tt.Engine(tiny, **kwargs)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
+    (tmp_path / "config.json").write_text("{ not json")
+    with pytest.raises(ValueError, match="config.json"):  # FormatError
+        tt.Engine(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="tokenizer.json"):  # NotFoundError
+        tt.Tokenizer(str(tmp_path / "tokenizer.json"))
+
+
+def test_like_and_device_must_agree(tiny):
+    with pytest.raises(ValueError, match="disagree"):
+        tt.Engine(tiny, like=torch.zeros(1), device="cuda:0")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        tt.Engine(tiny, like=[0.0])
+
+
+# --- 2. a callback exception propagates ------------------------------------------------------------
+
+
+class Boom(Exception):
+    pass
+
+
+def test_callback_exception_propagates(engine):
+    seen = []
+
+    def on_tokens(batch):
+        seen.append(batch)
+        if len(seen) == 2:
+            raise Boom("from the callback")
+        return True
+
+    with pytest.raises(Boom, match="from the callback") as info:
+        engine.decode(_prompt(6), 20, stop=(), on_tokens=on_tokens)
+    assert len(seen) == 2  # the decode ended at the failing batch
+    assert info.traceback[-1].name == "on_tokens"  # the callback's own frame, not a re-wrap
+    assert len(engine.decode(_prompt(6), 5, stop=()).tokens) == 5
+
+
+def test_callback_errors_in_truth_value_propagate(engine):
+    class NoTruth:
+        def __bool__(self):
+            raise Boom("no truth value")
+
+    with pytest.raises(Boom, match="no truth value"):
+        engine.decode(_prompt(6), 5, stop=(), on_tokens=lambda b: NoTruth())
+    with pytest.raises(TypeError, match="callable"):
+        engine.decode(_prompt(6), 5, on_tokens=42)
+
+
+# --- 3. cancel and length ---------------------------------------------------------------------------
+
+
+def test_cancel_and_length(engine):
+    full = engine.decode(_prompt(6), 12, stop=())
+    assert full.finish == "length"
+    assert len(full.tokens) == 12
+    assert full.stop_id is None
+    assert full.prompt_tokens == 6
+
+    batches = []
+    cancelled = engine.decode(
+        _prompt(6),
+        12,
+        stop=(),
+        read_every=3,
+        on_tokens=lambda b: batches.append(b) or len(batches) < 2,
+    )
+    assert cancelled.finish == "cancelled"
+    assert batches == [full.tokens[:1], full.tokens[1:4]]  # the first token is read at once
+    assert cancelled.tokens == full.tokens[:4]
+
+    falsy = engine.decode(_prompt(6), 12, stop=(), on_tokens=lambda b: None)
+    assert falsy.finish == "cancelled"
+    assert falsy.tokens == full.tokens[:1]
+    assert all(isinstance(t, int) for t in full.tokens)
+
+
+# --- 4. decode stops at stop ids and streams -----------------------------------------------------
+
+
+def test_decode_stops_and_streams(engine):
+    ids = _prompt(9, seed=4)
+    tokens, _, _ = engine.generate(ids, 24)
+    stop = tokens[5]
+    first = tokens.index(stop)
+
+    for read_every in (1, 4):
+        streamed = []
+        result = engine.decode(
+            ids,
+            24,
+            stop=[stop],
+            read_every=read_every,
+            on_tokens=lambda b, seen=streamed: seen.append(b) or True,
+        )
+        assert result.finish == "stop"
+        assert result.stop_id == stop
+        assert result.tokens == tokens[:first]
+        assert [t for b in streamed for t in b] == result.tokens
+        assert all(1 <= len(b) <= read_every for b in streamed)
+        assert result.read_s > 0 and result.decode_s >= 0
+
+    # The default stop ids are the Gemma 4 eos list; None means the checkpoint's own (the same here).
+    assert engine.eos_token_ids == [1, 106, 50]
+    default = engine.decode(ids, 24)
+    by_checkpoint = engine.decode(ids, 24, stop=None)
+    assert default.tokens == by_checkpoint.tokens
+    assert not set(default.tokens) & {1, 106, 50}
+
+
+# --- 5. the GIL is released during decode --------------------------------------------------------
+
+
+def test_gil_released_during_decode(tiny):
+    engine = tt.Engine(tiny, context=512, dtype="float32")
+    ticks = []
+    done = threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    try:
+        time.sleep(0.05)
+        start = time.perf_counter()
+        # One host read at the very end: the GIL is taken back once, after the work.
+        tokens, _, _ = engine.generate(_prompt(8), 400, read_every=400)
+        end = time.perf_counter()
+    finally:
+        done.set()
+        thread.join()
+    assert len(tokens) == 400
+    during = [t for t in ticks if start < t < end]
+    gaps = [b - a for a, b in zip([start] + during, during + [end])]
+    # Holding the GIL would leave the ticker one gap as long as the whole call.
+    assert len(during) > 1000
+    assert max(gaps) < 0.5 * (end - start)
+
+
+# --- 6. module surface ------------------------------------------------------------------------------
+
+
+def test_module_surface(engine, tiny):
+    import json
+
+    assert set(tt.BUILD) >= {
+        "torch",
+        "compiler",
+        "cxx_standard",
+        "python",
+        "version",
+        "git_revision",
+    }
+    assert tt.BUILD["torch"] == str(torch.__version__)
+    assert tt.BUILD["version"] == tt.__version__
+    assert tt.BUILD["python"].split(".")[:2] == [str(v) for v in sys.version_info[:2]]
+    assert tt.BUILD["cxx_standard"] == "C++20"
+    assert tt.BUILD["cxx11_abi"] == torch._C._GLIBCXX_USE_CXX11_ABI
+
+    config = json.loads(pathlib.Path(tiny, "config.json").read_text())
+    text = config.get("text_config", config)
+    shared = text["num_kv_shared_layers"]
+    own = text["layer_types"][: len(text["layer_types"]) - shared]
+    assert engine.layout() == {
+        "full_rings": own.count("full_attention"),
+        "sliding_rings": own.count("sliding_attention"),
+        "shared_layers": shared,
+        "context": CONTEXT,
+    }
+    assert engine.vocab_size == text["vocab_size"]
+    assert engine.device == "cpu"
+    assert engine.dtype == "float32"
+    assert engine.report()["layout"] == engine.layout()
+
+
+def test_version_guard_names_both_versions():
+    code = (
+        "import torch\n"
+        "real = torch.__version__\n"
+        "torch.__version__ = '2.0.0+elsewhere'\n"
+        "try:\n"
+        "    import torchtpu_cpp\n"
+        "except ImportError as e:\n"
+        "    print('ImportError:', e)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "ImportError:" in out.stdout
+    assert "2.0.0+elsewhere" in out.stdout
+    assert str(torch.__version__) in out.stdout
+
+
+def test_errors_are_mapped_by_this_module():
+    """c10::ValueError from a TORCH_CHECK_VALUE inside our module is ValueError, without the C++
+    backtrace; c10::Error from ATen is RuntimeError."""
+    with pytest.raises(ValueError, match="2-D tensor, got 1 dimensions") as info:
+        tt.matmul_sum(torch.ones(3))
+    assert "Exception raised from" not in str(info.value)
+    with pytest.raises(RuntimeError):
+        tt.matmul_sum(torch.ones(3, 4, dtype=torch.int64).to(torch.bool))
+    with pytest.raises(ValueError, match="n >= 0"):
+        tt.ramp(-1)
+
+
+# --- 7. tensor functions ----------------------------------------------------------------------------
+
+
+def test_tensor_functions():
+    x = torch.ones(8, 8)
+    total = tt.matmul_sum(x)
+    assert total.item() == 512.0
+    assert total.device == x.device and total.dim() == 0
+
+    b = torch.full((4, 4), 0.5, dtype=torch.bfloat16)
+    assert tt.matmul_sum(b).dtype == torch.bfloat16
+
+    made = tt.ramp(5, like=torch.zeros(1), dtype=torch.bfloat16)
+    assert made.dtype == torch.bfloat16
+    assert made.device == torch.device("cpu")
+    assert made.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert tt.ramp(3, dtype="float32").dtype == torch.float32
+
+    # Python -> C++: C++ writes into the tensor Python holds, and hands back the same object.
+    y = torch.zeros(4, dtype=torch.bfloat16)
+    pointer = y.data_ptr()
+    back = tt.add_(y, 1.5)
+    assert back is y
+    assert y.tolist() == [1.5] * 4 and y.data_ptr() == pointer
+    # C++ -> Python: a tensor C++ built is the memory C++ writes later; a view Python took sees it.
+    view = made[1:3]
+    tt.add_(made, 10)
+    assert view.tolist() == [11.0, 12.0]
+    assert tt.add_(view, 1) is view and made.tolist() == [10.0, 12.0, 13.0, 13.0, 14.0]
+
+
+def test_logits_share_storage_with_the_aten_result(engine):
+    out = engine.logits([2, 7, 9])
+    assert out.dtype == torch.float32 and out.shape == (3, engine.vocab_size)
+    # The engine computes under c10::InferenceMode; the tensor Python gets is that very result,
+    # not a converted copy, so it is still an inference tensor and C++ writes into what Python sees.
+    assert out.is_inference()
+    before = out.clone()
+    with torch.inference_mode():
+        assert tt.add_(out, 1) is out
+    assert torch.equal(out, before + 1)
+
+
+# --- 8. one owner thread ----------------------------------------------------------------------------
+
+
+def _in_thread(fn, name="intruder"):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 (the test inspects what crossed)
+            box["error"] = e
+
+    t = threading.Thread(target=run, name=name)
+    t.start()
+    t.join()
+    return box
+
+
+def test_owner_thread_rule(engine, tiny):
+    for call in (
+        lambda: engine.decode([2, 5], 3),
+        lambda: engine.generate([2, 5], 3),
+        lambda: engine.logits([2, 5]),
+        lambda: engine.layout(),
+    ):
+        box = _in_thread(call)
+        assert type(box.get("error")) is RuntimeError, box
+        message = str(box["error"])
+        assert "intruder" in message and threading.current_thread().name in message
+    assert engine.owner_thread == threading.current_thread().name
+    assert len(engine.generate([2, 5], 3)[0]) == 3  # the owner is unaffected
+
+    # An engine made on another thread belongs to that thread.
+    box = _in_thread(lambda: tt.Engine(tiny, context=16, dtype="float32"), name="owner")
+    other = box["value"]
+    with pytest.raises(RuntimeError, match="owner"):
+        other.layout()
+
+
+def test_no_reentrant_calls_from_callbacks(engine):
+    def on_tokens(batch):
+        engine.logits([2, 5])
+
+    with pytest.raises(RuntimeError, match="decoding"):
+        engine.decode(_prompt(6), 5, on_tokens=on_tokens)
+    # Reading properties from a callback is fine.
+    seen = []
+    engine.decode(
+        _prompt(6), 3, stop=(), on_tokens=lambda b: seen.append(engine.vocab_size) or True
+    )
+    assert seen and set(seen) == {engine.vocab_size}
+
+
+# --- against the reference ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["lm-prefix-dead-kv", "e2b-pattern-dead-kv"])
+def test_logits_match_reference_f32(name, cli, tmp_path, report):
+    knobs = hf_tiny.MAKE_TINY_CONFIGS[name]
+    assert knobs["dtype"] == "f32"
+    path = cli.make_tiny(tmp_path / name, preset="tiny", **knobs)
+    ref = Reference(path)
+    ids = _prompt(knobs["window"] + 9, seed=31, vocab=knobs["vocab"])
+    engine = tt.Engine(path, context=128, dtype="float32")
+    got = engine.logits(ids)
+    assert got.dtype == torch.float32 and got.shape == (len(ids), knobs["vocab"])
+    delta = float((got.double() - torch.from_numpy(ref.logits(ids))).abs().max())
+    report(
+        f"Engine.logits f32 vs reference [{name}]: max|dlogit| {delta:.2e} over {len(ids)} tokens"
+    )
+    assert delta <= hf_tiny.TOL
+
+    # generate batches host reads; the tokens are the reference's greedy ones either way.
+    want = ref.greedy(ids, 16)
+    assert engine.generate(ids, 16, read_every=1)[0] == want
+    assert engine.generate(ids, 16, read_every=8)[0] == want
+    assert engine.generate(ids, 16, read_every=5)[0] == want
