@@ -375,20 +375,20 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
   auto [cos_sliding, sin_sliding] = angles(inv_freq_sliding_);
   auto [cos_full, sin_full] = angles(inv_freq_full_);
 
+  // From the first shared layer on (or at the head, with no shared layers), only the last
+  // position continues when `last_only`.
+  auto keep_last_position = [&] {
+    if (!last_only || h.size(1) == 1) return;
+    const int64_t t = h.size(1) - 1;
+    for (auto* x : {&h, &ple, &pos, &cos_sliding, &sin_sliding, &cos_full, &sin_full}) {
+      if (x->defined()) *x = x->narrow(1, t, 1);
+    }
+  };
   std::vector<at::Tensor> kv_views(3 * c.num_hidden_layers);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (l == c.first_shared_layer()) {
       if (no_logits) return {};
-      if (last_only && h.size(1) > 1) {
-        const int64_t t = h.size(1) - 1;
-        h = h.narrow(1, t, 1);
-        if (ple.defined()) ple = ple.narrow(1, t, 1);
-        pos = pos.narrow(1, t, 1);
-        cos_sliding = cos_sliding.narrow(1, t, 1);
-        sin_sliding = sin_sliding.narrow(1, t, 1);
-        cos_full = cos_full.narrow(1, t, 1);
-        sin_full = sin_full.narrow(1, t, 1);
-      }
+      keep_last_position();
     }
     const auto& w = layers_[l];
     const bool sliding = c.layer_types[l] == LayerType::kSliding;
@@ -410,6 +410,7 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     h = h * w.layer_scalar;  // scales the whole residual stream
   }
   if (no_logits) return {};
+  keep_last_position();
 
   auto logits = at::linear(rms_norm(h, final_norm_, c.rms_norm_eps), lm_head_.matrix());
   if (c.final_logit_softcapping > 0) {
