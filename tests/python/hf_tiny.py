@@ -21,10 +21,9 @@ S, F = SLIDING, FULL
 # Parity criteria shared by the parity suites.
 N_NEW = 64
 TOL = 1e-3
-# The greedy choice must not be a coin toss: at every step the best logit leads the second by more
-# than twice the tolerance, so two implementations within the tolerance must pick the same tokens
-# and a disagreement cannot be excused as rounding.
-MIN_MARGIN = 2 * TOL
+# 64 of 64 greedy tokens means something only on logits that are far from uniform: the typical
+# (median) lead of the best token over the second is a sizeable fraction of a logit unit.
+MIN_MEDIAN_MARGIN = 0.1
 
 # make-tiny checkpoints. Between them: different seeds; >= 2 sliding and 1 full non-shared layers
 # with the last two non-shared [sliding, full]; shared layers of both types; windows shorter than
@@ -84,6 +83,12 @@ MAKE_TINY_CONFIGS = {
         no_double_wide=True,
     ),
 }
+
+
+def quantizable(name):
+    """MAKE_TINY_CONFIGS[name] with per-layer inputs 32 wide: group-32 int4 needs every input
+    width to be a whole number of groups, per_layer_projection's included."""
+    return dict(MAKE_TINY_CONFIGS[name], ple=32)
 
 
 # Tiny configs saved by transformers. Between them: both prefixes, tied and untied heads, F32/BF16/
@@ -474,11 +479,32 @@ def prompt(vocab, length, seed):
     return [2] + [int(t) for t in rng.randint(4, vocab, size=length - 1)]
 
 
-def greedy_margin(rows):
-    """Smallest gap between the best and second-best logit over the rows: how far the numbers
-    may move before a greedy choice flips."""
+def greedy_margins(rows):
+    """Per row, the lead of the best logit over the second: how far the numbers may move before
+    that greedy choice flips."""
     top2 = np.sort(np.asarray(rows, dtype=np.float64), axis=-1)[:, -2:]
-    return float(np.min(top2[:, 1] - top2[:, 0]))
+    return top2[:, 1] - top2[:, 0]
+
+
+def check_greedy(label, got, want, want_rows, got_rows=None):
+    """Asserts a non-degenerate greedy run (spread logits, not one repeated token) and then
+    token-for-token agreement; a disagreement names the step, its margin and the logit gap."""
+    margins = greedy_margins(want_rows)
+    assert np.median(margins) >= MIN_MEDIAN_MARGIN, (
+        f"{label}: near-uniform logits, margins {margins}"
+    )
+    assert len(set(want)) > 4, f"{label}: greedy decoding stuck on {sorted(set(want))}"
+    if list(got) != list(want):
+        step = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+        gap = (
+            ""
+            if got_rows is None
+            else f", max|dlogit| there {np.abs(got_rows[step] - want_rows[step]).max():.2e}"
+        )
+        raise AssertionError(
+            f"{label}: tokens differ first at step {step} ({got[step]} vs {want[step]}), "
+            f"margin there {margins[step]:.2e}{gap}; got {list(got)} want {list(want)}"
+        )
 
 
 def kl(p_logits, q_logits):
