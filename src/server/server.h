@@ -14,24 +14,33 @@ namespace torchtpu::server {
 struct ServeOptions {
   std::string model_dir;  // empty: the built-in demo checkpoint (random weights)
   std::string emb4_dir;
-  std::string model_id;   // reported by /v1/models; default: the directory's name
+  std::string model_id;  // reported by /v1/models; default: the directory's name
   std::string host = "127.0.0.1";
   int port = 8000;
   int64_t context = 8192;
   std::string device = "cpu";
   std::string dtype = "bfloat16";
-  std::string api_key;      // non-empty: Bearer auth on everything but /health
-  int max_queue = 16;       // waiting requests beyond this get 429
-  int64_t read_every = 1;   // decode steps per host read
+  std::string api_key;                     // non-empty: Bearer auth on everything but /health
+  int max_queue = 16;                      // waiting requests beyond this get 429
+  int64_t read_every = 1;                  // decode steps per host read
   std::string hosted_by = "torchtpu-cpp";  // "python" when hosted by torchtpu_cpp.serve
+  int64_t max_body_bytes = 8 << 20;        // larger request bodies get 413
+  // SIGINT/SIGTERM call request_stop(). A host that owns its signals (Python) sets this false and
+  // calls request_stop() itself.
+  bool install_signal_handlers = true;
 };
 
 // Builds the engine on the worker thread (the thread that will own it).
 using EngineFactory = std::function<std::unique_ptr<Engine>(const EngineOptions&)>;
 
 // Serves until SIGINT/SIGTERM or request_stop(); returns the process exit code (0 on a clean stop).
+// May be called from any thread; one server runs per process at a time. Port 0 picks a free port.
+// Prints one line "serving MODEL on http://HOST:PORT" to stdout once it listens. Throws what
+// building the engine threw (after the listener is closed), and std::runtime_error if the
+// address cannot be bound.
 int run(const ServeOptions& options, EngineFactory make_engine = {});
 // Asks a running server to stop accepting, finish in-flight requests and return from run().
+// Async-signal-safe. Called before run() starts, it makes the next run() return at once.
 void request_stop();
 
 }  // namespace torchtpu::server

@@ -1,0 +1,94 @@
+// Decode rate as a client sees it vs the engine's own timer, through `torchtpu-cpp serve` and the
+// official `openai` SDK: the seed's five requests of "Write a short paragraph about the ocean." at
+// max_tokens 100, one at a time, streamed.
+//
+// Usage: node bench/serve_bench.mjs [--url http://HOST:PORT] [--requests 5] [--max-tokens 100]
+//                                   [-- serve arguments, e.g. --model DIR --dtype bfloat16]
+// Without --url it starts `$TORCHTPU_CLI serve --port 0 <serve arguments>` (default
+// build/torchtpu-cpp; no --model: the demo checkpoint) and stops it afterwards.
+// The client rate counts the tokens after the first over the time from the first content chunk
+// to the last; the engine rate is the same count over the engine's decode seconds.
+import { existsSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const { default: OpenAI } = await import(join(here, "../tests/js/node_modules/openai/index.mjs"));
+const { startServer } = await import(join(here, "../tests/js/server_helpers.mjs"));
+
+const argv = process.argv.slice(2);
+const dash = argv.indexOf("--");
+const serveArgs = dash >= 0 ? argv.slice(dash + 1) : [];
+const own = dash >= 0 ? argv.slice(0, dash) : argv;
+const option = (name, fallback) => {
+  const i = own.indexOf(name);
+  return i >= 0 ? own[i + 1] : fallback;
+};
+const requests = Number(option("--requests", 5));
+const maxTokens = Number(option("--max-tokens", 100));
+const prompt = "Write a short paragraph about the ocean.";
+
+let server = null;
+let url = option("--url", null);
+if (!url) {
+  process.env.TORCHTPU_CLI ??= join(here, "../build/torchtpu-cpp");
+  if (!existsSync(process.env.TORCHTPU_CLI)) {
+    throw new Error(`no server binary at ${process.env.TORCHTPU_CLI}; set TORCHTPU_CLI or --url`);
+  }
+  server = await startServer(serveArgs);
+  url = server.url;
+}
+const apiKey = process.env.TORCHTPU_API_KEY ?? "none";
+const client = new OpenAI({ apiKey, baseURL: `${url}/v1`, maxRetries: 0 });
+const model = (await client.models.list()).data[0].id;
+const engine = await (await fetch(`${url}/v1/engine`, { headers: { Authorization: `Bearer ${apiKey}` } })).json();
+console.log(`model ${model} on ${engine.device} (${engine.dtype}), torchtpu-cpp ${engine.build?.git_revision}`);
+
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+
+const clientRates = [];
+const engineRates = [];
+for (let i = 1; i <= requests; ++i) {
+  const start = performance.now();
+  const stream = await client.chat.completions.create({
+    model, messages: [{ role: "user", content: prompt }], max_tokens: maxTokens, stream: true,
+    stream_options: { include_usage: true },
+  });
+  let first = null;
+  let last = null;
+  let finish = null;
+  let timings = null;
+  let usage = null;
+  for await (const chunk of stream) {
+    const choice = chunk.choices[0];
+    if (choice?.delta?.content) {
+      last = performance.now();
+      first ??= last;
+    }
+    if (choice?.finish_reason) {
+      finish = choice.finish_reason;
+      timings = chunk.timings;
+    }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  const total = (performance.now() - start) / 1000;
+  const n = usage.completion_tokens;
+  const clientRate = n > 1 && last > first ? (n - 1) / ((last - first) / 1000) : NaN;
+  const engineRate = timings.decode_tokens_per_second ?? NaN;
+  clientRates.push(clientRate);
+  engineRates.push(engineRate);
+  console.log(
+    `request ${i}: ${n} tokens, finish ${finish}, read ${timings.read_s.toFixed(3)} s, ` +
+      `decode ${timings.decode_s.toFixed(3)} s, engine ${engineRate.toFixed(2)} tok/s, ` +
+      `client ${clientRate.toFixed(2)} tok/s, first token ${((first - start) / 1000).toFixed(3)} s, ` +
+      `round trip ${total.toFixed(2)} s`,
+  );
+}
+const c = median(clientRates);
+const e = median(engineRates);
+console.log(`median engine ${e.toFixed(2)} tok/s, client ${c.toFixed(2)} tok/s, ` +
+  `client/engine ${(c / e).toFixed(3)}`);
+if (server) await server.stop();

@@ -1,0 +1,42 @@
+#include "cli/serve_command.h"
+
+#include <cstdlib>
+#include <memory>
+
+#include "server/server.h"
+
+namespace torchtpu::cli {
+
+void add_serve_command(CLI::App& app) {
+  auto options = std::make_shared<server::ServeOptions>();
+  auto* cmd = app.add_subcommand("serve",
+                                 "OpenAI-compatible HTTP server (no --model: "
+                                 "a demo checkpoint with random weights)");
+  cmd->add_option("--model", options->model_dir, "Checkpoint directory");
+  cmd->add_option("--emb4", options->emb4_dir, "Directory with int4 vocabulary tables");
+  cmd->add_option("--model-id", options->model_id,
+                  "Id the model is served under (default: the directory's name)");
+  cmd->add_option("--host", options->host, "Address to bind")->capture_default_str();
+  cmd->add_option("--port", options->port, "Port (0: any free port)")->capture_default_str();
+  cmd->add_option("--context", options->context, "Context length")->capture_default_str();
+  cmd->add_option("--device", options->device, "cpu | cuda[:N]")->capture_default_str();
+  cmd->add_option("--dtype", options->dtype, "bfloat16 | float32 | float16")->capture_default_str();
+  cmd->add_option("--api-key", options->api_key,
+                  "Require 'Authorization: Bearer KEY' on everything but /health "
+                  "(default: $TORCHTPU_API_KEY)");
+  cmd->add_option("--max-queue", options->max_queue, "Requests that may wait for the engine")
+      ->capture_default_str();
+  cmd->add_option("--read-every", options->read_every, "Decode steps between host reads")
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body accepted")
+      ->capture_default_str();
+  cmd->callback([options] {
+    if (options->api_key.empty()) {
+      if (const char* key = std::getenv("TORCHTPU_API_KEY")) options->api_key = key;
+    }
+    const int code = server::run(*options);
+    if (code != 0) std::exit(code);
+  });
+}
+
+}  // namespace torchtpu::cli

@@ -1,0 +1,355 @@
+#include "server/openai.h"
+
+#include <random>
+
+namespace torchtpu::server {
+namespace {
+
+const char* type_name(const ojson& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+ApiError wrong_type(const std::string& param, const std::string& expected, const ojson& got) {
+  return ApiError(400, "'" + param + "' must be " + expected + ", got " + type_name(got),
+                  "invalid_request_error", param, "invalid_type");
+}
+
+// The field if present and not null.
+const ojson* field(const ojson& body, const char* name) {
+  auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+bool get_bool(const ojson& body, const char* name, bool fallback) {
+  const ojson* v = field(body, name);
+  if (!v) return fallback;
+  if (!v->is_boolean()) throw wrong_type(name, "a boolean", *v);
+  return v->get<bool>();
+}
+
+std::optional<double> get_number(const ojson& body, const char* name, double lo, double hi) {
+  const ojson* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) throw wrong_type(name, "a number", *v);
+  const double x = v->get<double>();
+  if (x < lo || x > hi) {
+    throw ApiError(400,
+                   "'" + std::string(name) + "' must be between " + ojson(lo).dump() + " and " +
+                       ojson(hi).dump() + ", got " + v->dump(),
+                   "invalid_request_error", name, "invalid_value");
+  }
+  return x;
+}
+
+std::optional<int64_t> get_int(const ojson& body, const char* name) {
+  const ojson* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) throw wrong_type(name, "an integer", *v);
+  return v->get<int64_t>();
+}
+
+// Fields shared by chat and text completions.
+void parse_common(const ojson& body, GenerationRequest& r) {
+  if (const ojson* model = field(body, "model")) {
+    if (!model->is_string()) throw wrong_type("model", "a string", *model);
+    r.model = model->get<std::string>();
+  }
+  for (const char* name : {"max_completion_tokens", "max_tokens"}) {
+    if (auto n = get_int(body, name)) {
+      if (*n < 1) {
+        throw ApiError(400,
+                       "'" + std::string(name) + "' must be at least 1, got " + std::to_string(*n),
+                       "invalid_request_error", name, "invalid_value");
+      }
+      if (!r.max_tokens) r.max_tokens = n;
+    }
+  }
+  if (const ojson* stop = field(body, "stop")) {
+    if (stop->is_string()) {
+      r.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > 4) {
+        throw ApiError(400, "'stop' holds at most 4 sequences, got " + std::to_string(stop->size()),
+                       "invalid_request_error", "stop", "invalid_value");
+      }
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) {
+          throw wrong_type("stop[" + std::to_string(i) + "]", "a string", (*stop)[i]);
+        }
+        r.stop.push_back((*stop)[i].get<std::string>());
+      }
+    } else {
+      throw wrong_type("stop", "a string or an array of strings", *stop);
+    }
+    for (const auto& s : r.stop) {
+      if (s.empty()) {
+        throw ApiError(400, "'stop' sequences must not be empty", "invalid_request_error", "stop",
+                       "invalid_value");
+      }
+    }
+  }
+  r.stream = get_bool(body, "stream", false);
+  if (const ojson* options = field(body, "stream_options")) {
+    if (!options->is_object()) throw wrong_type("stream_options", "an object", *options);
+    if (const ojson* usage = field(*options, "include_usage")) {
+      if (!usage->is_boolean()) {
+        throw wrong_type("stream_options.include_usage", "a boolean", *usage);
+      }
+      r.include_usage = usage->get<bool>();
+    }
+  }
+  if (auto n = get_int(body, "n"); n && *n != 1) {
+    throw ApiError(400, "only n=1 is supported, got n=" + std::to_string(*n),
+                   "invalid_request_error", "n", "unsupported_value");
+  }
+  SamplingRequest& s = r.sampling;
+  s.temperature = get_number(body, "temperature", 0, 2);
+  s.top_p = get_number(body, "top_p", 0, 1);
+  s.min_p = get_number(body, "min_p", 0, 1);
+  s.presence_penalty = get_number(body, "presence_penalty", -2, 2);
+  s.frequency_penalty = get_number(body, "frequency_penalty", -2, 2);
+  s.repetition_penalty = get_number(body, "repetition_penalty", 0, 1e9);
+  s.top_k = get_int(body, "top_k");
+  // vLLM and llama.cpp spell "no top-k" -1 as well as 0.
+  if (s.top_k == -1) s.top_k = 0;
+  if (auto seed = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*seed);
+  if (const ojson* bias = field(body, "logit_bias")) {
+    if (!bias->is_object()) throw wrong_type("logit_bias", "an object", *bias);
+    for (const auto& [key, value] : bias->items()) {
+      const std::string param = "logit_bias." + key;
+      int64_t id = -1;
+      try {
+        size_t used = 0;
+        id = std::stoll(key, &used);
+        if (used != key.size()) id = -1;
+      } catch (const std::exception&) {
+      }
+      if (id < 0) {
+        throw ApiError(400, "'" + param + "': logit_bias keys must be token ids",
+                       "invalid_request_error", param, "invalid_value");
+      }
+      if (!value.is_number()) throw wrong_type(param, "a number", value);
+      const double b = value.get<double>();
+      if (b < -100 || b > 100) {
+        throw ApiError(400, "'" + param + "' must be between -100 and 100, got " + value.dump(),
+                       "invalid_request_error", param, "invalid_value");
+      }
+      s.logit_bias[id] = b;
+    }
+  }
+  r.ignore_eos = get_bool(body, "ignore_eos", false);
+}
+
+void reject_logprobs(const ojson& body, const char* name) {
+  const ojson* v = field(body, name);
+  if (!v) return;
+  const bool asked = v->is_boolean() ? v->get<bool>() : !(v->is_number() && v->get<double>() == 0);
+  if (asked) {
+    throw ApiError(400, "'" + std::string(name) + "' is not supported by this server",
+                   "invalid_request_error", name, "unsupported_parameter");
+  }
+}
+
+void check_content(const ojson& content, const std::string& param, bool null_ok) {
+  if (content.is_string() || (content.is_null() && null_ok)) return;
+  if (!content.is_array()) {
+    throw wrong_type(param, "a string or an array of text parts", content);
+  }
+  for (size_t i = 0; i < content.size(); ++i) {
+    const ojson& part = content[i];
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    if (!part.is_object()) throw wrong_type(p, "an object", part);
+    const ojson* type = field(part, "type");
+    if (!type || !type->is_string() || *type != "text") {
+      throw ApiError(400, "'" + p + ".type' must be \"text\": this server reads text only",
+                     "invalid_request_error", p + ".type", "unsupported_value");
+    }
+    const ojson* text = field(part, "text");
+    if (!text || !text->is_string()) {
+      throw wrong_type(p + ".text", "a string", text ? *text : ojson(nullptr));
+    }
+  }
+}
+
+std::vector<int64_t> id_array(const ojson& ids, const std::string& param) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!ids[i].is_number_integer()) {
+      throw wrong_type(param + "[" + std::to_string(i) + "]", "an integer token id", ids[i]);
+    }
+    out.push_back(ids[i].get<int64_t>());
+  }
+  return out;
+}
+
+}  // namespace
+
+ApiError::ApiError(int status, const std::string& message, std::string type, std::string param,
+                   std::string code)
+    : std::runtime_error(message),
+      status(status),
+      type(std::move(type)),
+      param(std::move(param)),
+      code(std::move(code)) {}
+
+ojson error_body(const ApiError& error) {
+  return {{"error",
+           {{"message", error.what()},
+            {"type", error.type},
+            {"param", error.param.empty() ? ojson(nullptr) : ojson(error.param)},
+            {"code", error.code.empty() ? ojson(nullptr) : ojson(error.code)}}}};
+}
+
+ojson parse_body(const std::string& text) {
+  ojson body;
+  try {
+    body = ojson::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what(),
+                   "invalid_request_error", "", "invalid_json");
+  }
+  if (!body.is_object()) {
+    throw ApiError(400,
+                   std::string("the request body must be a JSON object, got ") + type_name(body),
+                   "invalid_request_error", "", "invalid_json");
+  }
+  return body;
+}
+
+GenerationRequest parse_chat_request(const ojson& body) {
+  GenerationRequest r;
+  parse_common(body, r);
+  reject_logprobs(body, "logprobs");
+  const ojson* messages = field(body, "messages");
+  if (!messages) {
+    throw ApiError(400, "'messages' is required", "invalid_request_error", "messages",
+                   "missing_required_parameter");
+  }
+  if (!messages->is_array()) throw wrong_type("messages", "an array", *messages);
+  if (messages->empty()) {
+    throw ApiError(400, "'messages' must hold at least one message", "invalid_request_error",
+                   "messages", "empty_array");
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const ojson& m = (*messages)[i];
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) throw wrong_type(p, "an object", m);
+    const ojson* role = field(m, "role");
+    if (!role) {
+      throw ApiError(400, "'" + p + ".role' is required", "invalid_request_error", p + ".role",
+                     "missing_required_parameter");
+    }
+    if (!role->is_string()) throw wrong_type(p + ".role", "a string", *role);
+    auto content = m.find("content");
+    const bool is_assistant = *role == "assistant";
+    if (content == m.end()) {
+      if (!is_assistant) {
+        throw ApiError(400, "'" + p + ".content' is required", "invalid_request_error",
+                       p + ".content", "missing_required_parameter");
+      }
+    } else {
+      check_content(*content, p + ".content", is_assistant);
+    }
+  }
+  r.messages = *messages;
+  if (const ojson* tools = field(body, "tools")) {
+    if (!tools->is_array()) throw wrong_type("tools", "an array", *tools);
+    r.tools = *tools;
+  }
+  if (const ojson* kwargs = field(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kwargs);
+    r.template_kwargs = *kwargs;
+  }
+  return r;
+}
+
+GenerationRequest parse_completion_request(const ojson& body) {
+  GenerationRequest r;
+  parse_common(body, r);
+  reject_logprobs(body, "logprobs");
+  if (get_bool(body, "echo", false)) {
+    throw ApiError(400, "'echo' is not supported by this server", "invalid_request_error", "echo",
+                   "unsupported_parameter");
+  }
+  if (auto best_of = get_int(body, "best_of"); best_of && *best_of != 1) {
+    throw ApiError(400, "only best_of=1 is supported", "invalid_request_error", "best_of",
+                   "unsupported_value");
+  }
+  const ojson* prompt = field(body, "prompt");
+  if (!prompt) {
+    throw ApiError(400, "'prompt' is required", "invalid_request_error", "prompt",
+                   "missing_required_parameter");
+  }
+  // A string, one string in an array, token ids, or one array of token ids.
+  const ojson* one = prompt;
+  if (prompt->is_array() && prompt->size() == 1 &&
+      ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
+    one = &(*prompt)[0];
+  } else if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number_integer()) {
+    throw ApiError(
+        400, "only one prompt per request is supported, got " + std::to_string(prompt->size()),
+        "invalid_request_error", "prompt", "unsupported_value");
+  }
+  if (one->is_string()) {
+    r.prompt = one->get<std::string>();
+    if (r.prompt.empty()) {
+      throw ApiError(400, "'prompt' must not be empty", "invalid_request_error", "prompt",
+                     "invalid_value");
+    }
+  } else if (one->is_array()) {
+    if (one->empty()) {
+      throw ApiError(400, "'prompt' must not be empty", "invalid_request_error", "prompt",
+                     "invalid_value");
+    }
+    r.prompt_ids = id_array(*one, "prompt");
+  } else {
+    throw wrong_type("prompt", "a string or an array of token ids", *prompt);
+  }
+  return r;
+}
+
+TokenizeRequest parse_tokenize_request(const ojson& body) {
+  TokenizeRequest r;
+  const ojson* content = field(body, "content");
+  if (!content) {
+    throw ApiError(400, "'content' is required", "invalid_request_error", "content",
+                   "missing_required_parameter");
+  }
+  if (!content->is_string()) throw wrong_type("content", "a string", *content);
+  r.content = content->get<std::string>();
+  r.add_special = get_bool(body, "add_special", false);
+  r.with_pieces = get_bool(body, "with_pieces", false);
+  return r;
+}
+
+std::vector<int64_t> parse_detokenize_request(const ojson& body) {
+  const ojson* tokens = field(body, "tokens");
+  if (!tokens) {
+    throw ApiError(400, "'tokens' is required", "invalid_request_error", "tokens",
+                   "missing_required_parameter");
+  }
+  if (!tokens->is_array()) throw wrong_type("tokens", "an array of token ids", *tokens);
+  return id_array(*tokens, "tokens");
+}
+
+std::string new_completion_id(const std::string& prefix) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* hex = "0123456789abcdef";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += hex[rng() % 16];
+  return id;
+}
+
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+}  // namespace torchtpu::server

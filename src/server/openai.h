@@ -1,0 +1,84 @@
+// The OpenAI wire format as far as the server speaks it: request bodies parsed and validated into
+// plain structs, error objects, and the pieces of chat / text completion responses. No HTTP and no
+// engine here, so every rule is testable on its own (tests/cpp/server_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace torchtpu::server {
+
+using ojson = nlohmann::ordered_json;
+
+// A request answered with an OpenAI error object and an HTTP status.
+struct ApiError : std::runtime_error {
+  ApiError(int status, const std::string& message, std::string type = "invalid_request_error",
+           std::string param = "", std::string code = "");
+  int status;
+  std::string type;   // invalid_request_error | authentication_error |
+                      // rate_limit_error | ...
+  std::string param;  // the offending field ("messages[0].content"), empty for none
+  std::string code;   // short machine-readable reason, empty for none
+};
+
+// {"error":{"message","type","param","code"}} with null for an empty param or code.
+ojson error_body(const ApiError& error);
+
+// The body as a JSON object, keys in the client's order (templates may print them). ApiError 400 if
+// it is not JSON or not an object.
+ojson parse_body(const std::string& text);
+
+// The sampling fields a request set; unset ones keep the engine's defaults (greedy: temperature 0).
+// Ranges beyond the OpenAI ones checked here are the engine's (SamplingParams::validate).
+struct SamplingRequest {
+  std::optional<double> temperature, top_p, min_p;
+  std::optional<double> presence_penalty, frequency_penalty, repetition_penalty;
+  std::optional<int64_t> top_k;
+  std::optional<uint64_t> seed;
+  std::map<int64_t, double> logit_bias;  // token id -> bias in [-100, 100]
+};
+
+// What /v1/chat/completions and /v1/completions ask of the engine.
+struct GenerationRequest {
+  std::string model;  // empty when the client sent none
+  // chat: messages as sent (content strings or arrays of text parts), tools or null, and extra
+  // template variables (chat_template_kwargs, e.g. enable_thinking).
+  ojson messages;
+  ojson tools;
+  ojson template_kwargs = ojson::object();
+  // completions: the prompt as text, or as token ids when the client sent ids.
+  std::string prompt;
+  std::optional<std::vector<int64_t>> prompt_ids;
+  std::optional<int64_t> max_tokens;  // none: until a stop or the end of the context
+  std::vector<std::string> stop;      // stop strings, cut from the output
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool ignore_eos = false;     // llama.cpp / vLLM extension: decode through end-of-turn tokens
+  SamplingRequest sampling;
+};
+
+// ApiError 400 naming the field for anything malformed; n other than 1 and logprobs are 400 too.
+GenerationRequest parse_chat_request(const ojson& body);
+GenerationRequest parse_completion_request(const ojson& body);
+
+// llama.cpp's /tokenize {"content", "add_special"=false, "with_pieces"=false}.
+struct TokenizeRequest {
+  std::string content;
+  bool add_special = false;
+  bool with_pieces = false;
+};
+TokenizeRequest parse_tokenize_request(const ojson& body);
+// llama.cpp's /detokenize {"tokens": [ids]}.
+std::vector<int64_t> parse_detokenize_request(const ojson& body);
+
+// Response ids: "chatcmpl-" / "cmpl-" followed by 24 random hex digits.
+std::string new_completion_id(const std::string& prefix);
+
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
+}  // namespace torchtpu::server

@@ -1,0 +1,984 @@
+#include "server/server.h"
+
+#include <fcntl.h>
+#include <httplib.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "build_info.h"
+#include "common/errors.h"
+#include "engine/report.h"
+#include "server/connection.h"
+#include "server/demo.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/stop_strings.h"
+#include "text/chat_template.h"
+#include "text/detokenizer.h"
+#include "text/output_parser.h"
+#include "text/tokenizer.h"
+
+namespace torchtpu::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr const char* kEngineThreadName = "torchtpu-engine";  // at most 15 characters
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string dump(const ojson& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// The one process-wide resource: a pipe that request_stop() writes a byte into. Signal handlers may
+// only make async-signal-safe calls, and write() is one; run() waits on the read end. It is created
+// before main() so request_stop() never has to create it.
+struct StopPipe {
+  int read_fd = -1;
+  int write_fd = -1;
+  StopPipe() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0) {
+      read_fd = fds[0];
+      write_fd = fds[1];
+    }
+  }
+};
+const StopPipe stop_pipe;
+
+void on_stop_signal(int) { request_stop(); }
+
+// Restores the previous SIGINT/SIGTERM/SIGPIPE actions when run() returns.
+class SignalHandlers {
+ public:
+  explicit SignalHandlers(bool install) : installed_(install) {
+    if (!install) return;
+    struct sigaction stop {};
+    stop.sa_handler = on_stop_signal;
+    sigemptyset(&stop.sa_mask);
+    sigaction(SIGINT, &stop, &old_int_);
+    sigaction(SIGTERM, &stop, &old_term_);
+    // A client that goes away must not kill the server.
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, &old_pipe_);
+  }
+  ~SignalHandlers() {
+    if (!installed_) return;
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGPIPE, &old_pipe_, nullptr);
+  }
+  SignalHandlers(const SignalHandlers&) = delete;
+  SignalHandlers& operator=(const SignalHandlers&) = delete;
+
+ private:
+  bool installed_;
+  struct sigaction old_int_ {
+  }, old_term_{}, old_pipe_{};
+};
+
+void append(OutputDelta& into, OutputDelta&& more) {
+  into.content += more.content;
+  into.reasoning += more.reasoning;
+  for (auto& call : more.tool_calls) into.tool_calls.push_back(std::move(call));
+}
+
+// One generation request, shared by the HTTP thread that answers it and the engine thread.
+struct Job {
+  // Set before the job is queued, read-only afterwards.
+  std::vector<int64_t> prompt;
+  DecodeOptions decode;
+  std::vector<std::string> stop;
+  bool parse_output = false;  // chat: split reasoning and tool calls out of the content
+  int fd = -1;                // the client's connection, watched for disconnects
+  Clock::time_point queued_at = Clock::now();
+
+  std::atomic<bool> cancelled{false};  // the client went away
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  OutputDelta pending;  // produced and not yet taken by the HTTP thread
+  bool done = false;
+  std::string finish;  // stop | length | tool_calls | cancelled
+  DecodeResult result;
+  double queue_s = 0;
+  std::optional<ApiError> error;
+
+  bool client_gone() {
+    if (!cancelled && peer_closed(fd)) cancelled = true;
+    return cancelled;
+  }
+};
+
+struct Taken {
+  OutputDelta delta;
+  bool done = false;
+};
+
+// Counts one generation request as active for as long as it lives.
+class Active {
+ public:
+  Active(std::mutex& mutex, std::condition_variable& changed, int64_t& count)
+      : mutex_(mutex), changed_(changed), count_(count) {
+    std::lock_guard lock(mutex_);
+    ++count_;
+  }
+  ~Active() {
+    {
+      std::lock_guard lock(mutex_);
+      --count_;
+    }
+    changed_.notify_all();
+  }
+  Active(const Active&) = delete;
+  Active& operator=(const Active&) = delete;
+
+ private:
+  std::mutex& mutex_;
+  std::condition_variable& changed_;
+  int64_t& count_;
+};
+
+class Server {
+ public:
+  Server(const ServeOptions& options, EngineFactory make_engine)
+      : options_(options), make_engine_(std::move(make_engine)) {
+    demo_ = options.model_dir.empty();
+    model_id_ = options.model_id;
+    if (model_id_.empty() && demo_) model_id_ = kDemoModelId;
+    if (model_id_.empty()) {
+      auto path = std::filesystem::path(options.model_dir).lexically_normal();
+      if (!path.has_filename()) path = path.parent_path();
+      model_id_ = path.filename().string();
+    }
+    fingerprint_ = std::string("fp_torchtpu_cpp_") + TORCHTPU_GIT_REVISION;
+  }
+
+  int run();
+
+ private:
+  enum class State { kLoading, kWarmingUp, kReady, kFailed, kStopping };
+
+  // Engine thread.
+  void worker_main();
+  void load();
+  void serve(Job& job);
+  void deliver(Job& job, OutputDelta&& delta);
+  void finish_job(Job& job, const std::string& finish, std::optional<ApiError> error = {});
+
+  // HTTP threads.
+  void set_up_routes(httplib::Server& http);
+  httplib::Server::Handler guarded(
+      const std::function<void(const httplib::Request&, httplib::Response&)>& handler,
+      bool needs_engine);
+  void authorize(const httplib::Request& req) const;
+  void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
+  void stream_response(httplib::Response& res, std::shared_ptr<Job> job, bool chat,
+                       bool include_usage, std::shared_ptr<Active> active);
+  void answer_whole(httplib::Response& res, Job& job, bool chat);
+  void enqueue(const std::shared_ptr<Job>& job);
+  // Waits until the job produced something or ended, watching the client meanwhile.
+  Taken take(Job& job);
+  // The client went away: drop the job if it still waits, else let the engine notice.
+  void abandon(Job& job);
+  void wait_done(Job& job);
+  ojson engine_json() const;
+  ojson model_json() const;
+  ojson timings_json(const Job& job) const;
+  std::string endpoint_label(const std::string& path) const;
+
+  ServeOptions options_;
+  EngineFactory make_engine_;
+  bool demo_ = false;
+  std::string model_id_;
+  std::string fingerprint_;
+  int64_t created_ = unix_seconds();
+  Metrics metrics_;
+
+  std::atomic<State> state_{State::kLoading};
+  std::exception_ptr load_error_;
+  // Written by the engine thread before state_ becomes kWarmingUp, read-only afterwards.
+  std::unique_ptr<Engine> engine_;
+  std::optional<Tokenizer> tokenizer_;
+  std::optional<ChatTemplate> template_;
+  std::vector<bool> special_;         // hidden from completions
+  std::set<int64_t> parser_markers_;  // special tokens the output parser reads
+  ojson engine_report_;
+  double load_s_ = 0;
+  double warmup_s_ = 0;
+  std::string model_dir_;
+
+  // Generation requests not yet fully answered; shutdown waits for none to be left, because
+  // httplib's stop() cuts streams that are still being written.
+  std::mutex active_mutex_;
+  std::condition_variable active_changed_;
+  int64_t active_ = 0;
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_changed_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool worker_stop_ = false;
+};
+
+void Server::load() {
+  const auto start = Clock::now();
+  model_dir_ = demo_ ? ensure_demo_checkpoint() : options_.model_dir;
+  EngineOptions engine_options;
+  engine_options.model_dir = model_dir_;
+  engine_options.emb4_dir = options_.emb4_dir;
+  engine_options.device = parse_device(options_.device);
+  engine_options.dtype = parse_dtype_name(options_.dtype);
+  engine_options.context = options_.context;
+  engine_ = make_engine_ ? make_engine_(engine_options) : std::make_unique<Engine>(engine_options);
+  if (!engine_) throw std::runtime_error("the engine factory returned no engine");
+  tokenizer_ =
+      Tokenizer::from_file((std::filesystem::path(model_dir_) / "tokenizer.json").string());
+  try {
+    template_ = ChatTemplate::from_dir(model_dir_);
+  } catch (const NotFoundError&) {
+    std::cerr << "torchtpu-cpp serve: " << model_dir_
+              << " has no chat template; using Gemma 4's (google/gemma-4-E2B-it)\n";
+    template_ = ChatTemplate::from_string(gemma4_chat_template());
+  }
+  const int64_t vocab = tokenizer_->vocab_size();
+  special_.assign(vocab, false);
+  for (int64_t id = 0; id < vocab; ++id) special_[id] = tokenizer_->is_special(id);
+  for (const char* marker :
+       {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|\"|>"}) {
+    if (auto id = tokenizer_->token_to_id(marker)) parser_markers_.insert(*id);
+  }
+  engine_report_ = engine_report(*engine_);
+  load_s_ = seconds_between(start, Clock::now());
+}
+
+void Server::worker_main() {
+  pthread_setname_np(pthread_self(), kEngineThreadName);
+  try {
+    load();
+    state_ = State::kWarmingUp;
+    const auto start = Clock::now();
+    DecodeOptions warm;
+    warm.max_new = 4;
+    warm.read_every = options_.read_every;
+    warm.ignore_eos = true;
+    engine_->decode(tokenizer_->encode("Hello", /*add_special_tokens=*/true), warm);
+    warmup_s_ = seconds_between(start, Clock::now());
+    State loading = State::kWarmingUp;
+    state_.compare_exchange_strong(loading, State::kReady);
+  } catch (...) {
+    load_error_ = std::current_exception();
+    state_ = State::kFailed;
+    request_stop();
+  }
+  while (true) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock lock(queue_mutex_);
+      queue_changed_.wait(lock, [&] { return !queue_.empty() || worker_stop_; });
+      if (queue_.empty()) break;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    serve(*job);
+  }
+  // The engine ends on the thread that owns it.
+  engine_.reset();
+}
+
+void Server::deliver(Job& job, OutputDelta&& delta) {
+  if (delta.content.empty() && delta.reasoning.empty() && delta.tool_calls.empty()) return;
+  {
+    std::lock_guard lock(job.mutex);
+    append(job.pending, std::move(delta));
+  }
+  job.changed.notify_all();
+}
+
+void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiError> error) {
+  if (finish == "cancelled") metrics_.count_cancelled();
+  {
+    std::lock_guard lock(job.mutex);
+    job.finish = finish;
+    job.error = std::move(error);
+    job.done = true;
+  }
+  job.changed.notify_all();
+}
+
+void Server::serve(Job& job) {
+  const auto start = Clock::now();
+  job.queue_s = seconds_between(job.queued_at, start);
+  if (job.client_gone()) {
+    finish_job(job, "cancelled");
+    return;
+  }
+  Detokenizer detokenizer(*tokenizer_, /*show_special_tokens=*/true);
+  OutputParser parser;
+  StopStrings stops(job.stop);
+  bool called = false;
+  // Raw model text -> stop sequences cut -> (chat) reasoning and tool calls split out.
+  auto route = [&](const std::string& text, bool last) {
+    std::string kept = stops.push(text);
+    if (last && !stops.stopped()) kept += stops.finish();
+    OutputDelta delta;
+    if (job.parse_output) {
+      delta = parser.push(kept);
+      if (last || stops.stopped()) append(delta, parser.finish());
+    } else {
+      delta.content = std::move(kept);
+    }
+    if (delta.tool_calls.size() > 0) called = true;
+    deliver(job, std::move(delta));
+  };
+  auto visible = [&](int64_t id) {
+    return !special_[id] || (job.parse_output && parser_markers_.count(id) > 0);
+  };
+  auto on_tokens = [&](const std::vector<int64_t>& batch) {
+    std::string text;
+    for (int64_t id : batch) {
+      if (visible(id)) text += detokenizer.push(id);
+    }
+    route(text, false);
+    if (stops.stopped()) return false;
+    return !job.client_gone();
+  };
+  try {
+    job.result = engine_->decode(job.prompt, job.decode, on_tokens);
+  } catch (const ValueError& e) {
+    finish_job(job, "error", ApiError(400, e.what()));
+    return;
+  } catch (const std::exception& e) {
+    finish_job(job, "error",
+               ApiError(500, std::string("the engine failed: ") + e.what(), "server_error", "",
+                        "engine_error"));
+    return;
+  }
+  const auto& r = job.result;
+  metrics_.add_busy_seconds(seconds_between(start, Clock::now()));
+  metrics_.count_tokens(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
+  metrics_.observe_time_to_first_token(job.queue_s + r.read_s);
+  if (r.tokens.size() > 1 && r.decode_s > 0) {
+    metrics_.observe_decode_rate(static_cast<double>(r.tokens.size() - 1) / r.decode_s);
+  }
+  std::string finish = r.finish;
+  if (finish == "cancelled" && stops.stopped()) finish = "stop";
+  if (finish != "cancelled") {
+    if (!stops.stopped()) route(detokenizer.finish(), true);
+    if (finish == "stop" && called) finish = "tool_calls";
+  }
+  finish_job(job, finish);
+}
+
+void Server::enqueue(const std::shared_ptr<Job>& job) {
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue) {
+      throw ApiError(429,
+                     "the server is busy: " + std::to_string(queue_.size()) +
+                         " requests are waiting for the engine (--max-queue " +
+                         std::to_string(options_.max_queue) + "); retry later",
+                     "rate_limit_error", "", "queue_full");
+    }
+    job->queued_at = Clock::now();
+    queue_.push_back(job);
+  }
+  queue_changed_.notify_all();
+}
+
+void Server::abandon(Job& job) {
+  job.cancelled = true;
+  bool dropped = false;
+  {
+    std::lock_guard lock(queue_mutex_);
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (it->get() == &job) {
+        queue_.erase(it);
+        dropped = true;
+        break;
+      }
+    }
+  }
+  if (dropped) finish_job(job, "cancelled");
+}
+
+void Server::wait_done(Job& job) {
+  std::unique_lock lock(job.mutex);
+  job.changed.wait(lock, [&] { return job.done; });
+}
+
+Taken Server::take(Job& job) {
+  std::unique_lock lock(job.mutex);
+  while (true) {
+    const bool ready = job.changed.wait_for(lock, std::chrono::milliseconds(50), [&] {
+      return job.done || !job.pending.content.empty() || !job.pending.reasoning.empty() ||
+             !job.pending.tool_calls.empty();
+    });
+    if (ready) {
+      Taken taken{std::move(job.pending), job.done};
+      job.pending = {};
+      return taken;
+    }
+    if (!job.cancelled && peer_closed(job.fd)) {
+      lock.unlock();
+      abandon(job);
+      lock.lock();
+    }
+  }
+}
+
+ojson Server::timings_json(const Job& job) const {
+  const auto& r = job.result;
+  ojson t = {{"queue_s", job.queue_s}, {"read_s", r.read_s}, {"decode_s", r.decode_s}};
+  t["decode_tokens_per_second"] = r.tokens.size() > 1 && r.decode_s > 0
+                                      ? ojson(static_cast<double>(r.tokens.size() - 1) / r.decode_s)
+                                      : ojson(nullptr);
+  return t;
+}
+
+ojson tool_calls_json(const std::vector<ToolCall>& calls, size_t first_index) {
+  ojson out = ojson::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    out.push_back(
+        {{"index", first_index + i},
+         {"id", new_completion_id("call_")},
+         {"type", "function"},
+         {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments.dump()}}}});
+  }
+  return out;
+}
+
+void Server::answer_whole(httplib::Response& res, Job& job, bool chat) {
+  OutputDelta all;
+  while (true) {
+    Taken taken = take(job);
+    append(all, std::move(taken.delta));
+    if (taken.done) break;
+  }
+  if (job.error) throw *job.error;
+  if (job.finish == "cancelled") {
+    // Nobody is listening; 499 (client closed request) is what the logs and /metrics show.
+    res.status = 499;
+    return;
+  }
+  const auto& r = job.result;
+  ojson body;
+  if (chat) {
+    ojson message = {{"role", "assistant"}};
+    message["content"] =
+        all.content.empty() && !all.tool_calls.empty() ? ojson(nullptr) : ojson(all.content);
+    if (!all.reasoning.empty()) message["reasoning_content"] = all.reasoning;
+    if (!all.tool_calls.empty()) message["tool_calls"] = tool_calls_json(all.tool_calls, 0);
+    body = {{"id", new_completion_id("chatcmpl-")},
+            {"object", "chat.completion"},
+            {"created", unix_seconds()},
+            {"model", model_id_},
+            {"system_fingerprint", fingerprint_},
+            {"choices",
+             {{{"index", 0},
+               {"message", message},
+               {"logprobs", nullptr},
+               {"finish_reason", job.finish}}}}};
+  } else {
+    body = {{"id", new_completion_id("cmpl-")},
+            {"object", "text_completion"},
+            {"created", unix_seconds()},
+            {"model", model_id_},
+            {"system_fingerprint", fingerprint_},
+            {"choices",
+             {{{"index", 0},
+               {"text", all.content},
+               {"logprobs", nullptr},
+               {"finish_reason", job.finish}}}}};
+  }
+  body["usage"] = usage_json(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
+  body["timings"] = timings_json(job);
+  res.set_content(dump(body), "application/json");
+}
+
+void Server::stream_response(httplib::Response& res, std::shared_ptr<Job> job, bool chat,
+                             bool include_usage, std::shared_ptr<Active> active) {
+  struct Stream {
+    std::string id;
+    int64_t created;
+    bool started = false;
+    size_t tool_calls = 0;
+  };
+  auto s = std::make_shared<Stream>(
+      Stream{new_completion_id(chat ? "chatcmpl-" : "cmpl-"), unix_seconds()});
+  // Every chunk of one completion carries the same id, created, model and fingerprint.
+  auto chunk = [this, s, chat, include_usage](ojson choice) {
+    ojson c = {{"id", s->id},
+               {"object", chat ? "chat.completion.chunk" : "text_completion"},
+               {"created", s->created},
+               {"model", model_id_},
+               {"system_fingerprint", fingerprint_},
+               {"choices", ojson::array({std::move(choice)})}};
+    if (include_usage) c["usage"] = nullptr;
+    return c;
+  };
+  auto choice = [chat](ojson delta_or_text, const ojson& finish) {
+    ojson c = {{"index", 0}};
+    if (chat) {
+      c["delta"] = std::move(delta_or_text);
+    } else {
+      c["text"] = std::move(delta_or_text);
+    }
+    c["logprobs"] = nullptr;
+    c["finish_reason"] = finish;
+    return c;
+  };
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, job, s, chat, include_usage, chunk, choice](size_t, httplib::DataSink& sink) {
+        std::string out;
+        auto event = [&](const ojson& j) { out += "data: " + dump(j) + "\n\n"; };
+        if (!s->started) {
+          s->started = true;
+          if (chat) event(chunk(choice({{"role", "assistant"}, {"content", ""}}, nullptr)));
+        }
+        Taken taken = take(*job);
+        const OutputDelta& d = taken.delta;
+        if (chat) {
+          if (!d.reasoning.empty())
+            event(chunk(choice({{"reasoning_content", d.reasoning}}, nullptr)));
+          if (!d.content.empty()) event(chunk(choice({{"content", d.content}}, nullptr)));
+          if (!d.tool_calls.empty()) {
+            event(chunk(
+                choice({{"tool_calls", tool_calls_json(d.tool_calls, s->tool_calls)}}, nullptr)));
+            s->tool_calls += d.tool_calls.size();
+          }
+        } else if (!d.content.empty()) {
+          event(chunk(choice(d.content, nullptr)));
+        }
+        if (taken.done) {
+          if (job->finish == "cancelled") return false;
+          if (job->error) {
+            event(error_body(*job->error));
+          } else {
+            ojson last = chunk(choice(chat ? ojson::object() : ojson(""), job->finish));
+            last["timings"] = timings_json(*job);
+            event(last);
+            if (include_usage) {
+              ojson usage = chunk(nullptr);
+              usage["choices"] = ojson::array();
+              usage["usage"] = usage_json(job->result.prompt_tokens,
+                                          static_cast<int64_t>(job->result.tokens.size()));
+              event(usage);
+            }
+          }
+          out += "data: [DONE]\n\n";
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          abandon(*job);
+          return false;
+        }
+        if (taken.done) sink.done();
+        return true;
+      },
+      // Runs when the response ends, written or not: the engine must be done with the job (and its
+      // socket) before the connection closes.
+      [this, job, active](bool) {
+        if (!job->done) abandon(*job);
+        wait_done(*job);
+      });
+}
+
+// The request's sampling fields over the engine's defaults (greedy), checked by the engine's own
+// rules so a bad value is a 400 naming it.
+SamplingParams sampling_params(const SamplingRequest& r, int64_t vocab) {
+  SamplingParams p;
+  if (r.temperature) p.temperature = *r.temperature;
+  if (r.top_p) p.top_p = *r.top_p;
+  if (r.min_p) p.min_p = *r.min_p;
+  if (r.top_k) p.top_k = *r.top_k;
+  if (r.presence_penalty) p.presence_penalty = *r.presence_penalty;
+  if (r.frequency_penalty) p.frequency_penalty = *r.frequency_penalty;
+  if (r.repetition_penalty) p.repetition_penalty = *r.repetition_penalty;
+  p.seed = r.seed;
+  p.logit_bias = r.logit_bias;
+  p.validate(vocab);
+  return p;
+}
+
+void Server::handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+  auto active = std::make_shared<Active>(active_mutex_, active_changed_, active_);
+  // Counted before this check, so shutdown either sees this request or it sees the shutdown.
+  if (state_ != State::kReady) {
+    throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
+  }
+  const ojson body = parse_body(req.body);
+  GenerationRequest r = chat ? parse_chat_request(body) : parse_completion_request(body);
+  if (!r.model.empty() && r.model != model_id_) {
+    throw ApiError(
+        404, "the model '" + r.model + "' does not exist; this server serves '" + model_id_ + "'",
+        "invalid_request_error", "model", "model_not_found");
+  }
+  auto job = std::make_shared<Job>();
+  const std::string prompt_param = chat ? "messages" : "prompt";
+  try {
+    if (chat) {
+      job->prompt = tokenizer_->encode(
+          template_->render(r.messages, r.tools, /*add_generation_prompt=*/true, r.template_kwargs),
+          /*add_special_tokens=*/false);
+    } else if (r.prompt_ids) {
+      job->prompt = *r.prompt_ids;
+    } else {
+      job->prompt = tokenizer_->encode(r.prompt, /*add_special_tokens=*/true);
+    }
+    engine_->check_prompt(job->prompt);
+  } catch (const ValueError& e) {
+    const bool too_long = static_cast<int64_t>(job->prompt.size()) > options_.context;
+    throw ApiError(400, e.what(), "invalid_request_error", prompt_param,
+                   too_long ? "context_length_exceeded" : "invalid_value");
+  }
+  job->decode.max_new = r.max_tokens.value_or(options_.context);
+  job->decode.read_every = options_.read_every;
+  job->decode.ignore_eos = r.ignore_eos;
+  job->decode.sampling = sampling_params(r.sampling, engine_->config().vocab_size);
+  job->stop = r.stop;
+  job->parse_output = chat;
+  job->fd =
+      find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  enqueue(job);
+  if (r.stream) {
+    stream_response(res, job, chat, r.include_usage, std::move(active));
+  } else {
+    answer_whole(res, *job, chat);
+  }
+}
+
+ojson Server::model_json() const {
+  return {{"id", model_id_},
+          {"object", "model"},
+          {"created", created_},
+          {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"}};
+}
+
+ojson Server::engine_json() const {
+  ojson out = {{"model", model_id_},
+               {"model_dir", model_dir_},
+               {"random_weights", demo_},
+               {"hosted_by", options_.hosted_by},
+               {"build",
+                {{"version", TORCHTPU_VERSION},
+                 {"git_revision", TORCHTPU_GIT_REVISION},
+                 {"torch_version", TORCHTPU_TORCH_VERSION},
+                 {"compiler", TORCHTPU_CXX_COMPILER},
+                 {"cpp_httplib", CPPHTTPLIB_VERSION}}},
+               {"torch_version", TORCHTPU_TORCH_VERSION}};
+  for (const auto& [key, value] : engine_report_.items()) out[key] = value;
+  const char* defer = std::getenv("TORCH_TPU_DEFER_AND_FUSE");
+  out["torch_tpu_defer_and_fuse"] = defer ? ojson(defer) : ojson(nullptr);
+  out["load_seconds"] = load_s_;
+  out["warmup_seconds"] = warmup_s_;
+  out["engine_thread"] = kEngineThreadName;
+  out["engine_class"] = std::string("torchtpu::Engine, owned by thread ") + kEngineThreadName;
+  out["context"] = options_.context;
+  out["read_every"] = options_.read_every;
+  out["max_queue"] = options_.max_queue;
+  out["decoding"] =
+      "greedy unless a request sets temperature > 0; "
+      "temperature, top_k, top_p, min_p, penalties, "
+      "logit_bias and seed are honoured; generation_config.json "
+      "defaults are not applied yet "
+      "(issue #11)";
+  return out;
+}
+
+std::string Server::endpoint_label(const std::string& path) const {
+  static const std::set<std::string> known = {
+      "/health",         "/metrics",  "/v1/models", "/v1/engine", "/v1/chat/completions",
+      "/v1/completions", "/tokenize", "/detokenize"};
+  if (known.count(path)) return path;
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "other";
+}
+
+void Server::authorize(const httplib::Request& req) const {
+  if (options_.api_key.empty()) return;
+  const std::string expected = "Bearer " + options_.api_key;
+  const std::string given = req.get_header_value("Authorization");
+  // Compared in time independent of where the first difference is.
+  unsigned diff = given.size() ^ expected.size();
+  for (size_t i = 0; i < given.size() && i < expected.size(); ++i) diff |= given[i] ^ expected[i];
+  if (diff != 0) {
+    throw ApiError(
+        401,
+        given.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key",
+        "authentication_error", "", "invalid_api_key");
+  }
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  if (e.status == 429) res.set_header("Retry-After", "1");
+  if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
+  res.set_content(dump(error_body(e)), "application/json");
+}
+
+httplib::Server::Handler Server::guarded(
+    const std::function<void(const httplib::Request&, httplib::Response&)>& handler,
+    bool needs_engine) {
+  return [this, handler, needs_engine](const httplib::Request& req, httplib::Response& res) {
+    try {
+      authorize(req);
+      const State state = state_;
+      if (needs_engine && state != State::kReady) {
+        throw ApiError(503,
+                       state == State::kStopping ? "the server is shutting down"
+                                                 : "the model is loading; retry when /health "
+                                                   "answers 200",
+                       "server_error", "", state == State::kStopping ? "shutting_down" : "loading");
+      }
+      handler(req, res);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const ValueError& e) {
+      send_error(res, ApiError(400, e.what()));
+    } catch (const NotFoundError& e) {
+      send_error(res, ApiError(404, e.what(), "invalid_request_error", "", "not_found"));
+    } catch (const std::exception& e) {
+      send_error(res, ApiError(500, e.what(), "server_error"));
+    }
+  };
+}
+
+void Server::set_up_routes(httplib::Server& http) {
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const State state = state_;
+    const char* status = state == State::kReady       ? "ok"
+                         : state == State::kLoading   ? "loading"
+                         : state == State::kWarmingUp ? "warming up"
+                         : state == State::kStopping  ? "stopping"
+                                                      : "failed";
+    res.status = state == State::kReady ? 200 : 503;
+    res.set_content(dump({{"status", status}}), "application/json");
+  });
+  http.Get("/metrics", guarded(
+                           [this](const httplib::Request&, httplib::Response& res) {
+                             int64_t depth;
+                             {
+                               std::lock_guard lock(queue_mutex_);
+                               depth = static_cast<int64_t>(queue_.size());
+                             }
+                             res.set_content(metrics_.render(depth),
+                                             "text/plain; version=0.0.4; charset=utf-8");
+                           },
+                           false));
+  http.Get("/v1/models", guarded(
+                             [this](const httplib::Request&, httplib::Response& res) {
+                               res.set_content(dump({{"object", "list"}, {"data", {model_json()}}}),
+                                               "application/json");
+                             },
+                             false));
+  http.Get(R"(/v1/models/(.+))",
+           guarded(
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 if (req.matches[1] != model_id_) {
+                   throw ApiError(404, "the model '" + req.matches[1].str() + "' does not exist",
+                                  "invalid_request_error", "model", "model_not_found");
+                 }
+                 res.set_content(dump(model_json()), "application/json");
+               },
+               false));
+  http.Get("/v1/engine", guarded(
+                             [this](const httplib::Request&, httplib::Response& res) {
+                               res.set_content(dump(engine_json()), "application/json");
+                             },
+                             true));
+  http.Post("/v1/chat/completions",
+            guarded([this](const httplib::Request& req,
+                           httplib::Response& res) { handle_generation(req, res, true); },
+                    true));
+  http.Post("/v1/completions",
+            guarded([this](const httplib::Request& req,
+                           httplib::Response& res) { handle_generation(req, res, false); },
+                    true));
+  http.Post("/tokenize", guarded(
+                             [this](const httplib::Request& req, httplib::Response& res) {
+                               const auto r = parse_tokenize_request(parse_body(req.body));
+                               const auto ids = tokenizer_->encode(r.content, r.add_special);
+                               ojson tokens = ojson::array();
+                               for (int64_t id : ids) {
+                                 if (!r.with_pieces) {
+                                   tokens.push_back(id);
+                                   continue;
+                                 }
+                                 // llama.cpp: the piece as text, or its bytes when not UTF-8.
+                                 const std::string piece = tokenizer_->decode({id});
+                                 ojson p =
+                                     is_valid_utf8(piece)
+                                         ? ojson(piece)
+                                         : ojson(std::vector<uint8_t>(piece.begin(), piece.end()));
+                                 tokens.push_back({{"id", id}, {"piece", p}});
+                               }
+                               res.set_content(dump({{"tokens", tokens}}), "application/json");
+                             },
+                             true));
+  http.Post("/detokenize",
+            guarded(
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  const auto ids = parse_detokenize_request(parse_body(req.body));
+                  res.set_content(dump({{"content", tokenizer_->decode(ids)}}), "application/json");
+                },
+                true));
+
+  // Everything that reaches here without a body: unknown routes, wrong methods, bodies too large.
+  http.set_error_handler(httplib::Server::HandlerWithResponse(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        static const std::map<std::string, std::string> allowed = {{"/health", "GET"},
+                                                                   {"/metrics", "GET"},
+                                                                   {"/v1/models", "GET"},
+                                                                   {"/v1/engine", "GET"},
+                                                                   {"/v1/chat/completions", "POST"},
+                                                                   {"/v1/completions", "POST"},
+                                                                   {"/tokenize", "POST"},
+                                                                   {"/detokenize", "POST"}};
+        try {
+          if (res.status == 413) {
+            throw ApiError(413,
+                           "the request body is larger than the server's limit of " +
+                               std::to_string(options_.max_body_bytes) + " bytes",
+                           "invalid_request_error", "", "request_too_large");
+          }
+          if (res.status == 404) {
+            if (req.path != "/health") authorize(req);
+            auto it = allowed.find(req.path);
+            if (it == allowed.end() && req.path.rfind("/v1/models/", 0) == 0) {
+              it = allowed.find("/v1/models");
+            }
+            if (it != allowed.end()) {
+              res.set_header("Allow", it->second);
+              throw ApiError(
+                  405, req.method + " is not allowed on " + req.path + " (use " + it->second + ")",
+                  "invalid_request_error", "", "method_not_allowed");
+            }
+            throw ApiError(404, "unknown route " + req.method + " " + req.path,
+                           "invalid_request_error", "", "not_found");
+          }
+          throw ApiError(res.status,
+                         res.status == 400 ? "malformed HTTP request"
+                                           : "HTTP error " + std::to_string(res.status),
+                         res.status >= 500 ? "server_error" : "invalid_request_error");
+        } catch (const ApiError& e) {
+          send_error(res, e);
+        }
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  http.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+        std::string what = "internal error";
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, ApiError(500, what, "server_error"));
+      });
+  http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics_.count_request(endpoint_label(req.path), res.status);
+  });
+}
+
+int Server::run() {
+  SignalHandlers signals(options_.install_signal_handlers);
+  httplib::Server http;
+  const size_t threads = static_cast<size_t>(std::max(0, options_.max_queue)) + 8;
+  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.set_tcp_nodelay(true);
+  http.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
+  // Idle keep-alive connections hold shutdown back for at most this long.
+  http.set_keep_alive_timeout(2);
+  set_up_routes(http);
+
+  int port = options_.port;
+  if (port == 0) {
+    port = http.bind_to_any_port(options_.host);
+    if (port < 0) port = 0;
+  } else if (!http.bind_to_port(options_.host, port)) {
+    port = 0;
+  }
+  if (port == 0) {
+    throw std::runtime_error("cannot listen on " + options_.host + ":" +
+                             std::to_string(options_.port) +
+                             " (address in use, not local, or not allowed)");
+  }
+  std::thread worker([this] { worker_main(); });
+  std::thread listener([&http] { http.listen_after_bind(); });
+  std::cout << "serving " << model_id_ << " on http://" << options_.host << ":" << port
+            << std::endl;
+
+  pollfd wait{stop_pipe.read_fd, POLLIN, 0};
+  while (poll(&wait, 1, -1) < 0 && errno == EINTR) {
+  }
+  char drain[64];
+  while (read(stop_pipe.read_fd, drain, sizeof(drain)) > 0) {
+  }
+
+  // New generation requests get 503 from here on; those already in (queued, decoding or being
+  // written) are answered in full before the listener closes.
+  State ready = State::kReady;
+  state_.compare_exchange_strong(ready, State::kStopping);
+  {
+    std::unique_lock lock(active_mutex_);
+    active_changed_.wait(lock, [&] { return active_ == 0; });
+  }
+  http.stop();
+  listener.join();
+  {
+    std::lock_guard lock(queue_mutex_);
+    worker_stop_ = true;
+  }
+  queue_changed_.notify_all();
+  worker.join();
+  if (load_error_) std::rethrow_exception(load_error_);
+  return 0;
+}
+
+}  // namespace
+
+int run(const ServeOptions& options, EngineFactory make_engine) {
+  if (options.max_queue < 0) {
+    throw ValueError("max_queue must be at least 0, got " + std::to_string(options.max_queue));
+  }
+  if (options.read_every < 1) {
+    throw ValueError("read_every must be at least 1, got " + std::to_string(options.read_every));
+  }
+  Server server(options, std::move(make_engine));
+  return server.run();
+}
+
+void request_stop() {
+  const char byte = 1;
+  [[maybe_unused]] const ssize_t n = write(stop_pipe.write_fd, &byte, 1);
+}
+
+}  // namespace torchtpu::server

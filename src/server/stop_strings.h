@@ -1,0 +1,29 @@
+// OpenAI `stop` sequences applied to streamed text: text that could still be the start of a stop
+// sequence is held back, and once one completes, the text before it is released and the rest, the
+// sequence included, never reaches the client.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace torchtpu::server {
+
+class StopStrings {
+ public:
+  explicit StopStrings(std::vector<std::string> stops);
+
+  // The text now safe to send. After a stop sequence completed, stopped() is true and every later
+  // push returns nothing.
+  std::string push(std::string_view text);
+  // The text held back at the end of the stream (no stop sequence completed).
+  std::string finish();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  bool stopped_ = false;
+};
+
+}  // namespace torchtpu::server

