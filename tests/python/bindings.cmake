@@ -9,6 +9,13 @@ if(TARGET _torchtpu_cpp)
                    ${CMAKE_CURRENT_LIST_DIR}/test_bindings.py)
   set_tests_properties(py_bindings PROPERTIES ENVIRONMENT "${_bindings_env}" TIMEOUT 900
                        LABELS python)
+  # The C++ server hosted by Python answers like `torchtpu-cpp serve` (needs the Gemma 4 test
+  # tokenizer that scripts/setup.sh writes to .cache/gemma4-test-tokenizer).
+  add_test(NAME py_serve_python
+           COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                   ${CMAKE_CURRENT_LIST_DIR}/test_serve_python.py)
+  set_tests_properties(py_serve_python PROPERTIES ENVIRONMENT "${_bindings_env}" TIMEOUT 900
+                       LABELS python)
   # Downloads torch-tpu 0.2.0 and libtpu from PyPI once into .cache/torch-tpu-0.2.0.
   add_test(NAME py_torch_tpu
            COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider
