@@ -130,25 +130,27 @@ def test_create_requests_flex_start_queued_resource_with_the_rendered_script(clo
     assert script.startswith("#!/bin/bash\n")
     assert len(script.encode()) <= METADATA_VALUE_LIMIT
 
-    # The payload is the tracked tree minus PACK_EXCLUDE's default patterns, byte for byte.
-    tracked = (
-        subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
-        .stdout.decode()
-        .split("\0")
-    )
+    # The payload is HEAD's tree minus PACK_EXCLUDE's default patterns, byte for byte.
+    def git(*args: str) -> bytes:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, check=True).stdout
+
+    # The commit the script names (HEAD may have moved on since, other work goes on in this tree).
+    head = re.search(r"^RIG_REVISION=([0-9a-f]{12})$", script, re.M).group(1)
+    git("merge-base", "--is-ancestor", head, "HEAD")
     left_out = ("bench/", "docs/", "scripts/", "tests/")
-    expected = sorted(
-        p
-        for p in tracked
-        if p
-        and (REPO / p).is_file()
-        and not (REPO / p).is_symlink()
-        and not p.startswith(left_out)
-        and (not p.startswith("rig/") or p == "rig/torchtpu-cpp.service")
-    )
+    expected = []
+    for entry in git("ls-tree", "-r", "-z", "HEAD").decode().split("\0"):
+        meta, _, path = entry.partition("\t")
+        if (
+            meta.split(" ")[0] in ("100644", "100755")
+            and not path.startswith(left_out)
+            and (not path.startswith("rig/") or path == "rig/torchtpu-cpp.service")
+        ):
+            expected.append(path)
+    expected.sort()
     packed = payload_of(script)
     assert sorted(packed) == expected
-    assert all(packed[p] == (REPO / p).read_bytes() for p in expected)
+    assert all(packed[p] == git("show", f"{head}:{p}") for p in expected)
     assert "rig/torchtpu-cpp.service" in packed
 
     with_defaults = bash_values(script, ["TORCH_PIP_SPEC", "PYTHON_VERSION", "SERVE_CONTEXT"])
@@ -715,7 +717,11 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
         )
         print(proc.stdout[-6000:], proc.stderr[-6000:], sep="\n")
         cloud.state["guest_attr_dir"] = str(attrs)
+        stages = json.loads(cloud.rig("progress", "--json").stdout)
         print(cloud.rig("progress").stdout)
+        for failed in (s["stage"] for s in stages if s["state"] == "failed"):
+            log_lines = (root / "logs" / f"{failed}.log").read_text().splitlines()
+            print(f"--- the end of {failed}.log", *log_lines[-80:], sep="\n")
         assert proc.returncode == 0
         logs = {s: (root / "logs" / f"{s}.log").read_text() for s in ("torch", "build", "smoke")}
         assert re.search(r"^torch 2\.14\.1", logs["torch"], re.M)
@@ -738,7 +744,6 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
         ).stdout.split()
         assert check[0].startswith(str(root / "venv")), check[0]
         assert check[1] == check[2], f"module built against torch {check[2]}, venv has {check[1]}"
-        stages = json.loads(cloud.rig("progress", "--json").stdout)
         assert [s["state"] for s in stages] == ["done"] * 6 + ["pending"] * 2
         for name in ("model", "emb4"):
             got = root / "weights" / name
