@@ -1,9 +1,15 @@
 // The torchtpu-cpp command: one subcommand per file, each registered here.
 #include <CLI/CLI.hpp>
 
+#include <c10/util/Exception.h>
+
 #include <iostream>
 
+#include "cli/bench_command.h"
 #include "cli/commands.h"
+#include "cli/download_command.h"
+#include "cli/quantize_command.h"
+#include "cli/serve_command.h"
 #include "common/errors.h"
 
 int main(int argc, char** argv) {
@@ -11,11 +17,18 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   torchtpu::cli::add_make_tiny_command(app);
   torchtpu::cli::add_generate_command(app);
+  torchtpu::add_quantize_command(app);
+  torchtpu::add_download_command(app);
+  torchtpu::cli::add_serve_command(app);
+  torchtpu::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const torchtpu::ValueError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 2;
+  } catch (const c10::ValueError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
