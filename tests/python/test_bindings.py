@@ -114,7 +114,8 @@ def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
         tt.Tokenizer(str(tmp_path / "tokenizer.json"))
 
 
-def test_like_and_device_must_agree(tiny):
+def test_like_names_the_device(tiny):
+    assert tt.Engine(tiny, like=torch.zeros(1), context=16, dtype="float32").device == "cpu"
     with pytest.raises(ValueError, match="disagree"):
         tt.Engine(tiny, like=torch.zeros(1), device="cuda:0")
     with pytest.raises(TypeError, match="torch.Tensor"):
@@ -435,3 +436,114 @@ def test_logits_match_reference_f32(name, cli, tmp_path, report):
     assert engine.generate(ids, 16, read_every=1)[0] == want
     assert engine.generate(ids, 16, read_every=8)[0] == want
     assert engine.generate(ids, 16, read_every=5)[0] == want
+
+
+# --- the text layer ------------------------------------------------------------------------------
+
+TEXTS = [
+    "Hello, world!",
+    "  leading spaces and\ttabs\n\nnewlines  ",
+    "naïve café, 東京, emoji 🙂, Ελληνικά",
+    "<start_of_turn>user\nspecial tokens inline<end_of_turn>",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def test_tokenizer_dir():
+    path = pathlib.Path(
+        os.environ.get("TORCHTPU_TEST_TOKENIZER") or REPO_DIR / ".cache" / "gemma4-test-tokenizer"
+    )
+    if not (path / "tokenizer.json").is_file():
+        pytest.fail(f"{path}/tokenizer.json missing: run scripts/make_test_tokenizer.py")
+    return path
+
+
+def test_tokenizer_crosses_like_hf_tokenizers(test_tokenizer_dir):
+    from tokenizers import Tokenizer as HfTokenizer
+
+    path = str(test_tokenizer_dir / "tokenizer.json")
+    ours, hf = tt.Tokenizer(path), HfTokenizer.from_file(path)
+    assert ours.vocab_size == len(ours) == hf.get_vocab_size(with_added_tokens=True)
+    for text in TEXTS:
+        for special in (False, True):
+            ids = ours.encode(text, add_special_tokens=special)
+            assert ids == hf.encode(text, add_special_tokens=special).ids
+            assert isinstance(ids, list)
+            for skip in (False, True):
+                assert ours.decode(ids, skip_special_tokens=skip) == hf.decode(
+                    ids, skip_special_tokens=skip
+                )
+    assert ours.token_to_id("<bos>") == hf.token_to_id("<bos>")
+    assert ours.token_to_id("no such token \u2603") is None
+    assert ours.id_to_token(2) == hf.id_to_token(2)
+    with pytest.raises(ValueError):
+        ours.decode([ours.vocab_size])
+    with pytest.raises(ValueError, match=r"ids\[0\]"):
+        ours.decode(["1"])
+    with pytest.raises(FileNotFoundError):
+        tt.Tokenizer(str(test_tokenizer_dir / "missing.json"))
+
+
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "And 3+3?"},
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Adds two numbers",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+
+def test_render_chat_matches_transformers(test_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(str(test_tokenizer_dir))
+    template = tt.ChatTemplate(str(test_tokenizer_dir))
+    for tools in (None, TOOLS):
+        for thinking in (False, True):
+            want = reference.apply_chat_template(
+                MESSAGES,
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=False,
+                enable_thinking=thinking,
+            )
+            assert (
+                tt.render_chat(MESSAGES, tools, thinking, template=str(test_tokenizer_dir)) == want
+            )
+            assert template.render(MESSAGES, tools, True, thinking) == want
+    file_template = tt.ChatTemplate(str(test_tokenizer_dir / "chat_template.jinja"))
+    assert file_template.source == template.source
+    assert tt.render_chat(MESSAGES, template=file_template) == reference.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=False
+    )
+
+
+def test_render_chat_keeps_key_order_and_rejects_non_json():
+    template = tt.ChatTemplate.from_string(
+        "{% for m in messages %}{{ m | tojson }}|{% endfor %}{{ extra }}"
+        "{% if enable_thinking %}T{% endif %}"
+    )
+    messages = [{"role": "user", "zeta": 1, "alpha": [True, None], "content": "x"}]
+    out = tt.render_chat(messages, enable_thinking=True, template=template, extra="E")
+    assert out.startswith('{"role": "user", "zeta": 1, "alpha": [true, null], "content": "x"}|')
+    assert out.endswith("ET")
+    with pytest.raises(ValueError, match="messages must be JSON"):
+        tt.render_chat([{"role": "user", "content": object()}], template=template)
+    with pytest.raises(ValueError, match="messages must be JSON"):
+        tt.render_chat([{"role": "user", "content": float("nan")}], template=template)
+    with pytest.raises(TypeError, match="template must be"):
+        tt.render_chat(messages, template=3)
