@@ -319,23 +319,33 @@ def test_errors_are_mapped_by_this_module():
 # --- 7. tensor functions ----------------------------------------------------------------------------
 
 
-def test_tensor_functions():
-    x = torch.ones(8, 8)
+def _devices():
+    """The CPU, plus TORCHTPU_TEST_DEVICE (cuda:0, tpu) where the machine has one."""
+    extra = os.environ.get("TORCHTPU_TEST_DEVICE")
+    return ["cpu"] + ([extra] if extra else [])
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_tensor_functions(device):
+    if device.startswith("tpu"):
+        import torch_tpu  # noqa: F401  (registers the device)
+    x = torch.ones(8, 8, device=device)
     total = tt.matmul_sum(x)
     assert total.item() == 512.0
     assert total.device == x.device and total.dim() == 0
 
-    b = torch.full((4, 4), 0.5, dtype=torch.bfloat16)
+    b = torch.full((4, 4), 0.5, dtype=torch.bfloat16, device=device)
     assert tt.matmul_sum(b).dtype == torch.bfloat16
 
-    made = tt.ramp(5, like=torch.zeros(1), dtype=torch.bfloat16)
+    like = torch.zeros(1, device=device)
+    made = tt.ramp(5, like=like, dtype=torch.bfloat16)
     assert made.dtype == torch.bfloat16
-    assert made.device == torch.device("cpu")
+    assert made.device == like.device
     assert made.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert tt.ramp(3, dtype="float32").dtype == torch.float32
 
     # Python -> C++: C++ writes into the tensor Python holds, and hands back the same object.
-    y = torch.zeros(4, dtype=torch.bfloat16)
+    y = torch.zeros(4, dtype=torch.bfloat16, device=device)
     pointer = y.data_ptr()
     back = tt.add_(y, 1.5)
     assert back is y
