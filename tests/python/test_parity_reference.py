@@ -3,6 +3,7 @@ transformers and compressed-tensors first, so that a disagreement is known to be
 
 import json
 import os
+import shutil
 
 import hf_tiny
 import numpy as np
@@ -284,11 +285,20 @@ def test_engine_quantized_matches_reference(emb4, asym, cli, tmp_path, report):
     assert delta <= TOL
 
 
+@pytest.fixture
+def e2b_checkpoint(cli, tmp_path):
+    """The full-size synthetic E2B checkpoint (about 10 GB at bf16), removed right after the test
+    rather than left to pytest's rotation of old temporary directories."""
+    out = tmp_path / "e2b"
+    try:
+        yield cli.make_tiny(out, preset="e2b", seed=1, dtype="bf16")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_synthetic_e2b_loads_and_decodes(cli, tmp_path_factory, report):
-    out = tmp_path_factory.mktemp("e2b")
-    cli.make_tiny(out, preset="e2b", seed=1, dtype="bf16")
-    result, _ = cli.generate(str(out), [2, 105, 2364, 107], 2, dtype="bfloat16", context=1024)
+def test_synthetic_e2b_loads_and_decodes(e2b_checkpoint, cli, report):
+    result, _ = cli.generate(e2b_checkpoint, [2, 105, 2364, 107], 2, dtype="bfloat16", context=1024)
     report(
         f"synthetic E2B: layout {result['layout']}, read_s {result.get('read_s')}, "
         f"decode_s {result.get('decode_s')}"
