@@ -195,9 +195,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
 
   final_norm_ = norm("norm.weight", H);
   if (P > 0) {
-    const auto& view = ckpt.get(p + "per_layer_model_projection.weight");
-    expect_shape(view, {L * P, H});
-    per_layer_model_projection_ = host_tensor(view).to(o.device, o.dtype);
+    per_layer_model_projection_ = linear_weight(ckpt, p + "per_layer_model_projection", {L * P, H});
     per_layer_projection_norm_ = norm("per_layer_projection_norm.weight", P);
   }
 

@@ -50,6 +50,7 @@ def _module(checkpoint, name):
             checkpoint.raw(f"{name}.weight_shape"),
             zero_point=opt("weight_zero_point"),
             g_idx=opt("weight_g_idx"),
+            scale_dtype=checkpoint.dtype(f"{name}.weight_scale"),
         )
     return None
 

@@ -24,8 +24,27 @@ def unpack_nibbles(packed, count, axis):
     return nibbles if axis == 1 else nibbles.T
 
 
-def dequantize(packed, scale, shape, zero_point=None, g_idx=None):
-    """Float64 weight [out, in] from the pack-quantized tensors (scale already float64)."""
+def round_to_storage(x, dtype_name):
+    """Rounds float64 values to a safetensors float dtype (round to nearest even), back in
+    float64. compressed-tensors' decompressor returns (q - zp) * scale in the scale's dtype, so the
+    dequantized weight is that product rounded once to it."""
+    if dtype_name == "F64":
+        return x
+    if dtype_name == "F16":
+        return x.astype(np.float16).astype(np.float64)
+    f32 = x.astype(np.float32)
+    if dtype_name == "F32":
+        return f32.astype(np.float64)
+    if dtype_name == "BF16":
+        bits = f32.view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+        return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
+    raise ValueError(f"not a float dtype: {dtype_name}")
+
+
+def dequantize(packed, scale, shape, zero_point=None, g_idx=None, scale_dtype="F64"):
+    """Float64 weight [out, in] from the pack-quantized tensors (scale already float64, stored as
+    `scale_dtype`, the dtype the product is rounded to)."""
     out_features, in_features = (int(v) for v in np.asarray(shape).reshape(-1))
     if packed.shape[0] != out_features or packed.shape[1] != -(-in_features // 8):
         raise ValueError(
@@ -47,4 +66,4 @@ def dequantize(packed, scale, shape, zero_point=None, g_idx=None):
         z = z[:, group_of_column]
     else:
         z = 8
-    return (u - z).astype(np.float64) * scale[:, group_of_column]
+    return round_to_storage((u - z).astype(np.float64) * scale[:, group_of_column], scale_dtype)
