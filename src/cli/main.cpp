@@ -8,6 +8,8 @@
 #include "cli/bench_command.h"
 #include "cli/commands.h"
 #include "cli/download_command.h"
+#include "cli/mcp_command.h"
+#include "cli/proxy_command.h"
 #include "cli/quantize_command.h"
 #include "cli/serve_command.h"
 #include "common/errors.h"
@@ -21,6 +23,8 @@ int main(int argc, char** argv) {
   torchtpu::add_download_command(app);
   torchtpu::cli::add_serve_command(app);
   torchtpu::cli::add_bench_command(app);
+  torchtpu::cli::add_mcp_command(app);
+  torchtpu::cli::add_proxy_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

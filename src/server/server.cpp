@@ -24,9 +24,11 @@
 #include "engine/report.h"
 #include "server/connection.h"
 #include "server/demo.h"
+#include "server/mcp.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/stop_strings.h"
+#include "server/web/web.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
 #include "text/output_parser.h"
@@ -848,6 +850,9 @@ void Server::set_up_routes(httplib::Server& http) {
                   res.set_content(dump({{"content", tokenizer_->decode(ids)}}), "application/json");
                 },
                 true));
+
+  add_web_routes(http);
+  add_mcp_routes(http, [this](httplib::Server::Handler h) { return guarded(h, false); });
 
   // Everything that reaches here without a body: unknown routes, wrong methods, bodies too large.
   http.set_error_handler(httplib::Server::HandlerWithResponse(

@@ -1,0 +1,644 @@
+#include "server/mcp.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+
+#include "build_info.h"
+
+namespace torchtpu::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kLatestVersion = "2025-11-25";
+const std::set<std::string> kVersions = {"2025-06-18", "2025-11-25"};
+
+// JSON-RPC error codes.
+constexpr int kParseError = -32700;
+constexpr int kInvalidRequest = -32600;
+constexpr int kMethodNotFound = -32601;
+constexpr int kInvalidParams = -32602;
+
+std::string dump(const ojson& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string fixed(double value, int digits) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof(buffer), "%.*f", digits, value);
+  return buffer;
+}
+
+ojson rpc_error(const ojson& id, int code, const std::string& message) {
+  return {{"jsonrpc", "2.0"}, {"id", id}, {"error", {{"code", code}, {"message", message}}}};
+}
+
+struct RpcError : std::runtime_error {
+  int code;
+  RpcError(int code, const std::string& message) : std::runtime_error(message), code(code) {}
+};
+
+// A tool that could not do its work: reported to the model as a result with isError true.
+struct ToolError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+ojson text_result(const std::string& text, std::optional<ojson> structured = {}) {
+  ojson result = {{"content", {{{"type", "text"}, {"text", text}}}}, {"isError", false}};
+  if (structured) result["structuredContent"] = std::move(*structured);
+  return result;
+}
+
+// The target's scheme://host:port, without a trailing / or /v1.
+std::string origin_of(std::string url) {
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  if (url.ends_with("/v1")) url.resize(url.size() - 3);
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  if (url.find("://") == std::string::npos) url = "http://" + url;
+  return url;
+}
+
+class ServerClient {
+ public:
+  explicit ServerClient(const McpTarget& target)
+      : url_(origin_of(target.base_url)), authorization_(target.authorization) {}
+
+  const std::string& url() const { return url_; }
+
+  httplib::Headers headers() const {
+    httplib::Headers h;
+    if (!authorization_.empty()) h.emplace("Authorization", authorization_);
+    return h;
+  }
+
+  std::unique_ptr<httplib::Client> client(int read_timeout_s) const {
+    auto c = std::make_unique<httplib::Client>(url_);
+    if (!c->is_valid()) throw ToolError("the server URL " + url_ + " is not an http:// URL");
+    c->set_connection_timeout(5);
+    c->set_read_timeout(read_timeout_s);
+    return c;
+  }
+
+  httplib::Response get(const std::string& path, int read_timeout_s = 30) const {
+    auto result = client(read_timeout_s)->Get(path.c_str(), headers());
+    if (!result) throw unreachable(path, result.error());
+    return *result;
+  }
+
+  ToolError unreachable(const std::string& path, httplib::Error error) const {
+    return ToolError("cannot reach " + url_ + path + ": " + httplib::to_string(error));
+  }
+
+  // The server's own error message for a failed request.
+  ToolError refused(const std::string& path, const httplib::Response& res) const {
+    std::string message = res.body;
+    try {
+      message = ojson::parse(res.body).at("error").at("message").get<std::string>();
+    } catch (const std::exception&) {
+    }
+    return ToolError(url_ + path + " answered HTTP " + std::to_string(res.status) + ": " + message);
+  }
+
+ private:
+  std::string url_;
+  std::string authorization_;
+};
+
+ojson tool_list() {
+  const ojson generation_args = {
+      {"type", "object"},
+      {"properties",
+       {{"prompt", {{"type", "string"}, {"description", "The user message."}}},
+        {"system", {{"type", "string"}, {"description", "An optional system prompt."}}},
+        {"max_tokens",
+         {{"type", "integer"},
+          {"minimum", 1},
+          {"default", 256},
+          {"description", "The most tokens to generate."}}},
+        {"temperature",
+         {{"type", "number"}, {"minimum", 0}, {"description", "0 (the default) is greedy."}}},
+        {"seed", {{"type", "integer"}, {"description", "Seed for sampling."}}}}},
+      {"required", {"prompt"}},
+      {"additionalProperties", false}};
+  const ojson no_args = {{"type", "object"}, {"additionalProperties", false}};
+  auto tool = [](const char* name, const char* title, const char* description, ojson schema,
+                 bool read_only) {
+    return ojson{{"name", name},
+                 {"title", title},
+                 {"description", description},
+                 {"inputSchema", std::move(schema)},
+                 {"annotations", {{"readOnlyHint", read_only}, {"openWorldHint", false}}}};
+  };
+  return ojson::array(
+      {tool("ask", "Ask the model",
+            "Sends one chat message to the model and returns its answer, with a footer: model, "
+            "finish reason, prompt and completion tokens, prompt read time, decode rate, round "
+            "trip.",
+            generation_args, false),
+       tool("stream", "Ask the model, streamed",
+            "Like ask, but streams the answer: one progress notification per chunk.",
+            generation_args, false),
+       tool("engine_info", "Engine information",
+            "The server's /v1/engine report: model, build, torch version, device, dtype, layout, "
+            "storage, load and warm-up times.",
+            no_args, true),
+       tool("endpoint_status", "Endpoint status",
+            "The server's URL, its /health answer and latency, and the upstream when it is a "
+            "proxy.",
+            no_args, true),
+       tool("serving_metrics", "Serving metrics",
+            "The server's Prometheus /metrics, parsed: requests, tokens, cancellations, queue "
+            "depth, time to first token and decode rate histograms.",
+            no_args, true)});
+}
+
+struct GenerationArgs {
+  std::string prompt;
+  std::string system;
+  int64_t max_tokens = 256;
+  std::optional<double> temperature;
+  std::optional<int64_t> seed;
+};
+
+GenerationArgs parse_generation_args(const ojson& args) {
+  GenerationArgs g;
+  for (const auto& [key, value] : args.items()) {
+    if (key == "prompt" || key == "system") {
+      if (!value.is_string()) throw ToolError("'" + key + "' must be a string");
+      (key == "prompt" ? g.prompt : g.system) = value.get<std::string>();
+    } else if (key == "max_tokens" || key == "seed") {
+      if (!value.is_number_integer()) throw ToolError("'" + key + "' must be an integer");
+      if (key == "max_tokens") {
+        g.max_tokens = value.get<int64_t>();
+        if (g.max_tokens < 1) {
+          throw ToolError("'max_tokens' must be at least 1, got " + std::to_string(g.max_tokens));
+        }
+      } else {
+        g.seed = value.get<int64_t>();
+      }
+    } else if (key == "temperature") {
+      if (!value.is_number() || value.get<double>() < 0) {
+        throw ToolError("'temperature' must be a number >= 0");
+      }
+      g.temperature = value.get<double>();
+    } else {
+      throw ToolError("unknown argument '" + key +
+                      "' (ask and stream take prompt, system, max_tokens, temperature, seed)");
+    }
+  }
+  if (g.prompt.empty()) throw ToolError("'prompt' is required and must not be empty");
+  return g;
+}
+
+ojson chat_body(const GenerationArgs& g, bool stream) {
+  ojson messages = ojson::array();
+  if (!g.system.empty()) messages.push_back({{"role", "system"}, {"content", g.system}});
+  messages.push_back({{"role", "user"}, {"content", g.prompt}});
+  ojson body = {{"messages", messages}, {"max_tokens", g.max_tokens}, {"stream", stream}};
+  if (g.temperature) body["temperature"] = *g.temperature;
+  if (g.seed) body["seed"] = *g.seed;
+  if (stream) body["stream_options"] = {{"include_usage", true}};
+  return body;
+}
+
+// What ask and stream report: the answer and the footer the seeds' demo printed.
+struct Answer {
+  std::string text;
+  std::string model;
+  std::string finish;
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  ojson timings = ojson::object();
+  double round_trip_s = 0;
+
+  ojson result() const {
+    const auto number = [&](const char* key) {
+      return timings.contains(key) && timings[key].is_number() ? timings[key].get<double>() : NAN;
+    };
+    const double read_s = number("read_s");
+    const double rate = number("decode_tokens_per_second");
+    std::string footer = model + " · finish `" + finish + "` · " + std::to_string(prompt_tokens) +
+                         " prompt + " + std::to_string(completion_tokens) + " completion tokens";
+    if (!std::isnan(read_s)) footer += " · prompt read " + fixed(read_s, 3) + " s";
+    if (!std::isnan(rate)) footer += " · decode " + fixed(rate, 1) + " tok/s";
+    footer += " · " + fixed(round_trip_s, 2) + " s round trip";
+    ojson structured = {{"answer", text},
+                        {"model", model},
+                        {"finish_reason", finish},
+                        {"prompt_tokens", prompt_tokens},
+                        {"completion_tokens", completion_tokens},
+                        {"timings", timings},
+                        {"round_trip_s", round_trip_s}};
+    return text_result(text + "\n---\n" + footer, std::move(structured));
+  }
+
+  void take_usage(const ojson& usage) {
+    if (!usage.is_object()) return;
+    prompt_tokens = usage.value("prompt_tokens", int64_t{0});
+    completion_tokens = usage.value("completion_tokens", int64_t{0});
+  }
+};
+
+ojson ask(const ServerClient& server, const ojson& args) {
+  const GenerationArgs g = parse_generation_args(args);
+  const auto start = Clock::now();
+  const std::string path = "/v1/chat/completions";
+  auto result = server.client(3600)->Post(path.c_str(), server.headers(), dump(chat_body(g, false)),
+                                          "application/json");
+  if (!result) throw server.unreachable(path, result.error());
+  if (result->status != 200) throw server.refused(path, *result);
+  Answer a;
+  a.round_trip_s = seconds_since(start);
+  try {
+    const ojson body = ojson::parse(result->body);
+    const ojson& choice = body.at("choices").at(0);
+    const ojson& content = choice.at("message").at("content");
+    a.text = content.is_string() ? content.get<std::string>() : "";
+    a.finish = choice.value("finish_reason", "");
+    a.model = body.value("model", "");
+    a.take_usage(body.value("usage", ojson()));
+    a.timings = body.value("timings", ojson::object());
+  } catch (const std::exception& e) {
+    throw ToolError(server.url() + path + " answered with an unexpected body: " + e.what());
+  }
+  return a.result();
+}
+
+ojson stream(const ServerClient& server, const ojson& args, const ojson& progress_token,
+             const McpNotify& notify) {
+  const GenerationArgs g = parse_generation_args(args);
+  const auto start = Clock::now();
+  const std::string path = "/v1/chat/completions";
+  Answer a;
+  std::string buffer;
+  std::string failure;
+  int64_t chunks = 0;
+  bool client_gone = false;
+  auto on_event = [&](const std::string& data) {
+    if (data == "[DONE]") return true;
+    const ojson event = ojson::parse(data);
+    if (event.contains("error")) {
+      failure = event["error"].value("message", dump(event["error"]));
+      return false;
+    }
+    if (event.contains("model")) a.model = event["model"].get<std::string>();
+    if (event.contains("usage")) a.take_usage(event["usage"]);
+    if (!event.contains("choices") || event["choices"].empty()) return true;
+    const ojson& choice = event["choices"][0];
+    if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
+      a.finish = choice["finish_reason"].get<std::string>();
+      a.timings = event.value("timings", ojson::object());
+    }
+    const ojson delta = choice.value("delta", ojson::object());
+    if (delta.contains("content") && delta["content"].is_string()) {
+      const std::string piece = delta["content"].get<std::string>();
+      if (piece.empty()) return true;
+      a.text += piece;
+      ++chunks;
+      if (!progress_token.is_null() && notify) {
+        const ojson progress = {{"jsonrpc", "2.0"},
+                                {"method", "notifications/progress"},
+                                {"params",
+                                 {{"progressToken", progress_token},
+                                  {"progress", chunks},
+                                  {"total", g.max_tokens},
+                                  {"message", piece}}}};
+        if (!notify(progress)) {
+          client_gone = true;
+          return false;
+        }
+      }
+    }
+    return true;
+  };
+  httplib::Request req;
+  req.method = "POST";
+  req.path = path;
+  req.headers = server.headers();
+  req.headers.emplace("Accept", "text/event-stream");
+  req.body = dump(chat_body(g, true));
+  req.set_header("Content-Type", "application/json");
+  int status = 0;
+  std::string error_body;
+  req.response_handler = [&](const httplib::Response& res) {
+    status = res.status;
+    return true;
+  };
+  req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+    if (status != 200) {
+      error_body.append(data, size);
+      return true;
+    }
+    buffer.append(data, size);
+    size_t end;
+    while ((end = buffer.find("\n\n")) != std::string::npos) {
+      std::string block = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      if (block.rfind("data: ", 0) != 0) continue;
+      try {
+        if (!on_event(block.substr(6))) return false;
+      } catch (const std::exception& e) {
+        failure = std::string("an unreadable stream event: ") + e.what();
+        return false;
+      }
+    }
+    return true;
+  };
+  httplib::Response res;
+  httplib::Error error = httplib::Error::Success;
+  const bool sent = server.client(3600)->send(req, res, error);
+  if (client_gone) throw ToolError("the MCP client went away; the decode was cancelled");
+  if (!failure.empty()) throw ToolError(server.url() + path + ": " + failure);
+  if (!sent) throw server.unreachable(path, error);
+  if (status != 200) {
+    res.body = error_body;
+    throw server.refused(path, res);
+  }
+  a.round_trip_s = seconds_since(start);
+  return a.result();
+}
+
+ojson engine_info(const ServerClient& server) {
+  const auto res = server.get("/v1/engine");
+  if (res.status != 200) throw server.refused("/v1/engine", res);
+  const ojson engine = ojson::parse(res.body);
+  return text_result(engine.dump(2), engine);
+}
+
+ojson endpoint_status(const ServerClient& server) {
+  const auto start = Clock::now();
+  const auto health = server.get("/health", 10);
+  const double latency_ms = seconds_since(start) * 1000;
+  ojson structured = {{"url", server.url()},
+                      {"health_status", health.status},
+                      {"health", health.body},
+                      {"latency_ms", latency_ms}};
+  std::string text = (health.status == 200 ? "up: " : "not ready: ") + server.url() + "\n" +
+                     "- /health: " + std::to_string(health.status) + " " + health.body + "\n" +
+                     "- latency: " + fixed(latency_ms, 1) + " ms";
+  // A proxy says where it forwards to.
+  const auto proxy = server.get("/proxy/status", 10);
+  if (proxy.status == 200) {
+    try {
+      ojson p = ojson::parse(proxy.body);
+      text += "\n- proxy upstream: " + p.value("upstream", std::string("?")) + " (/health " +
+              dump(p.value("upstream_health_status", ojson())) + ")";
+      structured["proxy"] = std::move(p);
+    } catch (const std::exception&) {
+    }
+  }
+  return text_result(text, std::move(structured));
+}
+
+// Prometheus text format: one entry per sample, keyed by its name with labels as written.
+ojson parse_prometheus(const std::string& text) {
+  ojson samples = ojson::object();
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(start, end - start);
+    start = end + 1;
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    if (space == std::string::npos) continue;
+    const std::string value = line.substr(space + 1);
+    char* parsed_end = nullptr;
+    const double v = std::strtod(value.c_str(), &parsed_end);
+    if (parsed_end == value.c_str()) continue;
+    samples[line.substr(0, space)] = std::isfinite(v) ? ojson(v) : ojson(value);
+  }
+  return samples;
+}
+
+ojson serving_metrics(const ServerClient& server) {
+  const auto res = server.get("/metrics");
+  if (res.status != 200) throw server.refused("/metrics", res);
+  const ojson samples = parse_prometheus(res.body);
+  return text_result(samples.dump(2), ojson{{"url", server.url()}, {"samples", samples}});
+}
+
+ojson call_tool(const McpTarget& target, const ojson& params, const McpNotify& notify) {
+  if (!params.is_object() || !params.contains("name") || !params["name"].is_string()) {
+    throw RpcError(kInvalidParams, "tools/call needs params.name, a string");
+  }
+  const std::string name = params["name"].get<std::string>();
+  const ojson args = params.value("arguments", ojson::object());
+  if (!args.is_object())
+    throw RpcError(kInvalidParams, "tools/call params.arguments must be an object");
+  ojson progress_token;
+  if (params.contains("_meta") && params["_meta"].is_object()) {
+    progress_token = params["_meta"].value("progressToken", ojson());
+  }
+  static const std::set<std::string> known = {"ask", "stream", "engine_info", "endpoint_status",
+                                              "serving_metrics"};
+  if (!known.count(name)) {
+    throw RpcError(kInvalidParams, "unknown tool '" + name +
+                                       "'; the tools are ask, stream, engine_info, "
+                                       "endpoint_status, serving_metrics");
+  }
+  const ServerClient server(target);
+  try {
+    if (name != "ask" && name != "stream" && !args.empty()) {
+      throw ToolError(name + " takes no arguments");
+    }
+    if (name == "ask") return ask(server, args);
+    if (name == "stream") return stream(server, args, progress_token, notify);
+    if (name == "engine_info") return engine_info(server);
+    if (name == "endpoint_status") return endpoint_status(server);
+    return serving_metrics(server);
+  } catch (const ToolError& e) {
+    ojson result = text_result(e.what());
+    result["isError"] = true;
+    return result;
+  } catch (const nlohmann::json::exception& e) {
+    ojson result = text_result(server.url() + " answered with unreadable JSON: " + e.what());
+    result["isError"] = true;
+    return result;
+  }
+}
+
+ojson initialize_result(const ojson& params) {
+  std::string version = kLatestVersion;
+  if (params.is_object() && params.contains("protocolVersion") &&
+      params["protocolVersion"].is_string() &&
+      kVersions.count(params["protocolVersion"].get<std::string>())) {
+    version = params["protocolVersion"].get<std::string>();
+  }
+  return {{"protocolVersion", version},
+          {"capabilities", {{"tools", {{"listChanged", false}}}}},
+          {"serverInfo",
+           {{"name", "torchtpu-cpp"},
+            {"title", "torchtpu-cpp (Gemma 4)"},
+            {"version", TORCHTPU_VERSION}}},
+          {"instructions",
+           "Tools of a torchtpu-cpp server (Gemma 4 over ATen): ask or stream to query the model; "
+           "engine_info, endpoint_status and serving_metrics to inspect the server."}};
+}
+
+}  // namespace
+
+std::optional<ojson> handle_mcp_message(const McpTarget& target, const ojson& message,
+                                        const McpNotify& notify) {
+  if (!message.is_object()) {
+    return rpc_error(nullptr, kInvalidRequest,
+                     "a JSON-RPC message must be an object (batches are not supported)");
+  }
+  const ojson id = message.value("id", ojson());
+  const bool is_request = message.contains("id") && message.contains("method");
+  if (message.value("jsonrpc", "") != "2.0" ||
+      (message.contains("method") && !message["method"].is_string())) {
+    return rpc_error(id, kInvalidRequest, "not a JSON-RPC 2.0 message");
+  }
+  // Notifications (initialized, cancelled) and responses need no answer.
+  if (!is_request) return std::nullopt;
+  const std::string method = message["method"].get<std::string>();
+  const ojson params = message.value("params", ojson::object());
+  try {
+    ojson result;
+    if (method == "initialize") {
+      result = initialize_result(params);
+    } else if (method == "ping") {
+      result = ojson::object();
+    } else if (method == "tools/list") {
+      result = {{"tools", tool_list()}};
+    } else if (method == "tools/call") {
+      result = call_tool(target, params, notify);
+    } else {
+      throw RpcError(kMethodNotFound, "unknown method '" + method + "'");
+    }
+    return ojson{{"jsonrpc", "2.0"}, {"id", id}, {"result", std::move(result)}};
+  } catch (const RpcError& e) {
+    return rpc_error(id, e.code, e.what());
+  }
+}
+
+void serve_mcp_stdio(const McpTarget& target, std::istream& in, std::ostream& out) {
+  std::mutex out_mutex;
+  auto write = [&](const ojson& message) {
+    std::lock_guard lock(out_mutex);
+    out << dump(message) << '\n' << std::flush;
+    return static_cast<bool>(out);
+  };
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    ojson message;
+    try {
+      message = ojson::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      write(rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + e.what()));
+      continue;
+    }
+    if (auto answer = handle_mcp_message(target, message, write)) write(*answer);
+  }
+}
+
+namespace {
+
+// Browsers send Origin; only pages of this host or of localhost may call (DNS rebinding).
+bool origin_allowed(const httplib::Request& req) {
+  if (!req.has_header("Origin")) return true;
+  const std::string origin = req.get_header_value("Origin");
+  const std::string host = req.get_header_value("Host");
+  if (!host.empty() && (origin == "http://" + host || origin == "https://" + host)) return true;
+  for (const char* local : {"http://localhost", "http://127.0.0.1", "http://[::1]"}) {
+    const std::string prefix = local;
+    if (origin == prefix || origin.rfind(prefix + ":", 0) == 0) return true;
+  }
+  return false;
+}
+
+void send_json(httplib::Response& res, int status, const ojson& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void handle_mcp_post(const httplib::Request& req, httplib::Response& res) {
+  if (!origin_allowed(req)) {
+    send_json(res, 403,
+              rpc_error(nullptr, kInvalidRequest,
+                        "Origin " + req.get_header_value("Origin") + " may not use this server"));
+    return;
+  }
+  const std::string version = req.get_header_value("MCP-Protocol-Version");
+  if (!version.empty() && !kVersions.count(version) && version != "2025-03-26") {
+    send_json(res, 400,
+              rpc_error(nullptr, kInvalidRequest,
+                        "unsupported MCP-Protocol-Version " + version +
+                            "; this server speaks 2025-06-18 and 2025-11-25"));
+    return;
+  }
+  ojson message;
+  try {
+    message = ojson::parse(req.body);
+  } catch (const nlohmann::json::parse_error& e) {
+    send_json(res, 400,
+              rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + e.what()));
+    return;
+  }
+  const std::string host =
+      req.local_addr.find(':') != std::string::npos ? "[" + req.local_addr + "]" : req.local_addr;
+  McpTarget target{"http://" + host + ":" + std::to_string(req.local_port),
+                   req.get_header_value("Authorization")};
+  const bool wants_progress = message.is_object() && message.value("method", "") == "tools/call" &&
+                              message.contains("params") && message["params"].is_object() &&
+                              message["params"].contains("_meta") &&
+                              message["params"]["_meta"].is_object() &&
+                              message["params"]["_meta"].contains("progressToken");
+  const bool accepts_sse =
+      req.get_header_value("Accept").find("text/event-stream") != std::string::npos;
+  if (!(wants_progress && accepts_sse)) {
+    auto answer = handle_mcp_message(target, message, {});
+    if (!answer) {
+      res.status = 202;
+      return;
+    }
+    send_json(res, answer->contains("error") && answer->value("id", ojson()).is_null() ? 400 : 200,
+              *answer);
+    return;
+  }
+  // Progress goes out as SSE events ahead of the response, which ends the stream.
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream", [target, message = std::move(message)](size_t, httplib::DataSink& sink) {
+        auto event = [&sink](const ojson& j) {
+          const std::string out = "event: message\ndata: " + dump(j) + "\n\n";
+          return sink.is_writable() && sink.write(out.data(), out.size());
+        };
+        auto answer = handle_mcp_message(target, message, event);
+        if (answer && !event(*answer)) return false;
+        sink.done();
+        return true;
+      });
+}
+
+}  // namespace
+
+void add_mcp_routes(
+    httplib::Server& http,
+    const std::function<httplib::Server::Handler(httplib::Server::Handler)>& guard) {
+  httplib::Server::Handler post = handle_mcp_post;
+  http.Post("/mcp", guard ? guard(post) : post);
+  auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
+    res.set_header("Allow", "POST");
+    send_json(res, 405,
+              rpc_error(nullptr, kInvalidRequest,
+                        req.method + " /mcp is not supported: this server opens no stream of its "
+                                     "own and keeps no sessions; POST each message"));
+  };
+  http.Get("/mcp", not_allowed);
+  http.Delete("/mcp", not_allowed);
+}
+
+}  // namespace torchtpu::server

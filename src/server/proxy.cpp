@@ -1,0 +1,436 @@
+#include "server/proxy.h"
+
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "common/errors.h"
+#include "server/connection.h"
+#include "server/mcp.h"
+#include "server/web/web.h"
+
+namespace torchtpu::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string dump(const ojson& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// http://host:port with no trailing / or /v1.
+std::string normalize_url(std::string url) {
+  const auto first = url.find_first_not_of(" \t\r\n");
+  const auto last = url.find_last_not_of(" \t\r\n");
+  url = first == std::string::npos ? "" : url.substr(first, last - first + 1);
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  if (url.ends_with("/v1")) url.resize(url.size() - 3);
+  if (!url.empty() && url.find("://") == std::string::npos) url = "http://" + url;
+  return url;
+}
+
+// Where requests go: a fixed URL, or what the upstream command prints, looked up again when the
+// upstream fails.
+class Upstream {
+ public:
+  explicit Upstream(const ProxyOptions& options)
+      : fixed_(normalize_url(options.upstream)), command_(options.upstream_cmd) {}
+
+  // The current URL, found by the command on first use. Throws std::runtime_error when the
+  // command fails or prints nothing.
+  std::string current() {
+    std::lock_guard lock(mutex_);
+    if (url_.empty()) resolve_locked();
+    return url_;
+  }
+
+  // `failed` did not answer: the command's new answer (or the same fixed URL). Requests that
+  // failed together on one URL share one lookup.
+  std::string replace(const std::string& failed) {
+    std::lock_guard lock(mutex_);
+    if (url_ == failed) resolve_locked();
+    return url_;
+  }
+
+  ojson status() {
+    std::lock_guard lock(mutex_);
+    return {{"upstream", url_.empty() ? ojson(nullptr) : ojson(url_)},
+            {"upstream_cmd", command_.empty() ? ojson(nullptr) : ojson(command_)},
+            {"lookups", lookups_},
+            {"last_lookup_error", last_error_.empty() ? ojson(nullptr) : ojson(last_error_)}};
+  }
+
+ private:
+  void resolve_locked() {
+    if (command_.empty()) {
+      url_ = fixed_;
+      return;
+    }
+    ++lookups_;
+    std::string output;
+    FILE* pipe = popen(command_.c_str(), "r");
+    if (pipe == nullptr) {
+      last_error_ = "cannot run the upstream command: " + command_;
+      throw std::runtime_error(last_error_);
+    }
+    char buffer[4096];
+    size_t n;
+    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
+    const int status = pclose(pipe);
+    std::string line;
+    size_t start = 0;
+    while (start < output.size()) {
+      size_t end = output.find('\n', start);
+      if (end == std::string::npos) end = output.size();
+      const std::string candidate = normalize_url(output.substr(start, end - start));
+      if (!candidate.empty()) line = candidate;
+      start = end + 1;
+    }
+    if (status != 0 || line.empty()) {
+      last_error_ = "the upstream command '" + command_ + "' " +
+                    (status != 0 ? "exited with status " + std::to_string(status)
+                                 : std::string("printed no URL"));
+      throw std::runtime_error(last_error_);
+    }
+    last_error_.clear();
+    if (line != url_) std::cerr << "torchtpu-cpp proxy: upstream is " << line << "\n";
+    url_ = line;
+  }
+
+  std::string fixed_;
+  std::string command_;
+  std::mutex mutex_;
+  std::string url_;
+  int64_t lookups_ = 0;
+  std::string last_error_;
+};
+
+// One request to the upstream, run on its own thread so the HTTP thread can watch its client
+// and relay the answer as it arrives.
+struct Exchange {
+  std::unique_ptr<httplib::Client> client;
+  std::thread thread;
+  std::atomic<bool> aborted{false};
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool has_headers = false;
+  int status = 0;
+  httplib::Headers headers;
+  std::deque<std::string> chunks;
+  bool finished = false;
+  httplib::Error error = httplib::Error::Success;
+
+  void abort() {
+    aborted = true;
+    client->stop();
+  }
+  ~Exchange() {
+    if (thread.joinable()) thread.join();
+  }
+};
+
+const std::set<std::string> kHopHeaders = {
+    "host",    "content-length", "connection",      "keep-alive",          "transfer-encoding",
+    "te",      "upgrade",        "accept-encoding", "proxy-authorization", "proxy-connection",
+    "trailer", "content-type"};
+
+bool is_hop_header(const std::string& name) {
+  std::string lower;
+  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return kHopHeaders.count(lower) > 0;
+}
+
+std::shared_ptr<Exchange> start_exchange(const std::string& url, const httplib::Request& in,
+                                         int timeout_s) {
+  auto x = std::make_shared<Exchange>();
+  x->client = std::make_unique<httplib::Client>(url);
+  x->client->set_connection_timeout(5);
+  x->client->set_read_timeout(timeout_s);
+  x->client->set_write_timeout(60);
+  auto req = std::make_shared<httplib::Request>();
+  req->method = in.method;
+  req->path = in.target.empty() ? in.path : in.target;
+  for (const auto& [name, value] : in.headers) {
+    if (!is_hop_header(name)) req->headers.emplace(name, value);
+  }
+  if (!in.body.empty() || in.method == "POST" || in.method == "PUT" || in.method == "PATCH") {
+    req->body = in.body;
+    req->headers.emplace("Content-Type", in.get_header_value("Content-Type"));
+  }
+  std::weak_ptr<Exchange> weak = x;
+  Exchange* raw = x.get();
+  req->response_handler = [raw](const httplib::Response& res) {
+    {
+      std::lock_guard lock(raw->mutex);
+      raw->has_headers = true;
+      raw->status = res.status;
+      raw->headers = res.headers;
+    }
+    raw->changed.notify_all();
+    return !raw->aborted;
+  };
+  req->content_receiver = [raw](const char* data, size_t size, uint64_t, uint64_t) {
+    {
+      std::lock_guard lock(raw->mutex);
+      raw->chunks.emplace_back(data, size);
+    }
+    raw->changed.notify_all();
+    return !raw->aborted;
+  };
+  // The thread only touches the exchange, which outlives it (its destructor joins).
+  x->thread = std::thread([raw, req] {
+    httplib::Response res;
+    httplib::Error error = httplib::Error::Success;
+    raw->client->send(*req, res, error);
+    {
+      std::lock_guard lock(raw->mutex);
+      raw->finished = true;
+      raw->error = error;
+    }
+    raw->changed.notify_all();
+  });
+  return x;
+}
+
+class Proxy {
+ public:
+  explicit Proxy(const ProxyOptions& options) : options_(options), upstream_(options) {}
+  int run();
+
+ private:
+  void forward(const httplib::Request& req, httplib::Response& res);
+  void status(httplib::Response& res);
+
+  ProxyOptions options_;
+  Upstream upstream_;
+};
+
+void send_error(httplib::Response& res, int status, const std::string& message,
+                const std::string& code) {
+  res.status = status;
+  res.set_content(
+      dump(
+          {{"error",
+            {{"message", message}, {"type", "server_error"}, {"param", nullptr}, {"code", code}}}}),
+      "application/json");
+}
+
+void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
+  const int fd =
+      find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  const bool idempotent = req.method == "GET" || req.method == "HEAD" || req.method == "OPTIONS";
+  std::shared_ptr<Exchange> x;
+  std::string url;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      url = attempt == 0 ? upstream_.current() : upstream_.replace(url);
+    } catch (const std::exception& e) {
+      send_error(res, 502, e.what(), "upstream_unknown");
+      return;
+    }
+    x = start_exchange(url, req, options_.upstream_timeout_s);
+    std::unique_lock lock(x->mutex);
+    while (!x->has_headers && !x->finished) {
+      x->changed.wait_for(lock, std::chrono::milliseconds(50));
+      if (!x->has_headers && !x->finished && peer_closed(fd)) {
+        lock.unlock();
+        x->abort();
+        return;
+      }
+    }
+    if (x->has_headers) break;
+    // A request that never reached the upstream is safe to send again; one that may have is
+    // only when it is idempotent.
+    const bool unsent = x->error == httplib::Error::Connection;
+    std::cerr << "torchtpu-cpp proxy: " << url << " did not answer " << req.method << " "
+              << req.path << ": " << httplib::to_string(x->error) << "\n";
+    if (attempt == 0 && (unsent || idempotent)) continue;
+    send_error(res, 502, "the upstream " + url + " did not answer: " + httplib::to_string(x->error),
+               "upstream_unreachable");
+    return;
+  }
+  std::string content_type;
+  {
+    std::lock_guard lock(x->mutex);
+    res.status = x->status;
+    for (const auto& [name, value] : x->headers) {
+      if (name == "Content-Type" || name == "content-type") content_type = value;
+      if (!is_hop_header(name)) res.set_header(name, value);
+    }
+  }
+  if (content_type.rfind("text/event-stream", 0) == 0) {
+    res.set_chunked_content_provider(
+        content_type,
+        [x, fd](size_t, httplib::DataSink& sink) {
+          std::unique_lock lock(x->mutex);
+          while (x->chunks.empty() && !x->finished) {
+            x->changed.wait_for(lock, std::chrono::milliseconds(50));
+            if (x->chunks.empty() && !x->finished && peer_closed(fd)) {
+              lock.unlock();
+              x->abort();
+              return false;
+            }
+          }
+          std::string out;
+          while (!x->chunks.empty()) {
+            out += x->chunks.front();
+            x->chunks.pop_front();
+          }
+          const bool finished = x->finished;
+          lock.unlock();
+          if (!out.empty() && !sink.write(out.data(), out.size())) {
+            x->abort();
+            return false;
+          }
+          if (finished) sink.done();
+          return true;
+        },
+        [x](bool) {
+          if (!x->finished) x->abort();
+        });
+    return;
+  }
+  std::string body;
+  {
+    std::unique_lock lock(x->mutex);
+    while (!x->finished) {
+      x->changed.wait_for(lock, std::chrono::milliseconds(50));
+      if (!x->finished && peer_closed(fd)) {
+        lock.unlock();
+        x->abort();
+        return;
+      }
+    }
+    for (const auto& chunk : x->chunks) body += chunk;
+    if (x->error != httplib::Error::Success) {
+      send_error(res, 502,
+                 "the upstream " + url + " broke off its answer: " + httplib::to_string(x->error),
+                 "upstream_broken");
+      return;
+    }
+  }
+  res.set_content(std::move(body),
+                  content_type.empty() ? "application/octet-stream" : content_type);
+}
+
+void Proxy::status(httplib::Response& res) {
+  ojson out = upstream_.status();
+  out["proxy"] = "torchtpu-cpp proxy";
+  std::string url;
+  try {
+    url = upstream_.current();
+  } catch (const std::exception& e) {
+    out["upstream_health_status"] = nullptr;
+    out["upstream_error"] = e.what();
+  }
+  if (!url.empty()) {
+    out["upstream"] = url;
+    httplib::Client client(url);
+    client.set_connection_timeout(3);
+    client.set_read_timeout(5);
+    const auto start = Clock::now();
+    auto health = client.Get("/health");
+    out["latency_ms"] = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (health) {
+      out["upstream_health_status"] = health->status;
+      try {
+        out["upstream_health"] = ojson::parse(health->body);
+      } catch (const std::exception&) {
+        out["upstream_health"] = health->body;
+      }
+    } else {
+      out["upstream_health_status"] = nullptr;
+      out["upstream_error"] = httplib::to_string(health.error());
+    }
+  }
+  res.set_content(dump(out), "application/json");
+}
+
+int Proxy::run() {
+  // SIGINT and SIGTERM are taken by sigwait below, on this thread; every thread started from here
+  // on inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigset_t old_mask;
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
+  struct sigaction ignore {
+  }, old_pipe{};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, &old_pipe);
+
+  httplib::Server http;
+  http.new_task_queue = [] { return new httplib::ThreadPool(64); };
+  http.set_tcp_nodelay(true);
+  http.set_keep_alive_timeout(2);
+  add_web_routes(http);
+  add_mcp_routes(http);
+  http.Get("/proxy/status",
+           [this](const httplib::Request&, httplib::Response& res) { status(res); });
+  const auto forward = [this](const httplib::Request& req, httplib::Response& res) {
+    this->forward(req, res);
+  };
+  const char* everything = R"(/.*)";
+  http.Get(everything, forward);
+  http.Post(everything, forward);
+  http.Put(everything, forward);
+  http.Patch(everything, forward);
+  http.Delete(everything, forward);
+  http.Options(everything, forward);
+
+  int port = options_.port;
+  if (port == 0) {
+    port = std::max(http.bind_to_any_port(options_.host), 0);
+  } else if (!http.bind_to_port(options_.host, port)) {
+    port = 0;
+  }
+  if (port == 0) {
+    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+    sigaction(SIGPIPE, &old_pipe, nullptr);
+    throw std::runtime_error("cannot listen on " + options_.host + ":" +
+                             std::to_string(options_.port) +
+                             " (address in use, not local, or not allowed)");
+  }
+  std::thread listener([&http] { http.listen_after_bind(); });
+  if (options_.on_listening) options_.on_listening(port);
+  std::cout << "proxy on http://" << options_.host << ":" << port << " for "
+            << (options_.upstream_cmd.empty() ? normalize_url(options_.upstream)
+                                              : "`" + options_.upstream_cmd + "`")
+            << std::endl;
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  http.stop();
+  listener.join();
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  sigaction(SIGPIPE, &old_pipe, nullptr);
+  return 0;
+}
+
+}  // namespace
+
+int run_proxy(const ProxyOptions& options) {
+  if (options.upstream.empty() == options.upstream_cmd.empty()) {
+    throw ValueError("the proxy needs exactly one of --upstream URL and --upstream-cmd CMD");
+  }
+  if (!options.upstream.empty() && normalize_url(options.upstream).rfind("http://", 0) != 0) {
+    throw ValueError("--upstream must be an http:// URL, got '" + options.upstream + "'");
+  }
+  Proxy proxy(options);
+  return proxy.run();
+}
+
+}  // namespace torchtpu::server

@@ -1,0 +1,29 @@
+// A local proxy in front of one of our servers (the seeds' laptop shim): serves the chat page and
+// /mcp itself and forwards every other request, streams included, to the upstream. A client that
+// disconnects closes the upstream request, so the decode there is cancelled. The upstream is a
+// fixed URL or the last line a shell command prints (e.g. a gcloud query for a VM's address); when
+// the upstream stops answering the command runs again and the request is retried once, if it is
+// idempotent or never reached the upstream.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace torchtpu::server {
+
+struct ProxyOptions {
+  std::string host = "127.0.0.1";
+  int port = 8015;           // 0 picks a free port
+  std::string upstream;      // http://host:port of the server
+  std::string upstream_cmd;  // or a command (run by /bin/sh) whose last output line is that URL
+  int upstream_timeout_s = 3600;  // the longest an upstream answer may pause
+  // Called once the port is bound, with its number.
+  std::function<void(int port)> on_listening;
+};
+
+// Serves until SIGINT or SIGTERM; returns the exit code. Prints one line
+// "proxy on http://HOST:PORT for UPSTREAM" once it listens. Throws ValueError for options that
+// name no upstream, std::runtime_error if the address cannot be bound.
+int run_proxy(const ProxyOptions& options);
+
+}  // namespace torchtpu::server

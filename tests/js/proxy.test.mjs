@@ -1,0 +1,122 @@
+// `torchtpu-cpp proxy` in front of two demo servers: it finds server A through an upstream command,
+// passes a stream through, cancels A's decode when its own client aborts, and when A stops and
+// the command names B, the next request goes through B.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import OpenAI from "openai";
+import { cliPath, eventually, metric, metrics, startServer } from "./server_helpers.mjs";
+
+const MODEL = "torchtpu-demo-random-weights";
+let a;
+let b;
+let proxy;
+let proxyUrl;
+let dir;
+let upstreamFile;
+
+function startProxy(args) {
+  const child = spawn(cliPath(), ["proxy", "--port", "0", ...args], { stdio: ["ignore", "pipe", "pipe"] });
+  let stderr = "";
+  child.stderr.on("data", (d) => (stderr += d));
+  const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
+  const url = new Promise((resolve, reject) => {
+    let out = "";
+    child.stdout.on("data", (d) => {
+      out += d;
+      const m = out.match(/proxy on (http:\/\/\S+) for/);
+      if (m) resolve(m[1]);
+    });
+    exited.then((code) => reject(new Error(`proxy exited with ${code}:\n${stderr}`)));
+  });
+  return { child, url, exited, stderr: () => stderr };
+}
+
+before(async () => {
+  [a, b] = await Promise.all([startServer(["--context", "2048"]), startServer(["--context", "2048"])]);
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-proxy-"));
+  upstreamFile = path.join(dir, "upstream");
+  fs.writeFileSync(upstreamFile, `${a.url}\n`);
+  // What a cloud CLI query would do: print some chatter, then the address on the last line.
+  const script = path.join(dir, "find-upstream.sh");
+  fs.writeFileSync(script, `#!/bin/sh\necho "looking up the server" >&2\necho "found:"\ncat "${upstreamFile}"\n`);
+  proxy = startProxy(["--upstream-cmd", `sh ${script}`]);
+  proxyUrl = await proxy.url;
+});
+
+after(async () => {
+  if (proxy && proxy.child.exitCode === null) {
+    proxy.child.kill("SIGTERM");
+    assert.equal(await proxy.exited, 0);
+  }
+  await Promise.all([a, b].filter(Boolean).map((s) => s.stop()));
+  if (dir) fs.rmSync(dir, { recursive: true, force: true });
+});
+
+const messages = [{ role: "user", content: "Say something about rivers." }];
+
+test("the proxy serves the chat page and reports its upstream", async () => {
+  const page = await fetch(`${proxyUrl}/`);
+  assert.equal(page.status, 200);
+  assert.match(await page.text(), /<script src="\/web\/chat.js"/);
+  const status = await (await fetch(`${proxyUrl}/proxy/status`)).json();
+  assert.equal(status.upstream, a.url);
+  assert.equal(status.upstream_health_status, 200);
+});
+
+test("a stream passes through whole", async () => {
+  const client = new OpenAI({ apiKey: "none", baseURL: `${proxyUrl}/v1`, maxRetries: 0 });
+  const direct = new OpenAI({ apiKey: "none", baseURL: a.baseURL, maxRetries: 0 });
+  const whole = await direct.chat.completions.create({ model: MODEL, messages, max_tokens: 16 });
+  const stream = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 16, stream: true });
+  let text = "";
+  let chunks = 0;
+  let finish;
+  for await (const chunk of stream) {
+    chunks += 1;
+    text += chunk.choices[0]?.delta?.content ?? "";
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.ok(chunks > 3);
+  assert.equal(finish, "length");
+  assert.equal(text, whole.choices[0].message.content);
+  const models = await client.models.list();
+  assert.deepEqual(models.data.map((m) => m.id), [MODEL]);
+});
+
+test("a client abort through the proxy cancels the decode upstream", async () => {
+  const cancelled = metric(await metrics(a.url), "torchtpu_requests_cancelled_total");
+  const controller = new AbortController();
+  const res = await fetch(`${proxyUrl}/v1/chat/completions`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ messages, max_tokens: 4000, stream: true }),
+    signal: controller.signal,
+  });
+  assert.equal(res.status, 200);
+  const reader = res.body.getReader();
+  await reader.read();
+  await reader.read();
+  controller.abort();
+  await eventually(
+    async () => metric(await metrics(a.url), "torchtpu_requests_cancelled_total") === cancelled + 1,
+    "A's cancel counter to move by one",
+  );
+});
+
+test("when A stops, the command is asked again and the request goes to B", async () => {
+  await a.stop();
+  fs.writeFileSync(upstreamFile, `${b.url}/v1\n`);
+  const before = metric(await metrics(b.url), "torchtpu_generated_tokens_total");
+  const client = new OpenAI({ apiKey: "none", baseURL: `${proxyUrl}/v1`, maxRetries: 0 });
+  const answer = await client.chat.completions.create({ model: MODEL, messages, max_tokens: 8 });
+  assert.equal(answer.choices[0].finish_reason, "length");
+  assert.equal(metric(await metrics(b.url), "torchtpu_generated_tokens_total"), before + 8);
+  const status = await (await fetch(`${proxyUrl}/proxy/status`)).json();
+  assert.equal(status.upstream, b.url);
+  assert.equal(status.upstream_health_status, 200);
+  assert.equal(status.lookups, 2);
+});
