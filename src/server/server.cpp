@@ -938,6 +938,7 @@ int Server::run() {
   }
   std::thread worker([this] { worker_main(); });
   std::thread listener([&http] { http.listen_after_bind(); });
+  if (options_.on_listening) options_.on_listening(port);
   std::cout << "serving " << model_id_ << " on http://" << options_.host << ":" << port
             << std::endl;
 

@@ -28,6 +28,8 @@ struct ServeOptions {
   // SIGINT/SIGTERM call request_stop(). A host that owns its signals (Python) sets this false and
   // calls request_stop() itself.
   bool install_signal_handlers = true;
+  // Called once the port is bound (with its number, useful with port 0), before requests are read.
+  std::function<void(int port)> on_listening;
 };
 
 // Builds the engine on the worker thread (the thread that will own it).

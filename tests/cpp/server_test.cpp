@@ -1,13 +1,20 @@
 // The server's pure parts: OpenAI request parsing and errors, stop sequences over streamed text,
 // the Prometheus rendering, and the disconnect check on real loopback sockets.
+#include "server/server.h"
+
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <future>
 #include <sstream>
+#include <thread>
 
 #include "server/connection.h"
 #include "server/demo.h"
@@ -104,6 +111,15 @@ struct BadChat {
   std::string param;
 };
 
+void PrintTo(const BadChat& c, std::ostream* os) { *os << c.body; }
+
+// "3_max_tokens" for the fourth case, whose field is max_tokens.
+std::string case_name(const ::testing::TestParamInfo<BadChat>& info) {
+  std::string name = std::to_string(info.index) + "_";
+  for (char c : info.param.param) name += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return name;
+}
+
 class ChatRequestErrors : public ::testing::TestWithParam<BadChat> {};
 
 TEST_P(ChatRequestErrors, AreA400NamingTheField) {
@@ -143,9 +159,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "logit_bias.x"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"logit_bias":{"5":101}})",
                 "logit_bias.5"},
-        BadChat{R"({"messages":[{"role":"user","content":"a"}],"logprobs":true})", "logprobs"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream_options":[]})",
-                "stream_options"}));
+                "stream_options"}),
+    case_name);
 
 TEST(CompletionRequest, PromptAsTextOrIds) {
   EXPECT_EQ(parse_completion_request(ojson::parse(R"({"prompt":"hi"})")).prompt, "hi");
@@ -329,6 +345,60 @@ TEST(Demo, EmbeddedChatTemplateIsGemma4s) {
   EXPECT_EQ(t.size(),
             18569u);  // shared/data/gemma4/SOURCES.md: the published file's length
   EXPECT_NE(t.find("<|turn>"), std::string::npos);
+}
+
+// What the Python host does: run() on a thread of its own, the engine built by a factory, no
+// signal handlers, and request_stop() from elsewhere. Uses the demo checkpoint (XDG_CACHE_HOME is
+// set by tests/cpp/server.cmake so it is generated once per build tree).
+TEST(Run, ServesFromAnyThreadWithTheFactorysEngineOnTheEngineThread) {
+  ServeOptions options;
+  options.port = 0;
+  options.context = 256;
+  options.install_signal_handlers = false;
+  std::promise<int> bound;
+  options.on_listening = [&](int port) { bound.set_value(port); };
+  std::thread::id factory_thread;
+  std::thread::id host_thread;
+  int code = -1;
+  std::thread host([&] {
+    host_thread = std::this_thread::get_id();
+    code = run(options, [&](const EngineOptions& engine_options) {
+      factory_thread = std::this_thread::get_id();
+      return std::make_unique<Engine>(engine_options);
+    });
+  });
+  httplib::Client client("127.0.0.1", bound.get_future().get());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(4);
+  while (true) {
+    auto health = client.Get("/health");
+    if (health && health->status == 200) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the server never became healthy";
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  auto res = client.Post("/v1/chat/completions",
+                         R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":3,)"
+                         R"("ignore_eos":true})",
+                         "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(ojson::parse(res->body)["usage"]["completion_tokens"], 3);
+  auto engine = client.Get("/v1/engine");
+  ASSERT_TRUE(engine);
+  EXPECT_EQ(ojson::parse(engine->body)["engine_thread"], "torchtpu-engine");
+  request_stop();
+  host.join();
+  EXPECT_EQ(code, 0);
+  EXPECT_NE(factory_thread, std::thread::id());
+  EXPECT_NE(factory_thread, host_thread);
+  EXPECT_NE(factory_thread, std::this_thread::get_id());
+}
+
+TEST(Run, ALoadFailureIsThrownFromRunAfterTheListenerCloses) {
+  ServeOptions options;
+  options.model_dir = testing::TempDir() + "/no-such-checkpoint";
+  options.port = 0;
+  options.install_signal_handlers = false;
+  EXPECT_ANY_THROW(run(options));
 }
 
 }  // namespace
