@@ -1,6 +1,6 @@
 // Decode rate as a client sees it vs the engine's own timer, through `torchtpu-cpp serve` and the
 // official `openai` SDK: the seed's five requests of "Write a short paragraph about the ocean." at
-// max_tokens 100, one at a time, streamed.
+// max_tokens 100, one at a time, streamed, greedy (temperature 0) as the seeds decoded.
 //
 // Usage: node bench/serve_bench.mjs [--url http://HOST:PORT] [--requests 5] [--max-tokens 100]
 //                                   [-- serve arguments, e.g. --model DIR --dtype bfloat16]
@@ -54,7 +54,8 @@ const engineRates = [];
 for (let i = 1; i <= requests; ++i) {
   const start = performance.now();
   const stream = await client.chat.completions.create({
-    model, messages: [{ role: "user", content: prompt }], max_tokens: maxTokens, stream: true,
+    model, messages: [{ role: "user", content: prompt }], max_tokens: maxTokens, temperature: 0,
+    stream: true,
     stream_options: { include_usage: true },
   });
   let first = null;
