@@ -118,6 +118,10 @@ void parse_common(const ojson& body, GenerationRequest& r) {
   s.top_k = get_int(body, "top_k");
   // vLLM and llama.cpp spell "no top-k" -1 as well as 0.
   if (s.top_k == -1) s.top_k = 0;
+  if (s.top_k && *s.top_k < 0) {
+    throw ApiError(400, "'top_k' must be -1, 0 (off) or positive, got " + std::to_string(*s.top_k),
+                   "invalid_request_error", "top_k", "invalid_value");
+  }
   if (auto seed = get_int(body, "seed")) s.seed = static_cast<uint64_t>(*seed);
   if (const ojson* bias = field(body, "logit_bias")) {
     if (!bias->is_object()) throw wrong_type("logit_bias", "an object", *bias);
@@ -146,14 +150,97 @@ void parse_common(const ojson& body, GenerationRequest& r) {
   r.ignore_eos = get_bool(body, "ignore_eos", false);
 }
 
-void reject_logprobs(const ojson& body, const char* name) {
-  const ojson* v = field(body, name);
-  if (!v) return;
-  const bool asked = v->is_boolean() ? v->get<bool>() : !(v->is_number() && v->get<double>() == 0);
-  if (asked) {
-    throw ApiError(400, "'" + std::string(name) + "' is not supported by this server",
-                   "invalid_request_error", name, "unsupported_parameter");
+void parse_chat_logprobs(const ojson& body, GenerationRequest& r) {
+  r.logprobs = get_bool(body, "logprobs", false);
+  if (auto n = get_int(body, "top_logprobs")) {
+    if (*n < 0 || *n > 20) {
+      throw ApiError(400, "'top_logprobs' must be between 0 and 20, got " + std::to_string(*n),
+                     "invalid_request_error", "top_logprobs", "invalid_value");
+    }
+    if (!r.logprobs && *n > 0) {
+      throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "invalid_request_error",
+                     "top_logprobs", "invalid_value");
+    }
+    r.top_logprobs = *n;
   }
+}
+
+// Completions: logprobs=N asks for the chosen token's logprob and N alternatives.
+void parse_completion_logprobs(const ojson& body, GenerationRequest& r) {
+  const ojson* v = field(body, "logprobs");
+  if (!v) return;
+  if (v->is_boolean()) {
+    r.logprobs = v->get<bool>();
+    return;
+  }
+  if (!v->is_number_integer()) throw wrong_type("logprobs", "an integer", *v);
+  const int64_t n = v->get<int64_t>();
+  if (n < 0 || n > 20) {
+    throw ApiError(400, "'logprobs' must be between 0 and 20, got " + std::to_string(n),
+                   "invalid_request_error", "logprobs", "invalid_value");
+  }
+  r.logprobs = true;
+  r.top_logprobs = n;
+}
+
+void parse_tool_choice(const ojson& body, GenerationRequest& r) {
+  const ojson* choice = field(body, "tool_choice");
+  if (!choice) return;
+  if (choice->is_string()) {
+    const auto c = choice->get<std::string>();
+    if (c != "auto" && c != "none" && c != "required") {
+      throw ApiError(400,
+                     "'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                     "{\"type\":\"function\",\"function\":{\"name\":...}}, got \"" + c + "\"",
+                     "invalid_request_error", "tool_choice", "invalid_value");
+    }
+    r.tool_choice = c;
+  } else if (choice->is_object()) {
+    const ojson* function = field(*choice, "function");
+    const ojson* name = function && function->is_object() ? field(*function, "name") : nullptr;
+    if (!name || !name->is_string()) {
+      throw ApiError(400, "'tool_choice.function.name' is required and must be a string",
+                     "invalid_request_error", "tool_choice.function.name",
+                     "missing_required_parameter");
+    }
+    r.tool_choice = "function";
+    r.tool_choice_function = name->get<std::string>();
+  } else {
+    throw wrong_type("tool_choice", "a string or an object", *choice);
+  }
+  if (r.tool_choice == "none") {
+    r.tools = nullptr;
+    return;
+  }
+  if (r.tool_choice != "auto" && (!r.tools.is_array() || r.tools.empty())) {
+    throw ApiError(400, "'tool_choice' " + choice->dump() + " needs a non-empty 'tools' list",
+                   "invalid_request_error", "tool_choice", "invalid_value");
+  }
+  if (r.tool_choice == "function") {
+    ojson kept = ojson::array();
+    for (const auto& tool : r.tools) {
+      const ojson* f = tool.is_object() ? field(tool, "function") : nullptr;
+      const ojson* n = f && f->is_object() ? field(*f, "name") : nullptr;
+      if (n && *n == r.tool_choice_function) kept.push_back(tool);
+    }
+    if (kept.empty()) {
+      throw ApiError(400,
+                     "'tool_choice' names the function '" + r.tool_choice_function +
+                         "', which is not in 'tools'",
+                     "invalid_request_error", "tool_choice.function.name", "invalid_value");
+    }
+    r.tools = std::move(kept);
+  }
+}
+
+// reasoning_effort: anything but "none" turns thinking on; chat_template_kwargs.enable_thinking,
+// when the client sent it, has the last word.
+void parse_reasoning(const ojson& body, GenerationRequest& r) {
+  const ojson* effort = field(body, "reasoning_effort");
+  if (!effort) return;
+  if (!effort->is_string()) throw wrong_type("reasoning_effort", "a string", *effort);
+  if (r.template_kwargs.contains("enable_thinking")) return;
+  r.template_kwargs["enable_thinking"] = *effort != "none";
 }
 
 void check_content(const ojson& content, const std::string& param, bool null_ok) {
@@ -225,7 +312,7 @@ ojson parse_body(const std::string& text) {
 GenerationRequest parse_chat_request(const ojson& body) {
   GenerationRequest r;
   parse_common(body, r);
-  reject_logprobs(body, "logprobs");
+  parse_chat_logprobs(body, r);
   const ojson* messages = field(body, "messages");
   if (!messages) {
     throw ApiError(400, "'messages' is required", "invalid_request_error", "messages",
@@ -258,6 +345,28 @@ GenerationRequest parse_chat_request(const ojson& body) {
     }
   }
   r.messages = *messages;
+  // OpenAI clients send a call's arguments as a JSON string; the template reads an object.
+  for (size_t i = 0; i < r.messages.size(); ++i) {
+    auto calls = r.messages[i].find("tool_calls");
+    if (calls == r.messages[i].end() || !calls->is_array()) continue;
+    for (size_t j = 0; j < calls->size(); ++j) {
+      ojson& call = (*calls)[j];
+      if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) {
+        continue;
+      }
+      ojson& args = call["function"]["arguments"];
+      if (!args.is_string()) continue;
+      const std::string p = "messages[" + std::to_string(i) + "].tool_calls[" + std::to_string(j) +
+                            "].function.arguments";
+      try {
+        args = ojson::parse(args.get<std::string>());
+      } catch (const nlohmann::json::parse_error&) {
+        throw ApiError(400, "'" + p + "' is not a JSON object: " + args.dump(),
+                       "invalid_request_error", p, "invalid_value");
+      }
+      if (!args.is_object()) throw wrong_type(p, "a JSON object", args);
+    }
+  }
   if (const ojson* tools = field(body, "tools")) {
     if (!tools->is_array()) throw wrong_type("tools", "an array", *tools);
     r.tools = *tools;
@@ -266,13 +375,15 @@ GenerationRequest parse_chat_request(const ojson& body) {
     if (!kwargs->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kwargs);
     r.template_kwargs = *kwargs;
   }
+  parse_reasoning(body, r);
+  parse_tool_choice(body, r);
   return r;
 }
 
 GenerationRequest parse_completion_request(const ojson& body) {
   GenerationRequest r;
   parse_common(body, r);
-  reject_logprobs(body, "logprobs");
+  parse_completion_logprobs(body, r);
   if (get_bool(body, "echo", false)) {
     throw ApiError(400, "'echo' is not supported by this server", "invalid_request_error", "echo",
                    "unsupported_parameter");

@@ -33,7 +33,8 @@ ojson error_body(const ApiError& error);
 // it is not JSON or not an object.
 ojson parse_body(const std::string& text);
 
-// The sampling fields a request set; unset ones keep the engine's defaults (greedy: temperature 0).
+// The sampling fields a request set; unset ones take the checkpoint's generation_config.json
+// defaults (temperature, top_k, top_p, min_p, repetition_penalty), then the engine's (greedy).
 // Ranges beyond the OpenAI ones checked here are the engine's (SamplingParams::validate).
 struct SamplingRequest {
   std::optional<double> temperature, top_p, min_p;
@@ -60,9 +61,19 @@ struct GenerationRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // llama.cpp / vLLM extension: decode through end-of-turn tokens
   SamplingRequest sampling;
+  // logprobs of the returned tokens, and how many alternatives per position (0-20). Chat:
+  // logprobs=true plus top_logprobs; completions: logprobs=N sets both.
+  bool logprobs = false;
+  int64_t top_logprobs = 0;
+  // chat: "auto" (also when absent), "none", "required", or "function" with the one function
+  // allowed in tool_choice_function.
+  std::string tool_choice = "auto";
+  std::string tool_choice_function;
 };
 
-// ApiError 400 naming the field for anything malformed; n other than 1 and logprobs are 400 too.
+// ApiError 400 naming the field for anything malformed; n other than 1 is 400 too. Chat:
+// reasoning_effort other than "none" sets template_kwargs.enable_thinking unless
+// chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps only it.
 GenerationRequest parse_chat_request(const ojson& body);
 GenerationRequest parse_completion_request(const ojson& body);
 

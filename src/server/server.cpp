@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <optional>
@@ -103,10 +104,88 @@ class SignalHandlers {
   }, old_term_{}, old_pipe_{};
 };
 
+// The log-probability of one returned token under the raw logits it was chosen from, and the
+// most likely alternatives there, best first.
+struct TokenLogprob {
+  int64_t id;
+  double logprob;
+  std::vector<std::pair<int64_t, double>> top;
+};
+
+// What the engine thread hands the HTTP thread: text parts, the logprobs of the tokens they came
+// from, and a warning for output the parser could not read (returned as content).
+struct Piece : OutputDelta {
+  std::vector<TokenLogprob> logprobs;
+  std::string warning;
+  bool empty() const {
+    return content.empty() && reasoning.empty() && tool_calls.empty() && logprobs.empty() &&
+           warning.empty();
+  }
+};
+
 void append(OutputDelta& into, OutputDelta&& more) {
   into.content += more.content;
   into.reasoning += more.reasoning;
   for (auto& call : more.tool_calls) into.tool_calls.push_back(std::move(call));
+}
+
+void append(Piece& into, Piece&& more) {
+  append(static_cast<OutputDelta&>(into), std::move(more));
+  for (auto& lp : more.logprobs) into.logprobs.push_back(std::move(lp));
+  if (!more.warning.empty()) into.warning += (into.warning.empty() ? "" : " ") + more.warning;
+}
+
+// TORCHTPU_TEST_FORCED_OUTPUT=FILE, a test hook: FILE holds a JSON array of
+// {"prompt_contains": TEXT, "output": TEXT}; a request whose rendered prompt contains the first
+// matching TEXT gets the tokens of that output instead of the model's, counted and given logprobs
+// (under the model's real logits) like sampled ones, ending with finish "stop".
+struct ForcedOutput {
+  std::string prompt_contains;
+  std::string output;
+};
+
+std::vector<ForcedOutput> read_forced_outputs() {
+  const char* path = std::getenv("TORCHTPU_TEST_FORCED_OUTPUT");
+  if (!path || !*path) return {};
+  std::ifstream file(path);
+  if (!file) throw NotFoundError(std::string("TORCHTPU_TEST_FORCED_OUTPUT: cannot read ") + path);
+  std::vector<ForcedOutput> rules;
+  try {
+    for (const auto& rule : nlohmann::json::parse(file)) {
+      rules.push_back({rule.at("prompt_contains").get<std::string>(),
+                       rule.at("output").get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw FormatError(std::string("TORCHTPU_TEST_FORCED_OUTPUT ") + path +
+                      ": expected [{\"prompt_contains\", \"output\"}, ...]: " + e.what());
+  }
+  std::cerr << "torchtpu-cpp serve: TEST HOOK: outputs forced from " << path << "\n";
+  return rules;
+}
+
+// generation_config.json's sampling fields: a request's defaults. do_sample false means greedy.
+SamplingRequest read_generation_defaults(const std::string& model_dir) {
+  SamplingRequest d;
+  const auto path = std::filesystem::path(model_dir) / "generation_config.json";
+  std::ifstream file(path);
+  if (!file) return d;
+  nlohmann::json g;
+  try {
+    g = nlohmann::json::parse(file);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw FormatError(path.string() + " is not valid JSON: " + e.what());
+  }
+  auto number = [&](const char* key) -> std::optional<double> {
+    if (g.contains(key) && g[key].is_number()) return g[key].get<double>();
+    return std::nullopt;
+  };
+  d.temperature = number("temperature");
+  d.top_p = number("top_p");
+  d.min_p = number("min_p");
+  d.repetition_penalty = number("repetition_penalty");
+  if (g.contains("top_k") && g["top_k"].is_number_integer()) d.top_k = g["top_k"].get<int64_t>();
+  if (g.contains("do_sample") && g["do_sample"] == false) d.temperature = 0.0;
+  return d;
 }
 
 // One generation request, shared by the HTTP thread that answers it and the engine thread.
@@ -116,6 +195,14 @@ struct Job {
   DecodeOptions decode;
   std::vector<std::string> stop;
   bool parse_output = false;  // chat: split reasoning and tool calls out of the content
+  // Text already in the prompt that the output continues (tool_choice "required" or a named
+  // function prefill the call's opening), fed to the parser first.
+  std::string parser_prefix;
+  // Tool calls are accepted only for this function ("" any), and not at all when false.
+  bool accept_calls = true;
+  std::string only_function;
+  int64_t top_logprobs = -1;  // -1: no logprobs
+  std::optional<std::vector<int64_t>> forced;  // the test hook's tokens
   int fd = -1;                // the client's connection, watched for disconnects
   Clock::time_point queued_at = Clock::now();
 
@@ -123,7 +210,7 @@ struct Job {
 
   std::mutex mutex;
   std::condition_variable changed;
-  OutputDelta pending;  // produced and not yet taken by the HTTP thread
+  Piece pending;  // produced and not yet taken by the HTTP thread
   bool done = false;
   std::string finish;  // stop | length | tool_calls | cancelled
   DecodeResult result;
@@ -137,7 +224,7 @@ struct Job {
 };
 
 struct Taken {
-  OutputDelta delta;
+  Piece delta;
   bool done = false;
 };
 
@@ -189,7 +276,7 @@ class Server {
   void worker_main();
   void load();
   void serve(Job& job);
-  void deliver(Job& job, OutputDelta&& delta);
+  void deliver(Job& job, Piece&& delta);
   void finish_job(Job& job, const std::string& finish, std::optional<ApiError> error = {});
 
   // HTTP threads.
@@ -211,6 +298,9 @@ class Server {
   ojson engine_json() const;
   ojson model_json() const;
   ojson timings_json(const Job& job) const;
+  ojson chat_logprobs_json(const std::vector<TokenLogprob>& entries) const;
+  // Completions' shape; `offset` is where the first token's text starts, advanced past the last.
+  ojson completion_logprobs_json(const std::vector<TokenLogprob>& entries, size_t& offset) const;
   std::string endpoint_label(const std::string& path) const;
 
   ServeOptions options_;
@@ -230,6 +320,8 @@ class Server {
   std::vector<bool> special_;         // hidden from completions
   std::set<int64_t> parser_markers_;  // special tokens the output parser reads
   ojson engine_report_;
+  SamplingRequest generation_defaults_;
+  std::vector<ForcedOutput> forced_outputs_;
   double load_s_ = 0;
   double warmup_s_ = 0;
   std::string model_dir_;
@@ -274,6 +366,9 @@ void Server::load() {
     if (auto id = tokenizer_->token_to_id(marker)) parser_markers_.insert(*id);
   }
   engine_report_ = engine_report(*engine_);
+  // The demo's random weights decode greedily unless asked, so its answers are reproducible.
+  if (!demo_) generation_defaults_ = read_generation_defaults(model_dir_);
+  forced_outputs_ = read_forced_outputs();
   load_s_ = seconds_between(start, Clock::now());
 }
 
@@ -311,8 +406,8 @@ void Server::worker_main() {
   engine_.reset();
 }
 
-void Server::deliver(Job& job, OutputDelta&& delta) {
-  if (delta.content.empty() && delta.reasoning.empty() && delta.tool_calls.empty()) return;
+void Server::deliver(Job& job, Piece&& delta) {
+  if (delta.empty()) return;
   {
     std::lock_guard lock(job.mutex);
     append(job.pending, std::move(delta));
@@ -340,16 +435,46 @@ void Server::serve(Job& job) {
   }
   Detokenizer detokenizer(*tokenizer_, /*show_special_tokens=*/true);
   OutputParser parser;
+  if (!job.parser_prefix.empty()) parser.push(job.parser_prefix);
   StopStrings stops(job.stop);
   bool called = false;
+  size_t unparsed_seen = 0;
+  // A call the client cannot take is handed back as the text it was, with a warning.
+  auto refuse = [&](Piece& delta, const std::string& text, const std::string& why) {
+    delta.content += text;
+    delta.warning += (delta.warning.empty() ? "" : " ") + why;
+  };
   // Raw model text -> stop sequences cut -> (chat) reasoning and tool calls split out.
-  auto route = [&](const std::string& text, bool last) {
+  auto route = [&](const std::string& text, bool last, std::vector<TokenLogprob>&& logprobs) {
     std::string kept = stops.push(text);
     if (last && !stops.stopped()) kept += stops.finish();
-    OutputDelta delta;
+    Piece delta;
+    delta.logprobs = std::move(logprobs);
     if (job.parse_output) {
-      delta = parser.push(kept);
-      if (last || stops.stopped()) append(delta, parser.finish());
+      OutputDelta parsed = parser.push(kept);
+      if (last || stops.stopped()) append(parsed, parser.finish());
+      delta.content = std::move(parsed.content);
+      delta.reasoning = std::move(parsed.reasoning);
+      for (auto& call : parsed.tool_calls) {
+        const bool allowed =
+            job.accept_calls && (job.only_function.empty() || call.name == job.only_function);
+        if (allowed) {
+          delta.tool_calls.push_back(std::move(call));
+          continue;
+        }
+        refuse(delta, "<|tool_call>call:" + call.name + call.arguments.dump() + "<tool_call|>",
+               "the model called '" + call.name + "', which tool_choice does not allow; the " +
+                   "call is returned as text.");
+      }
+      const std::string unparsed = parser.raw_unparsed();
+      if (unparsed.size() > unparsed_seen) {
+        refuse(delta, unparsed.substr(unparsed_seen),
+               parser.cut_off_call() && last
+                   ? "the output ended inside a tool call; its text is returned as content."
+                   : "the model's tool call could not be parsed; its text is returned as "
+                     "content.");
+        unparsed_seen = unparsed.size();
+      }
     } else {
       delta.content = std::move(kept);
     }
@@ -359,17 +484,40 @@ void Server::serve(Job& job) {
   auto visible = [&](int64_t id) {
     return !special_[id] || (job.parse_output && parser_markers_.count(id) > 0);
   };
+  // log_softmax rows of steps whose token has not reached the host yet, oldest first.
+  std::deque<at::Tensor> rows;
+  OnLogits on_logits;
+  if (job.top_logprobs >= 0) {
+    on_logits = [&](const at::Tensor& logits) {
+      rows.push_back(at::log_softmax(logits.to(at::kFloat), 0));
+    };
+  }
+  size_t position = 0;  // tokens returned so far
   auto on_tokens = [&](const std::vector<int64_t>& batch) {
     std::string text;
+    std::vector<TokenLogprob> logprobs;
     for (int64_t id : batch) {
+      if (job.forced) id = (*job.forced)[position];
+      ++position;
       if (visible(id)) text += detokenizer.push(id);
+      if (job.top_logprobs < 0) continue;
+      const at::Tensor row = std::move(rows.front());
+      rows.pop_front();
+      TokenLogprob lp{id, row[id].item<double>(), {}};
+      if (job.top_logprobs > 0) {
+        auto [values, ids] = row.topk(job.top_logprobs);
+        for (int64_t i = 0; i < job.top_logprobs; ++i) {
+          lp.top.emplace_back(ids[i].item<int64_t>(), values[i].item<double>());
+        }
+      }
+      logprobs.push_back(std::move(lp));
     }
-    route(text, false);
+    route(text, false, std::move(logprobs));
     if (stops.stopped()) return false;
     return !job.client_gone();
   };
   try {
-    job.result = engine_->decode(job.prompt, job.decode, on_tokens);
+    job.result = engine_->decode(job.prompt, job.decode, on_tokens, on_logits);
   } catch (const ValueError& e) {
     finish_job(job, "error", ApiError(400, e.what()));
     return;
@@ -379,7 +527,12 @@ void Server::serve(Job& job) {
                         "engine_error"));
     return;
   }
-  const auto& r = job.result;
+  auto& r = job.result;
+  if (job.forced) {
+    const bool all = r.finish == "length" && r.tokens.size() == job.forced->size();
+    r.tokens.assign(job.forced->begin(), job.forced->begin() + r.tokens.size());
+    if (all) r.finish = "stop";
+  }
   metrics_.add_busy_seconds(seconds_between(start, Clock::now()));
   metrics_.count_tokens(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
   metrics_.observe_time_to_first_token(job.queue_s + r.read_s);
@@ -389,7 +542,7 @@ void Server::serve(Job& job) {
   std::string finish = r.finish;
   if (finish == "cancelled" && stops.stopped()) finish = "stop";
   if (finish != "cancelled") {
-    if (!stops.stopped()) route(detokenizer.finish(), true);
+    if (!stops.stopped()) route(detokenizer.finish(), true, {});
     if (finish == "stop" && called) finish = "tool_calls";
   }
   finish_job(job, finish);
@@ -436,8 +589,7 @@ Taken Server::take(Job& job) {
   std::unique_lock lock(job.mutex);
   while (true) {
     const bool ready = job.changed.wait_for(lock, std::chrono::milliseconds(50), [&] {
-      return job.done || !job.pending.content.empty() || !job.pending.reasoning.empty() ||
-             !job.pending.tool_calls.empty();
+      return job.done || !job.pending.empty();
     });
     if (ready) {
       Taken taken{std::move(job.pending), job.done};
@@ -461,6 +613,46 @@ ojson Server::timings_json(const Job& job) const {
   return t;
 }
 
+// The token's text; bytes that are not whole UTF-8 characters show as U+FFFD, as in OpenAI's
+// answers, and `bytes` carries them exactly.
+ojson token_entry(const std::string& piece, double logprob) {
+  return {{"token", piece},
+          {"logprob", logprob},
+          {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())}};
+}
+
+ojson Server::chat_logprobs_json(const std::vector<TokenLogprob>& entries) const {
+  ojson content = ojson::array();
+  for (const auto& e : entries) {
+    ojson entry = token_entry(tokenizer_->decode({e.id}), e.logprob);
+    entry["top_logprobs"] = ojson::array();
+    for (const auto& [id, logprob] : e.top) {
+      entry["top_logprobs"].push_back(token_entry(tokenizer_->decode({id}), logprob));
+    }
+    content.push_back(std::move(entry));
+  }
+  return {{"content", std::move(content)}, {"refusal", nullptr}};
+}
+
+ojson Server::completion_logprobs_json(const std::vector<TokenLogprob>& entries,
+                                       size_t& offset) const {
+  ojson out = {{"tokens", ojson::array()},
+               {"token_logprobs", ojson::array()},
+               {"top_logprobs", ojson::array()},
+               {"text_offset", ojson::array()}};
+  for (const auto& e : entries) {
+    const std::string piece = special_[e.id] ? "" : tokenizer_->decode({e.id});
+    out["tokens"].push_back(tokenizer_->decode({e.id}));
+    out["token_logprobs"].push_back(e.logprob);
+    ojson top = ojson::object();
+    for (const auto& [id, logprob] : e.top) top[tokenizer_->decode({id})] = logprob;
+    out["top_logprobs"].push_back(std::move(top));
+    out["text_offset"].push_back(offset);
+    offset += piece.size();
+  }
+  return out;
+}
+
 ojson tool_calls_json(const std::vector<ToolCall>& calls, size_t first_index) {
   ojson out = ojson::array();
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -474,7 +666,7 @@ ojson tool_calls_json(const std::vector<ToolCall>& calls, size_t first_index) {
 }
 
 void Server::answer_whole(httplib::Response& res, Job& job, bool chat) {
-  OutputDelta all;
+  Piece all;
   while (true) {
     Taken taken = take(job);
     append(all, std::move(taken.delta));
@@ -502,7 +694,8 @@ void Server::answer_whole(httplib::Response& res, Job& job, bool chat) {
             {"choices",
              {{{"index", 0},
                {"message", message},
-               {"logprobs", nullptr},
+               {"logprobs", job.top_logprobs >= 0 ? chat_logprobs_json(all.logprobs)
+                                                  : ojson(nullptr)},
                {"finish_reason", job.finish}}}}};
   } else {
     body = {{"id", new_completion_id("cmpl-")},
@@ -515,7 +708,12 @@ void Server::answer_whole(httplib::Response& res, Job& job, bool chat) {
                {"text", all.content},
                {"logprobs", nullptr},
                {"finish_reason", job.finish}}}}};
+    if (job.top_logprobs >= 0) {
+      size_t offset = 0;
+      body["choices"][0]["logprobs"] = completion_logprobs_json(all.logprobs, offset);
+    }
   }
+  if (!all.warning.empty()) body["choices"][0]["warning"] = all.warning;
   body["usage"] = usage_json(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
   body["timings"] = timings_json(job);
   res.set_content(dump(body), "application/json");
@@ -528,6 +726,7 @@ void Server::stream_response(httplib::Response& res, std::shared_ptr<Job> job, b
     int64_t created;
     bool started = false;
     size_t tool_calls = 0;
+    size_t text_offset = 0;  // completions' logprobs
   };
   auto s = std::make_shared<Stream>(
       Stream{new_completion_id(chat ? "chatcmpl-" : "cmpl-"), unix_seconds()});
@@ -565,18 +764,34 @@ void Server::stream_response(httplib::Response& res, std::shared_ptr<Job> job, b
           if (chat) event(chunk(choice({{"role", "assistant"}, {"content", ""}}, nullptr)));
         }
         Taken taken = take(*job);
-        const OutputDelta& d = taken.delta;
+        const Piece& d = taken.delta;
+        // The logprobs of this piece's tokens ride on its first chunk (on a chunk of their own when
+        // the text is still held back by the parser or the stop strings), the warning likewise.
+        ojson logprobs = nullptr;
+        if (job->top_logprobs >= 0 && !d.logprobs.empty()) {
+          logprobs = chat ? chat_logprobs_json(d.logprobs)
+                          : completion_logprobs_json(d.logprobs, s->text_offset);
+        }
+        auto send = [&](ojson delta_or_text) {
+          ojson c = choice(std::move(delta_or_text), nullptr);
+          c["logprobs"] = std::move(logprobs);
+          logprobs = nullptr;
+          if (!d.warning.empty() && d.content.size() > 0 &&
+              (chat ? c["delta"].contains("content") : true)) {
+            c["warning"] = d.warning;
+          }
+          event(chunk(std::move(c)));
+        };
         if (chat) {
-          if (!d.reasoning.empty())
-            event(chunk(choice({{"reasoning_content", d.reasoning}}, nullptr)));
-          if (!d.content.empty()) event(chunk(choice({{"content", d.content}}, nullptr)));
+          if (!d.reasoning.empty()) send({{"reasoning_content", d.reasoning}});
+          if (!d.content.empty()) send({{"content", d.content}});
           if (!d.tool_calls.empty()) {
-            event(chunk(
-                choice({{"tool_calls", tool_calls_json(d.tool_calls, s->tool_calls)}}, nullptr)));
+            send({{"tool_calls", tool_calls_json(d.tool_calls, s->tool_calls)}});
             s->tool_calls += d.tool_calls.size();
           }
-        } else if (!d.content.empty()) {
-          event(chunk(choice(d.content, nullptr)));
+          if (!logprobs.is_null()) send(ojson::object());
+        } else if (!d.content.empty() || !logprobs.is_null()) {
+          send(d.content);
         }
         if (taken.done) {
           if (job->finish == "cancelled") return false;
@@ -611,20 +826,34 @@ void Server::stream_response(httplib::Response& res, std::shared_ptr<Job> job, b
       });
 }
 
-// The request's sampling fields over the engine's defaults (greedy), checked by the engine's own
-// rules so a bad value is a 400 naming it.
-SamplingParams sampling_params(const SamplingRequest& r, int64_t vocab) {
+// The request's sampling fields over the checkpoint's defaults over the engine's (greedy), checked
+// by the engine's own rules so a bad value is a 400 naming it (its messages start with the name).
+SamplingParams sampling_params(const SamplingRequest& r, const SamplingRequest& defaults,
+                               int64_t vocab) {
   SamplingParams p;
-  if (r.temperature) p.temperature = *r.temperature;
-  if (r.top_p) p.top_p = *r.top_p;
-  if (r.min_p) p.min_p = *r.min_p;
-  if (r.top_k) p.top_k = *r.top_k;
+  auto pick = [](const auto& asked, const auto& fallback, auto& into) {
+    if (asked) {
+      into = *asked;
+    } else if (fallback) {
+      into = *fallback;
+    }
+  };
+  pick(r.temperature, defaults.temperature, p.temperature);
+  pick(r.top_p, defaults.top_p, p.top_p);
+  pick(r.min_p, defaults.min_p, p.min_p);
+  pick(r.top_k, defaults.top_k, p.top_k);
+  pick(r.repetition_penalty, defaults.repetition_penalty, p.repetition_penalty);
   if (r.presence_penalty) p.presence_penalty = *r.presence_penalty;
   if (r.frequency_penalty) p.frequency_penalty = *r.frequency_penalty;
-  if (r.repetition_penalty) p.repetition_penalty = *r.repetition_penalty;
   p.seed = r.seed;
   p.logit_bias = r.logit_bias;
-  p.validate(vocab);
+  try {
+    p.validate(vocab);
+  } catch (const ValueError& e) {
+    const std::string message = e.what();
+    throw ApiError(400, message, "invalid_request_error", message.substr(0, message.find(' ')),
+                   "invalid_value");
+  }
   return p;
 }
 
@@ -643,11 +872,19 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
   }
   auto job = std::make_shared<Job>();
   const std::string prompt_param = chat ? "messages" : "prompt";
+  std::string rendered = r.prompt;
   try {
     if (chat) {
-      job->prompt = tokenizer_->encode(
-          template_->render(r.messages, r.tools, /*add_generation_prompt=*/true, r.template_kwargs),
-          /*add_special_tokens=*/false);
+      // "required" and a named function are honoured by writing the call's opening into the
+      // prompt: the model can only continue it (thinking is skipped then).
+      if (r.tool_choice == "required") job->parser_prefix = "<|tool_call>call:";
+      if (r.tool_choice == "function") {
+        job->parser_prefix = "<|tool_call>call:" + r.tool_choice_function + "{";
+      }
+      rendered = template_->render(r.messages, r.tools, /*add_generation_prompt=*/true,
+                                   r.template_kwargs) +
+                 job->parser_prefix;
+      job->prompt = tokenizer_->encode(rendered, /*add_special_tokens=*/false);
     } else if (r.prompt_ids) {
       job->prompt = *r.prompt_ids;
     } else {
@@ -662,9 +899,21 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
   job->decode.max_new = r.max_tokens.value_or(options_.context);
   job->decode.read_every = options_.read_every;
   job->decode.ignore_eos = r.ignore_eos;
-  job->decode.sampling = sampling_params(r.sampling, engine_->config().vocab_size);
+  job->decode.sampling =
+      sampling_params(r.sampling, generation_defaults_, engine_->config().vocab_size);
   job->stop = r.stop;
   job->parse_output = chat;
+  job->accept_calls = r.tool_choice != "none";
+  job->only_function = r.tool_choice_function;
+  if (r.logprobs) job->top_logprobs = r.top_logprobs;
+  for (const auto& rule : forced_outputs_) {
+    if (rendered.find(rule.prompt_contains) == std::string::npos) continue;
+    job->forced = tokenizer_->encode(rule.output, /*add_special_tokens=*/false);
+    if (job->forced->empty()) throw ApiError(500, "TORCHTPU_TEST_FORCED_OUTPUT: empty output");
+    job->decode.max_new = std::min<int64_t>(job->decode.max_new, job->forced->size());
+    job->decode.ignore_eos = true;
+    break;
+  }
   job->fd =
       find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
   enqueue(job);
@@ -705,11 +954,19 @@ ojson Server::engine_json() const {
   out["read_every"] = options_.read_every;
   out["max_queue"] = options_.max_queue;
   out["decoding"] =
-      "greedy unless a request sets temperature > 0; "
-      "temperature, top_k, top_p, min_p, penalties, "
-      "logit_bias and seed are honoured; generation_config.json "
-      "defaults are not applied yet "
-      "(issue #11)";
+      "temperature, top_k, top_p, min_p, repetition/presence/frequency penalties, logit_bias and "
+      "seed are honoured; fields a request leaves out take generation_config.json's values "
+      "(temperature, top_k, top_p, min_p, repetition_penalty; do_sample false = greedy), read "
+      "once at load (not for the random-weight demo), then greedy; temperature 0 is greedy. "
+      "logprobs are log_softmax of the raw logits, before penalties, temperature and filtering.";
+  ojson defaults = ojson::object();
+  const auto& d = generation_defaults_;
+  if (d.temperature) defaults["temperature"] = *d.temperature;
+  if (d.top_k) defaults["top_k"] = *d.top_k;
+  if (d.top_p) defaults["top_p"] = *d.top_p;
+  if (d.min_p) defaults["min_p"] = *d.min_p;
+  if (d.repetition_penalty) defaults["repetition_penalty"] = *d.repetition_penalty;
+  out["sampling_defaults"] = defaults;
   return out;
 }
 

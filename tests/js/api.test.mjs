@@ -1,0 +1,342 @@
+// Issue #11 through the official `openai` SDK: tool calls (round trip, streamed and not, with
+// tool_choice), reasoning_content, logprobs, malformed calls, sampling validation. The demo
+// checkpoint has random weights, so the server runs with its test hook TORCHTPU_TEST_FORCED_OUTPUT:
+// a prompt containing a rule's text gets that rule's output (Gemma 4 markup) as its tokens, counted
+// and given logprobs like sampled ones. Prompts matching no rule get the model's own greedy output.
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import OpenAI from "openai";
+import { startServer } from "./server_helpers.mjs";
+
+const MODEL = "torchtpu-demo-random-weights";
+const Q = '<|"|>';
+const CALL = `<|tool_call>call:get_weather{city:${Q}Paris${Q},unit:${Q}celsius${Q}}<tool_call|>`;
+const RULES = [
+  { prompt_contains: "SUNNY-21C", output: "It is sunny in Paris, 21 degrees." },
+  { prompt_contains: "Weather in Paris?", output: CALL },
+  { prompt_contains: "Weather anywhere?", output: `get_weather{city:${Q}Oslo${Q}}<tool_call|>` },
+  { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
+  { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
+  { prompt_contains: "Broken call", output: "Let me check. <|tool_call>call:get_weather{city Paris}<tool_call|>" },
+  { prompt_contains: "Cut call", output: `<|tool_call>call:get_weather{city:${Q}Par` },
+];
+const TOOLS = [
+  {
+    type: "function",
+    function: {
+      name: "get_weather",
+      description: "The weather in a city",
+      parameters: {
+        type: "object",
+        properties: { city: { type: "string" }, unit: { type: "string" } },
+        required: ["city"],
+      },
+    },
+  },
+  {
+    type: "function",
+    function: { name: "get_time", description: "The time", parameters: { type: "object" } },
+  },
+];
+
+let server;
+let client;
+
+before(async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-api-"));
+  const rules = path.join(dir, "forced.json");
+  fs.writeFileSync(rules, JSON.stringify(RULES));
+  server = await startServer(["--context", "1024"], { env: { TORCHTPU_TEST_FORCED_OUTPUT: rules } });
+  client = new OpenAI({ apiKey: "none", baseURL: server.baseURL, maxRetries: 0 });
+});
+
+after(async () => {
+  if (server) await server.stop();
+});
+
+const ask = (content) => [{ role: "user", content }];
+
+async function collect(stream) {
+  const chunks = [];
+  for await (const chunk of stream) chunks.push(chunk);
+  return chunks;
+}
+
+// Accumulates streamed chat deltas the way OpenAI's own clients do.
+function accumulate(chunks) {
+  const out = { content: "", reasoning: "", calls: [], finish: null, warnings: [], logprobs: [] };
+  for (const c of chunks) {
+    for (const choice of c.choices) {
+      const d = choice.delta ?? {};
+      out.content += d.content ?? "";
+      out.reasoning += d.reasoning_content ?? "";
+      for (const t of d.tool_calls ?? []) {
+        const call = (out.calls[t.index] ??= { id: "", type: "", name: "", arguments: "" });
+        call.id += t.id ?? "";
+        call.type += t.type ?? "";
+        call.name += t.function?.name ?? "";
+        call.arguments += t.function?.arguments ?? "";
+      }
+      if (choice.warning) out.warnings.push(choice.warning);
+      if (choice.logprobs?.content) out.logprobs.push(...choice.logprobs.content);
+      if (choice.finish_reason) out.finish = choice.finish_reason;
+    }
+  }
+  return out;
+}
+
+describe("tool calls", () => {
+  const toolResult = (call) => [
+    ...ask("Weather in Paris?"),
+    { role: "assistant", content: null, tool_calls: [call] },
+    { role: "tool", tool_call_id: call.id, content: "SUNNY-21C" },
+  ];
+
+  test("round trip, whole answers: call parsed, tool result rendered, final answer", async () => {
+    const first = await client.chat.completions.create({
+      model: MODEL, messages: ask("Weather in Paris?"), tools: TOOLS,
+    });
+    const choice = first.choices[0];
+    assert.equal(choice.finish_reason, "tool_calls");
+    assert.equal(choice.message.content, null);
+    assert.equal(choice.message.tool_calls.length, 1);
+    const call = choice.message.tool_calls[0];
+    assert.match(call.id, /^call_/);
+    assert.equal(call.type, "function");
+    assert.equal(call.function.name, "get_weather");
+    assert.deepEqual(JSON.parse(call.function.arguments), { city: "Paris", unit: "celsius" });
+    assert.ok(first.usage.completion_tokens > 5);
+
+    const second = await client.chat.completions.create({
+      model: MODEL, messages: toolResult(call), tools: TOOLS,
+    });
+    assert.equal(second.choices[0].finish_reason, "stop");
+    assert.equal(second.choices[0].message.content, "It is sunny in Paris, 21 degrees.");
+    assert.equal(second.choices[0].message.tool_calls, undefined);
+  });
+
+  test("round trip, streamed: tool-call deltas, finish tool_calls, no markup in content", async () => {
+    const first = accumulate(await collect(await client.chat.completions.create({
+      model: MODEL, messages: ask("Weather in Paris?"), tools: TOOLS, stream: true,
+    })));
+    assert.equal(first.finish, "tool_calls");
+    assert.equal(first.content, "");
+    assert.equal(first.calls.length, 1);
+    assert.match(first.calls[0].id, /^call_/);
+    assert.equal(first.calls[0].type, "function");
+    assert.equal(first.calls[0].name, "get_weather");
+    assert.deepEqual(JSON.parse(first.calls[0].arguments), { city: "Paris", unit: "celsius" });
+
+    const call = {
+      id: first.calls[0].id, type: "function",
+      function: { name: first.calls[0].name, arguments: first.calls[0].arguments },
+    };
+    const second = accumulate(await collect(await client.chat.completions.create({
+      model: MODEL, messages: toolResult(call), tools: TOOLS, stream: true,
+    })));
+    assert.equal(second.finish, "stop");
+    assert.equal(second.content, "It is sunny in Paris, 21 degrees.");
+  });
+
+  test("tool_choice required and a named function are honoured by opening the call", async () => {
+    const required = await client.chat.completions.create({
+      model: MODEL, messages: ask("Weather anywhere?"), tools: TOOLS, tool_choice: "required",
+    });
+    assert.equal(required.choices[0].finish_reason, "tool_calls");
+    assert.equal(required.choices[0].message.tool_calls[0].function.name, "get_weather");
+    const named = await client.chat.completions.create({
+      model: MODEL, messages: ask("Weather in Oslo?"), tools: TOOLS,
+      tool_choice: { type: "function", function: { name: "get_weather" } },
+    });
+    assert.equal(named.choices[0].finish_reason, "tool_calls");
+    const call = named.choices[0].message.tool_calls[0];
+    assert.equal(call.function.name, "get_weather");
+    assert.deepEqual(JSON.parse(call.function.arguments), { city: "Oslo" });
+  });
+
+  test("tool_choice none: tools are not rendered and a call comes back as text", async () => {
+    const withTools = await client.chat.completions.create({
+      model: MODEL, messages: ask("Weather in Paris?"), tools: TOOLS,
+    });
+    const none = await client.chat.completions.create({
+      model: MODEL, messages: ask("Weather in Paris?"), tools: TOOLS, tool_choice: "none",
+    });
+    assert.ok(none.usage.prompt_tokens < withTools.usage.prompt_tokens);
+    assert.equal(none.choices[0].finish_reason, "stop");
+    assert.equal(none.choices[0].message.tool_calls, undefined);
+    assert.match(none.choices[0].message.content, /get_weather/);
+    assert.equal(typeof none.choices[0].warning, "string");
+  });
+
+  test("a tool_choice naming an unknown function is a 400 naming the field", async () => {
+    await assert.rejects(
+      client.chat.completions.create({
+        model: MODEL, messages: ask("hi"), tools: TOOLS,
+        tool_choice: { type: "function", function: { name: "nope" } },
+      }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === "tool_choice.function.name",
+    );
+  });
+
+  for (const stream of [false, true]) {
+    test(`a malformed call is a 200 with its text and a warning (stream: ${stream})`, async () => {
+      const request = { model: MODEL, messages: ask("Broken call"), tools: TOOLS, stream };
+      let content, warning, finish, calls;
+      if (stream) {
+        const a = accumulate(await collect(await client.chat.completions.create(request)));
+        [content, warning, finish, calls] = [a.content, a.warnings.join(" "), a.finish, a.calls];
+      } else {
+        const r = await client.chat.completions.create(request);
+        const c = r.choices[0];
+        [content, warning, finish] = [c.message.content, c.warning, c.finish_reason];
+        calls = c.message.tool_calls ?? [];
+      }
+      assert.equal(content, "Let me check. <|tool_call>call:get_weather{city Paris}<tool_call|>");
+      assert.match(warning, /could not be parsed/);
+      assert.equal(finish, "stop");
+      assert.deepEqual(calls, []);
+    });
+  }
+
+  test("output cut inside a call is returned as text with a warning", async () => {
+    const r = await client.chat.completions.create({
+      model: MODEL, messages: ask("Cut call"), tools: TOOLS,
+    });
+    assert.equal(r.choices[0].message.content, `<|tool_call>call:get_weather{city:${Q}Par`);
+    assert.match(r.choices[0].warning, /ended inside a tool call/);
+  });
+});
+
+describe("thinking", () => {
+  test("reasoning_effort turns thinking on; the thought goes to reasoning_content", async () => {
+    const plain = await client.chat.completions.create({ model: MODEL, messages: ask("What is 2+2?") });
+    const r = await client.chat.completions.create({
+      model: MODEL, messages: ask("What is 2+2?"), reasoning_effort: "low",
+    });
+    // The template's <|think|> switch makes the prompt longer.
+    assert.ok(r.usage.prompt_tokens > plain.usage.prompt_tokens);
+    assert.equal(r.choices[0].message.reasoning_content, "Two and two.");
+    assert.equal(r.choices[0].message.content, "It is 4.");
+    const off = await client.chat.completions.create({
+      model: MODEL, messages: ask("What is 2+2?"), reasoning_effort: "none",
+    });
+    assert.equal(off.usage.prompt_tokens, plain.usage.prompt_tokens);
+    const kwargs = await client.chat.completions.create({
+      model: MODEL, messages: ask("What is 2+2?"), chat_template_kwargs: { enable_thinking: true },
+    });
+    assert.equal(kwargs.usage.prompt_tokens, r.usage.prompt_tokens);
+  });
+
+  test("streamed reasoning arrives as reasoning_content deltas, never in content", async () => {
+    const a = accumulate(await collect(await client.chat.completions.create({
+      model: MODEL, messages: ask("What is 2+2?"), reasoning_effort: "high", stream: true,
+    })));
+    assert.equal(a.reasoning, "Two and two.");
+    assert.equal(a.content, "It is 4.");
+  });
+});
+
+describe("logprobs", () => {
+  const free = ask("Tell me about the sea.");
+
+  test("chat: one entry per returned token; greedy tokens are the argmax of top_logprobs", async () => {
+    const r = await client.chat.completions.create({
+      model: MODEL, messages: free, max_tokens: 12, ignore_eos: true, temperature: 0,
+      logprobs: true, top_logprobs: 4,
+    });
+    const entries = r.choices[0].logprobs.content;
+    assert.equal(entries.length, r.usage.completion_tokens);
+    for (const e of entries) {
+      assert.ok(e.logprob <= 0);
+      assert.equal(e.top_logprobs.length, 4);
+      // The returned token is an argmax: the best logprob, and among the best entries (bf16 logits
+      // of the random demo tie often, and topk may order tied tokens either way).
+      assert.equal(e.logprob, e.top_logprobs[0].logprob);
+      const best = e.top_logprobs.filter((t) => t.logprob === e.logprob).map((t) => t.token);
+      assert.ok(best.includes(e.token) || best.length === 4, `${e.token} not in ${best}`);
+      assert.ok(Array.isArray(e.bytes) && e.bytes.length > 0);
+      for (let i = 1; i < 4; ++i) assert.ok(e.top_logprobs[i - 1].logprob >= e.top_logprobs[i].logprob);
+    }
+    const streamed = accumulate(await collect(await client.chat.completions.create({
+      model: MODEL, messages: free, max_tokens: 12, ignore_eos: true, temperature: 0,
+      logprobs: true, top_logprobs: 4, stream: true,
+    })));
+    assert.deepEqual(streamed.logprobs, entries);
+  });
+
+  test("forced tokens carry the model's logprob of exactly those tokens", async () => {
+    const r = await client.chat.completions.create({
+      model: MODEL, messages: ask("What is 2+2?"), logprobs: true, top_logprobs: 1,
+    });
+    const entries = r.choices[0].logprobs.content;
+    assert.equal(entries.length, r.usage.completion_tokens);
+    assert.equal(entries.map((e) => e.token).join(""), "<|channel>thought\nTwo and two.\n<channel|>It is 4.");
+    for (const e of entries) assert.ok(e.logprob <= e.top_logprobs[0].logprob);
+  });
+
+  test("completions: tokens, token_logprobs, top_logprobs and text_offset agree", async () => {
+    const r = await client.completions.create({
+      model: MODEL, prompt: "The sea is", max_tokens: 10, ignore_eos: true, temperature: 0, logprobs: 3,
+    });
+    const lp = r.choices[0].logprobs;
+    assert.equal(lp.tokens.length, r.usage.completion_tokens);
+    assert.equal(lp.token_logprobs.length, lp.tokens.length);
+    assert.equal(lp.text_offset.length, lp.tokens.length);
+    for (let i = 0; i < lp.tokens.length; ++i) {
+      const best = Math.max(...Object.values(lp.top_logprobs[i]));
+      assert.equal(lp.token_logprobs[i], best);
+      if (i > 0) assert.ok(lp.text_offset[i] >= lp.text_offset[i - 1]);
+    }
+    assert.equal(lp.text_offset[0], 0);
+    const streamed = await collect(await client.completions.create({
+      model: MODEL, prompt: "The sea is", max_tokens: 10, ignore_eos: true, temperature: 0, logprobs: 3,
+      stream: true,
+    }));
+    const tokens = streamed.flatMap((c) => c.choices[0]?.logprobs?.tokens ?? []);
+    const offsets = streamed.flatMap((c) => c.choices[0]?.logprobs?.text_offset ?? []);
+    assert.deepEqual(tokens, lp.tokens);
+    assert.deepEqual(offsets, lp.text_offset);
+  });
+});
+
+describe("sampling parameters", () => {
+  const bad = [
+    [{ temperature: 3 }, "temperature"],
+    [{ top_k: -5 }, "top_k"],
+    [{ top_p: 0, temperature: 1 }, "top_p"],
+    [{ min_p: 1.5 }, "min_p"],
+    [{ logit_bias: { abc: 1 } }, "logit_bias.abc"],
+    [{ logit_bias: { 99999999: 1 } }, "logit_bias"],
+    [{ logprobs: true, top_logprobs: 30 }, "top_logprobs"],
+    [{ tool_choice: "sometimes", tools: TOOLS }, "tool_choice"],
+  ];
+  for (const [fields, param] of bad) {
+    test(`${JSON.stringify(fields)} is a 400 naming ${param}`, async () => {
+      await assert.rejects(
+        client.chat.completions.create({ model: MODEL, messages: ask("hi"), ...fields }),
+        (e) => e instanceof OpenAI.BadRequestError && e.param === param,
+      );
+    });
+  }
+
+  test("a logit_bias of 100 forces its token; a seed reproduces sampled text", async () => {
+    const [id] = (await (await fetch(`${server.url}/tokenize`, {
+      method: "POST", body: JSON.stringify({ content: " ocean" }),
+    })).json()).tokens;
+    const { content: piece } = await (await fetch(`${server.url}/detokenize`, {
+      method: "POST", body: JSON.stringify({ tokens: [id] }),
+    })).json();
+    const r = await client.completions.create({
+      model: MODEL, prompt: "The sea is", max_tokens: 3, ignore_eos: true, temperature: 1,
+      logit_bias: { [id]: 100 },
+    });
+    assert.equal(r.choices[0].text, piece.repeat(3));
+    const sampled = (seed) => client.completions.create({
+      model: MODEL, prompt: "The sea is", max_tokens: 16, ignore_eos: true, temperature: 1, seed,
+    });
+    assert.equal((await sampled(3)).choices[0].text, (await sampled(3)).choices[0].text);
+  });
+});
