@@ -3,6 +3,7 @@
 // takes it back once per read batch.
 #include <pybind11/stl.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -212,7 +213,9 @@ void bind_engine(py::module_ &m) {
       .def(
           "decode",
           [](PyEngine &self, py::handle ids, int64_t max_new, py::handle stop, int64_t read_every,
-             py::handle on_tokens) {
+             py::handle on_tokens, double temperature, int64_t top_k, double top_p, double min_p,
+             double repetition_penalty, double presence_penalty, double frequency_penalty,
+             const std::map<int64_t, double> &logit_bias, std::optional<uint64_t> seed) {
             DecodeOptions options;
             options.max_new = max_new;
             options.read_every = read_every;
@@ -220,10 +223,27 @@ void bind_engine(py::module_ &m) {
               options.stop_ids = to_ids(stop, "stop");
               options.ignore_eos = options.stop_ids.empty();
             }
+            SamplingParams &s = options.sampling;
+            s.temperature = temperature;
+            s.top_k = top_k;
+            s.top_p = top_p;
+            s.min_p = min_p;
+            s.repetition_penalty = repetition_penalty;
+            s.presence_penalty = presence_penalty;
+            s.frequency_penalty = frequency_penalty;
+            s.logit_bias = logit_bias;
+            s.seed = seed;
             return run_decode(self, "decode", to_ids(ids, "ids"), options, on_tokens);
           },
+          "Decodes after `ids`: greedy unless temperature > 0, else sampled after logit_bias, "
+          "penalties, temperature, top_k, top_p and min_p, in that order; a seed reproduces the "
+          "tokens. Sampling values out of range raise ValueError.",
           py::arg("ids"), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
-          py::arg("read_every") = 1, py::arg("on_tokens") = py::none());
+          py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
+          py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
+          py::arg("min_p") = 0.0, py::arg("repetition_penalty") = 1.0,
+          py::arg("presence_penalty") = 0.0, py::arg("frequency_penalty") = 0.0,
+          py::arg("logit_bias") = std::map<int64_t, double>{}, py::arg("seed") = py::none());
 }
 
 }  // namespace torchtpu::python
