@@ -302,13 +302,12 @@ def ct_compress(weight, args, scale_dtype=torch.bfloat16):
 
 
 def ct_decompress(tensors, args):
-    """compressed-tensors' PackedQuantizationCompressor.decompress with the scale widened to f32
-    first, so the product (q - z)·s is exact (the engine's f32 path) rather than rounded to bf16."""
+    """compressed-tensors' PackedQuantizationCompressor.decompress as it is: the product (q - z)·s
+    rounded once to the scale's dtype, which is what the engine's dequantization reproduces."""
     from compressed_tensors.compressors.pack_quantized import PackedQuantizationCompressor
     from compressed_tensors.quantization import QuantizationScheme
 
     state = dict(tensors)
-    state["weight_scale"] = state["weight_scale"].float()
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
     return PackedQuantizationCompressor.decompress(state, scheme)["weight"]
 
