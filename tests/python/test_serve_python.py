@@ -23,13 +23,16 @@ CHAT = {
         {"role": "user", "content": "Name three oceans."},
     ],
     "max_tokens": 12,
+    "temperature": 0,  # greedy: the checkpoint's generation_config would sample
 }
 REQUESTS = [
     ("/v1/chat/completions", CHAT),
     ("/v1/chat/completions", dict(CHAT, max_tokens=5, stop=["e"])),
     ("/v1/chat/completions", dict(CHAT, stream=True, stream_options={"include_usage": True})),
-    ("/v1/completions", {"prompt": "The sea is", "max_tokens": 10}),
-    ("/v1/completions", {"prompt": "The sea is", "max_tokens": 6, "stream": True}),
+    ("/v1/completions", {"prompt": "The sea is", "max_tokens": 10, "temperature": 0}),
+    ("/v1/completions", {"prompt": "The sea is", "max_tokens": 6, "temperature": 0, "stream": True}),
+    # Sampled with a seed: the same draw from both hosts.
+    ("/v1/completions", {"prompt": "The sea is", "max_tokens": 6, "temperature": 1, "seed": 7}),
     ("/v1/chat/completions", {"messages": [], "max_tokens": 4}),  # a 4xx, the same from both
 ]
 
