@@ -1,6 +1,5 @@
-// torchtpu_cpp.Engine: one Engine owned by the Python thread that created it.
-// Load, logits and decode run with the GIL released; the on_tokens callback
-// takes it back once per read batch.
+// torchtpu_cpp.Engine: one Engine owned by the Python thread that created it. Load, logits and
+// decode run with the GIL released; the on_tokens callback takes it back once per read batch.
 #include <pybind11/stl.h>
 
 #include <map>
@@ -21,22 +20,20 @@ std::string current_thread_name() {
   return py::module_::import("threading").attr("current_thread")().attr("name").cast<std::string>();
 }
 
-// Wraps the Engine with the owner-thread rule (DESIGN principle 4): every
-// method checks the calling OS thread against the creator's and raises
-// RuntimeError otherwise. A call made from inside an on_tokens callback (same
-// thread, engine mid-decode) is refused the same way.
+// Wraps the Engine with the owner-thread rule (DESIGN principle 4): every method checks the calling
+// OS thread against the creator's and raises RuntimeError otherwise. A model call made from inside
+// an on_tokens callback (same thread, engine mid-decode) is refused the same way.
 class PyEngine {
  public:
-  PyEngine(const EngineOptions &options)
+  explicit PyEngine(const EngineOptions& options)
       : owner_(std::this_thread::get_id()), owner_name_(current_thread_name()) {
     py::gil_scoped_release released;
     engine_ = std::make_unique<Engine>(options);
   }
 
-  // The engine, after the owner check and, for calls that run the model
-  // (`exclusive`), the check that no decode is in progress; RuntimeError if
-  // either fails.
-  Engine &begin(const char *method, bool exclusive = false) {
+  // The engine, after the owner check and, for calls that run the model (`exclusive`), the check
+  // that no decode is in progress; RuntimeError if either fails.
+  Engine& begin(const char* method, bool exclusive = false) {
     if (std::this_thread::get_id() != owner_) {
       throw std::runtime_error(std::string("Engine.") + method + "() called from thread '" +
                                current_thread_name() + "', but this Engine belongs to thread '" +
@@ -52,14 +49,14 @@ class PyEngine {
     return *engine_;
   }
 
-  // Marks the engine busy for the duration of a call that may run Python
-  // callbacks. Only the owner thread gets this far, so a plain bool suffices.
+  // Marks the engine busy for the duration of a call that may run Python callbacks. Only the owner
+  // thread gets this far, so a plain bool suffices.
   struct Busy {
-    explicit Busy(PyEngine &engine) : engine_(engine) { engine_.busy_ = true; }
+    explicit Busy(PyEngine& engine) : engine_(engine) { engine_.busy_ = true; }
     ~Busy() { engine_.busy_ = false; }
-    PyEngine &engine_;
+    PyEngine& engine_;
   };
-  const std::string &owner_name() const { return owner_name_; }
+  const std::string& owner_name() const { return owner_name_; }
 
  private:
   std::thread::id owner_;
@@ -68,7 +65,7 @@ class PyEngine {
   std::unique_ptr<Engine> engine_;
 };
 
-EngineOptions engine_options(const std::string &model_dir, const std::optional<std::string> &emb4,
+EngineOptions engine_options(const std::string& model_dir, const std::optional<std::string>& emb4,
                              py::handle like, int64_t context, py::handle device, py::handle dtype,
                              int64_t prefill_chunk) {
   EngineOptions options;
@@ -91,19 +88,18 @@ EngineOptions engine_options(const std::string &model_dir, const std::optional<s
   return options;
 }
 
-// Runs the engine's decode with the GIL released. Each read batch takes the GIL
-// back to run `on_tokens` and to let Python handle signals (Ctrl-C ends the
-// decode with KeyboardInterrupt); a Python error raised there stops the decode
-// and is raised again once the GIL is held.
-DecodeResult run_decode(PyEngine &self, const char *method, const std::vector<int64_t> &ids,
-                        const DecodeOptions &options, py::handle on_tokens) {
-  Engine &engine = self.begin(method, /*exclusive=*/true);
+// Runs the engine's decode with the GIL released. Each read batch takes the GIL back to run
+// `on_tokens` and to let Python handle signals (Ctrl-C ends the decode with KeyboardInterrupt); a
+// Python error raised there stops the decode and is raised again once the GIL is held.
+DecodeResult run_decode(PyEngine& self, const char* method, const std::vector<int64_t>& ids,
+                        const DecodeOptions& options, py::handle on_tokens) {
+  Engine& engine = self.begin(method, /*exclusive=*/true);
   if (!on_tokens.is_none() && !PyCallable_Check(on_tokens.ptr())) {
     throw py::type_error("on_tokens must be callable or None, got " +
                          std::string(py::str(py::type::handle_of(on_tokens).attr("__name__"))));
   }
   std::optional<py::error_already_set> failure;
-  auto relay = [&](const std::vector<int64_t> &batch) -> bool {
+  auto relay = [&](const std::vector<int64_t>& batch) -> bool {
     py::gil_scoped_acquire acquired;
     try {
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
@@ -112,7 +108,7 @@ DecodeResult run_decode(PyEngine &self, const char *method, const std::vector<in
       const int truth = PyObject_IsTrue(go_on.ptr());
       if (truth < 0) throw py::error_already_set();
       return truth == 1;
-    } catch (py::error_already_set &e) {
+    } catch (py::error_already_set& e) {
       failure.emplace(std::move(e));
       return false;
     }
@@ -127,7 +123,7 @@ DecodeResult run_decode(PyEngine &self, const char *method, const std::vector<in
   return result;
 }
 
-py::dict layout_dict(const Layout &layout) {
+py::dict layout_dict(const Layout& layout) {
   py::dict d;
   d["full_rings"] = layout.full_rings;
   d["sliding_rings"] = layout.sliding_rings;
@@ -138,17 +134,17 @@ py::dict layout_dict(const Layout &layout) {
 
 }  // namespace
 
-void bind_engine(py::module_ &m) {
+void bind_engine(py::module_& m) {
   py::class_<DecodeResult>(m, "DecodeResult",
                            "What one decode produced: tokens (the stop id excluded), why it "
                            "ended, and the engine's own timings.")
-      .def_property_readonly("tokens", [](const DecodeResult &r) { return to_list(r.tokens); })
+      .def_property_readonly("tokens", [](const DecodeResult& r) { return to_list(r.tokens); })
       .def_readonly("finish", &DecodeResult::finish)
       .def_readonly("stop_id", &DecodeResult::stop_id)
       .def_readonly("prompt_tokens", &DecodeResult::prompt_tokens)
       .def_readonly("read_s", &DecodeResult::read_s)
       .def_readonly("decode_s", &DecodeResult::decode_s)
-      .def("__repr__", [](const DecodeResult &r) {
+      .def("__repr__", [](const DecodeResult& r) {
         return "DecodeResult(tokens=<" + std::to_string(r.tokens.size()) + " ids>, finish='" +
                r.finish + "', read_s=" + std::to_string(r.read_s) +
                ", decode_s=" + std::to_string(r.decode_s) + ")";
@@ -158,7 +154,7 @@ void bind_engine(py::module_ &m) {
                        "Gemma 4 weights and ring KV cache on one device, used "
                        "by the thread that "
                        "created it.")
-      .def(py::init([](const std::string &model_dir, const std::optional<std::string> &emb4_dir,
+      .def(py::init([](const std::string& model_dir, const std::optional<std::string>& emb4_dir,
                        py::handle like, int64_t context, py::handle device, py::handle dtype,
                        int64_t prefill_chunk) {
              return std::make_unique<PyEngine>(
@@ -167,29 +163,29 @@ void bind_engine(py::module_ &m) {
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
            py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512)
-      .def("layout", [](PyEngine &self) { return layout_dict(self.begin("layout").layout()); })
+      .def("layout", [](PyEngine& self) { return layout_dict(self.begin("layout").layout()); })
       .def("report",
-           [](PyEngine &self) {
+           [](PyEngine& self) {
              const std::string text = engine_report(self.begin("report")).dump();
              return py::module_::import("json").attr("loads")(text);
            })
       .def_property_readonly(
-          "vocab_size", [](PyEngine &self) { return self.begin("vocab_size").config().vocab_size; })
+          "vocab_size", [](PyEngine& self) { return self.begin("vocab_size").config().vocab_size; })
       .def_property_readonly("eos_token_ids",
-                             [](PyEngine &self) {
+                             [](PyEngine& self) {
                                return to_list(self.begin("eos_token_ids").config().eos_token_ids);
                              })
       .def_property_readonly(
-          "device", [](PyEngine &self) { return self.begin("device").options().device.str(); })
+          "device", [](PyEngine& self) { return self.begin("device").options().device.str(); })
       .def_property_readonly(
-          "dtype", [](PyEngine &self) { return dtype_name(self.begin("dtype").options().dtype); })
+          "dtype", [](PyEngine& self) { return dtype_name(self.begin("dtype").options().dtype); })
       .def_property_readonly(
-          "load_seconds", [](PyEngine &self) { return self.begin("load_seconds").load_seconds(); })
+          "load_seconds", [](PyEngine& self) { return self.begin("load_seconds").load_seconds(); })
       .def_property_readonly("owner_thread", &PyEngine::owner_name)
       .def(
           "logits",
-          [](PyEngine &self, py::handle ids) {
-            Engine &engine = self.begin("logits", /*exclusive=*/true);
+          [](PyEngine& self, py::handle ids) {
+            Engine& engine = self.begin("logits", /*exclusive=*/true);
             const auto tokens = to_ids(ids, "ids");
             at::Tensor logits;
             {
@@ -201,7 +197,7 @@ void bind_engine(py::module_ &m) {
           py::arg("ids"))
       .def(
           "generate",
-          [](PyEngine &self, py::handle ids, int64_t max_new, int64_t read_every) {
+          [](PyEngine& self, py::handle ids, int64_t max_new, int64_t read_every) {
             DecodeOptions options;
             options.max_new = max_new;
             options.read_every = read_every;
@@ -212,10 +208,10 @@ void bind_engine(py::module_ &m) {
           py::arg("ids"), py::arg("max_new"), py::arg("read_every") = 1)
       .def(
           "decode",
-          [](PyEngine &self, py::handle ids, int64_t max_new, py::handle stop, int64_t read_every,
+          [](PyEngine& self, py::handle ids, int64_t max_new, py::handle stop, int64_t read_every,
              py::handle on_tokens, double temperature, int64_t top_k, double top_p, double min_p,
              double repetition_penalty, double presence_penalty, double frequency_penalty,
-             const std::map<int64_t, double> &logit_bias, std::optional<uint64_t> seed) {
+             const std::map<int64_t, double>& logit_bias, std::optional<uint64_t> seed) {
             DecodeOptions options;
             options.max_new = max_new;
             options.read_every = read_every;
@@ -223,7 +219,7 @@ void bind_engine(py::module_ &m) {
               options.stop_ids = to_ids(stop, "stop");
               options.ignore_eos = options.stop_ids.empty();
             }
-            SamplingParams &s = options.sampling;
+            SamplingParams& s = options.sampling;
             s.temperature = temperature;
             s.top_k = top_k;
             s.top_p = top_p;

@@ -1,6 +1,5 @@
-// The extension module `torchtpu_cpp._torchtpu_cpp`: error mapping, BUILD, and
-// the crossings every binding uses. The package's __init__ checks the torch
-// version before this library is loaded.
+// The extension module `torchtpu_cpp._torchtpu_cpp`: error mapping, BUILD, and the crossings every
+// binding uses. The package's __init__ checks the torch version before this library is loaded.
 #include <Python.h>
 #include <c10/util/Exception.h>
 #include <pybind11/stl.h>
@@ -15,7 +14,7 @@
 
 namespace torchtpu::python {
 
-std::vector<int64_t> to_ids(py::handle obj, const char *what) {
+std::vector<int64_t> to_ids(py::handle obj, const char* what) {
   if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) ||
       !py::isinstance<py::iterable>(obj)) {
     throw ValueError(std::string(what) + " must be a sequence of int token ids, got " +
@@ -24,7 +23,7 @@ std::vector<int64_t> to_ids(py::handle obj, const char *what) {
   std::vector<int64_t> ids;
   size_t position = 0;
   for (py::handle item : obj) {
-    PyObject *p = item.ptr();
+    PyObject* p = item.ptr();
     const bool integral = !PyBool_Check(p) && (PyLong_Check(p) || PyIndex_Check(p));
     int overflow = 0;
     long long value = 0;
@@ -49,13 +48,13 @@ std::vector<int64_t> to_ids(py::handle obj, const char *what) {
   return ids;
 }
 
-py::list to_list(const std::vector<int64_t> &ids) {
+py::list to_list(const std::vector<int64_t>& ids) {
   py::list out(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) out[i] = py::int_(ids[i]);
   return out;
 }
 
-at::Tensor to_tensor(py::handle obj, const char *what) {
+at::Tensor to_tensor(py::handle obj, const char* what) {
   if (!THPVariable_Check(obj.ptr())) {
     throw py::type_error(std::string(what) + " must be a torch.Tensor, got " +
                          std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
@@ -63,7 +62,7 @@ at::Tensor to_tensor(py::handle obj, const char *what) {
   return THPVariable_Unpack(obj.ptr());
 }
 
-py::object to_python(const at::Tensor &tensor) {
+py::object to_python(const at::Tensor& tensor) {
   return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensor));
 }
 
@@ -80,30 +79,29 @@ at::ScalarType to_dtype(py::handle obj) {
 
 namespace {
 
-// The one place where C++ error kinds become Python exceptions (DESIGN
-// principle 5). Registered module-locally: pybind11's global translators are
-// shared with other extensions (torch's included), so only a local one is
-// guaranteed to be ours.
+// The one place where C++ error kinds become Python exceptions (DESIGN principle 5). Registered
+// module-locally: pybind11's global translators are shared with other extensions (torch's
+// included), so only a local one is guaranteed to be ours.
 void translate_errors(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
-  } catch (const ValueError &e) {
+  } catch (const ValueError& e) {
     py::set_error(PyExc_ValueError, e.what());
-  } catch (const FormatError &e) {
+  } catch (const FormatError& e) {
     py::set_error(PyExc_ValueError, e.what());
-  } catch (const NotFoundError &e) {
+  } catch (const NotFoundError& e) {
     py::set_error(PyExc_FileNotFoundError, e.what());
-  } catch (const c10::ValueError &e) {
+  } catch (const c10::ValueError& e) {
     py::set_error(PyExc_ValueError, e.what_without_backtrace());
-  } catch (const c10::IndexError &e) {
+  } catch (const c10::IndexError& e) {
     py::set_error(PyExc_IndexError, e.what_without_backtrace());
-  } catch (const c10::TypeError &e) {
+  } catch (const c10::TypeError& e) {
     py::set_error(PyExc_TypeError, e.what_without_backtrace());
-  } catch (const c10::NotImplementedError &e) {
+  } catch (const c10::NotImplementedError& e) {
     py::set_error(PyExc_NotImplementedError, e.what_without_backtrace());
-  } catch (const c10::OutOfMemoryError &e) {
+  } catch (const c10::OutOfMemoryError& e) {
     py::set_error(PyExc_MemoryError, e.what_without_backtrace());
-  } catch (const c10::Error &e) {
+  } catch (const c10::Error& e) {
     py::set_error(PyExc_RuntimeError, e.what_without_backtrace());
   }
 }
@@ -138,7 +136,5 @@ PYBIND11_MODULE(_torchtpu_cpp, m) {
   bind_engine(m);
   bind_text(m);
   bind_tensor_functions(m);
-#ifdef TORCHTPU_PYTHON_SERVE
   bind_serve(m);
-#endif
 }

@@ -1,7 +1,6 @@
-// The C++ server hosted by a Python process (python -m torchtpu_cpp.serve): the
-// same server as `torchtpu-cpp serve`, run with the GIL released, so Python
-// only hosts (imports torch_tpu, owns the process) while HTTP threads and the
-// engine worker are C++.
+// The C++ server hosted by a Python process (python -m torchtpu_cpp.serve): the same server as
+// `torchtpu-cpp serve`, run with the GIL released, so Python only hosts (imports torch_tpu, owns
+// the process) while HTTP threads and the engine worker are C++.
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -13,12 +12,12 @@
 
 namespace torchtpu::python {
 
-void bind_serve(py::module_ &m) {
+void bind_serve(py::module_& m) {
   m.def(
       "serve",
-      [](const std::string &model_dir, const std::string &emb4_dir, const std::string &model_id,
-         const std::string &host, int port, int64_t context, const std::string &device,
-         const std::string &dtype, const std::string &api_key, int max_queue, int64_t read_every,
+      [](const std::string& model_dir, const std::string& emb4_dir, const std::string& model_id,
+         const std::string& host, int port, int64_t context, const std::string& device,
+         const std::string& dtype, const std::string& api_key, int max_queue, int64_t read_every,
          int64_t max_body_bytes, py::handle like) {
         server::ServeOptions options;
         options.model_dir = model_dir;
@@ -34,18 +33,16 @@ void bind_serve(py::module_ &m) {
         options.read_every = read_every;
         options.max_body_bytes = max_body_bytes;
         options.hosted_by = "python";
-        // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop()
-        // from them.
+        // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
         options.install_signal_handlers = false;
         std::optional<at::Device> like_device;
         if (!like.is_none()) {
           like_device = to_tensor(like, "like").device();
           options.device = like_device->str();
         }
-        // Called by the server's engine worker thread, which then owns the
-        // engine; it needs no Python, so the GIL stays released for the whole
-        // life of the server.
-        server::EngineFactory factory = [like_device](const EngineOptions &engine_options) {
+        // Called by the server's engine worker thread, which then owns the engine; it needs no
+        // Python, so the GIL stays released for the whole life of the server.
+        server::EngineFactory factory = [like_device](const EngineOptions& engine_options) {
           EngineOptions chosen = engine_options;
           if (like_device) chosen.device = *like_device;
           return std::make_unique<Engine>(chosen);

@@ -1,14 +1,13 @@
-// The seeds' smoke functions: ATen calls in C++ on tensors that cross from and
-// to Python without a copy. On a new host they show, before any model loads,
-// that the module and torch agree on the ABI and the device (the rig's smoke
-// test runs matmul_sum on a TPU tensor).
+// The seeds' smoke functions: ATen calls in C++ on tensors that cross from and to Python without a
+// copy. On a new host they show, before any model loads, that the module and torch agree on the ABI
+// and the device (the rig's smoke test runs matmul_sum on a TPU tensor).
 #include <c10/util/Exception.h>
 
 #include "python/bindings.h"
 
 namespace torchtpu::python {
 
-void bind_tensor_functions(py::module_ &m) {
+void bind_tensor_functions(py::module_& m) {
   m.def(
       "matmul_sum",
       [](py::handle x_obj) {

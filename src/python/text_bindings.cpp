@@ -1,6 +1,5 @@
-// The native text layer from Python: Tokenizer (tokenizer.json BPE) and
-// ChatTemplate (MiniJinja). Both are immutable after loading and safe from any
-// thread; the C++ work runs without the GIL.
+// The native text layer from Python: Tokenizer (tokenizer.json BPE) and ChatTemplate (MiniJinja).
+// Both are immutable after loading and safe from any thread; the C++ work runs without the GIL.
 #include <pybind11/stl.h>
 
 #include <filesystem>
@@ -17,14 +16,13 @@
 namespace torchtpu::python {
 namespace {
 
-// Python values (dicts, lists, str, numbers, bool, None) cross as JSON text:
-// json.dumps keeps the caller's key order, which templates printing `tojson`
-// show.
-nlohmann::ordered_json to_json(py::handle obj, const char *what) {
+// Python values (dicts, lists, str, numbers, bool, None) cross as JSON text: json.dumps keeps the
+// caller's key order, which templates printing `tojson` show.
+nlohmann::ordered_json to_json(py::handle obj, const char* what) {
   py::object text;
   try {
     text = py::module_::import("json").attr("dumps")(obj, py::arg("allow_nan") = false);
-  } catch (py::error_already_set &e) {
+  } catch (py::error_already_set& e) {
     if (!e.matches(PyExc_TypeError) && !e.matches(PyExc_ValueError)) throw;
     throw ValueError(std::string(what) +
                      " must be JSON data (dicts, lists, str, numbers, bool, "
@@ -34,7 +32,7 @@ nlohmann::ordered_json to_json(py::handle obj, const char *what) {
   return nlohmann::ordered_json::parse(text.cast<std::string>());
 }
 
-std::string read_text_file(const std::string &path) {
+std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw NotFoundError("cannot read chat template file '" + path + "'");
   std::ostringstream text;
@@ -42,15 +40,15 @@ std::string read_text_file(const std::string &path) {
   return text.str();
 }
 
-// A checkpoint or tokenizer dir (chat_template.jinja or tokenizer_config.json
-// inside), or the path of one .jinja file (bos/eos then the Gemma defaults).
-ChatTemplate load_template(const std::string &path) {
+// A checkpoint or tokenizer dir (chat_template.jinja or tokenizer_config.json inside), or the path
+// of one .jinja file (bos/eos then the Gemma defaults).
+ChatTemplate load_template(const std::string& path) {
   if (std::filesystem::is_directory(path)) return ChatTemplate::from_dir(path);
   return ChatTemplate::from_string(read_text_file(path));
 }
 
-std::string render(const ChatTemplate &tmpl, py::handle messages, py::handle tools,
-                   bool add_generation_prompt, bool enable_thinking, const py::kwargs &extra) {
+std::string render(const ChatTemplate& tmpl, py::handle messages, py::handle tools,
+                   bool add_generation_prompt, bool enable_thinking, const py::kwargs& extra) {
   const auto messages_json = to_json(messages, "messages");
   const auto tools_json = tools.is_none() ? nlohmann::ordered_json() : to_json(tools, "tools");
   auto kwargs = to_json(extra, "template variables");
@@ -61,16 +59,16 @@ std::string render(const ChatTemplate &tmpl, py::handle messages, py::handle too
 
 }  // namespace
 
-void bind_text(py::module_ &m) {
+void bind_text(py::module_& m) {
   py::class_<Tokenizer>(m, "Tokenizer", "A Hugging Face tokenizer.json, encoded natively (BPE).")
-      .def(py::init([](const std::string &path) {
+      .def(py::init([](const std::string& path) {
              py::gil_scoped_release released;
              return Tokenizer::from_file(path);
            }),
            py::arg("path"))
       .def(
           "encode",
-          [](const Tokenizer &self, const std::string &text, bool add_special_tokens) {
+          [](const Tokenizer& self, const std::string& text, bool add_special_tokens) {
             std::vector<int64_t> ids;
             {
               py::gil_scoped_release released;
@@ -81,7 +79,7 @@ void bind_text(py::module_ &m) {
           py::arg("text"), py::arg("add_special_tokens") = false)
       .def(
           "decode",
-          [](const Tokenizer &self, py::handle ids, bool skip_special_tokens) {
+          [](const Tokenizer& self, py::handle ids, bool skip_special_tokens) {
             const auto tokens = to_ids(ids, "ids");
             py::gil_scoped_release released;
             return self.decode(tokens, skip_special_tokens);
@@ -95,7 +93,7 @@ void bind_text(py::module_ &m) {
   py::class_<ChatTemplate>(m, "ChatTemplate",
                            "A checkpoint's chat template, rendered as transformers' "
                            "apply_chat_template(tokenize=False) renders it.")
-      .def(py::init([](const std::string &path) {
+      .def(py::init([](const std::string& path) {
              py::gil_scoped_release released;
              return load_template(path);
            }),
@@ -109,9 +107,9 @@ void bind_text(py::module_ &m) {
   m.def(
       "render_chat",
       [](py::handle messages, py::handle tools, bool enable_thinking, py::handle tmpl,
-         bool add_generation_prompt, const py::kwargs &extra) {
+         bool add_generation_prompt, const py::kwargs& extra) {
         if (py::isinstance<ChatTemplate>(tmpl)) {
-          return render(tmpl.cast<const ChatTemplate &>(), messages, tools, add_generation_prompt,
+          return render(tmpl.cast<const ChatTemplate&>(), messages, tools, add_generation_prompt,
                         enable_thinking, extra);
         }
         if (!py::isinstance<py::str>(tmpl) &&
