@@ -36,6 +36,11 @@ if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/n
   (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
   touch tests/js/node_modules
 fi
+# llama.cpp as the peer (prebuilt inside npm's node-llama-cpp), for the agreement test and benchmarks.
+if [ ! -d bench/node_modules ] || [ bench/package-lock.json -nt bench/node_modules ]; then
+  (cd bench && npm ci --no-audit --no-fund --loglevel=error)
+  touch bench/node_modules
+fi
 if [ ! -f .cache/gemma4-test-tokenizer/tokenizer.json ] ||
    [ scripts/make_test_tokenizer.py -nt .cache/gemma4-test-tokenizer/tokenizer.json ]; then
   .venv/bin/python scripts/make_test_tokenizer.py >/dev/null
