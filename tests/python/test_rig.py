@@ -137,21 +137,17 @@ def test_create_requests_flex_start_queued_resource_with_the_rendered_script(clo
     # The commit the script names (HEAD may have moved on since, other work goes on in this tree).
     head = re.search(r"^RIG_REVISION=([0-9a-f]{12})$", script, re.M).group(1)
     git("merge-base", "--is-ancestor", head, "HEAD")
-    left_out = ("bench/", "docs/", "scripts/", "tests/")
+    left_out = ("bench/", "docs/", "scripts/", "tests/", "rig/")
     expected = []
     for entry in git("ls-tree", "-r", "-z", "HEAD").decode().split("\0"):
         meta, _, path = entry.partition("\t")
-        if (
-            meta.split(" ")[0] in ("100644", "100755")
-            and not path.startswith(left_out)
-            and (not path.startswith("rig/") or path == "rig/torchtpu-cpp.service")
-        ):
+        if meta.split(" ")[0] in ("100644", "100755") and not path.startswith(left_out):
             expected.append(path)
     expected.sort()
     packed = payload_of(script)
     assert sorted(packed) == expected
     assert all(packed[p] == git("show", f"{head}:{p}") for p in expected)
-    assert "rig/torchtpu-cpp.service" in packed
+    assert "pyproject.toml" in packed and "CMakeLists.txt" in packed
 
     with_defaults = bash_values(script, ["TORCH_PIP_SPEC", "PYTHON_VERSION", "SERVE_CONTEXT"])
     assert with_defaults == {
@@ -538,8 +534,6 @@ def test_serving_stage_installs_the_unit_and_waits_for_health(tmp_path, cloud, s
     script = tmp_path / "startup-script.sh"
     cloud.rig("--set", f"PORT={port}", "--set", "HEALTH_TIMEOUT=60", "render", "--out", str(script))
     root, etc, attrs = tmp_path / "root", tmp_path / "etc", tmp_path / "attrs"
-    (root / "src" / "rig").mkdir(parents=True)  # what the build stage unpacks
-    shutil.copy(REPO / "rig" / "torchtpu-cpp.service", root / "src" / "rig")
     (root / "venv" / "bin").mkdir(parents=True)
     (root / "venv" / "bin" / "python3").symlink_to(sys.executable)
     log = tmp_path / "systemd.jsonl"
