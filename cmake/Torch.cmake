@@ -6,7 +6,7 @@ execute_process(
     "import torch; print(torch.utils.cmake_prefix_path); print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)"
   OUTPUT_VARIABLE _torch_info OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _torch_rc)
 if(NOT _torch_rc EQUAL 0)
-  message(FATAL_ERROR "torch is not importable from ${Python3_EXECUTABLE}; run scripts/setup.sh first")
+  message(FATAL_ERROR "torch is not importable from ${Python3_EXECUTABLE}; run scripts/setup.sh first (pip install: use --no-build-isolation, so the build sees the installed torch)")
 endif()
 string(REPLACE "\n" ";" _torch_info "${_torch_info}")
 list(GET _torch_info 0 TORCH_CMAKE_PREFIX)

@@ -38,7 +38,8 @@ if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/n
 fi
 # llama.cpp as the peer (prebuilt inside npm's node-llama-cpp), for the agreement test and benchmarks.
 if [ ! -d bench/node_modules ] || [ bench/package-lock.json -nt bench/node_modules ]; then
-  (cd bench && npm ci --no-audit --no-fund --loglevel=error)
+  # npm ci refuses node-llama-cpp's lock (its per-platform optional packages); install keeps it.
+  (cd bench && npm install --no-audit --no-fund --loglevel=error)
   touch bench/node_modules
 fi
 if [ ! -f .cache/gemma4-test-tokenizer/tokenizer.json ] ||
@@ -48,3 +49,8 @@ fi
 
 cmake -S . -B build -G Ninja -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
 cmake --build build -j "$(nproc)"
+
+# The module built above (build/python/torchtpu_cpp) is importable from the project's venv. For an
+# installed copy instead: .venv/bin/pip install --no-build-isolation --no-deps .
+site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "$root/build/python" > "$site/torchtpu_cpp_build_tree.pth"
