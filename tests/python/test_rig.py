@@ -6,6 +6,7 @@ the module on "boot"."""
 
 import asyncio
 import base64
+import fcntl
 import http.server
 import io
 import json
@@ -684,8 +685,16 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
     script = tmp_path / "startup-script.sh"
     print(cloud.rig("--env", env_file, "render", "--out", str(script)).stdout)
     # A fixed root, emptied first: the venv is fresh, and the paths the compiler sees are the same
-    # from run to run, so the build's ccache (see CMakeLists.txt) can answer a rerun.
-    root, attrs = Path(tempfile.gettempdir()) / "torchtpu-rig-boot", tmp_path / "attrs"
+    # from run to run, so the build's ccache (see CMakeLists.txt) can answer a rerun. A second
+    # boot test running meanwhile gets a root of its own (slower, never clobbered).
+    attrs = tmp_path / "attrs"
+    lock = open(Path(tempfile.gettempdir()) / "torchtpu-rig-boot.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        root = Path(tempfile.gettempdir()) / "torchtpu-rig-boot"
+    except BlockingIOError:
+        root = tmp_path / "root"
+        print(f"another boot test holds {lock.name}: building in {root}")
     shutil.rmtree(root, ignore_errors=True)
     # The weights stage downloads with huggingface_hub for real, from the fake Hub on loopback.
     hub = HubFixture()
@@ -757,5 +766,6 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
     finally:
         hub.close()
         if (root / "logs").is_dir():
-            shutil.copytree(root / "logs", tmp_path / "logs")  # the venv is gigabytes; logs stay
-        shutil.rmtree(root, ignore_errors=True)
+            shutil.copytree(root / "logs", tmp_path / "logs", dirs_exist_ok=True)
+        shutil.rmtree(root, ignore_errors=True)  # the venv is gigabytes; the logs stay
+        lock.close()
