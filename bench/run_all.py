@@ -56,7 +56,10 @@ def run_json(name, cmd, timeout):
     if proc.returncode != 0:
         log(name, "failed:", proc.stderr[-1500:])
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"}
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"no JSON on the last line of stdout: {proc.stdout[-300:]!r}"}
     out["wall_s"] = wall
     out["load_average"] = [load_before, os.getloadavg()[0]]
     log(name, f"done in {wall:.0f} s")
@@ -306,9 +309,12 @@ def main(argv=None) -> int:
         "hf-compile": [*hf, "--mode", "compile"],
     }
     results = {}
+    args.out.mkdir(parents=True, exist_ok=True)
     for name, cmd in commands.items():
         if name not in skip:
             results[name] = run_json(name, cmd, args.timeout)
+            # Kept as it comes: a later failure or interruption loses nothing measured.
+            (args.out / "partial.json").write_text(json.dumps(results, indent=1))
     info["load_average_end"] = os.getloadavg()
 
     report = {
