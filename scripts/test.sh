@@ -6,4 +6,4 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"
 cd "$root"
-exec ctest --test-dir build --output-on-failure --timeout 1800 -j 2 "$@"
+exec ctest --test-dir build --output-on-failure --timeout 2400 -j 2 "$@"

@@ -7,4 +7,4 @@ add_test(NAME rig
 add_test(NAME rig_boot
          COMMAND ${Python3_EXECUTABLE} -m pytest -q -s -p no:cacheprovider -m slow
                  ${CMAKE_CURRENT_SOURCE_DIR}/python/test_rig.py)
-set_tests_properties(rig_boot PROPERTIES LABELS slow TIMEOUT 1500)
+set_tests_properties(rig_boot PROPERTIES LABELS slow TIMEOUT 2400)

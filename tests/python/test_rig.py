@@ -725,7 +725,7 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
             start_new_session=True,
         )
         try:
-            out, err = boot.communicate(timeout=1440)
+            out, err = boot.communicate(timeout=2340)
         except subprocess.TimeoutExpired:
             os.killpg(boot.pid, signal.SIGKILL)
             out, err = boot.communicate()
