@@ -182,8 +182,8 @@ def markdown(results, info, bandwidth, limits, lengths):
         "",
         "| engine | weights | load s | first call s | read tok/s 512 | read tok/s 4096 |"
         " decode tok/s streamed | decode tok/s batched (8) | peak RSS GiB |"
-        " machine limit tok/s | decode ÷ limit |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        " machine limit tok/s | decode ÷ limit | load average (start → end) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, (label, weights, limit_key) in ROWS.items():
         r = results.get(name)
@@ -193,13 +193,14 @@ def markdown(results, info, bandwidth, limits, lengths):
         streamed = pick(r, "decode", read_every=1)
         batched = pick(r, "decode", read_every=8)
         if "error" in r:
-            lines.append(f"| {label} | {weights} | failed: {r['error'][:80]} ||||||||")
+            lines.append(f"| {label} | {weights} | failed: {r['error'][:80]} |||||||||")
             continue
         lines.append(
             f"| {label} | {weights} | {fmt(r['load_s'])} | {fmt(r['first_call_s'])} |"
             f" {fmt(pick(r, 'read', 512))} | {fmt(pick(r, 'read', 4096))} | {fmt(streamed, 2)} |"
             f" {fmt(batched, 2)} | {fmt(r['peak_rss_bytes'] / GIB, 2)} | {fmt(limit, 1)} |"
             f" {fmt(streamed / limit if streamed else None, 2)} |"
+            f" {r['load_average'][0]:.1f} → {r['load_average'][1]:.1f} |"
         )
     base = results.get("ours-bf16", {})
     if "error" not in base:
@@ -270,7 +271,20 @@ def main(argv=None) -> int:
     parser.add_argument("--new", type=int, default=64)
     parser.add_argument("--skip", default="", help="comma list of: " + ",".join(ROWS) + ",long")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per engine")
+    parser.add_argument(
+        "--render", type=pathlib.Path, help="only print the tables of a results JSON"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        report = json.loads(args.render.read_text())
+        info = report["machine"]
+        lengths = [int(x) for x in args.prompt_tokens.split(",")]
+        print(
+            markdown(
+                report["results"], info, report["bandwidth"], report["machine_limit_tok_s"], lengths
+            )
+        )
+        return 0
     skip = set(filter(None, args.skip.split(",")))
     cli = str(args.cli.resolve())
 
