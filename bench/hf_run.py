@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import resource
 import statistics
 import sys
 import time
@@ -53,6 +52,14 @@ def load(model_dir: pathlib.Path):
             key_mapping={r"^model\.language_model\.": "model."},
         )
     return Gemma4ForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+
+
+def peak_resident_bytes():
+    """VmHWM of this process. Not getrusage's ru_maxrss: that survives fork + exec, so a child of a
+    big parent would report the parent's peak."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
 
 
 def rates(values):
@@ -145,7 +152,7 @@ def main(argv=None) -> int:
     result["tokens"] = tokens
     result["new"] = args.new
     result["repeats"] = args.repeats
-    result["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result["peak_rss_bytes"] = peak_resident_bytes()
     print(json.dumps(result))
     return 0
 

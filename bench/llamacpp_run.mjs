@@ -59,6 +59,13 @@ function packageVersion(name) {
   return JSON.parse(readFileSync(join(dir, "package.json"), "utf8")).version;
 }
 
+// VmHWM of this process. Not getrusage's maxRSS: that survives fork + exec, so a child of a big
+// parent would report the parent's peak.
+function peakResidentBytes() {
+  const line = readFileSync("/proc/self/status", "utf8").split("\n").find((l) => l.startsWith("VmHWM:"));
+  return Number(line.split(/\s+/)[1]) * 1024;
+}
+
 const median = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
   const n = s.length;
@@ -181,7 +188,7 @@ if (args.ids) {
   out.new = count;
   out.decode_prompt_tokens = lengths[0];
 }
-out.peak_rss_bytes = process.resourceUsage().maxRSS * 1024;
+out.peak_rss_bytes = peakResidentBytes();
 console.log(JSON.stringify(out));
 await context.dispose();
 await model.dispose();

@@ -106,7 +106,17 @@ def bytes_per_token(gguf_path: pathlib.Path):
     the model has no `output` tensor (tied)."""
     from gguf import GGUFReader
 
-    tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(gguf_path)).tensors}
+    # In a child process: the reader maps the file and would leave its pages in this process's
+    # resident set (and, through fork, in every engine's ru_maxrss).
+    code = (
+        "import json, sys; from gguf import GGUFReader;"
+        "print(json.dumps({t.name: int(t.n_bytes) for t in GGUFReader(sys.argv[1]).tensors}))"
+    )
+    tensors = json.loads(
+        subprocess.run(
+            [PY, "-c", code, str(gguf_path)], check=True, capture_output=True, text=True
+        ).stdout
+    )
     total = sum(
         n
         for name, n in tensors.items()
@@ -252,6 +262,7 @@ def markdown(results, info, bandwidth, limits, lengths):
 ROWS = {
     "ours-bf16": ("torchtpu-cpp", "bf16", "bf16"),
     "ours-w4a16": ("torchtpu-cpp", "W4A16 + int4 tables (bf16 compute)", "bf16"),
+    "ours-bf16-emb4": ("torchtpu-cpp", "bf16 linears + int4 tables", "bf16"),
     "llamacpp-bf16": ("llama.cpp", "BF16", "bf16"),
     "llamacpp-q4_0": ("llama.cpp", "Q4_0 (same int4 values)", "q4_0"),
     "hf-eager": ("transformers eager", "bf16", "bf16"),
@@ -318,6 +329,7 @@ def main(argv=None) -> int:
         "llamacpp-bf16": [*llama, "--model", ggufs["bf16"]],
         "llamacpp-q4_0": [*llama, "--model", ggufs["q4_0"]],
         "ours-w4a16": [*ours, "--model", w4, "--emb4", emb4],
+        "ours-bf16-emb4": [*ours, "--model", dense, "--emb4", emb4],
         "hf-eager": [*hf, "--mode", "eager"],
         "long": [PY, BENCH / "long_prompt.py", "--cli", cli, "--model", dense, "--context", 33024],
         "hf-compile": [*hf, "--mode", "compile"],
