@@ -114,6 +114,16 @@ int64_t TensorView::numel() const {
   return n;
 }
 
+void release_pages(const TensorView& view) {
+  if (view.nbytes == 0) return;
+  // Views only ever point into MappedFile's read-only MAP_SHARED mappings, where MADV_DONTNEED
+  // discards nothing but page-table entries (on anonymous memory it would zero the data).
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(view.data) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(view.data) + view.nbytes;
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw NotFoundError("cannot open " + path + ": " + std::strerror(errno));

@@ -30,6 +30,12 @@ struct TensorView {
   int64_t numel() const;
 };
 
+// Drops the view's pages from this process's resident set once its bytes have been copied
+// elsewhere (dequantized, converted, moved to a device). The mapping stays valid: a later read
+// faults the pages back in from the page cache or the file. Pages shared with a neighbouring
+// tensor go too and come back the same way.
+void release_pages(const TensorView& view);
+
 // A read-only mapping of one file (RAII). Pages are shared with the page cache.
 class MappedFile {
  public:

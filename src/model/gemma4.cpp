@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/memory.h"
 #include "io/aten_view.h"
 
 namespace torchtpu {
@@ -71,6 +72,14 @@ at::Tensor inverse_frequencies(const RopeParams& rope_params, int64_t head_dim) 
   return inv / rope_params.factor;
 }
 
+// The view on `device` in `dtype`. Where that copies (a conversion, another device, an unaligned
+// offset), the view's pages leave the resident set: host memory holds each weight once.
+at::Tensor load_dense(const TensorView& view, const at::Device& device, at::ScalarType dtype) {
+  auto t = host_tensor(view).to(device, dtype);
+  if (t.data_ptr() != static_cast<const void*>(view.data)) release_pages(view);
+  return t;
+}
+
 }  // namespace
 
 VocabTable VocabTable::dense(at::Tensor weight) {
@@ -120,11 +129,13 @@ at::Tensor Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& modu
                         std::to_string(packed.out) + ", " + std::to_string(packed.in) +
                         "] but config.json implies " + shape_str(shape));
     }
-    return dequantize(packed, o.dtype).to(o.device);
+    auto weight = dequantize(packed, o.dtype).to(o.device);
+    release_packed(ckpt, module);
+    return weight;
   }
   const auto& view = ckpt.get(module + ".weight");
   expect_shape(view, shape);
-  return host_tensor(view).to(o.device, o.dtype);
+  return load_dense(view, o.device, o.dtype);
 }
 
 void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
@@ -187,6 +198,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
     const auto& scalar = ckpt.get(lp + "layer_scalar");
     expect_shape(scalar, {1});
     w.layer_scalar = host_tensor(scalar).to(o.device, o.dtype);
+    release_free_heap();
   }
   storage_.push_back({"linears",
                       std::string(dtype_label(o.dtype)) +
@@ -213,7 +225,10 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
                             "] but config.json implies [" + std::to_string(rows) + ", " +
                             std::to_string(width) + "]");
         }
-        packed = packed.to(o.device);
+        if (!o.device.is_cpu()) {
+          packed = packed.to(o.device);
+          release_packed(*source, module);
+        }
         storage_.push_back({family, "int4(g" + std::to_string(packed.group_size) + ", " +
                                         dtype_label(packed.scale.scalar_type()) + " scales)",
                             where_label(o.device, o.device.is_cpu()), packed.nbytes()});
@@ -221,7 +236,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
       }
       if (const auto* view = source->find(module + ".weight")) {
         expect_shape(*view, {rows, width});
-        auto t = host_tensor(*view).to(o.device, o.dtype);
+        auto t = load_dense(*view, o.device, o.dtype);
         storage_.push_back({family, dtype_label(o.dtype),
                             where_label(o.device, o.device.is_cpu() &&
                                                       scalar_type(view->dtype) == o.dtype),
@@ -242,11 +257,20 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
   }
   // An untied lm_head (the emb4 twin writes one) is used when present; otherwise the head is tied
   // to embed_tokens. An int4 head is expanded once: every decode step reads all of it.
+  // Expanding reads every packed page once; those pages then leave the resident set (a tied
+  // int4 embed_tokens faults back only the rows its lookups touch).
+  auto expand = [&](const VocabTable& packed, const std::string& name) {
+    auto dense = VocabTable::dense(packed.matrix());
+    for (const Checkpoint* source : {emb4, &ckpt}) {
+      if (source) release_packed(*source, (name == "lm_head" ? "" : source->prefix()) + name);
+    }
+    return dense;
+  };
   auto head = table("lm_head", c.vocab_size, H, "lm_head");
   if (head) {
-    lm_head_ = head->is_int4() ? VocabTable::dense(head->matrix()) : std::move(*head);
+    lm_head_ = head->is_int4() ? expand(*head, "lm_head") : std::move(*head);
   } else if (c.tie_word_embeddings) {
-    lm_head_ = embed_tokens_.is_int4() ? VocabTable::dense(embed_tokens_.matrix()) : embed_tokens_;
+    lm_head_ = embed_tokens_.is_int4() ? expand(embed_tokens_, "embed_tokens") : embed_tokens_;
   } else {
     throw FormatError("checkpoint " + ckpt.dir() +
                       " has no lm_head.weight and config.json sets tie_word_embeddings false");
@@ -254,6 +278,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
 
   inv_freq_sliding_ = inverse_frequencies(c.rope_sliding, c.head_dim).to(o.device);
   inv_freq_full_ = inverse_frequencies(c.rope_full, c.global_head_dim).to(o.device);
+  release_free_heap();
 }
 
 at::Tensor Gemma4::per_layer_inputs(const at::Tensor& ids, const at::Tensor& embeds) const {

@@ -186,6 +186,13 @@ bool has_packed(const Checkpoint& ckpt, const std::string& module) {
   return ckpt.find(module + ".weight_packed") != nullptr;
 }
 
+void release_packed(const Checkpoint& ckpt, const std::string& module) {
+  for (const char* part : {".weight_packed", ".weight_scale", ".weight_shape", ".weight_zero_point",
+                           ".weight_g_idx"}) {
+    if (const TensorView* view = ckpt.find(module + part)) release_pages(*view);
+  }
+}
+
 PackedInt4 read_packed(const Checkpoint& ckpt, const std::string& module,
                        const QuantizationConfig* quant) {
   const TensorView& packed = ckpt.get(module + ".weight_packed");

@@ -63,6 +63,10 @@ QuantMismatch quantized_modules_mismatch(const Checkpoint& ckpt, const Quantizat
 // True when `module` + ".weight_packed" exists in the checkpoint.
 bool has_packed(const Checkpoint& ckpt, const std::string& module);
 
+// Drops the pages of `module`'s packed tensors from the resident set (release_pages), for once
+// they have been dequantized or copied to a device: the result no longer aliases them.
+void release_packed(const Checkpoint& ckpt, const std::string& module);
+
 // Reads `module`.weight_packed / weight_scale / weight_shape / [weight_zero_point] / [weight_g_idx]
 // and validates them against each other and against `quant` (FormatError naming the tensor on a
 // packed width that does not match weight_shape, a scale shape that does not fit the group size,

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/memory.h"
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "io/safetensors.h"
@@ -257,6 +258,36 @@ TEST(Safetensors, WriteThenReadRoundTrip) {
   in.read(reinterpret_cast<char*>(&n), 8);
   EXPECT_EQ(n % 8, 0u);
   EXPECT_EQ(in.get(), '{');
+}
+
+// The loader drops a weight's mapped pages once it has copied them (dequantized, converted,
+// moved to a device); the view must still read the same bytes afterwards, its neighbours too.
+TEST(Safetensors, ReleasedPagesLeaveTheResidentSetAndReadBackUnchanged) {
+  TempDir dir;
+  const size_t big = size_t{48} << 20;
+  std::vector<uint8_t> big_bytes(big);
+  for (size_t i = 0; i < big; ++i) big_bytes[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  write_safetensors(dir / "r.safetensors", {{"before", Dtype::kU8, {5}, iota_bytes(5, 7)},
+                                            {"big", Dtype::kU8, {static_cast<int64_t>(big)}, big_bytes},
+                                            {"after", Dtype::kU8, {3}, iota_bytes(3, 90)}});
+  SafetensorsFile file(dir / "r.safetensors");
+  const TensorView& view = file.tensors().at("big");
+  auto checksum = [&] {
+    uint64_t sum = 0;
+    for (size_t i = 0; i < view.nbytes; ++i) sum = sum * 31 + view.data[i];
+    return sum;
+  };
+  const uint64_t expected = checksum();  // touches every page
+  const int64_t touched = resident_bytes();
+  release_pages(view);
+  const int64_t released = resident_bytes();
+  EXPECT_GE(touched - released, static_cast<int64_t>(big) * 3 / 4)
+      << "VmRSS " << touched << " -> " << released;
+  EXPECT_EQ(checksum(), expected);
+  const TensorView& before = file.tensors().at("before");
+  const TensorView& after = file.tensors().at("after");
+  EXPECT_EQ(std::vector<uint8_t>(before.data, before.data + before.nbytes), iota_bytes(5, 7));
+  EXPECT_EQ(std::vector<uint8_t>(after.data, after.data + after.nbytes), iota_bytes(3, 90));
 }
 
 TEST(Safetensors, WriteRejectsBytesThatDoNotMatchTheShape) {
