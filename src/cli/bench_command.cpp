@@ -21,8 +21,7 @@ namespace {
 
 using nlohmann::json;
 
-std::vector<int64_t> parse_counts(const std::string &option,
-                                  const std::string &text) {
+std::vector<int64_t> parse_counts(const std::string &option, const std::string &text) {
   std::vector<int64_t> counts;
   std::stringstream s(text);
   std::string item;
@@ -31,17 +30,14 @@ std::vector<int64_t> parse_counts(const std::string &option,
     try {
       size_t used = 0;
       value = std::stoll(item, &used);
-      if (used != item.size())
-        throw std::invalid_argument(item);
+      if (used != item.size()) throw std::invalid_argument(item);
     } catch (const std::exception &) {
       throw ValueError(option + ": '" + item + "' is not an integer");
     }
-    if (value < 1)
-      throw ValueError(option + ": " + item + " must be at least 1");
+    if (value < 1) throw ValueError(option + ": " + item + " must be at least 1");
     counts.push_back(value);
   }
-  if (counts.empty())
-    throw ValueError(option + " is empty");
+  if (counts.empty()) throw ValueError(option + " is empty");
   return counts;
 }
 
@@ -58,10 +54,9 @@ json rates(const std::vector<double> &tok_s) {
           {"max_tok_s", *std::max_element(tok_s.begin(), tok_s.end())}};
 }
 
-} // namespace
+}  // namespace
 
-std::vector<int64_t> bench_prompt(uint64_t seed, int64_t length,
-                                  int64_t vocab) {
+std::vector<int64_t> bench_prompt(uint64_t seed, int64_t length, int64_t vocab) {
   uint64_t state = (seed << 32) + static_cast<uint64_t>(length);
   std::vector<int64_t> ids(length);
   for (auto &id : ids) {
@@ -76,21 +71,19 @@ std::vector<int64_t> bench_prompt(uint64_t seed, int64_t length,
 
 void add_bench_command(CLI::App &app) {
   struct Args {
-    std::string model, emb4, device = "cpu", dtype = "bfloat16",
-                             prompt_tokens = "19,512,4096", read_every = "1,8";
+    std::string model, emb4, device = "cpu", dtype = "bfloat16", prompt_tokens = "19,512,4096",
+                             read_every = "1,8";
     int64_t context = 8192, chunk = 512, new_tokens = 64, repeats = 3;
     uint64_t seed = 0;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
   auto *cmd = app.add_subcommand(
-      "bench",
-      "Measure load, first call, prompt reading and decoding (EOS ignored)");
+      "bench", "Measure load, first call, prompt reading and decoding (EOS ignored)");
   cmd->add_option("--model", a->model, "Checkpoint directory")->required();
   cmd->add_option("--emb4", a->emb4, "Directory with int4 vocabulary tables");
   cmd->add_option("--device", a->device, "cpu | cuda[:N]");
-  cmd->add_option("--dtype", a->dtype,
-                  "Compute dtype: bfloat16 | float32 | float16");
+  cmd->add_option("--dtype", a->dtype, "Compute dtype: bfloat16 | float32 | float16");
   cmd->add_option("--context", a->context, "Context length (full-ring slots)");
   cmd->add_option("--chunk", a->chunk, "Prompt tokens read per forward pass");
   cmd->add_option("--prompt-tokens", a->prompt_tokens,
@@ -99,26 +92,20 @@ void add_bench_command(CLI::App &app) {
   cmd->add_option("--new", a->new_tokens, "Tokens decoded per decode run");
   cmd->add_option("--read-every", a->read_every,
                   "Host-read intervals to time decoding with (1 streams)");
-  cmd->add_option("--repeats", a->repeats,
-                  "Timed runs per measurement (medians reported)");
+  cmd->add_option("--repeats", a->repeats, "Timed runs per measurement (medians reported)");
   cmd->add_option("--seed", a->seed, "Seed of the random prompt ids");
-  cmd->add_flag("--json", a->json,
-                "Print one JSON object (otherwise a short summary)");
+  cmd->add_flag("--json", a->json, "Print one JSON object (otherwise a short summary)");
   cmd->callback([a] {
     const auto lengths = parse_counts("--prompt-tokens", a->prompt_tokens);
     const auto read_everies = parse_counts("--read-every", a->read_every);
-    if (a->new_tokens < 2)
-      throw ValueError("--new must be at least 2 to time decoding");
-    if (a->repeats < 1)
-      throw ValueError("--repeats must be at least 1");
+    if (a->new_tokens < 2) throw ValueError("--new must be at least 2 to time decoding");
+    if (a->repeats < 1) throw ValueError("--repeats must be at least 1");
     const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
     const int64_t decode_prompt = lengths.front();
-    if (longest > a->context ||
-        decode_prompt + a->new_tokens - 1 > a->context) {
-      throw ValueError("--context " + std::to_string(a->context) +
-                       " holds neither the " + std::to_string(longest) +
-                       "-token prompt nor " + std::to_string(decode_prompt) +
-                       " + " + std::to_string(a->new_tokens) +
+    if (longest > a->context || decode_prompt + a->new_tokens - 1 > a->context) {
+      throw ValueError("--context " + std::to_string(a->context) + " holds neither the " +
+                       std::to_string(longest) + "-token prompt nor " +
+                       std::to_string(decode_prompt) + " + " + std::to_string(a->new_tokens) +
                        " decoded tokens; raise --context");
     }
 
@@ -145,8 +132,7 @@ void add_bench_command(CLI::App &app) {
     const auto start = std::chrono::steady_clock::now();
     auto first = engine.decode(short_prompt, decode);
     const double first_call_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
     json prompt_read = json::array();
     for (const int64_t length : lengths) {
@@ -161,8 +147,8 @@ void add_bench_command(CLI::App &app) {
       json entry = rates(tok_s);
       entry["prompt_tokens"] = length;
       entry["read_s"] = read_s;
-      entry["first_ids"] = std::vector<int64_t>(
-          prompt.begin(), prompt.begin() + std::min<int64_t>(4, length));
+      entry["first_ids"] =
+          std::vector<int64_t>(prompt.begin(), prompt.begin() + std::min<int64_t>(4, length));
       prompt_read.push_back(entry);
     }
 
@@ -197,9 +183,8 @@ void add_bench_command(CLI::App &app) {
     out["decode_prompt_tokens"] = decode_prompt;
     out["load_s"] = engine.load_seconds();
     out["first_call_s"] = first_call_s;
-    out["first_call"] = {{"read_s", first.read_s},
-                         {"decode_s", first.decode_s},
-                         {"read_every", decode.read_every}};
+    out["first_call"] = {
+        {"read_s", first.read_s}, {"decode_s", first.decode_s}, {"read_every", decode.read_every}};
     out["prompt_read"] = prompt_read;
     out["decode"] = decoding;
     out["tokens"] = tokens;
@@ -209,18 +194,16 @@ void add_bench_command(CLI::App &app) {
       std::cout << out.dump() << "\n";
       return;
     }
-    std::cout << "load " << out["load_s"] << " s, first call " << first_call_s
-              << " s\n";
+    std::cout << "load " << out["load_s"] << " s, first call " << first_call_s << " s\n";
     for (const auto &p : prompt_read) {
-      std::cout << "read " << p["prompt_tokens"]
-                << " tokens: " << p["median_tok_s"] << " tok/s\n";
+      std::cout << "read " << p["prompt_tokens"] << " tokens: " << p["median_tok_s"] << " tok/s\n";
     }
     for (const auto &d : decoding) {
-      std::cout << "decode, read every " << d["read_every"] << ": "
-                << d["median_tok_s"] << " tok/s\n";
+      std::cout << "decode, read every " << d["read_every"] << ": " << d["median_tok_s"]
+                << " tok/s\n";
     }
     std::cout << "peak RSS " << out["peak_rss_bytes"] << " bytes\n";
   });
 }
 
-} // namespace torchtpu::cli
+}  // namespace torchtpu::cli

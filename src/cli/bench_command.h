@@ -5,7 +5,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <cstdint>
 #include <vector>
 
@@ -17,4 +16,4 @@ void add_bench_command(CLI::App &app);
 // bench/prompts.py writes the same ids for the peers.
 std::vector<int64_t> bench_prompt(uint64_t seed, int64_t length, int64_t vocab);
 
-} // namespace torchtpu::cli
+}  // namespace torchtpu::cli

@@ -1,7 +1,7 @@
 #include <iostream>
-#include <optional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -11,8 +11,8 @@
 #include "common/memory.h"
 #include "engine/engine.h"
 #include "engine/report.h"
-#include "io/checkpoint.h"
 #include "hub/hub.h"
+#include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
@@ -164,10 +164,10 @@ void add_generate_command(CLI::App& app) {
     out["prompt_tokens"] = result.prompt_tokens;
     out["read_s"] = result.read_s;
     out["decode_s"] = result.decode_s;
-    out["top5"] = {{"ids", std::vector<int64_t>(top_ids.data_ptr<int64_t>(),
-                                                top_ids.data_ptr<int64_t>() + 5)},
-                   {"logits", std::vector<float>(top_values.data_ptr<float>(),
-                                                 top_values.data_ptr<float>() + 5)}};
+    out["top5"] = {
+        {"ids", std::vector<int64_t>(top_ids.data_ptr<int64_t>(), top_ids.data_ptr<int64_t>() + 5)},
+        {"logits",
+         std::vector<float>(top_values.data_ptr<float>(), top_values.data_ptr<float>() + 5)}};
     out["rss_after_load_bytes"] = rss_after_load;
     out["peak_rss_bytes"] = peak_resident_bytes();
     if (a->json) {

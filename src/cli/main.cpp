@@ -1,8 +1,7 @@
 // The torchtpu-cpp command: one subcommand per file, each registered here.
-#include <CLI/CLI.hpp>
-
 #include <c10/util/Exception.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 
 #include "cli/bench_command.h"

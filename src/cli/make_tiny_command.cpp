@@ -15,7 +15,8 @@ void add_make_tiny_command(CLI::App& app) {
     bool no_double_wide = false;
   };
   auto args = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("make-tiny", "Write a synthetic Gemma 4 checkpoint (random weights)");
+  auto* cmd =
+      app.add_subcommand("make-tiny", "Write a synthetic Gemma 4 checkpoint (random weights)");
   cmd->add_option("out", args->out, "Output directory")->required();
   cmd->add_option("--preset", args->preset, "tiny | e2b (full E2B shapes)");
   // Every knob below overrides the preset only when given.
@@ -26,7 +27,8 @@ void add_make_tiny_command(CLI::App& app) {
                 "Also write the unused k/v/k_norm of shared layers");
   cmd->add_flag("--untied", args->spec.untied, "Write an lm_head of its own");
   cmd->add_option("--shards", args->spec.shards, "Number of safetensors files");
-  cmd->add_option("--tokenizer", args->spec.tokenizer_dir, "Directory with tokenizer files to copy");
+  cmd->add_option("--tokenizer", args->spec.tokenizer_dir,
+                  "Directory with tokenizer files to copy");
   cmd->add_option("--layer-types", args->layer_types, "e.g. sliding,sliding,full,...");
   cmd->add_option("--layers", args->layers,
                   "Layer count with the E2B pattern (4 sliding, 1 full; the last full)");
@@ -35,7 +37,8 @@ void add_make_tiny_command(CLI::App& app) {
   cmd->add_option("--kv-heads", args->spec.kv_heads, "Key/value heads");
   cmd->add_option("--head-dim", args->spec.head_dim, "Head dim of sliding layers");
   cmd->add_option("--global-head-dim", args->spec.global_head_dim, "Head dim of full layers");
-  cmd->add_option("--intermediate", args->spec.intermediate, "MLP width (doubled on shared layers)");
+  cmd->add_option("--intermediate", args->spec.intermediate,
+                  "MLP width (doubled on shared layers)");
   cmd->add_flag("--no-double-wide", args->no_double_wide, "Same MLP width on shared layers");
   cmd->add_option("--ple", args->spec.ple, "Per-layer input width (0: none)");
   cmd->add_option("--window", args->spec.window, "Sliding window");

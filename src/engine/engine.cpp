@@ -26,7 +26,8 @@ at::Device parse_device(const std::string& name) {
   try {
     return at::Device(name);
   } catch (const std::exception&) {
-    throw ValueError("unknown device '" + name + "' (expected cpu, cuda, cuda:N, or tpu after "
+    throw ValueError("unknown device '" + name +
+                     "' (expected cpu, cuda, cuda:N, or tpu after "
                      "importing torch_tpu)");
   }
 }
@@ -57,8 +58,8 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
   }
   const auto start = Clock::now();
   c10::InferenceMode inference;
-  model_ = std::make_unique<Gemma4>(
-      options.model_dir, ModelOptions{options.device, options.dtype, options.emb4_dir});
+  model_ = std::make_unique<Gemma4>(options.model_dir,
+                                    ModelOptions{options.device, options.dtype, options.emb4_dir});
   rings_ = Rings(model_->config(), options.context, /*batch=*/1, options.dtype, options.device);
   load_s_ = seconds_since(start);
 }
@@ -68,9 +69,8 @@ void Engine::check_prompt(const std::vector<int64_t>& ids) const {
   const int64_t vocab = config().vocab_size;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
-      throw ValueError("token id " + std::to_string(ids[i]) + " at position " +
-                       std::to_string(i) + " is outside the vocabulary [0, " +
-                       std::to_string(vocab) + ")");
+      throw ValueError("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                       " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
     }
   }
   if (static_cast<int64_t>(ids.size()) > options_.context) {
@@ -97,9 +97,9 @@ at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt) {
     std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
     auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
     const bool final_chunk = end == n;
-    last_logits = model_->forward(id_tensor(part, options_.device),
-                                  positions.to(options_.device), &rings_,
-                                  /*last_only=*/true, /*no_logits=*/!final_chunk);
+    last_logits =
+        model_->forward(id_tensor(part, options_.device), positions.to(options_.device), &rings_,
+                        /*last_only=*/true, /*no_logits=*/!final_chunk);
   }
   return last_logits.view({-1});
 }

@@ -6,8 +6,8 @@ nlohmann::json engine_report(const Engine& engine) {
   const auto layout = engine.layout();
   nlohmann::json storage = nlohmann::json::array();
   for (const auto& s : engine.storage()) {
-    storage.push_back({{"family", s.family}, {"format", s.format}, {"where", s.where},
-                       {"bytes", s.bytes}});
+    storage.push_back(
+        {{"family", s.family}, {"format", s.format}, {"where", s.where}, {"bytes", s.bytes}});
   }
   return {{"layout",
            {{"full_rings", layout.full_rings},

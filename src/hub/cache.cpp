@@ -178,7 +178,7 @@ fs::path relative_link_target(const fs::path& link, const fs::path& target) {
 }
 
 void ensure_free_space(const fs::path& dir, int64_t bytes, const std::string& what) {
-  struct statvfs st{};
+  struct statvfs st {};
   if (statvfs(dir.c_str(), &st) != 0) return;  // unknown: let the writes tell
   auto avail = static_cast<unsigned long long>(st.f_bavail) * st.f_frsize;
   if (bytes > 0 && static_cast<unsigned long long>(bytes) > avail) {

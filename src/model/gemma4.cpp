@@ -104,9 +104,7 @@ at::Tensor VocabTable::lookup(const at::Tensor& ids) const {
   return at::embedding(dense_, ids);
 }
 
-at::Tensor VocabTable::matrix() const {
-  return packed_ ? dequantize(*packed_, dtype_) : dense_;
-}
+at::Tensor VocabTable::matrix() const { return packed_ ? dequantize(*packed_, dtype_) : dense_; }
 
 int64_t VocabTable::nbytes() const {
   return packed_ ? packed_->nbytes() : dense_.numel() * dense_.element_size();
@@ -123,7 +121,8 @@ at::Tensor Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& modu
                                  const std::vector<int64_t>& shape) {
   const auto& o = options_;
   if (has_packed(ckpt, module)) {
-    auto packed = read_packed(ckpt, module, config_.quantization ? &*config_.quantization : nullptr);
+    auto packed =
+        read_packed(ckpt, module, config_.quantization ? &*config_.quantization : nullptr);
     if (packed.out != shape[0] || packed.in != shape[1]) {
       throw FormatError("tensor " + module + ".weight_shape in " + ckpt.dir() + " is [" +
                         std::to_string(packed.out) + ", " + std::to_string(packed.in) +
@@ -229,18 +228,19 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
           packed = packed.to(o.device);
           release_packed(*source, module);
         }
-        storage_.push_back({family, "int4(g" + std::to_string(packed.group_size) + ", " +
-                                        dtype_label(packed.scale.scalar_type()) + " scales)",
+        storage_.push_back({family,
+                            "int4(g" + std::to_string(packed.group_size) + ", " +
+                                dtype_label(packed.scale.scalar_type()) + " scales)",
                             where_label(o.device, o.device.is_cpu()), packed.nbytes()});
         return VocabTable::int4(std::move(packed), o.dtype);
       }
       if (const auto* view = source->find(module + ".weight")) {
         expect_shape(*view, {rows, width});
         auto t = load_dense(*view, o.device, o.dtype);
-        storage_.push_back({family, dtype_label(o.dtype),
-                            where_label(o.device, o.device.is_cpu() &&
-                                                      scalar_type(view->dtype) == o.dtype),
-                            t.numel() * t.element_size()});
+        storage_.push_back(
+            {family, dtype_label(o.dtype),
+             where_label(o.device, o.device.is_cpu() && scalar_type(view->dtype) == o.dtype),
+             t.numel() * t.element_size()});
         return VocabTable::dense(std::move(t));
       }
     }
@@ -289,12 +289,12 @@ at::Tensor Gemma4::per_layer_inputs(const at::Tensor& ids, const at::Tensor& emb
   auto token_scale = at::scalar_tensor(std::sqrt(static_cast<double>(P)), at::kFloat)
                          .to(options_.dtype)
                          .to(ids.device());
-  auto token_part = (embed_tokens_per_layer_.lookup(ids.reshape(-1)) * token_scale)
-                        .view({B, T, L, P});
+  auto token_part =
+      (embed_tokens_per_layer_.lookup(ids.reshape(-1)) * token_scale).view({B, T, L, P});
   auto context_part = at::linear(embeds, per_layer_model_projection_) *
                       std::pow(static_cast<double>(c.hidden_size), -0.5);
-  context_part = rms_norm(context_part.view({B, T, L, P}), per_layer_projection_norm_,
-                          c.rms_norm_eps);
+  context_part =
+      rms_norm(context_part.view({B, T, L, P}), per_layer_projection_norm_, c.rms_norm_eps);
   return (context_part + token_part) * std::pow(2.0, -0.5);
 }
 
@@ -416,13 +416,13 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     const auto& w = layers_[l];
     const bool sliding = c.layer_types[l] == LayerType::kSliding;
     auto attn = attention(l, rms_norm(h, w.input_layernorm, c.rms_norm_eps), pos,
-                          sliding ? cos_sliding : cos_full, sliding ? sin_sliding : sin_full,
-                          rings, kv_views);
+                          sliding ? cos_sliding : cos_full, sliding ? sin_sliding : sin_full, rings,
+                          kv_views);
     h = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
 
     auto f = rms_norm(h, w.pre_feedforward_layernorm, c.rms_norm_eps);
-    auto m = at::linear(gelu_tanh(at::linear(f, w.gate_proj)) * at::linear(f, w.up_proj),
-                        w.down_proj);
+    auto m =
+        at::linear(gelu_tanh(at::linear(f, w.gate_proj)) * at::linear(f, w.up_proj), w.down_proj);
     h = h + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
 
     if (ple.defined()) {

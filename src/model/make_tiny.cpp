@@ -44,8 +44,9 @@ Dtype file_dtype(const std::string& s) {
 TensorToWrite generate(const Recipe& r, uint64_t seed, Dtype dtype) {
   const uint64_t name_hash = std::hash<std::string>{}(r.name);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed * 0x9E3779B97F4A7C15ULL ^ name_hash);
-  const auto type = dtype == Dtype::kF32 ? at::kFloat
-                    : dtype == Dtype::kBF16 ? at::kBFloat16 : at::kHalf;
+  const auto type = dtype == Dtype::kF32    ? at::kFloat
+                    : dtype == Dtype::kBF16 ? at::kBFloat16
+                                            : at::kHalf;
   int64_t numel = 1;
   for (auto d : r.shape) numel *= d;
   TensorToWrite out{r.name, dtype, r.shape, std::vector<uint8_t>(numel * dtype_size(dtype))};
@@ -147,7 +148,9 @@ json config_json(const TinySpec& s) {
       {"rope_parameters",
        {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
         {"full_attention",
-         {{"rope_type", "proportional"}, {"rope_theta", 1000000.0}, {"partial_rotary_factor", 0.25}}}}},
+         {{"rope_type", "proportional"},
+          {"rope_theta", 1000000.0},
+          {"partial_rotary_factor", 0.25}}}}},
       {"final_logit_softcapping", s.softcap},
       {"num_kv_shared_layers", s.shared},
       {"attention_bias", false},
@@ -159,19 +162,18 @@ json config_json(const TinySpec& s) {
       {"pad_token_id", 0},
       {"bos_token_id", 2},
       {"eos_token_id", 1},
-      {"dtype", s.dtype == "f32" ? "float32" : s.dtype == "bf16" ? "bfloat16" : "float16"},
+      {"dtype", s.dtype == "f32"    ? "float32"
+                : s.dtype == "bf16" ? "bfloat16"
+                                    : "float16"},
   };
   if (s.prefix == "model.") {
     text["architectures"] = {"Gemma4ForCausalLM"};
     text["eos_token_id"] = {1, 106};
     return text;
   }
-  return {{"model_type", "gemma4"},
-          {"architectures", {"Gemma4ForConditionalGeneration"}},
-          {"text_config", text},
-          {"tie_word_embeddings", !s.untied},
-          {"eos_token_id", {1, 106}},
-          {"dtype", text["dtype"]}};
+  return {{"model_type", "gemma4"},   {"architectures", {"Gemma4ForConditionalGeneration"}},
+          {"text_config", text},      {"tie_word_embeddings", !s.untied},
+          {"eos_token_id", {1, 106}}, {"dtype", text["dtype"]}};
 }
 
 void write_text(const fs::path& path, const std::string& text) {
@@ -229,10 +231,15 @@ void make_tiny(const std::string& out, const TinySpec& spec) {
   fs::create_directories(out);
   const fs::path dir(out);
   write_text(dir / "config.json", config_json(spec).dump(2) + "\n");
-  write_text(dir / "generation_config.json",
-             json{{"bos_token_id", 2}, {"eos_token_id", {1, 106, 50}}, {"pad_token_id", 0},
-                  {"do_sample", true}, {"temperature", 1.0}, {"top_k", 64}, {"top_p", 0.95}}
-                     .dump(2) + "\n");
+  write_text(dir / "generation_config.json", json{{"bos_token_id", 2},
+                                                  {"eos_token_id", {1, 106, 50}},
+                                                  {"pad_token_id", 0},
+                                                  {"do_sample", true},
+                                                  {"temperature", 1.0},
+                                                  {"top_k", 64},
+                                                  {"top_p", 0.95}}
+                                                     .dump(2) +
+                                                 "\n");
   // Parse what we wrote through the loader's own validation: a spec the engine would refuse is
   // refused here, before gigabytes are written.
   load_config(out);
@@ -260,9 +267,9 @@ void make_tiny(const std::string& out, const TinySpec& spec) {
   }
   json weight_map = json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
-    const std::string file =
-        spec.shards == 1 ? "model.safetensors"
-                         : "weights-part" + std::to_string(s + 1) + ".safetensors";
+    const std::string file = spec.shards == 1
+                                 ? "model.safetensors"
+                                 : "weights-part" + std::to_string(s + 1) + ".safetensors";
     std::vector<TensorToWrite> tensors;
     for (size_t i : shards[s]) {
       tensors.push_back(generate(all[i], spec.seed, dtype));
@@ -271,9 +278,9 @@ void make_tiny(const std::string& out, const TinySpec& spec) {
     write_safetensors((dir / file).string(), tensors);
   }
   if (spec.shards > 1) {
-    write_text(dir / "model.safetensors.index.json",
-               json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) +
-                   "\n");
+    write_text(
+        dir / "model.safetensors.index.json",
+        json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2) + "\n");
   }
   if (!spec.tokenizer_dir.empty()) {
     for (const char* name : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"}) {

@@ -17,7 +17,8 @@ Rings::Rings(const ModelConfig& config, int64_t context, int64_t batch, at::Scal
     ring.type = config.layer_types[l];
     // A sliding ring never needs more than the window; a window wider than the context is
     // capped by the context.
-    ring.slots = ring.type == LayerType::kSliding ? std::min(config.sliding_window, context) : context;
+    ring.slots =
+        ring.type == LayerType::kSliding ? std::min(config.sliding_window, context) : context;
     const int64_t d = config.layer_head_dim(l);
     ring.k = at::zeros({batch, config.num_key_value_heads, ring.slots, d}, options);
     ring.v = at::zeros({batch, config.num_key_value_heads, ring.slots, d}, options);

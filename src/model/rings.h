@@ -41,8 +41,8 @@ class Rings {
   int64_t context() const { return layout_.context; }
 
  private:
-  std::vector<Ring> rings_;      // one per non-shared layer
-  std::vector<int64_t> owner_;   // layer -> index into rings_
+  std::vector<Ring> rings_;     // one per non-shared layer
+  std::vector<int64_t> owner_;  // layer -> index into rings_
   Layout layout_;
 };
 

@@ -31,40 +31,28 @@ constexpr const char* kFilesToCopy[] = {
 
 double dtype_eps(at::ScalarType t) {
   switch (t) {
-    case at::kBFloat16:
-      return 0.0078125;  // torch.finfo(torch.bfloat16).eps
-    case at::kHalf:
-      return 0.0009765625;  // torch.finfo(torch.float16).eps
-    default:
-      return 1.1920928955078125e-07;  // torch.finfo(torch.float32).eps
+    case at::kBFloat16: return 0.0078125;    // torch.finfo(torch.bfloat16).eps
+    case at::kHalf: return 0.0009765625;     // torch.finfo(torch.float16).eps
+    default: return 1.1920928955078125e-07;  // torch.finfo(torch.float32).eps
   }
 }
 
 std::pair<double, double> dtype_range(at::ScalarType t) {
   switch (t) {
-    case at::kBFloat16:
-      return {-3.3895313892515355e+38, 3.3895313892515355e+38};
-    case at::kHalf:
-      return {-65504.0, 65504.0};
-    default:
-      return {-3.4028234663852886e+38, 3.4028234663852886e+38};
+    case at::kBFloat16: return {-3.3895313892515355e+38, 3.3895313892515355e+38};
+    case at::kHalf: return {-65504.0, 65504.0};
+    default: return {-3.4028234663852886e+38, 3.4028234663852886e+38};
   }
 }
 
 Dtype file_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kInt:
-      return Dtype::kI32;
-    case at::kLong:
-      return Dtype::kI64;
-    case at::kBFloat16:
-      return Dtype::kBF16;
-    case at::kHalf:
-      return Dtype::kF16;
-    case at::kFloat:
-      return Dtype::kF32;
-    default:
-      throw ValueError(std::string("no safetensors dtype for ") + at::toString(t));
+    case at::kInt: return Dtype::kI32;
+    case at::kLong: return Dtype::kI64;
+    case at::kBFloat16: return Dtype::kBF16;
+    case at::kHalf: return Dtype::kF16;
+    case at::kFloat: return Dtype::kF32;
+    default: throw ValueError(std::string("no safetensors dtype for ") + at::toString(t));
   }
 }
 

@@ -191,7 +191,8 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
     if (c != "auto" && c != "none" && c != "required") {
       throw ApiError(400,
                      "'tool_choice' must be \"auto\", \"none\", \"required\" or "
-                     "{\"type\":\"function\",\"function\":{\"name\":...}}, got \"" + c + "\"",
+                     "{\"type\":\"function\",\"function\":{\"name\":...}}, got \"" +
+                         c + "\"",
                      "invalid_request_error", "tool_choice", "invalid_value");
     }
     r.tool_choice = c;

@@ -152,8 +152,8 @@ std::vector<ForcedOutput> read_forced_outputs() {
   std::vector<ForcedOutput> rules;
   try {
     for (const auto& rule : nlohmann::json::parse(file)) {
-      rules.push_back({rule.at("prompt_contains").get<std::string>(),
-                       rule.at("output").get<std::string>()});
+      rules.push_back(
+          {rule.at("prompt_contains").get<std::string>(), rule.at("output").get<std::string>()});
     }
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(std::string("TORCHTPU_TEST_FORCED_OUTPUT ") + path +
@@ -201,9 +201,9 @@ struct Job {
   // Tool calls are accepted only for this function ("" any), and not at all when false.
   bool accept_calls = true;
   std::string only_function;
-  int64_t top_logprobs = -1;  // -1: no logprobs
+  int64_t top_logprobs = -1;                   // -1: no logprobs
   std::optional<std::vector<int64_t>> forced;  // the test hook's tokens
-  int fd = -1;                // the client's connection, watched for disconnects
+  int fd = -1;                                 // the client's connection, watched for disconnects
   Clock::time_point queued_at = Clock::now();
 
   std::atomic<bool> cancelled{false};  // the client went away
@@ -588,9 +588,8 @@ void Server::wait_done(Job& job) {
 Taken Server::take(Job& job) {
   std::unique_lock lock(job.mutex);
   while (true) {
-    const bool ready = job.changed.wait_for(lock, std::chrono::milliseconds(50), [&] {
-      return job.done || !job.pending.empty();
-    });
+    const bool ready = job.changed.wait_for(lock, std::chrono::milliseconds(50),
+                                            [&] { return job.done || !job.pending.empty(); });
     if (ready) {
       Taken taken{std::move(job.pending), job.done};
       job.pending = {};
@@ -686,17 +685,17 @@ void Server::answer_whole(httplib::Response& res, Job& job, bool chat) {
         all.content.empty() && !all.tool_calls.empty() ? ojson(nullptr) : ojson(all.content);
     if (!all.reasoning.empty()) message["reasoning_content"] = all.reasoning;
     if (!all.tool_calls.empty()) message["tool_calls"] = tool_calls_json(all.tool_calls, 0);
-    body = {{"id", new_completion_id("chatcmpl-")},
-            {"object", "chat.completion"},
-            {"created", unix_seconds()},
-            {"model", model_id_},
-            {"system_fingerprint", fingerprint_},
-            {"choices",
-             {{{"index", 0},
-               {"message", message},
-               {"logprobs", job.top_logprobs >= 0 ? chat_logprobs_json(all.logprobs)
-                                                  : ojson(nullptr)},
-               {"finish_reason", job.finish}}}}};
+    body = {
+        {"id", new_completion_id("chatcmpl-")},
+        {"object", "chat.completion"},
+        {"created", unix_seconds()},
+        {"model", model_id_},
+        {"system_fingerprint", fingerprint_},
+        {"choices",
+         {{{"index", 0},
+           {"message", message},
+           {"logprobs", job.top_logprobs >= 0 ? chat_logprobs_json(all.logprobs) : ojson(nullptr)},
+           {"finish_reason", job.finish}}}}};
   } else {
     body = {{"id", new_completion_id("cmpl-")},
             {"object", "text_completion"},

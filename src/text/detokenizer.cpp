@@ -62,8 +62,7 @@ std::vector<std::string> Detokenizer::feed(Stage& stage, std::vector<std::string
         }
         return out;
       }
-      case Kind::kFuse:
-        return in;
+      case Kind::kFuse: return in;
       case Kind::kStrip:
         for (std::string& t : in) {
           size_t begin = 0;
@@ -127,10 +126,8 @@ std::vector<std::string> Detokenizer::feed(Stage& stage, std::vector<std::string
       stage.tail = text.substr(end);
       return {text.substr(begin, end - begin)};
     }
-    case Kind::kFuse:
-      return {text};
-    case Kind::kByteFallback:
-      break;
+    case Kind::kFuse: return {text};
+    case Kind::kByteFallback: break;
   }
   return {text};
 }

@@ -289,13 +289,9 @@ OutputDelta OutputParser::finish() {
   OutputDelta out;
   step(out);
   switch (mode_) {
-    case Mode::kContent:
-      out.content += pending_;
-      break;
+    case Mode::kContent: out.content += pending_; break;
     case Mode::kChannelHeader:
-    case Mode::kReasoning:
-      out.reasoning += pending_;
-      break;
+    case Mode::kReasoning: out.reasoning += pending_; break;
     case Mode::kCall:
       cut_off_call_ = true;
       raw_unparsed_ += std::string(kCallOpen) + pending_;

@@ -329,9 +329,7 @@ void split_literal(const SplitStep& step, std::string_view s, std::vector<std::s
     case B::kIsolated:
       for (auto sp : matches) splits.push_back({sp.begin, sp.end, false});
       break;
-    case B::kRemoved:
-      splits = matches;
-      break;
+    case B::kRemoved: splits = matches; break;
     case B::kContiguous:
       for (auto sp : matches) {
         if (sp.is_match == previous_match && !splits.empty()) {

@@ -267,9 +267,10 @@ TEST(Safetensors, ReleasedPagesLeaveTheResidentSetAndReadBackUnchanged) {
   const size_t big = size_t{48} << 20;
   std::vector<uint8_t> big_bytes(big);
   for (size_t i = 0; i < big; ++i) big_bytes[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
-  write_safetensors(dir / "r.safetensors", {{"before", Dtype::kU8, {5}, iota_bytes(5, 7)},
-                                            {"big", Dtype::kU8, {static_cast<int64_t>(big)}, big_bytes},
-                                            {"after", Dtype::kU8, {3}, iota_bytes(3, 90)}});
+  write_safetensors(dir / "r.safetensors",
+                    {{"before", Dtype::kU8, {5}, iota_bytes(5, 7)},
+                     {"big", Dtype::kU8, {static_cast<int64_t>(big)}, big_bytes},
+                     {"after", Dtype::kU8, {3}, iota_bytes(3, 90)}});
   SafetensorsFile file(dir / "r.safetensors");
   const TensorView& view = file.tensors().at("big");
   auto checksum = [&] {

@@ -36,23 +36,12 @@ TensorToWrite to_write(const std::string& name, const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
   Dtype d;
   switch (c.scalar_type()) {
-    case at::kInt:
-      d = Dtype::kI32;
-      break;
-    case at::kLong:
-      d = Dtype::kI64;
-      break;
-    case at::kBFloat16:
-      d = Dtype::kBF16;
-      break;
-    case at::kHalf:
-      d = Dtype::kF16;
-      break;
-    case at::kFloat:
-      d = Dtype::kF32;
-      break;
-    default:
-      throw ValueError("unexpected dtype");
+    case at::kInt: d = Dtype::kI32; break;
+    case at::kLong: d = Dtype::kI64; break;
+    case at::kBFloat16: d = Dtype::kBF16; break;
+    case at::kHalf: d = Dtype::kF16; break;
+    case at::kFloat: d = Dtype::kF32; break;
+    default: throw ValueError("unexpected dtype");
   }
   TensorToWrite w{name, d, c.sizes().vec(), {}};
   const auto* p = static_cast<const uint8_t*>(c.data_ptr());
