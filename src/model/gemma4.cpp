@@ -360,7 +360,11 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
 
   const int64_t S = k.size(2);
   // Query head h reads kv head h / group (transformers' repeat_kv order).
-  auto scores = at::matmul(q.reshape({B, kv_heads, group * T, d}), k.transpose(2, 3));
+  const auto q_rows = q.reshape({B, kv_heads, group * T, d});
+  // A decode step computes (k·qᵀ)ᵀ: with the ring as the right operand, transposed, CPU bmm
+  // copies all of K first (8 MB per full layer and step at E2B, about a fifth of the step).
+  auto scores = T == 1 ? at::matmul(k, q_rows.transpose(2, 3)).transpose(2, 3)
+                       : at::matmul(q_rows, k.transpose(2, 3));
   auto qpos = positions.unsqueeze(2);  // [B, T, 1]
   auto key_pos = kpos.unsqueeze(1);    // [B, 1, S]
   auto keep = (key_pos >= 0).logical_and(key_pos <= qpos);
