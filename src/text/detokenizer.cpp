@@ -64,21 +64,7 @@ std::vector<std::string> Detokenizer::feed(Stage& stage, std::vector<std::string
       }
       case Kind::kFuse: return in;
       case Kind::kStrip:
-        for (std::string& t : in) {
-          size_t begin = 0;
-          for (int64_t k = 0;
-               k < step.start && t.compare(begin, step.content.size(), step.content) == 0; ++k) {
-            begin += step.content.size();
-          }
-          size_t end = t.size();
-          for (int64_t k = 0;
-               k < step.stop && end >= begin + step.content.size() &&
-               t.compare(end - step.content.size(), step.content.size(), step.content) == 0;
-               ++k) {
-            end -= step.content.size();
-          }
-          t = t.substr(begin, end - begin);
-        }
+        for (std::string& t : in) strip(step, t);
         return in;
     }
   }

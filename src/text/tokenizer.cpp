@@ -1035,21 +1035,7 @@ void decode_chain(const std::vector<DecoderStep>& steps, std::vector<std::string
         break;
       }
       case DecoderStep::Kind::kStrip:
-        for (std::string& t : tokens) {
-          size_t begin = 0;
-          for (int64_t k = 0;
-               k < step.start && t.compare(begin, step.content.size(), step.content) == 0; ++k) {
-            begin += step.content.size();
-          }
-          size_t end = t.size();
-          for (int64_t k = 0;
-               k < step.stop && end >= begin + step.content.size() &&
-               t.compare(end - step.content.size(), step.content.size(), step.content) == 0;
-               ++k) {
-            end -= step.content.size();
-          }
-          t = t.substr(begin, end - begin);
-        }
+        for (std::string& t : tokens) strip(step, t);
         break;
     }
   }
@@ -1103,5 +1089,20 @@ bool Tokenizer::is_special(int64_t id) const {
 const std::vector<int64_t>& Tokenizer::prefix_special_ids() const { return model_->prefix_ids; }
 const std::vector<DecoderStep>& Tokenizer::decoder_steps() const { return model_->decoder; }
 bool Tokenizer::has_decoder() const { return model_->has_decoder; }
+
+void strip(const DecoderStep& step, std::string& token) {
+  const std::string& c = step.content;
+  size_t begin = 0;
+  for (int64_t k = 0; k < step.start && token.compare(begin, c.size(), c) == 0; ++k) {
+    begin += c.size();
+  }
+  size_t end = token.size();
+  for (int64_t k = 0;
+       k < step.stop && end >= begin + c.size() && token.compare(end - c.size(), c.size(), c) == 0;
+       ++k) {
+    end -= c.size();
+  }
+  token = token.substr(begin, end - begin);
+}
 
 }  // namespace torchtpu

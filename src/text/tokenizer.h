@@ -40,6 +40,9 @@ struct DecoderStep {
   int64_t stop = 0;     // kStrip: at most this many trailing ones
 };
 
+// Applies a kStrip step to one token string, as tokenizers' Strip decoder does.
+void strip(const DecoderStep& step, std::string& token);
+
 class Tokenizer {
  public:
   // Reads and validates tokenizer.json. FormatError (naming the file and the field) on anything
