@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/engine_flags.h"
 #include "common/errors.h"
 #include "common/memory.h"
 #include "engine/engine.h"
@@ -71,21 +72,16 @@ std::vector<int64_t> bench_prompt(uint64_t seed, int64_t length, int64_t vocab) 
 
 void add_bench_command(CLI::App &app) {
   struct Args {
-    std::string model, emb4, device = "cpu", dtype = "bfloat16", prompt_tokens = "19,512,4096",
-                             read_every = "1,8";
-    int64_t context = 8192, chunk = 512, new_tokens = 64, repeats = 3;
+    EngineFlags engine;
+    std::string prompt_tokens = "19,512,4096", read_every = "1,8";
+    int64_t new_tokens = 64, repeats = 3;
     uint64_t seed = 0;
     bool json = false;
   };
   auto a = std::make_shared<Args>();
   auto *cmd = app.add_subcommand(
       "bench", "Measure load, first call, prompt reading and decoding (EOS ignored)");
-  cmd->add_option("--model", a->model, "Checkpoint directory")->required();
-  cmd->add_option("--emb4", a->emb4, "Directory with int4 vocabulary tables");
-  cmd->add_option("--device", a->device, "cpu | cuda[:N]");
-  cmd->add_option("--dtype", a->dtype, "Compute dtype: bfloat16 | float32 | float16");
-  cmd->add_option("--context", a->context, "Context length (full-ring slots)");
-  cmd->add_option("--chunk", a->chunk, "Prompt tokens read per forward pass");
+  a->engine.add_to(*cmd);
   cmd->add_option("--prompt-tokens", a->prompt_tokens,
                   "Prompt lengths to time reading for; the first is also the "
                   "decode prompt");
@@ -102,21 +98,14 @@ void add_bench_command(CLI::App &app) {
     if (a->repeats < 1) throw ValueError("--repeats must be at least 1");
     const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
     const int64_t decode_prompt = lengths.front();
-    if (longest > a->context || decode_prompt + a->new_tokens - 1 > a->context) {
-      throw ValueError("--context " + std::to_string(a->context) + " holds neither the " +
+    if (longest > a->engine.context || decode_prompt + a->new_tokens - 1 > a->engine.context) {
+      throw ValueError("--context " + std::to_string(a->engine.context) + " holds neither the " +
                        std::to_string(longest) + "-token prompt nor " +
                        std::to_string(decode_prompt) + " + " + std::to_string(a->new_tokens) +
                        " decoded tokens; raise --context");
     }
 
-    EngineOptions options;
-    options.model_dir = a->model;
-    options.emb4_dir = a->emb4;
-    options.device = parse_device(a->device);
-    options.dtype = parse_dtype_name(a->dtype);
-    options.context = a->context;
-    options.prefill_chunk = a->chunk;
-    Engine engine(options);
+    Engine engine(a->engine.options());
     const int64_t rss_after_load = resident_bytes();
     const int64_t vocab = engine.config().vocab_size;
 
@@ -174,8 +163,8 @@ void add_bench_command(CLI::App &app) {
 
     json out;
     out["engine"] = engine_report(engine);
-    out["model"] = a->model;
-    out["emb4"] = a->emb4;
+    out["model"] = a->engine.model;
+    out["emb4"] = a->engine.emb4;
     out["threads"] = at::get_num_threads();
     out["seed"] = a->seed;
     out["repeats"] = a->repeats;

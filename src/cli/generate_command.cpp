@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/engine_flags.h"
 #include "common/errors.h"
 #include "common/memory.h"
 #include "engine/engine.h"
 #include "engine/report.h"
-#include "hub/hub.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "text/chat_template.h"
@@ -51,17 +51,16 @@ TensorToWrite f32_tensor(const std::string& name, const at::Tensor& t) {
 
 void add_generate_command(CLI::App& app) {
   struct Args {
-    std::string model, emb4, ids, prompt, system, dtype = "bfloat16", device = "cpu", dump_logits;
-    int64_t max_new = 64, context = 8192, chunk = 512, read_every = 1;
+    EngineFlags engine;
+    std::string ids, prompt, system, dump_logits;
+    int64_t max_new = 64, read_every = 1;
     bool json = false, ignore_eos = false, chat = false, think = false;
     SamplingParams sampling;
     uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("generate", "Read a prompt and decode greedily");
-  cmd->add_option("--model", a->model, "Checkpoint directory or Hub id (org/name[@rev])")
-      ->required();
-  cmd->add_option("--emb4", a->emb4, "Directory or Hub id with int4 vocabulary tables");
+  a->engine.add_to(*cmd);
   auto* ids = cmd->add_option("--ids", a->ids, "Prompt token ids, comma-separated");
   auto* prompt = cmd->add_option("--prompt", a->prompt, "Prompt text (needs tokenizer.json)");
   ids->excludes(prompt);
@@ -69,10 +68,6 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--system", a->system, "System prompt (implies --chat)");
   cmd->add_flag("--think", a->think, "Enable thinking in the chat template (implies --chat)");
   cmd->add_option("--max-new", a->max_new, "Tokens to generate");
-  cmd->add_option("--dtype", a->dtype, "Compute dtype: bfloat16 | float32 | float16");
-  cmd->add_option("--device", a->device, "cpu | cuda[:N]");
-  cmd->add_option("--context", a->context, "Context length (full-ring slots)");
-  cmd->add_option("--chunk", a->chunk, "Prompt tokens read per forward pass");
   cmd->add_option("--read-every", a->read_every, "Decode steps between host reads");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Decode exactly --max-new tokens");
   cmd->add_option("--temperature", a->sampling.temperature, "0 (default): greedy");
@@ -88,14 +83,7 @@ void add_generate_command(CLI::App& app) {
                   "Write prompt_logits [T, V] and step_logits [N, V] (f32) to a safetensors file");
   cmd->callback([a, seed] {
     if (a->ids.empty() && a->prompt.empty()) throw ValueError("give --ids or --prompt");
-    const auto hub = hub::Options::from_env();
-    EngineOptions options;
-    options.model_dir = hub::resolve_model(a->model, hub);
-    options.emb4_dir = a->emb4.empty() ? "" : hub::resolve_model(a->emb4, hub);
-    options.device = parse_device(a->device);
-    options.dtype = parse_dtype_name(a->dtype);
-    options.context = a->context;
-    options.prefill_chunk = a->chunk;
+    const EngineOptions options = a->engine.options();
     Engine engine(options);
     const int64_t rss_after_load = resident_bytes();
     std::optional<Tokenizer> tokenizer;
