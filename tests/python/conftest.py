@@ -20,6 +20,22 @@ for path in (TESTS_DIR, TESTS_DIR / "python"):
         sys.path.insert(0, str(path))
 
 
+def _module_path():
+    """torchtpu_cpp comes from PYTHONPATH (CTest sets it) or an installed wheel; otherwise from
+    the newest build tree of the repo, so that a bare `pytest tests/python` works too."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchtpu_cpp") is None:
+        trees = sorted(
+            REPO_DIR.glob("build*/python/torchtpu_cpp"), key=lambda p: -p.stat().st_mtime
+        )
+        if trees:
+            sys.path.insert(0, str(trees[0].parent))
+
+
+_module_path()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: needs minutes or gigabytes (ctest label 'slow')")
 

@@ -506,6 +506,24 @@ def check_greedy(label, got, want, want_rows, got_rows=None):
         )
 
 
+def check_run(label, out, logits, tokens, want, tol):
+    """Checks an engine run (`generate --json` output and its dumped logits) against a reference's
+    greedy `tokens` and its logits `want` [T + n, V] over prompt + tokens: tokens one for one,
+    prompt and step logits within `tol`. Returns the summary line the tests report."""
+    T = want.shape[0] - len(tokens)
+    prompt_delta = float(np.abs(logits["prompt_logits"] - want[:T]).max())
+    step_delta = float(np.abs(logits["step_logits"] - want[T - 1 : -1]).max())
+    agree = sum(a == b for a, b in zip(out["tokens"], tokens))
+    margin = greedy_margins(want[T - 1 : -1]).min()
+    check_greedy(label, out["tokens"], tokens, want[T - 1 : -1], logits["step_logits"])
+    assert prompt_delta <= tol, f"{label}: prompt logits differ by {prompt_delta:.2e}"
+    assert step_delta <= tol, f"{label}: step logits differ by {step_delta:.2e}"
+    return (
+        f"greedy {agree}/{len(tokens)}, max|dlogit| prompt {prompt_delta:.2e} steps "
+        f"{step_delta:.2e}, min margin {margin:.3f}"
+    )
+
+
 def kl(p_logits, q_logits):
     """KL(P || Q) of the softmax distributions, in float64."""
     p_logits = np.asarray(p_logits, dtype=np.float64)

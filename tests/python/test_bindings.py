@@ -17,22 +17,7 @@ import torch
 REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _import_module():
-    """torchtpu_cpp from PYTHONPATH (CTest), else from the newest build tree of the repo."""
-    try:
-        import torchtpu_cpp
-    except ImportError:
-        trees = sorted(
-            REPO_DIR.glob("build*/python/torchtpu_cpp"), key=lambda p: -p.stat().st_mtime
-        )
-        if not trees:
-            raise
-        sys.path.insert(0, str(trees[0].parent))
-        import torchtpu_cpp
-    return torchtpu_cpp
-
-
-tt = _import_module()
+import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does not
 
 import hf_tiny  # conftest puts tests/python on sys.path
 from reference import Reference

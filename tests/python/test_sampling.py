@@ -7,33 +7,14 @@ significance of 0.001 (bins with an expected count under 5 pooled); the seeds ar
 verdict is reproducible, and a draw outside the kept set fails at once.
 """
 
-import os
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _import_module():
-    """torchtpu_cpp from PYTHONPATH (CTest), else from the newest build tree of the repo."""
-    try:
-        import torchtpu_cpp
-    except ImportError:
-        trees = sorted(
-            REPO_DIR.glob("build*/python/torchtpu_cpp"), key=lambda p: -p.stat().st_mtime
-        )
-        if not trees:
-            raise
-        sys.path.insert(0, str(trees[0].parent))
-        import torchtpu_cpp
-    return torchtpu_cpp
-
-
-tt = _import_module()
+import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does not
 
 DRAWS = 2000
 SIGNIFICANCE = 1e-3
