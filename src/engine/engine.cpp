@@ -59,7 +59,8 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
   const auto start = Clock::now();
   c10::InferenceMode inference;
   model_ = std::make_unique<Gemma4>(options.model_dir,
-                                    ModelOptions{options.device, options.dtype, options.emb4_dir});
+                                    ModelOptions{options.device, options.dtype, options.emb4_dir,
+                                                 /*attend_filled_slots=*/options.device.is_cpu()});
   rings_ = Rings(model_->config(), options.context, /*batch=*/1, options.dtype, options.device);
   load_s_ = seconds_since(start);
 }

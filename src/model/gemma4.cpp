@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "common/errors.h"
 #include "common/memory.h"
@@ -326,6 +327,15 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
     kpos = positions;
     if (rings) {
       Ring& ring = rings->for_layer(l);
+      // The ring as attention reads it: all slots, or only up to the last filled one (the rest
+      // are empty, masked anyway).
+      auto readable = [&] {
+        if (!options_.attend_filled_slots) return std::make_tuple(ring.k, ring.v, ring.kpos);
+        const auto filled = (ring.kpos >= 0).any(0).nonzero();
+        const int64_t n = filled.numel() ? filled.max().item<int64_t>() + 1 : 0;
+        return std::make_tuple(ring.k.narrow(2, 0, n), ring.v.narrow(2, 0, n),
+                               ring.kpos.narrow(1, 0, n));
+      };
       // Rows of a batch share positions for now, so one slot index serves every row.
       auto write = [&](const at::Tensor& kk, const at::Tensor& vv, const at::Tensor& pos) {
         auto slots = at::remainder(pos[0], ring.slots);
@@ -335,17 +345,17 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
       };
       if (T == 1) {
         // Decode: writing first is safe (the slot overwritten holds position p - slots, outside
-        // every window), and attention then reads the whole ring: one fixed-shape program.
+        // every window), and attention then reads the ring: with every slot, one fixed-shape
+        // program.
         write(k, v, positions);
-        k = ring.k;
-        v = ring.v;
-        kpos = ring.kpos;
+        std::tie(k, v, kpos) = readable();
       } else {
         // A chunk: its own queries still need ring entries that its later tokens would
         // overwrite, so attend to ring + chunk, then keep the chunk's last `slots` tokens.
-        auto all_k = at::cat({ring.k, k}, 2);
-        auto all_v = at::cat({ring.v, v}, 2);
-        auto all_pos = at::cat({ring.kpos, positions}, 1);
+        auto [ring_k, ring_v, ring_pos] = readable();
+        auto all_k = at::cat({ring_k, k}, 2);
+        auto all_v = at::cat({ring_v, v}, 2);
+        auto all_pos = at::cat({ring_pos, positions}, 1);
         const int64_t n = std::min(T, ring.slots);
         write(k.narrow(2, T - n, n), v.narrow(2, T - n, n), positions.narrow(1, T - n, n));
         k = all_k;

@@ -57,6 +57,11 @@ struct ModelOptions {
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kBFloat16;  // compute dtype
   std::string emb4_dir;                  // int4 vocabulary tables overriding the checkpoint's
+  // Attention reads ring slots only up to the last filled one (DESIGN principle 3's host-side
+  // shortcut): one host read of kpos per ring and step, so shapes vary with the length. A large
+  // saving on the CPU (a 4,000-token prompt in a 33,024-slot context stops attending to 29,000
+  // empty slots); off where a fixed program per step matters more (CUDA graphs, TorchTPU).
+  bool attend_filled_slots = false;
 };
 
 class Gemma4 {
