@@ -298,6 +298,9 @@ class Server {
   ojson engine_json() const;
   ojson model_json() const;
   ojson timings_json(const Job& job) const;
+  // The envelope every response and stream chunk of one completion shares around its choice.
+  ojson completion_json(const std::string& id, const char* object, int64_t created,
+                        ojson choice) const;
   ojson chat_logprobs_json(const std::vector<TokenLogprob>& entries) const;
   // Completions' shape; `offset` is where the first token's text starts, advanced past the last.
   ojson completion_logprobs_json(const std::vector<TokenLogprob>& entries, size_t& offset) const;
@@ -652,6 +655,16 @@ ojson Server::completion_logprobs_json(const std::vector<TokenLogprob>& entries,
   return out;
 }
 
+ojson Server::completion_json(const std::string& id, const char* object, int64_t created,
+                              ojson choice) const {
+  return {{"id", id},
+          {"object", object},
+          {"created", created},
+          {"model", model_id_},
+          {"system_fingerprint", fingerprint_},
+          {"choices", ojson::array({std::move(choice)})}};
+}
+
 ojson tool_calls_json(const std::vector<ToolCall>& calls, size_t first_index) {
   ojson out = ojson::array();
   for (size_t i = 0; i < calls.size(); ++i) {
@@ -678,40 +691,25 @@ void Server::answer_whole(httplib::Response& res, Job& job, bool chat) {
     return;
   }
   const auto& r = job.result;
-  ojson body;
+  ojson choice = {{"index", 0}};
   if (chat) {
     ojson message = {{"role", "assistant"}};
     message["content"] =
         all.content.empty() && !all.tool_calls.empty() ? ojson(nullptr) : ojson(all.content);
     if (!all.reasoning.empty()) message["reasoning_content"] = all.reasoning;
     if (!all.tool_calls.empty()) message["tool_calls"] = tool_calls_json(all.tool_calls, 0);
-    body = {
-        {"id", new_completion_id("chatcmpl-")},
-        {"object", "chat.completion"},
-        {"created", unix_seconds()},
-        {"model", model_id_},
-        {"system_fingerprint", fingerprint_},
-        {"choices",
-         {{{"index", 0},
-           {"message", message},
-           {"logprobs", job.top_logprobs >= 0 ? chat_logprobs_json(all.logprobs) : ojson(nullptr)},
-           {"finish_reason", job.finish}}}}};
+    choice["message"] = std::move(message);
+    choice["logprobs"] = job.top_logprobs >= 0 ? chat_logprobs_json(all.logprobs) : ojson(nullptr);
   } else {
-    body = {{"id", new_completion_id("cmpl-")},
-            {"object", "text_completion"},
-            {"created", unix_seconds()},
-            {"model", model_id_},
-            {"system_fingerprint", fingerprint_},
-            {"choices",
-             {{{"index", 0},
-               {"text", all.content},
-               {"logprobs", nullptr},
-               {"finish_reason", job.finish}}}}};
-    if (job.top_logprobs >= 0) {
-      size_t offset = 0;
-      body["choices"][0]["logprobs"] = completion_logprobs_json(all.logprobs, offset);
-    }
+    size_t offset = 0;
+    choice["text"] = all.content;
+    choice["logprobs"] =
+        job.top_logprobs >= 0 ? completion_logprobs_json(all.logprobs, offset) : ojson(nullptr);
   }
+  choice["finish_reason"] = job.finish;
+  ojson body = completion_json(new_completion_id(chat ? "chatcmpl-" : "cmpl-"),
+                               chat ? "chat.completion" : "text_completion", unix_seconds(),
+                               std::move(choice));
   if (!all.warning.empty()) body["choices"][0]["warning"] = all.warning;
   body["usage"] = usage_json(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
   body["timings"] = timings_json(job);
@@ -731,12 +729,8 @@ void Server::stream_response(httplib::Response& res, std::shared_ptr<Job> job, b
       Stream{new_completion_id(chat ? "chatcmpl-" : "cmpl-"), unix_seconds()});
   // Every chunk of one completion carries the same id, created, model and fingerprint.
   auto chunk = [this, s, chat, include_usage](ojson choice) {
-    ojson c = {{"id", s->id},
-               {"object", chat ? "chat.completion.chunk" : "text_completion"},
-               {"created", s->created},
-               {"model", model_id_},
-               {"system_fingerprint", fingerprint_},
-               {"choices", ojson::array({std::move(choice)})}};
+    ojson c = completion_json(s->id, chat ? "chat.completion.chunk" : "text_completion", s->created,
+                              std::move(choice));
     if (include_usage) c["usage"] = nullptr;
     return c;
   };
