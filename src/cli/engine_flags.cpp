@@ -11,6 +11,12 @@ void EngineFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--device", device, "cpu | cuda[:N]");
   cmd.add_option("--context", context, "Context length (full-ring slots)");
   cmd.add_option("--chunk", chunk, "Prompt tokens read per forward pass");
+  cmd.add_option("--int4", int4,
+                 "How int4 weights are held: auto (packed on the CPU, dequantized elsewhere) | "
+                 "packed | composite | dequantized");
+  cmd.add_option("--quantize", quantize,
+                 "int4: quantize a dense checkpoint's linears and head at load (group 32) | none");
+  cmd.add_option("--threads", threads, "Intra-op threads (0: the physical cores)");
 }
 
 EngineOptions EngineFlags::options() const {
@@ -22,6 +28,9 @@ EngineOptions EngineFlags::options() const {
   o.dtype = parse_dtype_name(dtype);
   o.context = context;
   o.prefill_chunk = chunk;
+  o.int4 = parse_int4_weights(int4);
+  o.quantize_int4 = parse_quantize(quantize);
+  o.threads = threads;
   return o;
 }
 

@@ -12,9 +12,11 @@ namespace torchtpu::cli {
 
 struct EngineFlags {
   std::string model, emb4, device = "cpu", dtype = "bfloat16";
-  int64_t context = 8192, chunk = 512;
+  std::string int4 = "auto", quantize = "none";
+  int64_t context = 8192, chunk = 512, threads = 0;
 
-  // --model (required), --emb4, --device, --dtype, --context, --chunk.
+  // --model (required), --emb4, --device, --dtype, --context, --chunk, --int4, --quantize,
+  // --threads.
   void add_to(CLI::App& cmd);
   // Hub ids resolve to their cache directories (downloading what is missing); a bad device or
   // dtype name is a ValueError naming it.

@@ -1,9 +1,16 @@
 #include "engine/engine.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+#include <utility>
 
 #include "common/errors.h"
 
@@ -48,7 +55,57 @@ std::string dtype_name(at::ScalarType dtype) {
   }
 }
 
+Int4Weights parse_int4_weights(const std::string& name) {
+  for (auto mode : {Int4Weights::kAuto, Int4Weights::kPacked, Int4Weights::kComposite,
+                    Int4Weights::kDequantized}) {
+    if (name == int4_weights_name(mode)) return mode;
+  }
+  throw ValueError("int4 weights \"" + name +
+                   "\" is not one of auto, packed, composite, dequantized");
+}
+
+std::string int4_weights_name(Int4Weights mode) {
+  switch (mode) {
+    case Int4Weights::kAuto: return "auto";
+    case Int4Weights::kPacked: return "packed";
+    case Int4Weights::kComposite: return "composite";
+    case Int4Weights::kDequantized: return "dequantized";
+  }
+  return "auto";
+}
+
+bool parse_quantize(const std::string& name) {
+  if (name == "int4") return true;
+  if (name == "none" || name.empty()) return false;
+  throw ValueError("quantize \"" + name + "\" is not one of int4, none");
+}
+
+int64_t physical_cores() {
+  // Linux names each logical CPU's core by (package, core id); siblings share the pair.
+  std::set<std::pair<std::string, std::string>> cores;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/sys/devices/system/cpu", error)) {
+    const std::string name = entry.path().filename();
+    if (name.size() < 4 || name.rfind("cpu", 0) != 0 ||
+        !std::all_of(name.begin() + 3, name.end(), ::isdigit)) {
+      continue;
+    }
+    std::ifstream package(entry.path() / "topology/physical_package_id");
+    std::ifstream core(entry.path() / "topology/core_id");
+    std::string p, c;
+    if (package >> p && core >> c) cores.emplace(p, c);
+  }
+  if (!cores.empty()) return static_cast<int64_t>(cores.size());
+  return std::max<int64_t>(1, std::thread::hardware_concurrency());
+}
+
 Engine::Engine(const EngineOptions& options) : options_(options) {
+  if (options.threads < 0) {
+    throw ValueError("threads must be at least 1 (or 0 for the physical cores), got " +
+                     std::to_string(options.threads));
+  }
+  options_.threads = options.threads ? options.threads : physical_cores();
+  at::set_num_threads(static_cast<int>(options_.threads));
   if (options.context < 1) {
     throw ValueError("context must be at least 1, got " + std::to_string(options.context));
   }
@@ -58,9 +115,10 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
   }
   const auto start = Clock::now();
   c10::InferenceMode inference;
-  model_ = std::make_unique<Gemma4>(options.model_dir,
-                                    ModelOptions{options.device, options.dtype, options.emb4_dir,
-                                                 /*attend_filled_slots=*/options.device.is_cpu()});
+  model_ = std::make_unique<Gemma4>(
+      options.model_dir, ModelOptions{options.device, options.dtype, options.emb4_dir,
+                                      /*attend_filled_slots=*/options.device.is_cpu(), options.int4,
+                                      options.quantize_int4});
   rings_ = Rings(model_->config(), options.context, /*batch=*/1, options.dtype, options.device);
   load_s_ = seconds_since(start);
 }

@@ -24,7 +24,18 @@ struct EngineOptions {
   at::ScalarType dtype = at::kBFloat16;
   int64_t context = 8192;
   int64_t prefill_chunk = 512;  // prompt tokens read per forward pass
+  Int4Weights int4 = Int4Weights::kAuto;
+  bool quantize_int4 = false;  // ModelOptions::quantize_int4
+  int64_t threads = 0;         // intra-op threads; 0: the machine's physical cores
 };
+
+// "auto", "packed", "composite", "dequantized" -> Int4Weights; ValueError otherwise.
+Int4Weights parse_int4_weights(const std::string& name);
+std::string int4_weights_name(Int4Weights mode);
+// "int4" -> true, "none" -> false (the --quantize flag); ValueError otherwise.
+bool parse_quantize(const std::string& name);
+// Physical cores of this machine (hyperthread siblings counted once), at least 1.
+int64_t physical_cores();
 
 // "cpu", "cuda:0", "tpu" (after torch_tpu registered it) -> a device; ValueError otherwise.
 at::Device parse_device(const std::string& name);
@@ -63,6 +74,8 @@ class Engine {
   Layout layout() const { return rings_.layout(); }
   const std::vector<StorageReport>& storage() const { return model_->storage(); }
   double load_seconds() const { return load_s_; }
+  // The model's options as resolved (the int4 form chosen for kAuto).
+  const ModelOptions& model_options() const { return model_->options(); }
 
   // float32 logits [ids.size(), vocab] of one causal pass with no cache; the rings are untouched.
   at::Tensor logits(const std::vector<int64_t>& ids);

@@ -17,6 +17,11 @@ nlohmann::json engine_report(const Engine& engine) {
           {"storage", storage},
           {"device", engine.options().device.str()},
           {"dtype", dtype_name(engine.options().dtype)},
+          {"threads", engine.options().threads},
+          {"int4",
+           {{"weights", int4_weights_name(engine.model_options().int4)},
+            {"quantized_at_load", engine.model_options().quantize_int4},
+            {"cpu_kernel", ops::int4_cpu_isa()}}},
           {"load_s", engine.load_seconds()}};
 }
 

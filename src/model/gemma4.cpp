@@ -8,6 +8,7 @@
 #include "common/errors.h"
 #include "common/memory.h"
 #include "io/aten_view.h"
+#include "quant/quantize.h"
 
 namespace torchtpu {
 namespace {
@@ -113,13 +114,27 @@ int64_t VocabTable::nbytes() const {
 
 Gemma4::Gemma4(const std::string& model_dir, const ModelOptions& options)
     : config_(load_config(model_dir)), options_(options) {
+  if (options_.int4 == Int4Weights::kAuto) {
+    options_.int4 = options_.device.is_cpu() ? Int4Weights::kPacked : Int4Weights::kDequantized;
+  }
   checkpoint_ = std::make_shared<Checkpoint>(model_dir);
   if (!options.emb4_dir.empty()) emb4_ = std::make_shared<Checkpoint>(options.emb4_dir);
   load(*checkpoint_, emb4_.get());
 }
 
-at::Tensor Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& module,
-                                 const std::vector<int64_t>& shape) {
+Linear Gemma4::int4_linear(const PackedInt4& packed) const {
+  const auto& o = options_;
+  const bool blocks = o.int4 == Int4Weights::kPacked && o.device.is_cpu();
+  if (o.int4 == Int4Weights::kDequantized || packed.g_idx.defined() ||
+      (blocks && !ops::cpu_blocks_supported(packed))) {
+    return {dequantize(packed, o.dtype).to(o.device), std::nullopt};
+  }
+  if (blocks) return {at::Tensor(), ops::repack_for_cpu(packed)};
+  return {at::Tensor(), ops::int4_weight(packed.to(o.device))};
+}
+
+Linear Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& module,
+                             const std::vector<int64_t>& shape) {
   const auto& o = options_;
   if (has_packed(ckpt, module)) {
     auto packed =
@@ -129,13 +144,25 @@ at::Tensor Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& modu
                         std::to_string(packed.out) + ", " + std::to_string(packed.in) +
                         "] but config.json implies " + shape_str(shape));
     }
-    auto weight = dequantize(packed, o.dtype).to(o.device);
-    release_packed(ckpt, module);
-    return weight;
+    auto linear = int4_linear(packed);
+    // Compressed-tensors' own layout on the host aliases the mapping; every other form copied it.
+    if (!linear.int4 || linear.int4->cpu_blocks() || !o.device.is_cpu()) {
+      release_packed(ckpt, module);
+    }
+    return linear;
   }
   const auto& view = ckpt.get(module + ".weight");
   expect_shape(view, shape);
-  return load_dense(view, o.device, o.dtype);
+  if (o.quantize_int4 && o.int4 != Int4Weights::kDequantized) {
+    if (shape[1] % 32 != 0) {
+      throw ValueError("--quantize int4 needs input widths that are multiples of 32; " + module +
+                       " in " + ckpt.dir() + " has " + std::to_string(shape[1]));
+    }
+    auto linear = int4_linear(quantize_weight(host_tensor(view), {32, true, std::nullopt}, module));
+    release_pages(view);
+    return linear;
+  }
+  return {load_dense(view, o.device, o.dtype), std::nullopt};
 }
 
 void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
@@ -155,6 +182,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
 
   int64_t linear_bytes = 0;
   bool linears_packed = false;
+  std::string int4_format;  // describe() of the int4 linears, when kept packed
   layers_.resize(L);
   for (int64_t l = 0; l < L; ++l) {
     auto& w = layers_[l];
@@ -166,7 +194,8 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
     auto lin = [&](const std::string& module, std::vector<int64_t> shape) {
       linears_packed = linears_packed || has_packed(ckpt, lp + module);
       auto t = linear_weight(ckpt, lp + module, shape);
-      linear_bytes += t.numel() * t.element_size();
+      linear_bytes += t.nbytes();
+      if (t.int4) int4_format = t.int4->describe();
       return t;
     };
     w.input_layernorm = norm("layers." + std::to_string(l) + ".input_layernorm.weight", H);
@@ -200,10 +229,16 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
     w.layer_scalar = host_tensor(scalar).to(o.device, o.dtype);
     release_free_heap();
   }
-  storage_.push_back({"linears",
-                      std::string(dtype_label(o.dtype)) +
-                          (linears_packed ? " (dequantized from int4 at load)" : ""),
-                      where_label(o.device, !linears_packed && o.device.is_cpu()), linear_bytes});
+  const bool aliased =
+      o.device.is_cpu() &&
+      (int4_format.empty() ? !linears_packed : int4_format.find("cpu blocks") == std::string::npos);
+  std::string linear_format = dtype_label(o.dtype);
+  if (!int4_format.empty()) {
+    linear_format = int4_format + (o.quantize_int4 && !linears_packed ? ", quantized at load" : "");
+  } else if (linears_packed) {
+    linear_format += " (dequantized from int4 at load)";
+  }
+  storage_.push_back({"linears", linear_format, where_label(o.device, aliased), linear_bytes});
 
   final_norm_ = norm("norm.weight", H);
   if (P > 0) {
@@ -257,24 +292,37 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
     embed_tokens_per_layer_ = std::move(*ple);
   }
   // An untied lm_head (the emb4 twin writes one) is used when present; otherwise the head is tied
-  // to embed_tokens. An int4 head is expanded once: every decode step reads all of it.
-  // Expanding reads every packed page once; those pages then leave the resident set (a tied
-  // int4 embed_tokens faults back only the rows its lookups touch).
-  auto expand = [&](const VocabTable& packed, const std::string& name) {
-    auto dense = VocabTable::dense(packed.matrix());
-    for (const Checkpoint* source : {emb4, &ckpt}) {
-      if (source) release_packed(*source, (name == "lm_head" ? "" : source->prefix()) + name);
-    }
-    return dense;
-  };
+  // to embed_tokens. Every decode step reads all of it, so an int4 head stays int4 (in the form
+  // options_.int4 asks for) and a dense one is quantized like the emb4 twin's with
+  // quantize_int4. The packed pages of a head that was copied leave the resident set (a tied int4
+  // embed_tokens faults back only the rows its lookups touch).
   auto head = table("lm_head", c.vocab_size, H, "lm_head");
-  if (head) {
-    lm_head_ = head->is_int4() ? expand(*head, "lm_head") : std::move(*head);
-  } else if (c.tie_word_embeddings) {
-    lm_head_ = embed_tokens_.is_int4() ? expand(embed_tokens_, "embed_tokens") : embed_tokens_;
-  } else {
+  if (!head && !c.tie_word_embeddings) {
     throw FormatError("checkpoint " + ckpt.dir() +
                       " has no lm_head.weight and config.json sets tie_word_embeddings false");
+  }
+  const VocabTable& table_of_head = head ? *head : embed_tokens_;
+  const std::string head_name = head ? "lm_head" : "embed_tokens";
+  std::string head_format = dtype_label(o.dtype);
+  if (table_of_head.is_int4()) {
+    lm_head_ = int4_linear(*table_of_head.packed());
+    if (!lm_head_.int4 || lm_head_.int4->cpu_blocks() || !o.device.is_cpu()) {
+      for (const Checkpoint* source : {emb4, &ckpt}) {
+        if (source) release_packed(*source, (head ? "" : source->prefix()) + head_name);
+      }
+    }
+  } else if (o.quantize_int4 && o.int4 != Int4Weights::kDequantized) {
+    lm_head_ = int4_linear(quantize_table(table_of_head.matrix().cpu(), head_name));
+    head_format = lm_head_.int4->describe() + ", quantized at load";
+  } else {
+    lm_head_ = {table_of_head.matrix(), std::nullopt};
+  }
+  if (lm_head_.int4 && table_of_head.is_int4()) head_format = lm_head_.int4->describe();
+  // The head as computed replaces the table's entry as read.
+  std::erase_if(storage_, [](const StorageReport& r) { return r.family == "lm_head"; });
+  if (head || lm_head_.int4) {
+    const bool aliased = o.device.is_cpu() && lm_head_.int4 && !lm_head_.int4->cpu_blocks();
+    storage_.push_back({"lm_head", head_format, where_label(o.device, aliased), lm_head_.nbytes()});
   }
 
   inv_freq_sliding_ = inverse_frequencies(c.rope_sliding, c.head_dim).to(o.device);
@@ -292,8 +340,8 @@ at::Tensor Gemma4::per_layer_inputs(const at::Tensor& ids, const at::Tensor& emb
                          .to(ids.device());
   auto token_part =
       (embed_tokens_per_layer_.lookup(ids.reshape(-1)) * token_scale).view({B, T, L, P});
-  auto context_part = at::linear(embeds, per_layer_model_projection_) *
-                      std::pow(static_cast<double>(c.hidden_size), -0.5);
+  auto context_part =
+      per_layer_model_projection_(embeds) * std::pow(static_cast<double>(c.hidden_size), -0.5);
   context_part =
       rms_norm(context_part.view({B, T, L, P}), per_layer_projection_norm_, c.rms_norm_eps);
   return (context_part + token_part) * std::pow(2.0, -0.5);
@@ -310,7 +358,7 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
   const int64_t group = heads / kv_heads;
   const bool sliding = c.layer_types[l] == LayerType::kSliding;
 
-  auto q = rms_norm(at::linear(x, w.q_proj).view({B, T, heads, d}), w.q_norm, c.rms_norm_eps);
+  auto q = rms_norm(w.q_proj(x).view({B, T, heads, d}), w.q_norm, c.rms_norm_eps);
   q = rope(q, cos, sin).transpose(1, 2);  // [B, heads, T, d]
 
   at::Tensor k, v, kpos;
@@ -320,9 +368,9 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
     v = kv_views[3 * source + 1];
     kpos = kv_views[3 * source + 2];
   } else {
-    k = rms_norm(at::linear(x, w.k_proj).view({B, T, kv_heads, d}), w.k_norm, c.rms_norm_eps);
+    k = rms_norm(w.k_proj(x).view({B, T, kv_heads, d}), w.k_norm, c.rms_norm_eps);
     k = rope(k, cos, sin).transpose(1, 2);  // [B, kv_heads, T, d]
-    v = rms_norm(at::linear(x, w.v_proj).view({B, T, kv_heads, d}), at::Tensor(), c.rms_norm_eps)
+    v = rms_norm(w.v_proj(x).view({B, T, kv_heads, d}), at::Tensor(), c.rms_norm_eps)
             .transpose(1, 2);
     kpos = positions;
     if (rings) {
@@ -386,7 +434,7 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
   auto probs = at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
   auto out = at::matmul(probs.view({B, kv_heads, group * T, S}), v);  // [B, kv, group*T, d]
   out = out.view({B, heads, T, d}).transpose(1, 2).reshape({B, T, heads * d});
-  return at::linear(out, w.o_proj);
+  return w.o_proj(out);
 }
 
 at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
@@ -435,21 +483,19 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     h = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
 
     auto f = rms_norm(h, w.pre_feedforward_layernorm, c.rms_norm_eps);
-    auto m =
-        at::linear(gelu_tanh(at::linear(f, w.gate_proj)) * at::linear(f, w.up_proj), w.down_proj);
+    auto m = w.down_proj(gelu_tanh(w.gate_proj(f)) * w.up_proj(f));
     h = h + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
 
     if (ple.defined()) {
-      auto g = gelu_tanh(at::linear(h, w.per_layer_input_gate)) * ple.select(2, l);
-      h = h + rms_norm(at::linear(g, w.per_layer_projection), w.post_per_layer_input_norm,
-                       c.rms_norm_eps);
+      auto g = gelu_tanh(w.per_layer_input_gate(h)) * ple.select(2, l);
+      h = h + rms_norm(w.per_layer_projection(g), w.post_per_layer_input_norm, c.rms_norm_eps);
     }
     h = h * w.layer_scalar;  // scales the whole residual stream
   }
   if (no_logits) return {};
   keep_last_position();
 
-  auto logits = at::linear(rms_norm(h, final_norm_, c.rms_norm_eps), lm_head_.matrix());
+  auto logits = lm_head_(rms_norm(h, final_norm_, c.rms_norm_eps));
   if (c.final_logit_softcapping > 0) {
     const double cap = c.final_logit_softcapping;
     logits = at::tanh(logits / cap) * cap;

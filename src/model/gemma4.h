@@ -12,6 +12,7 @@
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "model/rings.h"
+#include "ops/int4_linear.h"
 #include "quant/pack_quantized.h"
 
 namespace torchtpu {
@@ -28,6 +29,7 @@ class VocabTable {
   at::Tensor lookup(const at::Tensor& ids) const;  // [N] int64 -> [N, width] compute dtype
   at::Tensor matrix() const;                       // the whole table in the compute dtype
   bool is_int4() const { return packed_.has_value(); }
+  const PackedInt4* packed() const { return packed_ ? &*packed_ : nullptr; }
   int64_t nbytes() const;
 
  private:
@@ -36,12 +38,25 @@ class VocabTable {
   at::ScalarType dtype_ = at::kFloat;
 };
 
+// A linear layer's weight: dense [out, in] in the compute dtype, or int4 kept packed and
+// multiplied by the torchtpu::int4_linear operator.
+struct Linear {
+  at::Tensor dense;
+  std::optional<ops::Int4Weight> int4;
+
+  at::Tensor operator()(const at::Tensor& x) const {
+    return int4 ? ops::int4_linear(x, *int4) : at::linear(x, dense);
+  }
+  int64_t nbytes() const { return int4 ? int4->nbytes() : dense.nbytes(); }
+};
+
 struct LayerWeights {
   at::Tensor input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
       post_feedforward_layernorm, post_per_layer_input_norm;  // f32, via the compute dtype
-  at::Tensor q_proj, q_norm, k_proj, k_norm, v_proj, o_proj;  // k/v/k_norm undefined when shared
-  at::Tensor gate_proj, up_proj, down_proj;
-  at::Tensor per_layer_input_gate, per_layer_projection;
+  Linear q_proj, k_proj, v_proj, o_proj;                      // k/v undefined when shared
+  at::Tensor q_norm, k_norm;                                  // k_norm undefined when shared
+  Linear gate_proj, up_proj, down_proj;
+  Linear per_layer_input_gate, per_layer_projection;
   at::Tensor layer_scalar;  // [1], compute dtype
 };
 
@@ -53,6 +68,14 @@ struct StorageReport {
   int64_t bytes = 0;
 };
 
+// How int4 weights (pack-quantized linears, an int4 head) are held.
+enum class Int4Weights {
+  kAuto,         // packed on the CPU, dequantized elsewhere
+  kPacked,       // packed; on the CPU in the CPU kernel's blocks (ops/int4_cpu.h)
+  kComposite,    // packed in compressed-tensors' layout: the operator's composite kernel
+  kDequantized,  // expanded to the compute dtype at load (the head included)
+};
+
 struct ModelOptions {
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kBFloat16;  // compute dtype
@@ -62,6 +85,11 @@ struct ModelOptions {
   // saving on the CPU (a 4,000-token prompt in a 33,024-slot context stops attending to 29,000
   // empty slots); off where a fixed program per step matters more (CUDA graphs, TorchTPU).
   bool attend_filled_slots = false;
+  Int4Weights int4 = Int4Weights::kAuto;
+  // Quantizes dense linears and the head at load as `torchtpu-cpp quantize --group 32` and
+  // `--emb4` would (symmetric, group 32; the head with f16 scales), so a bf16 checkpoint decodes
+  // from int4 without a file being written.
+  bool quantize_int4 = false;
 };
 
 class Gemma4 {
@@ -87,8 +115,10 @@ class Gemma4 {
                        const at::Tensor& cos, const at::Tensor& sin, Rings* rings,
                        std::vector<at::Tensor>& kv_views) const;
   at::Tensor per_layer_inputs(const at::Tensor& ids, const at::Tensor& embeds) const;
-  at::Tensor linear_weight(const Checkpoint& ckpt, const std::string& module,
-                           const std::vector<int64_t>& shape);
+  Linear linear_weight(const Checkpoint& ckpt, const std::string& module,
+                       const std::vector<int64_t>& shape);
+  // The form options_.int4 asks for of an int4 weight on the host.
+  Linear int4_linear(const PackedInt4& packed) const;
   void load(const Checkpoint& ckpt, const Checkpoint* emb4);
 
   ModelConfig config_;
@@ -96,8 +126,9 @@ class Gemma4 {
   std::shared_ptr<Checkpoint> checkpoint_;  // keeps weight mappings alive
   std::shared_ptr<Checkpoint> emb4_;
   std::vector<LayerWeights> layers_;
-  VocabTable embed_tokens_, embed_tokens_per_layer_, lm_head_;
-  at::Tensor per_layer_model_projection_, per_layer_projection_norm_, final_norm_;
+  VocabTable embed_tokens_, embed_tokens_per_layer_;
+  Linear lm_head_, per_layer_model_projection_;
+  at::Tensor per_layer_projection_norm_, final_norm_;
   at::Tensor inv_freq_sliding_, inv_freq_full_;  // f32 on the device
   std::vector<StorageReport> storage_;
 };

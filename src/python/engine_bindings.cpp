@@ -67,8 +67,12 @@ class PyEngine {
 
 EngineOptions engine_options(const std::string& model_dir, const std::optional<std::string>& emb4,
                              py::handle like, int64_t context, py::handle device, py::handle dtype,
-                             int64_t prefill_chunk) {
+                             int64_t prefill_chunk, int64_t threads, const std::string& int4,
+                             const std::optional<std::string>& quantize) {
   EngineOptions options;
+  options.threads = threads;
+  options.int4 = parse_int4_weights(int4);
+  options.quantize_int4 = parse_quantize(quantize.value_or("none"));
   options.model_dir = model_dir;
   options.emb4_dir = emb4.value_or("");
   options.context = context;
@@ -156,13 +160,16 @@ void bind_engine(py::module_& m) {
                        "created it.")
       .def(py::init([](const std::string& model_dir, const std::optional<std::string>& emb4_dir,
                        py::handle like, int64_t context, py::handle device, py::handle dtype,
-                       int64_t prefill_chunk) {
-             return std::make_unique<PyEngine>(
-                 engine_options(model_dir, emb4_dir, like, context, device, dtype, prefill_chunk));
+                       int64_t prefill_chunk, int64_t threads, const std::string& int4,
+                       const std::optional<std::string>& quantize) {
+             return std::make_unique<PyEngine>(engine_options(model_dir, emb4_dir, like, context,
+                                                              device, dtype, prefill_chunk, threads,
+                                                              int4, quantize));
            }),
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
-           py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512)
+           py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512, py::arg("threads") = 0,
+           py::arg("int4") = "auto", py::arg("quantize") = py::none())
       .def("layout", [](PyEngine& self) { return layout_dict(self.begin("layout").layout()); })
       .def("report",
            [](PyEngine& self) {

@@ -104,33 +104,13 @@ at::Tensor view_rows(const TensorView& v, int64_t r0, int64_t n) {
 
 bool is_float(Dtype d) { return d == Dtype::kBF16 || d == Dtype::kF16 || d == Dtype::kF32; }
 
-// A vocabulary table [V, H] as a symmetric group-32 int4 table with F16 scales, quantized in row
-// blocks (quantization is row-wise, so the blocks give the same bits as the whole table) and
-// written straight into the output buffers.
+// A vocabulary table as the emb4 twin stores it (quantize_table), ready to write.
 std::vector<TensorToWrite> quantize_table(const TensorView& v, const std::string& module) {
   if (v.shape.size() != 2 || !is_float(v.dtype)) {
     throw FormatError(v.name + " in " + v.file + ": a vocabulary table must be a 2-D float tensor");
   }
-  const int64_t rows = v.shape[0], cols = v.shape[1];
-  const QuantizeSpec spec{kTableGroup, true, at::kHalf};
-  TensorToWrite packed{module + ".weight_packed", Dtype::kI32, {rows, (cols + 7) / 8}, {}};
-  TensorToWrite scale{module + ".weight_scale", Dtype::kF16, {rows, cols / kTableGroup}, {}};
-  packed.bytes.resize(static_cast<size_t>(rows * ((cols + 7) / 8)) * 4);
-  scale.bytes.resize(static_cast<size_t>(rows * (cols / kTableGroup)) * 2);
-  size_t packed_at = 0, scale_at = 0;
-  for (int64_t r = 0; r < rows; r += kTableRowBlock) {
-    const int64_t n = std::min(kTableRowBlock, rows - r);
-    const PackedInt4 block = quantize_weight(view_rows(v, r, n), spec, module);
-    std::memcpy(packed.bytes.data() + packed_at, block.packed.data_ptr(), block.packed.nbytes());
-    std::memcpy(scale.bytes.data() + scale_at, block.scale.data_ptr(), block.scale.nbytes());
-    packed_at += block.packed.nbytes();
-    scale_at += block.scale.nbytes();
-  }
   std::vector<TensorToWrite> out;
-  out.push_back(std::move(packed));
-  out.push_back(std::move(scale));
-  out.push_back(
-      to_write(module + ".weight_shape", at::tensor(std::vector<int64_t>{rows, cols}, at::kLong)));
+  append_packed(&out, module, torchtpu::quantize_table(view_rows(v, 0, v.shape[0]), module));
   return out;
 }
 
@@ -311,6 +291,25 @@ PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
   w.packed = pack_cols(q);
   w.scale = scale.to(spec.scale_dtype.value_or(wt)).contiguous();
   if (zero.defined()) w.zero_point = pack_cols(zero.t().contiguous()).t().contiguous();
+  return w;
+}
+
+PackedInt4 quantize_table(const at::Tensor& table, const std::string& module) {
+  const int64_t rows = table.size(0), cols = table.size(1);
+  const QuantizeSpec spec{kTableGroup, true, at::kHalf};
+  PackedInt4 w;
+  w.module = module;
+  w.out = rows;
+  w.in = cols;
+  w.group_size = kTableGroup;
+  w.packed = at::empty({rows, (cols + 7) / 8}, at::kInt);
+  w.scale = at::empty({rows, cols / kTableGroup}, at::kHalf);
+  for (int64_t r = 0; r < rows; r += kTableRowBlock) {
+    const int64_t n = std::min(kTableRowBlock, rows - r);
+    const PackedInt4 block = quantize_weight(table.narrow(0, r, n), spec, module);
+    w.packed.narrow(0, r, n).copy_(block.packed);
+    w.scale.narrow(0, r, n).copy_(block.scale);
+  }
   return w;
 }
 

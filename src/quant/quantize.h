@@ -31,6 +31,11 @@ struct QuantizeSpec {
 PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
                            const std::string& module);
 
+// A vocabulary table [rows, cols] (host, float) as the emb4 twin holds it: symmetric group-32
+// int4 with F16 scales, quantized in row blocks (quantization is row-wise, so blocks give the
+// bits of the whole table) to bound the temporaries. ValueError unless cols % 32 == 0.
+PackedInt4 quantize_table(const at::Tensor& table, const std::string& module);
+
 struct QuantizeCheckpointOptions {
   int64_t group_size = 32;  // -1: channel strategy
   bool symmetric = true;

@@ -27,7 +27,8 @@ def _module_path():
 
     if importlib.util.find_spec("torchtpu_cpp") is None:
         trees = sorted(
-            REPO_DIR.glob("build*/python/torchtpu_cpp"), key=lambda p: -p.stat().st_mtime
+            REPO_DIR.glob("build*/python/torchtpu_cpp"),
+            key=lambda p: -p.stat().st_mtime,
         )
         if trees:
             sys.path.insert(0, str(trees[0].parent))
@@ -37,15 +38,21 @@ _module_path()
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: needs minutes or gigabytes (ctest label 'slow')")
+    config.addinivalue_line(
+        "markers", "slow: needs minutes or gigabytes (ctest label 'slow')"
+    )
 
 
 def _find_cli():
     """TORCHTPU_CLI (CTest sets it to the built target), else a build directory of the repo."""
     if os.environ.get("TORCHTPU_CLI"):
         return os.environ["TORCHTPU_CLI"]
-    found = sorted(REPO_DIR.glob("build*/torchtpu-cpp"), key=lambda p: -p.stat().st_mtime)
-    found += sorted(REPO_DIR.glob("build*/src/cli/torchtpu-cpp"), key=lambda p: -p.stat().st_mtime)
+    found = sorted(
+        REPO_DIR.glob("build*/torchtpu-cpp"), key=lambda p: -p.stat().st_mtime
+    )
+    found += sorted(
+        REPO_DIR.glob("build*/src/cli/torchtpu-cpp"), key=lambda p: -p.stat().st_mtime
+    )
     return str(found[0]) if found else None
 
 
@@ -88,6 +95,7 @@ class Cli:
         chunk=None,
         dump=None,
         ignore_eos=True,
+        int4=None,
     ):
         """`generate --json`: returns (parsed JSON, dumped logits {name: float32 array} or None)."""
         args = [
@@ -114,6 +122,8 @@ class Cli:
             args.append("--ignore-eos")
         if dump:
             args += ["--dump-logits", dump]
+        if int4:
+            args += ["--int4", int4]
         out = json.loads(self(*args).stdout)
         if not dump:
             return out, None
@@ -126,7 +136,9 @@ class Cli:
 def cli():
     path = _find_cli()
     if not path or not os.access(path, os.X_OK):
-        pytest.fail("torchtpu-cpp not built: build the `torchtpu-cpp` target or set TORCHTPU_CLI")
+        pytest.fail(
+            "torchtpu-cpp not built: build the `torchtpu-cpp` target or set TORCHTPU_CLI"
+        )
     return Cli(path)
 
 

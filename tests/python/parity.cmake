@@ -6,7 +6,7 @@ if(TARGET torchtpu-cpp)
   list(APPEND _parity_env "TORCHTPU_CLI=$<TARGET_FILE:torchtpu-cpp>")
 endif()
 
-foreach(_suite reference transformers)
+foreach(_suite reference transformers int4)
   add_test(NAME py_parity_${_suite}
            COMMAND ${Python3_EXECUTABLE} -m pytest -q -x -p no:cacheprovider -m "not slow"
                    ${CMAKE_CURRENT_LIST_DIR}/test_parity_${_suite}.py)

@@ -31,18 +31,25 @@ def _prefix_of(checkpoint):
     for prefix in _PREFIXES:
         if any(n.startswith(f"{prefix}layers.") for n in checkpoint.names()):
             return prefix
-    raise ValueError(f"{checkpoint.directory}: no tensor under {' or '.join(_PREFIXES)}")
+    raise ValueError(
+        f"{checkpoint.directory}: no tensor under {' or '.join(_PREFIXES)}"
+    )
 
 
-def _module(checkpoint, name):
+def _module(checkpoint, name, exact_int4=False):
     """Float64 weight of module `name` (full tensor name without `.weight`), plain or
-    pack-quantized; None when absent."""
+    pack-quantized; None when absent. Pack-quantized products (q - zp) * scale are rounded to the
+    scale dtype as compressed-tensors' decompressor does, or kept exact with `exact_int4`."""
     if f"{name}.weight" in checkpoint:
         return checkpoint.float64(f"{name}.weight")
     if f"{name}.weight_packed" in checkpoint:
 
         def opt(suffix):
-            return checkpoint.raw(f"{name}.{suffix}") if f"{name}.{suffix}" in checkpoint else None
+            return (
+                checkpoint.raw(f"{name}.{suffix}")
+                if f"{name}.{suffix}" in checkpoint
+                else None
+            )
 
         return dequantize(
             checkpoint.raw(f"{name}.weight_packed"),
@@ -50,7 +57,9 @@ def _module(checkpoint, name):
             checkpoint.raw(f"{name}.weight_shape"),
             zero_point=opt("weight_zero_point"),
             g_idx=opt("weight_g_idx"),
-            scale_dtype=checkpoint.dtype(f"{name}.weight_scale"),
+            scale_dtype="F64"
+            if exact_int4
+            else checkpoint.dtype(f"{name}.weight_scale"),
         )
     return None
 
@@ -72,7 +81,9 @@ def _inv_freq(rope, head_dim):
     if kind == "proportional":
         angles = int(float(rope.get("partial_rotary_factor", 1.0)) * head_dim // 2)
         inv = np.zeros(head_dim // 2)
-        inv[:angles] = theta ** -(np.arange(0, 2 * angles, 2, dtype=np.float64) / head_dim)
+        inv[:angles] = theta ** -(
+            np.arange(0, 2 * angles, 2, dtype=np.float64) / head_dim
+        )
         return inv / float(rope.get("factor", 1.0))
     raise ValueError(f"rope_type {kind!r} not supported by the reference")
 
@@ -90,14 +101,18 @@ def _rope(x, positions, inv_freq):
 class Reference:
     """Gemma 4 text model in float64. `emb4_dir`, when given, supplies embed_tokens,
     embed_tokens_per_layer and lm_head (plain or pack-quantized) in place of the main
-    checkpoint's."""
+    checkpoint's. `exact_int4`: int4 weights as the exact products (q - zp) * scale, the values
+    the int4 model stands for, instead of compressed-tensors' products rounded to the scale
+    dtype."""
 
-    def __init__(self, model_dir, emb4_dir=None):
+    def __init__(self, model_dir, emb4_dir=None, exact_int4=False):
         c = _text_config(model_dir)
         self.model_dir = model_dir
         self.config = c
         if c.get("attention_k_eq_v") or c.get("enable_moe_block"):
-            raise ValueError("attention_k_eq_v / MoE are not E2B features; not in the reference")
+            raise ValueError(
+                "attention_k_eq_v / MoE are not E2B features; not in the reference"
+            )
         self.num_layers = n = int(c["num_hidden_layers"])
         self.layer_types = list(c["layer_types"])
         self.window = int(c["sliding_window"])
@@ -114,22 +129,34 @@ class Reference:
             d = int(per_layer.get(i, {}).get("head_dim", d))
             self.head_dim.append(d)
             self.kv_heads.append(
-                int(per_layer.get(i, {}).get("num_key_value_heads", c["num_key_value_heads"]))
+                int(
+                    per_layer.get(i, {}).get(
+                        "num_key_value_heads", c["num_key_value_heads"]
+                    )
+                )
             )
         rope = c["rope_parameters"]
         self.inv_freq = [
-            _inv_freq(rope[kind], self.head_dim[i]) for i, kind in enumerate(self.layer_types)
+            _inv_freq(rope[kind], self.head_dim[i])
+            for i, kind in enumerate(self.layer_types)
         ]
 
         first_shared = n - int(c.get("num_kv_shared_layers") or 0)
         self.kv_source = list(range(n))
         for i in range(first_shared, n):
-            same = [j for j in range(first_shared) if self.layer_types[j] == self.layer_types[i]]
+            same = [
+                j
+                for j in range(first_shared)
+                if self.layer_types[j] == self.layer_types[i]
+            ]
             if not same:
                 raise ValueError(
                     f"shared layer {i} has no non-shared {self.layer_types[i]} layer to read"
                 )
             self.kv_source[i] = same[-1]
+
+        def module(checkpoint, name):
+            return _module(checkpoint, name, exact_int4)
 
         main = Checkpoint(model_dir)
         p = _prefix_of(main)
@@ -138,12 +165,12 @@ class Reference:
             emb4 = Checkpoint(emb4_dir)
             q = _prefix_of(emb4)
             for t in _VOCAB_TABLES:
-                w = _module(emb4, t if t == "lm_head" else q + t)
+                w = module(emb4, t if t == "lm_head" else q + t)
                 if w is not None:
                     tables[t] = w
         for t in _VOCAB_TABLES:
             if t not in tables:
-                w = _module(main, t if t == "lm_head" else p + t)
+                w = module(main, t if t == "lm_head" else p + t)
                 if w is not None:
                     tables[t] = w
         self.embed = tables["embed_tokens"]
@@ -151,9 +178,9 @@ class Reference:
         self.ple_dim = int(c.get("hidden_size_per_layer_input") or 0)
         if self.ple_dim:
             self.embed_ple = tables["embed_tokens_per_layer"]
-            self.ple_projection = _module(main, p + "per_layer_model_projection")
-            self.ple_projection_norm = _module(main, p + "per_layer_projection_norm")
-        self.norm = _module(main, p + "norm")
+            self.ple_projection = module(main, p + "per_layer_model_projection")
+            self.ple_projection_norm = module(main, p + "per_layer_projection_norm")
+        self.norm = module(main, p + "norm")
 
         names = [
             "input_layernorm",
@@ -168,7 +195,11 @@ class Reference:
             "post_feedforward_layernorm",
         ]
         if self.ple_dim:
-            names += ["per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm"]
+            names += [
+                "per_layer_input_gate",
+                "per_layer_projection",
+                "post_per_layer_input_norm",
+            ]
         self.layers = []
         for i in range(n):
             own = names + (
@@ -178,9 +209,11 @@ class Reference:
             )
             layer = {}
             for name in own:
-                w = _module(main, f"{p}layers.{i}.{name}")
+                w = module(main, f"{p}layers.{i}.{name}")
                 if w is None:
-                    raise ValueError(f"{model_dir}: tensor {p}layers.{i}.{name} missing")
+                    raise ValueError(
+                        f"{model_dir}: tensor {p}layers.{i}.{name} missing"
+                    )
                 layer[name] = w
             scalar = f"{p}layers.{i}.layer_scalar"
             layer["layer_scalar"] = (
@@ -194,7 +227,10 @@ class Reference:
         T = len(ids)
         positions = np.arange(T)
         rel = positions[:, None] - positions[None, :]
-        masks = {"full_attention": rel >= 0, "sliding_attention": (rel >= 0) & (rel < self.window)}
+        masks = {
+            "full_attention": rel >= 0,
+            "sliding_attention": (rel >= 0) & (rel < self.window),
+        }
 
         h = self.embed[ids] * math.sqrt(self.hidden)
         if self.ple_dim:
@@ -203,7 +239,9 @@ class Reference:
             )
             ctx = (h @ self.ple_projection.T) * self.hidden**-0.5
             ctx = _rms_norm(
-                ctx.reshape(T, self.num_layers, self.ple_dim), self.ple_projection_norm, self.eps
+                ctx.reshape(T, self.num_layers, self.ple_dim),
+                self.ple_projection_norm,
+                self.eps,
             )
             ple = (ctx + tok) * 2.0**-0.5
 
@@ -221,7 +259,9 @@ class Reference:
                 k = (a @ w["self_attn.k_proj"].T).reshape(T, self.kv_heads[i], d)
                 v = (a @ w["self_attn.v_proj"].T).reshape(T, self.kv_heads[i], d)
                 k = _rope(
-                    _rms_norm(k, w["self_attn.k_norm"], self.eps), positions, self.inv_freq[i]
+                    _rms_norm(k, w["self_attn.k_norm"], self.eps),
+                    positions,
+                    self.inv_freq[i],
                 )
                 v = _rms_norm(v, None, self.eps)
                 kv[i] = (k, v)
@@ -247,7 +287,9 @@ class Reference:
             if self.ple_dim:
                 g = _gelu_tanh(h @ w["per_layer_input_gate"].T) * ple[:, i, :]
                 h = h + _rms_norm(
-                    g @ w["per_layer_projection"].T, w["post_per_layer_input_norm"], self.eps
+                    g @ w["per_layer_projection"].T,
+                    w["post_per_layer_input_norm"],
+                    self.eps,
                 )
             h = h * w["layer_scalar"]
 

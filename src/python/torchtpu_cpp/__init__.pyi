@@ -56,7 +56,13 @@ class Engine:
         device: str | None = None,
         dtype: _DType = "bfloat16",
         prefill_chunk: int = 512,
-    ) -> None: ...
+        threads: int = 0,
+        int4: Literal["auto", "packed", "composite", "dequantized"] = "auto",
+        quantize: Literal["int4", "none"] | None = None,
+    ) -> None:
+        """threads: intra-op threads (0: the physical cores; the process-wide ATen setting).
+        int4: how int4 weights are held (docs/ARCHITECTURE.md). quantize="int4" quantizes a
+        dense checkpoint's linears and head at load."""
     def layout(self) -> _Layout: ...
     def report(self) -> dict[str, Any]: ...
     @property

@@ -1,0 +1,365 @@
+#include "ops/int4_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define TORCHTPU_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#endif
+
+namespace torchtpu::ops::int4_cpu {
+namespace {
+
+// f32 -> bf16 bits, round to nearest even (finite values; weights and scales are finite).
+uint16_t bf16_bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float from_bf16(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// IEEE half <-> f32 for the portable path (finite values, round to nearest even).
+float from_half(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+  if (exp == 0) {
+    const float v = std::ldexp(static_cast<float>(man), -24);
+    return sign ? -v : v;
+  }
+  const uint32_t bits = sign | ((exp + 112) << 23) | (man << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float round_to_half(float f) {
+  // Scale products are far from half's range limits; ldexp/nearbyint round to nearest even.
+  if (f == 0.0f) return f;
+  int e;
+  std::frexp(f, &e);
+  const int ulp_exp = std::max(e - 11, -24);
+  return std::ldexp(std::nearbyint(std::ldexp(f, -ulp_exp)), ulp_exp);
+}
+
+float scale_at(const BlockWeights& w, int64_t i) {
+  switch (w.scale_type) {
+    case ScaleType::kBFloat16: return from_bf16(static_cast<const uint16_t*>(w.scale)[i]);
+    case ScaleType::kHalf: return from_half(static_cast<const uint16_t*>(w.scale)[i]);
+    case ScaleType::kFloat: return static_cast<const float*>(w.scale)[i];
+  }
+  return 0.0f;
+}
+
+float round_to_scale_type(const BlockWeights& w, float v) {
+  switch (w.scale_type) {
+    case ScaleType::kBFloat16: return from_bf16(bf16_bits(v));
+    case ScaleType::kHalf: return round_to_half(v);
+    case ScaleType::kFloat: return v;
+  }
+  return v;
+}
+
+uint8_t nibble(const uint8_t* sub, int64_t row, int64_t kk) {
+  const int64_t t = row / 16, j = row % 16, c = kk / 8, i = kk % 8;
+  const uint8_t byte = sub[((t * 4 + c) * 16 + j) * 4 + (i % 4)];
+  return i < 4 ? (byte & 0xF) : (byte >> 4);
+}
+
+void gemv_portable(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1, float* y,
+                   int64_t ldy) {
+  const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
+  const int64_t per_group = w.group_size / kSubK;
+  for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t m = 0; m < a.rows; ++m) {
+      for (int64_t r = 0; r < kBlockRows; ++r) {
+        float acc = 0.0f;
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t at = (b * groups + g) * kBlockRows + r;
+          const float zero = w.zero ? w.zero[at] : 8.0f;
+          float part = 0.0f;
+          for (int64_t s = 0; s < per_group; ++s) {
+            const int64_t kb = g * per_group + s;
+            const uint8_t* sub = w.nibbles + (b * kb_count + kb) * kSubBytes;
+            int32_t i1 = 0, i2 = 0;
+            for (int64_t kk = 0; kk < kSubK; ++kk) {
+              const int32_t u = nibble(sub, r, kk);
+              i1 += u * a.hi[m * a.k + kb * kSubK + kk];
+              i2 += u * a.lo[m * a.k + kb * kSubK + kk];
+            }
+            const int64_t ai = m * kb_count + kb;
+            const float f1 = static_cast<float>(i1) - zero * a.sum_hi[ai];
+            const float f2 = static_cast<float>(i2) - zero * a.sum_lo[ai];
+            part += f1 * a.d[ai] + f2 * (a.d[ai] / 254.0f);
+          }
+          acc += part * scale_at(w, at);
+        }
+        y[m * ldy + b * kBlockRows + r] = acc;
+      }
+    }
+  }
+}
+
+void dequantize_portable(const BlockWeights& w, int64_t b0, int64_t b1, int64_t out_rows,
+                         bool out_bf16, void* out) {
+  const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
+  for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t r = 0; r < kBlockRows && b * kBlockRows + r < out_rows; ++r) {
+      const int64_t row = b * kBlockRows + r;
+      for (int64_t k = 0; k < w.k; ++k) {
+        const int64_t kb = k / kSubK, g = k / w.group_size;
+        const int64_t at = (b * groups + g) * kBlockRows + r;
+        const float zero = w.zero ? w.zero[at] : 8.0f;
+        const uint8_t* sub = w.nibbles + (b * kb_count + kb) * kSubBytes;
+        const float v = round_to_scale_type(
+            w, (static_cast<float>(nibble(sub, r, k % kSubK)) - zero) * scale_at(w, at));
+        if (out_bf16) {
+          static_cast<uint16_t*>(out)[row * w.k + k] = bf16_bits(v);
+        } else {
+          static_cast<float*>(out)[row * w.k + k] = v;
+        }
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__)
+
+// 16 scales of one tile as f32.
+TORCHTPU_AVX512 __m512 load_scales(const BlockWeights& w, int64_t at) {
+  switch (w.scale_type) {
+    case ScaleType::kBFloat16: {
+      const auto h = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w.scale) + at));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case ScaleType::kHalf:
+      return _mm512_cvtph_ps(_mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(w.scale) + at)));
+    case ScaleType::kFloat: return _mm512_loadu_ps(static_cast<const float*>(w.scale) + at);
+  }
+  return _mm512_setzero_ps();
+}
+
+TORCHTPU_AVX512 __m512 load_zeros(const BlockWeights& w, int64_t at) {
+  if (!w.zero) return _mm512_set1_ps(8.0f);
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zero + at))));
+}
+
+// Prefetch distance in bytes along the nibble stream: a few sub-blocks ahead keeps the memory
+// system busy between the hardware prefetcher's page-bounded streams.
+constexpr int64_t kPrefetchAhead = 4 * kSubBytes;
+
+template <int M>
+TORCHTPU_AVX512 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0,
+                                 int64_t b1, float* y, int64_t ldy) {
+  const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
+  const int64_t per_group = w.group_size / kSubK;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t b = b0; b < b1; ++b) {
+    __m512 acc[M][4];
+    for (auto& row : acc)
+      for (auto& v : row) v = _mm512_setzero_ps();
+    const uint8_t* block = w.nibbles + b * kb_count * kSubBytes;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t at = (b * groups + g) * kBlockRows;
+      for (int64_t s = 0; s < per_group; ++s) {
+        const int64_t kb = g * per_group + s;
+        const uint8_t* sub = block + kb * kSubBytes;
+        for (int64_t p = 0; p < kSubBytes; p += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
+        }
+        for (int t = 0; t < 4; ++t) {
+          __m512i lo[4], hi[4];
+          for (int c = 0; c < 4; ++c) {
+            const __m512i x = _mm512_loadu_si512(sub + (t * 4 + c) * 64);
+            lo[c] = _mm512_and_si512(x, low4);
+            hi[c] = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
+          }
+          const __m512 zero = load_zeros(w, at + 16 * t);
+          const __m512 scale = load_scales(w, at + 16 * t);
+          for (int m = 0; m < M; ++m) {
+            const auto* ah = reinterpret_cast<const int32_t*>(a.hi + m * a.k + kb * kSubK);
+            const auto* al = reinterpret_cast<const int32_t*>(a.lo + m * a.k + kb * kSubK);
+            __m512i i1 = _mm512_setzero_si512(), i2 = _mm512_setzero_si512();
+            for (int c = 0; c < 4; ++c) {
+              i1 = _mm512_dpbusd_epi32(i1, lo[c], _mm512_set1_epi32(ah[2 * c]));
+              i1 = _mm512_dpbusd_epi32(i1, hi[c], _mm512_set1_epi32(ah[2 * c + 1]));
+              i2 = _mm512_dpbusd_epi32(i2, lo[c], _mm512_set1_epi32(al[2 * c]));
+              i2 = _mm512_dpbusd_epi32(i2, hi[c], _mm512_set1_epi32(al[2 * c + 1]));
+            }
+            const int64_t ai = m * kb_count + kb;
+            const __m512 f1 =
+                _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_hi[ai]), _mm512_cvtepi32_ps(i1));
+            const __m512 f2 =
+                _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_lo[ai]), _mm512_cvtepi32_ps(i2));
+            const __m512 f = _mm512_fmadd_ps(f2, _mm512_set1_ps(a.d[ai] / 254.0f),
+                                             _mm512_mul_ps(f1, _mm512_set1_ps(a.d[ai])));
+            acc[m][t] = _mm512_fmadd_ps(f, scale, acc[m][t]);
+          }
+        }
+      }
+    }
+    for (int m = 0; m < M; ++m) {
+      for (int t = 0; t < 4; ++t)
+        _mm512_storeu_ps(y + m * ldy + b * kBlockRows + 16 * t, acc[m][t]);
+    }
+  }
+}
+
+// Rounds 16 f32 to the scale dtype (the product rounding of compressed-tensors).
+TORCHTPU_AVX512 __m512 round_to_scale_type(ScaleType type, __m512 v) {
+  switch (type) {
+    case ScaleType::kBFloat16: {
+      const __m512i bits = _mm512_castps_si512(v);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      const __m512i rounded =
+          _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+      return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(~0xFFFF)));
+    }
+    case ScaleType::kHalf:
+      return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    case ScaleType::kFloat: return v;
+  }
+  return v;
+}
+
+// One row of one sub-block: 32 values from the 16 bytes that lane j holds across the 4 chunks.
+TORCHTPU_AVX512 void dequantize_row_avx512(const BlockWeights& w, const uint8_t* tile, int j,
+                                           float zero, float scale, bool out_bf16, void* out) {
+  const auto* words = reinterpret_cast<const int32_t*>(tile);
+  const __m128i x = _mm_set_epi32(words[3 * 16 + j], words[2 * 16 + j], words[16 + j], words[j]);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(x, low4);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), low4);
+  // Dword c of lo holds inputs 8c..8c+3, of hi 8c+4..8c+7: interleaving dwords gives input order.
+  const __m128i first = _mm_unpacklo_epi32(lo, hi), second = _mm_unpackhi_epi32(lo, hi);
+  const __m512 z = _mm512_set1_ps(zero), s = _mm512_set1_ps(scale);
+  for (int half = 0; half < 2; ++half) {
+    const __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(half ? second : first));
+    __m512 v = round_to_scale_type(w.scale_type, _mm512_mul_ps(_mm512_sub_ps(u, z), s));
+    if (out_bf16) {
+      v = round_to_scale_type(ScaleType::kBFloat16, v);
+      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + 16 * half), h);
+    } else {
+      _mm512_storeu_ps(static_cast<float*>(out) + 16 * half, v);
+    }
+  }
+}
+
+TORCHTPU_AVX512 void dequantize_avx512(const BlockWeights& w, int64_t b0, int64_t b1,
+                                       int64_t out_rows, bool out_bf16, void* out) {
+  const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
+  const int64_t per_group = w.group_size / kSubK;
+  const int64_t elem = out_bf16 ? 2 : 4;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t rows = std::min(kBlockRows, out_rows - b * kBlockRows);
+    for (int64_t kb = 0; kb < kb_count; ++kb) {
+      const int64_t at = (b * groups + kb / per_group) * kBlockRows;
+      const uint8_t* sub = w.nibbles + (b * kb_count + kb) * kSubBytes;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float zero = w.zero ? w.zero[at + r] : 8.0f;
+        auto* dst = static_cast<char*>(out) + ((b * kBlockRows + r) * w.k + kb * kSubK) * elem;
+        dequantize_row_avx512(w, sub + (r / 16) * 256, static_cast<int>(r % 16), zero,
+                              scale_at(w, at + r), out_bf16, dst);
+      }
+    }
+  }
+}
+
+bool cpu_has_avx512_vnni() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+}
+
+#endif
+
+bool use_avx512() {
+#if defined(__x86_64__)
+  static const bool use = [] {
+    const char* forced = std::getenv("TORCHTPU_INT4_ISA");
+    if (forced && std::string_view(forced) == "portable") return false;
+    return cpu_has_avx512_vnni();
+  }();
+  return use;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo, float* d,
+                   float* sum_hi, float* sum_lo) {
+  const int64_t blocks = k / kSubK;
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const float* xb = x + m * k + kb * kSubK;
+      int8_t* h = hi + m * k + kb * kSubK;
+      int8_t* l = lo + m * k + kb * kSubK;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < kSubK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const int64_t at = m * blocks + kb;
+      if (amax == 0.0f) {
+        std::fill(h, h + kSubK, 0);
+        std::fill(l, l + kSubK, 0);
+        d[at] = sum_hi[at] = sum_lo[at] = 0.0f;
+        continue;
+      }
+      const float step = amax / 127.0f, inv = 127.0f / amax;
+      int32_t s1 = 0, s2 = 0;
+      for (int64_t i = 0; i < kSubK; ++i) {
+        const float q1 = std::clamp(std::nearbyint(xb[i] * inv), -127.0f, 127.0f);
+        const float rest = xb[i] - q1 * step;
+        const float q2 = std::clamp(std::nearbyint(rest * inv * 254.0f), -127.0f, 127.0f);
+        h[i] = static_cast<int8_t>(q1);
+        l[i] = static_cast<int8_t>(q2);
+        s1 += h[i];
+        s2 += l[i];
+      }
+      d[at] = step;
+      sum_hi[at] = static_cast<float>(s1);
+      sum_lo[at] = static_cast<float>(s2);
+    }
+  }
+}
+
+void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1, float* y,
+                 int64_t ldy) {
+#if defined(__x86_64__)
+  if (use_avx512()) {
+    switch (a.rows) {
+      case 1: return gemv_avx512<1>(w, a, b0, b1, y, ldy);
+      case 2: return gemv_avx512<2>(w, a, b0, b1, y, ldy);
+      case 3: return gemv_avx512<3>(w, a, b0, b1, y, ldy);
+      case 4: return gemv_avx512<4>(w, a, b0, b1, y, ldy);
+      default: break;
+    }
+  }
+#endif
+  gemv_portable(w, a, b0, b1, y, ldy);
+}
+
+void dequantize_blocks(const BlockWeights& w, int64_t b0, int64_t b1, int64_t out_rows,
+                       bool out_bf16, void* out) {
+#if defined(__x86_64__)
+  if (use_avx512()) return dequantize_avx512(w, b0, b1, out_rows, out_bf16, out);
+#endif
+  dequantize_portable(w, b0, b1, out_rows, out_bf16, out);
+}
+
+const char* isa() { return use_avx512() ? "avx512-vnni" : "portable"; }
+
+}  // namespace torchtpu::ops::int4_cpu

@@ -1,0 +1,69 @@
+// The CPU side of torchtpu::int4_linear: the weight layout the decode kernel streams, the
+// activation quantization it multiplies with, and the kernels (AVX-512 VNNI where the CPU has it,
+// portable C++ elsewhere; both compute the same integer sums).
+//
+// Layout ("cpu blocks"). Output rows are cut into blocks of 64 (4 tiles of 16, the last block
+// padded with zero rows), the input dim into sub-blocks of 32. For block b and sub-block kb, 1024
+// bytes hold tile t (0..3), chunk c (0..3), lane j (0..15), byte i (0..3) at
+// ((t * 4 + c) * 16 + j) * 4 + i: low nibble = u[64b + 16t + j][32kb + 8c + i], high nibble =
+// u[...][32kb + 8c + 4 + i], with u = q + 8 the unsigned nibble of compressed-tensors. So one
+// 64-byte load is 16 rows × 8 inputs, and a dword lane lines up with 4 consecutive activation
+// bytes (vpdpbusd). Scales [blocks, groups, 64] keep the checkpoint's dtype; zero points
+// [blocks, groups, 64] are the unsigned stored nibbles (zp + 8), absent when symmetric.
+//
+// Activations are quantized per row and 32-block to two int8 parts, x ≈ d·(hi + lo/254) with
+// d = max|x| / 127: about 16-bit block fixed point (relative error ≤ 2⁻¹⁶ of the block's max), so
+// the products are those of the exact int4 weights and nearly exact activations, summed exactly in
+// int32 per 32-block and in f32 across blocks.
+#pragma once
+
+#include <cstdint>
+
+namespace torchtpu::ops::int4_cpu {
+
+constexpr int64_t kBlockRows = 64;
+constexpr int64_t kSubK = 32;
+constexpr int64_t kSubBytes = kBlockRows * kSubK / 2;
+
+enum class ScaleType { kBFloat16, kHalf, kFloat };
+
+struct BlockWeights {
+  const uint8_t* nibbles = nullptr;  // [blocks, k / 32, 1024]
+  const void* scale = nullptr;       // [blocks, k / group_size, 64], scale_type
+  const uint8_t* zero = nullptr;     // [blocks, k / group_size, 64]; nullptr: symmetric (8)
+  ScaleType scale_type = ScaleType::kBFloat16;
+  int64_t k = 0;
+  int64_t group_size = 0;  // a multiple of 32 that divides k
+};
+
+// Rows of activations quantized as described above; every array is [rows, k / 32] except hi/lo.
+struct QuantizedRows {
+  const int8_t* hi = nullptr;  // [rows, k]
+  const int8_t* lo = nullptr;  // [rows, k]
+  const float* d = nullptr;
+  const float* sum_hi = nullptr;  // Σ hi per 32-block, as float (exact)
+  const float* sum_lo = nullptr;
+  int64_t rows = 0;
+  int64_t k = 0;
+};
+
+// Quantizes x [rows, k] (f32, row-major) into the given buffers (sizes as QuantizedRows).
+void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo, float* d,
+                   float* sum_hi, float* sum_lo);
+
+// y[m][64b + r] = Σ_k x[m][k] · (u - zero)·scale for blocks [b0, b1) and every row of `a`
+// (at most 4 rows per call). y is f32 [a.rows, ldy].
+void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1, float* y,
+                 int64_t ldy);
+
+// Writes rows [64·b0, min(64·b1, out_rows)) of the dequantized matrix, row-major [out_rows, k],
+// as compressed-tensors computes them: (u - zero)·scale rounded once to the scale dtype, then
+// converted to bf16 (out_bf16) or f32.
+void dequantize_blocks(const BlockWeights& w, int64_t b0, int64_t b1, int64_t out_rows,
+                       bool out_bf16, void* out);
+
+// "avx512-vnni" when the running CPU has AVX-512 F/BW/VL/VNNI (and TORCHTPU_INT4_ISA is not
+// "portable", the switch tests use to run the portable path here), else "portable".
+const char* isa();
+
+}  // namespace torchtpu::ops::int4_cpu

@@ -1,0 +1,313 @@
+#include "ops/int4_linear.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+#include "ops/int4_cpu.h"
+
+namespace torchtpu::ops {
+namespace {
+
+using int4_cpu::kBlockRows;
+using int4_cpu::kSubBytes;
+using int4_cpu::kSubK;
+
+// Rows of x up to which the CPU kernel streams the weights once for all rows; beyond, it
+// dequantizes into bf16 and leaves the product to oneDNN (AMX), which wins for prompt chunks.
+constexpr int64_t kMaxStreamedRows = 8;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::vector<int64_t> output_shape(const at::Tensor& x, int64_t out_features) {
+  auto shape = x.sizes().vec();
+  shape.back() = out_features;
+  return shape;
+}
+
+PackedInt4 as_packed(const at::Tensor& weight, const at::Tensor& scale,
+                     const std::optional<at::Tensor>& zero_point, int64_t group_size,
+                     int64_t in_features, int64_t out_features) {
+  PackedInt4 p;
+  p.module = "torchtpu::int4_linear";
+  p.packed = weight;
+  p.scale = scale;
+  if (zero_point) p.zero_point = *zero_point;
+  p.out = out_features;
+  p.in = in_features;
+  p.group_size = group_size;
+  return p;
+}
+
+void check_common(const at::Tensor& x, const at::Tensor& scale, int64_t group_size,
+                  int64_t out_features) {
+  TORCH_CHECK_VALUE(x.dim() >= 1, "int4_linear: x must have at least one dimension");
+  TORCH_CHECK_VALUE(at::isFloatingType(x.scalar_type()),
+                    "int4_linear: x must be floating point, got ", x.scalar_type());
+  TORCH_CHECK_VALUE(group_size > 0 && out_features > 0,
+                    "int4_linear: group_size and out_features must be positive, got ", group_size,
+                    " and ", out_features);
+  TORCH_CHECK_VALUE(scale.scalar_type() == at::kBFloat16 || scale.scalar_type() == at::kHalf ||
+                        scale.scalar_type() == at::kFloat,
+                    "int4_linear: scale must be bfloat16, float16 or float32, got ",
+                    scale.scalar_type());
+}
+
+at::Tensor int4_linear_composite(const at::Tensor& x, const at::Tensor& weight,
+                                 const at::Tensor& scale,
+                                 const std::optional<at::Tensor>& zero_point, int64_t group_size,
+                                 int64_t out_features) {
+  check_common(x, scale, group_size, out_features);
+  const int64_t in = x.size(-1);
+  TORCH_CHECK_VALUE(weight.scalar_type() == at::kInt,
+                    "int4_linear: this device takes compressed-tensors' layout (int32 weight), "
+                    "got a ",
+                    weight.scalar_type(), " weight (the CPU blocks of int4_repack?)");
+  TORCH_CHECK_VALUE(
+      weight.dim() == 2 && weight.size(0) == out_features && weight.size(1) == ceil_div(in, 8),
+      "int4_linear: weight is ", weight.sizes(), ", expected [", out_features, ", ",
+      ceil_div(in, 8), "] for out_features ", out_features, " and x's last dim ", in);
+  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == out_features &&
+                        scale.size(1) == ceil_div(in, group_size),
+                    "int4_linear: scale is ", scale.sizes(), ", expected [", out_features, ", ",
+                    ceil_div(in, group_size), "]");
+  const auto packed = as_packed(weight, scale, zero_point, group_size, in, out_features);
+  return at::linear(x, dequantize(packed, x.scalar_type()));
+}
+
+at::Tensor int4_linear_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, int64_t, int64_t out_features) {
+  return at::empty(output_shape(x, out_features), x.options());
+}
+
+int4_cpu::BlockWeights block_weights(const at::Tensor& weight, const at::Tensor& scale,
+                                     const std::optional<at::Tensor>& zero_point, int64_t k,
+                                     int64_t group_size) {
+  int4_cpu::BlockWeights w;
+  w.nibbles = weight.data_ptr<uint8_t>();
+  w.scale = scale.data_ptr();
+  w.zero = zero_point ? zero_point->data_ptr<uint8_t>() : nullptr;
+  w.scale_type = scale.scalar_type() == at::kBFloat16 ? int4_cpu::ScaleType::kBFloat16
+                 : scale.scalar_type() == at::kHalf   ? int4_cpu::ScaleType::kHalf
+                                                      : int4_cpu::ScaleType::kFloat;
+  w.k = k;
+  w.group_size = group_size;
+  return w;
+}
+
+at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
+                           const std::optional<at::Tensor>& zero_point, int64_t group_size,
+                           int64_t out_features) {
+  if (weight.scalar_type() != at::kByte) {
+    return int4_linear_composite(x, weight, scale, zero_point, group_size, out_features);
+  }
+  check_common(x, scale, group_size, out_features);
+  const int64_t k = x.size(-1), blocks = ceil_div(out_features, kBlockRows);
+  const int64_t groups = k / group_size;
+  TORCH_CHECK_VALUE(k % kSubK == 0 && group_size % kSubK == 0 && k % group_size == 0,
+                    "int4_linear: CPU blocks need in_features and group_size multiples of 32, "
+                    "got ",
+                    k, " and ", group_size);
+  TORCH_CHECK_VALUE(weight.dim() == 3 && weight.size(0) == blocks && weight.size(1) == k / kSubK &&
+                        weight.size(2) == kSubBytes && weight.is_contiguous(),
+                    "int4_linear: CPU blocks are ", weight.sizes(), ", expected contiguous [",
+                    blocks, ", ", k / kSubK, ", ", kSubBytes, "] for x's last dim ", k);
+  TORCH_CHECK_VALUE(scale.dim() == 3 && scale.size(0) == blocks && scale.size(1) == groups &&
+                        scale.size(2) == kBlockRows && scale.is_contiguous(),
+                    "int4_linear: CPU block scales are ", scale.sizes(), ", expected [", blocks,
+                    ", ", groups, ", ", kBlockRows, "]");
+  TORCH_CHECK_VALUE(
+      !zero_point || (zero_point->scalar_type() == at::kByte &&
+                      zero_point->sizes() == scale.sizes() && zero_point->is_contiguous()),
+      "int4_linear: CPU block zero points must be uint8 shaped like the scales");
+  const auto w = block_weights(weight, scale, zero_point, k, group_size);
+
+  const auto rows = x.reshape({-1, k});
+  const int64_t m = rows.size(0);
+  if (m > kMaxStreamedRows || x.scalar_type() == at::kFloat) {
+    // f32 keeps compressed-tensors' exact dequantized values (the --dtype float32 numerics).
+    const bool bf16 = x.scalar_type() != at::kFloat;
+    auto dense = at::empty({out_features, k}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      int4_cpu::dequantize_blocks(w, b0, b1, out_features, bf16, dense.data_ptr());
+    });
+    return at::linear(x, dense.to(x.scalar_type()));
+  }
+
+  const auto xf = rows.to(at::kFloat).contiguous();
+  auto hi = at::empty({m, k}, at::kChar), lo = at::empty({m, k}, at::kChar);
+  auto stats = at::empty({3, m, k / kSubK}, at::kFloat);
+  int4_cpu::quantize_rows(xf.data_ptr<float>(), m, k, hi.data_ptr<int8_t>(), lo.data_ptr<int8_t>(),
+                          stats[0].data_ptr<float>(), stats[1].data_ptr<float>(),
+                          stats[2].data_ptr<float>());
+  auto y = at::empty({m, blocks * kBlockRows}, at::kFloat);
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t r = 0; r < m; r += 4) {
+      int4_cpu::QuantizedRows a;
+      a.rows = std::min<int64_t>(4, m - r);
+      a.k = k;
+      a.hi = hi.data_ptr<int8_t>() + r * k;
+      a.lo = lo.data_ptr<int8_t>() + r * k;
+      a.d = stats[0].data_ptr<float>() + r * (k / kSubK);
+      a.sum_hi = stats[1].data_ptr<float>() + r * (k / kSubK);
+      a.sum_lo = stats[2].data_ptr<float>() + r * (k / kSubK);
+      int4_cpu::gemv_blocks(w, a, b0, b1, y.data_ptr<float>() + r * blocks * kBlockRows,
+                            blocks * kBlockRows);
+    }
+  });
+  return y.narrow(1, 0, out_features).to(x.scalar_type()).view(output_shape(x, out_features));
+}
+
+std::vector<at::Tensor> int4_repack_op(const at::Tensor& weight, const at::Tensor& scale,
+                                       const std::optional<at::Tensor>& zero_point,
+                                       int64_t group_size, int64_t out_features) {
+  const int64_t in = weight.size(1) * 8;
+  const auto packed = as_packed(weight, scale, zero_point, group_size, in, out_features);
+  TORCH_CHECK_VALUE(cpu_blocks_supported(packed),
+                    "int4_repack: CPU blocks need in_features and group_size multiples of 32, "
+                    "got ",
+                    in, " and ", group_size);
+  const auto r = repack_for_cpu(packed);
+  std::vector<at::Tensor> out{r.weight, r.scale};
+  if (r.zero_point.defined()) out.push_back(r.zero_point);
+  return out;
+}
+
+// The op handle, looked up once.
+const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                          const std::optional<at::Tensor>&, int64_t, int64_t)>&
+int4_linear_op() {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("torchtpu::int4_linear", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, int64_t, int64_t)>();
+  return op;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(torchtpu, m) {
+  m.def(
+      "int4_linear(Tensor x, Tensor weight, Tensor scale, Tensor? zero_point, int group_size, "
+      "int out_features) -> Tensor");
+  m.def(
+      "int4_repack(Tensor weight, Tensor scale, Tensor? zero_point, int group_size, "
+      "int out_features) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(torchtpu, CompositeExplicitAutograd, m) {
+  m.impl("int4_linear", &int4_linear_composite);
+}
+
+TORCH_LIBRARY_IMPL(torchtpu, CPU, m) {
+  m.impl("int4_linear", &int4_linear_cpu);
+  m.impl("int4_repack", &int4_repack_op);
+}
+
+TORCH_LIBRARY_IMPL(torchtpu, Meta, m) { m.impl("int4_linear", &int4_linear_meta); }
+
+int64_t Int4Weight::nbytes() const {
+  return weight.nbytes() + scale.nbytes() + (zero_point.defined() ? zero_point.nbytes() : 0);
+}
+
+std::string Int4Weight::describe() const {
+  const auto s = scale.scalar_type();
+  const std::string scales = s == at::kBFloat16 ? "bf16" : s == at::kHalf ? "f16" : "f32";
+  std::string text = "int4(g" + std::to_string(group_size) + ", " + scales + " scales";
+  if (zero_point.defined()) text += ", zero points";
+  text += cpu_blocks() ? std::string(", cpu blocks ") + int4_cpu_isa() : ", compressed-tensors";
+  return text + ")";
+}
+
+at::Tensor int4_linear(const at::Tensor& x, const Int4Weight& w) {
+  std::optional<at::Tensor> zero;
+  if (w.zero_point.defined()) zero = w.zero_point;
+  return int4_linear_op().call(x, w.weight, w.scale, zero, w.group_size, w.out_features);
+}
+
+Int4Weight int4_weight(const PackedInt4& packed) {
+  Int4Weight w;
+  w.weight = packed.packed;
+  w.scale = packed.scale;
+  w.zero_point = packed.zero_point;
+  w.group_size = packed.group_size;
+  w.in_features = packed.in;
+  w.out_features = packed.out;
+  return w;
+}
+
+bool cpu_blocks_supported(const PackedInt4& p) {
+  return !p.g_idx.defined() && p.in % kSubK == 0 && p.group_size % kSubK == 0 &&
+         p.in % p.group_size == 0;
+}
+
+Int4Weight repack_for_cpu(const PackedInt4& p) {
+  TORCH_CHECK(cpu_blocks_supported(p), "repack_for_cpu: ", p.module, " has no CPU block layout");
+  const int64_t blocks = ceil_div(p.out, kBlockRows), kb_count = p.in / kSubK;
+  const int64_t groups = p.in / p.group_size, words = p.packed.size(1);
+  const auto packed = p.packed.to(at::kCPU).contiguous();
+  const auto scale = p.scale.to(at::kCPU).contiguous();
+  at::Tensor zero;
+  if (p.zero_point.defined()) {
+    // Stored zero points are packed 8 per int32 along the output dim: unpack to [out, groups].
+    const auto shifts = at::arange(0, 32, 4, at::kInt);
+    zero = p.zero_point.to(at::kCPU)
+               .t()
+               .unsqueeze(-1)
+               .bitwise_right_shift(shifts)
+               .bitwise_and(0xF)
+               .reshape({groups, -1})
+               .narrow(1, 0, p.out)
+               .t()
+               .contiguous();
+  }
+
+  Int4Weight r;
+  r.group_size = p.group_size;
+  r.in_features = p.in;
+  r.out_features = p.out;
+  r.weight = at::zeros({blocks, kb_count, kSubBytes}, at::kByte);
+  // Padding rows get scale 0 (and the symmetric zero), so they add nothing.
+  r.scale = at::zeros({blocks, groups, kBlockRows}, scale.options());
+  if (zero.defined()) r.zero_point = at::full({blocks, groups, kBlockRows}, 8, at::kByte);
+
+  const auto* src = packed.data_ptr<int32_t>();
+  auto* dst = r.weight.data_ptr<uint8_t>();
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t row = 0; row < kBlockRows && b * kBlockRows + row < p.out; ++row) {
+        const int32_t* words_of_row = src + (b * kBlockRows + row) * words;
+        auto u = [&](int64_t col) { return (words_of_row[col / 8] >> (4 * (col % 8))) & 0xF; };
+        const int64_t t = row / 16, j = row % 16;
+        for (int64_t kb = 0; kb < kb_count; ++kb) {
+          uint8_t* sub = dst + (b * kb_count + kb) * kSubBytes;
+          for (int64_t c = 0; c < 4; ++c) {
+            for (int64_t i = 0; i < 4; ++i) {
+              const int64_t col = kb * kSubK + 8 * c + i;
+              sub[((t * 4 + c) * 16 + j) * 4 + i] =
+                  static_cast<uint8_t>(u(col) | (u(col + 4) << 4));
+            }
+          }
+        }
+      }
+    }
+  });
+  // [out, groups] -> [blocks, groups, 64], padded.
+  auto padded_scale = at::zeros({blocks * kBlockRows, groups}, scale.options());
+  padded_scale.narrow(0, 0, p.out).copy_(scale);
+  r.scale.copy_(padded_scale.view({blocks, kBlockRows, groups}).transpose(1, 2));
+  if (zero.defined()) {
+    auto padded_zero = at::full({blocks * kBlockRows, groups}, 8, at::kByte);
+    padded_zero.narrow(0, 0, p.out).copy_(zero);
+    r.zero_point.copy_(padded_zero.view({blocks, kBlockRows, groups}).transpose(1, 2));
+  }
+  return r;
+}
+
+const char* int4_cpu_isa() { return int4_cpu::isa(); }
+
+}  // namespace torchtpu::ops

@@ -1,0 +1,166 @@
+// torchtpu::int4_linear against independent references: a float64 matmul of the weights as
+// compressed-tensors dequantizes them, at::linear on those weights, and the library's own
+// dequantization (quant/pack_quantized, checked bit for bit against compressed-tensors in
+// tests/python/test_quant.py). CTest runs this suite twice: with the CPU's best kernel and with
+// TORCHTPU_INT4_ISA=portable.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <string>
+#include <tuple>
+
+#include "ops/int4_linear.h"
+#include "quant/pack_quantized.h"
+#include "quant/quantize.h"
+
+namespace torchtpu::ops {
+namespace {
+
+struct Case {
+  int64_t in, out, group;
+  bool symmetric;
+  at::ScalarType scale_dtype;
+};
+
+PackedInt4 random_int4(const Case& c, uint64_t seed) {
+  at::manual_seed(seed);
+  const auto dense = (at::randn({c.out, c.in}) * 0.05).to(at::kBFloat16);
+  return quantize_weight(dense, {c.group, c.symmetric, c.scale_dtype}, "test.linear");
+}
+
+at::Tensor random_input(int64_t rows, int64_t in, uint64_t seed) {
+  at::manual_seed(seed);
+  // Heavy-tailed like real activations: a few channels much larger than the rest.
+  auto x = at::randn({rows, in});
+  x.narrow(1, 0, std::min<int64_t>(in, 8)).mul_(20.0);
+  return x.to(at::kBFloat16);
+}
+
+double rms(const at::Tensor& t) { return t.to(at::kDouble).pow(2).mean().sqrt().item<double>(); }
+
+// The E2B linears (research/gemma4-architecture.md): q/k/v/o, gate/up/down (6144 and the shared
+// layers' 12288), the per-layer input gate and projection, the per-layer model projection.
+class E2BShapes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(E2BShapes, ErrorAgainstFloat64IsAtMostTwiceThatOfBf16Linear) {
+  const Case c = GetParam();
+  const auto packed = random_int4(c, 1);
+  const auto blocks = repack_for_cpu(packed);
+  const auto weights = dequantize(packed, at::kBFloat16);
+  for (int64_t rows : {1, 3}) {
+    const auto x = random_input(rows, c.in, 2 + rows);
+    const auto exact = at::linear(x.to(at::kDouble), weights.to(at::kDouble));
+    const double ours = rms(int4_linear(x, blocks).to(at::kDouble) - exact);
+    const double aten = rms(at::linear(x, weights).to(at::kDouble) - exact);
+    std::cout << "in " << c.in << " out " << c.out << " rows " << rows << ": rms error "
+              << ours / rms(exact) << " (int4_linear), " << aten / rms(exact)
+              << " (at::linear bf16), relative to the output's rms\n";
+    EXPECT_LE(ours, 2.0 * aten) << "in " << c.in << " out " << c.out << " rows " << rows
+                                << ": int4_linear " << ours << ", at::linear " << aten
+                                << ", output rms " << rms(exact);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Ops, E2BShapes,
+    ::testing::Values(Case{1536, 2048, 32, true, at::kBFloat16},   // q_proj (sliding)
+                      Case{1536, 512, 32, true, at::kBFloat16},    // k/v_proj (full)
+                      Case{4096, 1536, 32, true, at::kBFloat16},   // o_proj (full)
+                      Case{1536, 6144, 32, true, at::kBFloat16},   // gate/up_proj
+                      Case{12288, 1536, 32, true, at::kBFloat16},  // down_proj (shared layers)
+                      Case{1536, 256, 32, false, at::kBFloat16},   // per_layer_input_gate, asym
+                      Case{256, 1536, 32, true, at::kHalf},        // per_layer_projection
+                      Case{1536, 8960, 128, true, at::kFloat},     // per_layer_model_projection
+                      Case{6144, 1536, 64, false, at::kHalf}));
+
+TEST(Int4Linear, EachStreamedRowMatchesThatRowAlone) {
+  const Case c{256, 200, 32, false, at::kBFloat16};
+  const auto blocks = repack_for_cpu(random_int4(c, 3));
+  const auto x = random_input(8, c.in, 4);
+  const auto together = int4_linear(x, blocks);
+  for (int64_t r = 0; r < x.size(0); ++r) {
+    EXPECT_TRUE(at::equal(together[r], int4_linear(x.narrow(0, r, 1), blocks)[0])) << "row " << r;
+  }
+}
+
+TEST(Int4Linear, PromptChunksUseExactlyTheDequantizedWeights) {
+  for (const Case& c : {Case{320, 100, 32, true, at::kBFloat16},
+                        Case{128, 64, 64, false, at::kHalf}, Case{96, 48, 32, true, at::kFloat}}) {
+    const auto packed = random_int4(c, 5);
+    const auto blocks = repack_for_cpu(packed);
+    const auto x = random_input(40, c.in, 6);
+    EXPECT_TRUE(at::equal(int4_linear(x, blocks), at::linear(x, dequantize(packed, at::kBFloat16))))
+        << "in " << c.in;
+    // f32 activations keep compressed-tensors' values exactly too (the --dtype float32 numerics).
+    const auto xf = x.narrow(0, 0, 1).to(at::kFloat);
+    EXPECT_TRUE(at::equal(int4_linear(xf, blocks), at::linear(xf, dequantize(packed, at::kFloat))));
+  }
+}
+
+TEST(Int4Linear, CompressedTensorsLayoutRunsTheCompositeOnTheCpu) {
+  const Case c{64, 24, 32, false, at::kBFloat16};
+  const auto packed = random_int4(c, 7);
+  const auto x = random_input(2, c.in, 8).view({1, 2, c.in});
+  const auto y = int4_linear(x, int4_weight(packed));
+  EXPECT_EQ(y.sizes(), (at::IntArrayRef{1, 2, 24}));
+  EXPECT_TRUE(at::equal(y, at::linear(x, dequantize(packed, at::kBFloat16))));
+}
+
+TEST(Int4Linear, PaddingRowsAndZeroBlocksContributeNothing) {
+  const Case c{64, 17, 32, true, at::kBFloat16};
+  const auto packed = random_int4(c, 9);
+  auto x = random_input(1, c.in, 10);
+  x.narrow(1, 0, 32).zero_();
+  const auto y = int4_linear(x, repack_for_cpu(packed));
+  EXPECT_EQ(y.sizes(), (at::IntArrayRef{1, 17}));
+  const auto exact = at::linear(x.to(at::kDouble), dequantize(packed, at::kDouble));
+  EXPECT_LT(rms(y.to(at::kDouble) - exact), 1e-2 * rms(exact));
+}
+
+TEST(Int4Linear, MetaTensorsGiveTheShapeOnly) {
+  const Case c{64, 40, 32, true, at::kBFloat16};
+  const auto blocks = repack_for_cpu(random_int4(c, 11));
+  Int4Weight meta = blocks;
+  meta.weight = at::empty_like(blocks.weight, at::kMeta);
+  meta.scale = at::empty_like(blocks.scale, at::kMeta);
+  const auto y =
+      int4_linear(at::empty({3, 5, 64}, at::device(at::kMeta).dtype(at::kBFloat16)), meta);
+  EXPECT_EQ(y.device().type(), at::kMeta);
+  EXPECT_EQ(y.sizes(), (at::IntArrayRef{3, 5, 40}));
+}
+
+TEST(Int4Linear, MismatchedShapesNameTheTensorAndTheExpectation) {
+  const Case c{64, 40, 32, true, at::kBFloat16};
+  const auto packed = random_int4(c, 12);
+  const auto blocks = repack_for_cpu(packed);
+  const auto x = random_input(1, 96, 13);
+  try {
+    int4_linear(x, blocks);
+    FAIL() << "a 96-wide input was accepted by a 64-wide weight";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected contiguous [1, 3, 1024]"), std::string::npos)
+        << e.what();
+  }
+  try {
+    int4_linear(x, int4_weight(packed));
+    FAIL() << "a 96-wide input was accepted by the composite";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected [40, 12]"), std::string::npos) << e.what();
+  }
+  auto ints = random_input(1, 64, 14).to(at::kInt);
+  EXPECT_THROW(int4_linear(ints, blocks), c10::ValueError);
+}
+
+TEST(Int4Linear, ActivationOrderingHasNoCpuBlocks) {
+  auto packed = random_int4({64, 16, 32, true, at::kBFloat16}, 15);
+  EXPECT_TRUE(cpu_blocks_supported(packed));
+  packed.g_idx = at::zeros({64}, at::kInt);
+  EXPECT_FALSE(cpu_blocks_supported(packed));
+  auto narrow = random_int4({48, 16, 48, true, at::kBFloat16}, 16);
+  EXPECT_FALSE(cpu_blocks_supported(narrow));
+}
+
+}  // namespace
+}  // namespace torchtpu::ops
