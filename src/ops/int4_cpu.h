@@ -41,6 +41,7 @@ struct QuantizedRows {
   const int8_t* hi = nullptr;  // [rows, k]
   const int8_t* lo = nullptr;  // [rows, k]
   const float* d = nullptr;
+  const float* d_lo = nullptr;    // d / 254, the step of lo
   const float* sum_hi = nullptr;  // Σ hi per 32-block, as float (exact)
   const float* sum_lo = nullptr;
   int64_t rows = 0;
@@ -49,10 +50,10 @@ struct QuantizedRows {
 
 // Quantizes x [rows, k] (f32, row-major) into the given buffers (sizes as QuantizedRows).
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo, float* d,
-                   float* sum_hi, float* sum_lo);
+                   float* d_lo, float* sum_hi, float* sum_lo);
 
-// y[m][64b + r] = Σ_k x[m][k] · (u - zero)·scale for blocks [b0, b1) and every row of `a`
-// (at most 4 rows per call). y is f32 [a.rows, ldy].
+// y[m][64b + r] = Σ_k x[m][k] · (u - zero)·scale for blocks [b0, b1) and every row of `a`.
+// y is f32 [a.rows, ldy].
 void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1, float* y,
                  int64_t ldy);
 

@@ -139,24 +139,22 @@ at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
 
   const auto xf = rows.to(at::kFloat).contiguous();
   auto hi = at::empty({m, k}, at::kChar), lo = at::empty({m, k}, at::kChar);
-  auto stats = at::empty({3, m, k / kSubK}, at::kFloat);
+  auto stats = at::empty({4, m, k / kSubK}, at::kFloat);
+  int4_cpu::QuantizedRows a;
+  a.rows = m;
+  a.k = k;
+  a.hi = hi.data_ptr<int8_t>();
+  a.lo = lo.data_ptr<int8_t>();
+  a.d = stats[0].data_ptr<float>();
+  a.d_lo = stats[1].data_ptr<float>();
+  a.sum_hi = stats[2].data_ptr<float>();
+  a.sum_lo = stats[3].data_ptr<float>();
   int4_cpu::quantize_rows(xf.data_ptr<float>(), m, k, hi.data_ptr<int8_t>(), lo.data_ptr<int8_t>(),
                           stats[0].data_ptr<float>(), stats[1].data_ptr<float>(),
-                          stats[2].data_ptr<float>());
+                          stats[2].data_ptr<float>(), stats[3].data_ptr<float>());
   auto y = at::empty({m, blocks * kBlockRows}, at::kFloat);
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t r = 0; r < m; r += 4) {
-      int4_cpu::QuantizedRows a;
-      a.rows = std::min<int64_t>(4, m - r);
-      a.k = k;
-      a.hi = hi.data_ptr<int8_t>() + r * k;
-      a.lo = lo.data_ptr<int8_t>() + r * k;
-      a.d = stats[0].data_ptr<float>() + r * (k / kSubK);
-      a.sum_hi = stats[1].data_ptr<float>() + r * (k / kSubK);
-      a.sum_lo = stats[2].data_ptr<float>() + r * (k / kSubK);
-      int4_cpu::gemv_blocks(w, a, b0, b1, y.data_ptr<float>() + r * blocks * kBlockRows,
-                            blocks * kBlockRows);
-    }
+    int4_cpu::gemv_blocks(w, a, b0, b1, y.data_ptr<float>(), blocks * kBlockRows);
   });
   return y.narrow(1, 0, out_features).to(x.scalar_type()).view(output_shape(x, out_features));
 }
