@@ -1187,7 +1187,11 @@ int Server::run() {
                              " (address in use, not local, or not allowed)");
   }
   std::thread worker([this] { worker_main(); });
-  std::thread listener([&http] { http.listen_after_bind(); });
+  std::atomic<bool> listener_done = false;
+  std::thread listener([&] {
+    http.listen_after_bind();
+    listener_done = true;
+  });
   if (options_.on_listening) options_.on_listening(port);
   std::cout << "serving " << model_id_ << " on http://" << options_.host << ":" << port
             << std::endl;
@@ -1207,6 +1211,14 @@ int Server::run() {
     std::unique_lock lock(active_mutex_);
     active_changed_.wait(lock, [&] { return active_ == 0; });
   }
+  // httplib's stop() does nothing until listen_after_bind() has marked the server running, and
+  // after that it accepts until stopped: a stop that comes first (a load failure or a signal
+  // before the listener thread is scheduled) would be lost and the join below would never return.
+  // listen_after_bind() marks the server running as its first step and stays so until it
+  // returns, so this wait is as short as a thread start.
+  while (!http.is_running() && !listener_done) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   http.stop();
   listener.join();
   {
@@ -1215,6 +1227,10 @@ int Server::run() {
   }
   queue_changed_.notify_all();
   worker.join();
+  // Stops that came after the wake-up (a signal during shutdown, the engine thread's own stop
+  // after a load failure) were for this run, not the next one.
+  while (read(stop_pipe.read_fd, drain, sizeof(drain)) > 0) {
+  }
   if (load_error_) std::rethrow_exception(load_error_);
   return 0;
 }

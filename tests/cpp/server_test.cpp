@@ -10,9 +10,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <future>
+#include <iostream>
 #include <sstream>
 #include <thread>
 
@@ -399,6 +403,94 @@ TEST(Run, ALoadFailureIsThrownFromRunAfterTheListenerCloses) {
   options.port = 0;
   options.install_signal_handlers = false;
   EXPECT_ANY_THROW(run(options));
+}
+
+// The ways a run can be told to end before its listener thread has started accepting, where
+// httplib ignores stop(): its engine failing to load, request_stop() (before run() or as soon as
+// the port is bound) and SIGTERM (as soon as the port is bound, or from the engine thread).
+enum class EarlyEnd {
+  kLoadFailure,
+  kStopBeforeRun,
+  kStopOnceBound,
+  kSignalOnceBound,
+  kSignalWhileLoading
+};
+
+TEST(Run, EndsWithTheLoadErrorHoweverLoadFailureStopAndSignalInterleave) {
+  constexpr int kIterations = 250;
+  std::atomic<int> started = 0;
+  auto loop = std::async(std::launch::async, [&] {
+    std::ostringstream quiet;  // 250 "serving ..." lines
+    std::streambuf* out = std::cout.rdbuf(quiet.rdbuf());
+    for (int i = 0; i < kIterations; ++i) {
+      started = i;
+      const auto end = static_cast<EarlyEnd>(i % 5);
+      // The engine fails 0 to 350 us into loading, moving the failure around the listener start.
+      const auto delay = std::chrono::microseconds(i / 5 % 8 * 50);
+      const std::string error = "no engine, iteration " + std::to_string(i);
+      ServeOptions options;
+      options.model_dir = testing::TempDir() + "/no-such-checkpoint";
+      options.port = 0;
+      options.max_queue = 0;
+      options.install_signal_handlers =
+          end == EarlyEnd::kSignalOnceBound || end == EarlyEnd::kSignalWhileLoading;
+      if (end == EarlyEnd::kStopBeforeRun) request_stop();
+      if (end == EarlyEnd::kStopOnceBound) options.on_listening = [](int) { request_stop(); };
+      if (end == EarlyEnd::kSignalOnceBound) options.on_listening = [](int) { raise(SIGTERM); };
+      try {
+        run(options, [&](const EngineOptions&) -> std::unique_ptr<Engine> {
+          if (end == EarlyEnd::kSignalWhileLoading) raise(SIGTERM);
+          std::this_thread::sleep_for(delay);
+          throw std::runtime_error(error);
+        });
+        ADD_FAILURE() << "iteration " << i << ": run() returned instead of throwing";
+      } catch (const std::runtime_error& e) {
+        EXPECT_EQ(e.what(), error);
+      }
+    }
+    std::cout.rdbuf(out);
+  });
+  if (loop.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    // The hung run() cannot be unwound; end the process with the iteration that hung.
+    std::cerr << "run() did not return in iteration " << started << " (EarlyEnd " << started % 5
+              << ")" << std::endl;
+    std::_Exit(1);
+  }
+  loop.get();
+}
+
+TEST(Run, AStopThatComesWhileARunEndsIsNotLeftForTheNextRun) {
+  ServeOptions options;
+  options.model_dir = testing::TempDir() + "/no-such-checkpoint";
+  options.port = 0;
+  options.install_signal_handlers = false;
+  // Two stops for this run: one before it starts, then its engine thread's after loading fails.
+  request_stop();
+  EXPECT_THROW(run(options,
+                   [](const EngineOptions&) -> std::unique_ptr<Engine> {
+                     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                     throw std::runtime_error("no engine");
+                   }),
+               std::runtime_error);
+
+  std::promise<int> bound;
+  options.on_listening = [&](int port) { bound.set_value(port); };
+  std::promise<void> fail;
+  std::thread host([&, failed = fail.get_future().share()] {
+    EXPECT_THROW(run(options,
+                     [&](const EngineOptions&) -> std::unique_ptr<Engine> {
+                       failed.wait();
+                       throw std::runtime_error("no engine");
+                     }),
+                 std::runtime_error);
+  });
+  httplib::Client client("127.0.0.1", bound.get_future().get());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  auto health = client.Get("/health");
+  EXPECT_TRUE(health) << "the second run stopped on its own: "
+                      << httplib::to_string(health.error());
+  fail.set_value();
+  host.join();
 }
 
 }  // namespace

@@ -1,0 +1,7 @@
+# `torchtpu-cpp serve` as a process: a checkpoint that fails to load ends it with the error, every
+# time (20 runs, since the failure races the listener thread's start).
+if(TARGET torchtpu-cpp)
+  add_test(NAME shell_serve_load_failure
+           COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/serve_load_failure.sh $<TARGET_FILE:torchtpu-cpp> 20)
+  set_tests_properties(shell_serve_load_failure PROPERTIES TIMEOUT 900 LABELS server)
+endif()
