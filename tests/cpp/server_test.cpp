@@ -346,8 +346,7 @@ TEST(Connection, PeerClosedOnlyOnceTheClientHasGone) {
 
 TEST(Demo, EmbeddedChatTemplateIsGemma4s) {
   const std::string t = gemma4_chat_template();
-  EXPECT_EQ(t.size(),
-            18569u);  // shared/data/gemma4/SOURCES.md: the published file's length
+  EXPECT_EQ(t.size(), 18569u);  // data/gemma4/SOURCES.md: the published file's length
   EXPECT_NE(t.find("<|turn>"), std::string::npos);
 }
 

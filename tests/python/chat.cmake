@@ -1,6 +1,5 @@
-# ChatTemplate against transformers' apply_chat_template on the Gemma 4 templates in shared/.
-set(TORCHTPU_GEMMA4_DATA ${CMAKE_SOURCE_DIR}/../shared/data/gemma4
-    CACHE PATH "Gemma 4 chat templates and their reference renderings")
+# ChatTemplate against transformers' apply_chat_template on the Gemma 4 templates in data/gemma4.
+set(TORCHTPU_GEMMA4_DATA ${CMAKE_SOURCE_DIR}/data/gemma4)
 add_test(NAME py_chat_template
          COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider
                  ${CMAKE_CURRENT_LIST_DIR}/test_chat_template.py)

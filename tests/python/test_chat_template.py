@@ -17,9 +17,7 @@ import pytest
 from tokenizers import Tokenizer, models
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-DATA = Path(
-    os.environ.get("GEMMA4_DATA", Path(__file__).parents[3] / "shared/data/gemma4")
-)
+DATA = Path(os.environ.get("GEMMA4_DATA", Path(__file__).parents[2] / "data/gemma4"))
 RENDER = os.environ.get("CHAT_TEMPLATE_RENDER")
 MAIN = DATA / "chat_template.jinja"
 VARIANTS = sorted(p for p in DATA.glob("chat_template.*.jinja"))
