@@ -334,6 +334,14 @@ GenerationRequest parse_chat_request(const ojson& body) {
                      "missing_required_parameter");
     }
     if (!role->is_string()) throw wrong_type(p + ".role", "a string", *role);
+    // The template prints any other role as a turn of that name, which the model never saw.
+    if (*role != "system" && *role != "developer" && *role != "user" && *role != "assistant" &&
+        *role != "tool") {
+      throw ApiError(400,
+                     "'" + p + ".role' must be \"system\", \"developer\", \"user\", " +
+                         "\"assistant\" or \"tool\", got " + role->dump(),
+                     "invalid_request_error", p + ".role", "invalid_value");
+    }
     auto content = m.find("content");
     const bool is_assistant = *role == "assistant";
     if (content == m.end()) {
@@ -370,6 +378,23 @@ GenerationRequest parse_chat_request(const ojson& body) {
   }
   if (const ojson* tools = field(body, "tools")) {
     if (!tools->is_array()) throw wrong_type("tools", "an array", *tools);
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const ojson& tool = (*tools)[i];
+      const std::string p = "tools[" + std::to_string(i) + "]";
+      if (!tool.is_object()) throw wrong_type(p, "an object", tool);
+      const ojson* function = field(tool, "function");
+      if (!function) {
+        throw ApiError(400, "'" + p + ".function' is required", "invalid_request_error",
+                       p + ".function", "missing_required_parameter");
+      }
+      if (!function->is_object()) throw wrong_type(p + ".function", "an object", *function);
+      const ojson* name = field(*function, "name");
+      if (!name) {
+        throw ApiError(400, "'" + p + ".function.name' is required", "invalid_request_error",
+                       p + ".function.name", "missing_required_parameter");
+      }
+      if (!name->is_string()) throw wrong_type(p + ".function.name", "a string", *name);
+    }
     r.tools = *tools;
   }
   if (const ojson* kwargs = field(body, "chat_template_kwargs")) {

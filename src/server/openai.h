@@ -71,9 +71,11 @@ struct GenerationRequest {
   std::string tool_choice_function;
 };
 
-// ApiError 400 naming the field for anything malformed; n other than 1 is 400 too. Chat:
-// reasoning_effort other than "none" sets template_kwargs.enable_thinking unless
-// chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps only it.
+// ApiError 400 naming the field for anything malformed; n other than 1 is 400 too. Chat: a role
+// other than system, developer, user, assistant or tool is malformed, and so is a tool without a
+// string function.name; reasoning_effort other than "none" sets template_kwargs.enable_thinking
+// unless chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps
+// only it.
 GenerationRequest parse_chat_request(const ojson& body);
 GenerationRequest parse_completion_request(const ojson& body);
 

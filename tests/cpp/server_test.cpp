@@ -110,6 +110,16 @@ TEST(ChatRequest, AssistantMayHaveNullContent) {
   EXPECT_EQ(error_of([&] { parse_chat_request(body); }).param, "messages[0].content");
 }
 
+TEST(ChatRequest, AcceptsTheFiveRolesOfTheTemplate) {
+  auto body = ojson::parse(R"({"messages":[{"role":"system","content":"s"},
+      {"role":"developer","content":"d"},{"role":"user","content":"u"},
+      {"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",
+        "function":{"name":"f","arguments":"{}"}}]},
+      {"role":"tool","tool_call_id":"c","content":"t"}],
+      "tools":[{"type":"function","function":{"name":"f"}}]})");
+  EXPECT_EQ(parse_chat_request(body).messages.size(), 5u);
+}
+
 struct BadChat {
   std::string body;
   std::string param;
@@ -164,7 +174,20 @@ INSTANTIATE_TEST_SUITE_P(
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"logit_bias":{"5":101}})",
                 "logit_bias.5"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream_options":[]})",
-                "stream_options"}),
+                "stream_options"},
+        BadChat{R"({"messages":[{"role":"wizard","content":"a"}]})", "messages[0].role"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"},{"role":"","content":"b"}]})",
+                "messages[1].role"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"tools":[5]})", "tools[0]"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"tools":[{"type":"function"}]})",
+                "tools[0].function"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],
+                    "tools":[{"type":"function","function":{"description":"d"}}]})",
+                "tools[0].function.name"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],
+                    "tools":[{"type":"function","function":{"name":"f"}},
+                             {"type":"function","function":{"name":7}}]})",
+                "tools[1].function.name"}),
     case_name);
 
 TEST(CompletionRequest, PromptAsTextOrIds) {

@@ -289,6 +289,9 @@ describe("errors are OpenAI error objects with the right status", () => {
     ["max_tokens of the wrong type", { messages, max_tokens: "5" }, "max_tokens"],
     ["max_tokens below 1", { messages, max_tokens: 0 }, "max_tokens"],
     ["n other than 1", { messages, n: 2 }, "n"],
+    ["an unknown role", { messages: [{ role: "wizard", content: "hi" }] }, "messages[0].role"],
+    ["a tool name that is not a string",
+      { messages, tools: [{ type: "function", function: { name: 7 } }] }, "tools[0].function.name"],
   ]) {
     test(`${name}: 400 naming '${param}'`, async () => {
       await assert.rejects(chat(body), (e) => isStatus(OpenAI.BadRequestError, 400)(e) &&
