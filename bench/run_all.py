@@ -47,7 +47,11 @@ def run_json(name, cmd, timeout):
     begin = time.time()
     try:
         proc = subprocess.run(
-            list(map(str, cmd)), check=False, capture_output=True, text=True, timeout=timeout
+            list(map(str, cmd)),
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         log(name, "timed out after", timeout, "s")
@@ -68,7 +72,9 @@ def run_json(name, cmd, timeout):
 
 def machine():
     info = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    lscpu = subprocess.run(
+        ["lscpu"], capture_output=True, text=True, check=False
+    ).stdout
     for line in lscpu.splitlines():
         key, _, value = line.partition(":")
         if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Flags"):
@@ -97,7 +103,11 @@ def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 7):
         begin = time.perf_counter()
         x.sum()
         rates.append(x.numel() * 4 / (time.perf_counter() - begin))
-    return {"median_bytes_s": statistics.median(rates), "passes_bytes_s": rates, "threads": threads}
+    return {
+        "median_bytes_s": statistics.median(rates),
+        "passes_bytes_s": rates,
+        "threads": threads,
+    }
 
 
 def bytes_per_token(gguf_path: pathlib.Path):
@@ -150,7 +160,9 @@ def prepare(cli, work: pathlib.Path):
         )
     if not (w4 / "config.json").exists():
         log("quantize ->", w4, emb4)
-        subprocess.run([cli, "quantize", dense, w4, "--group", "32", "--emb4", emb4], check=True)
+        subprocess.run(
+            [cli, "quantize", dense, w4, "--group", "32", "--emb4", emb4], check=True
+        )
     sys.path.insert(0, str(BENCH))
     import gguf_export
 
@@ -238,6 +250,22 @@ def markdown(results, info, bandwidth, limits, lengths):
                 f" {fmt(ratio(r['load_s'], base['load_s']), 2)} |"
                 f" {fmt(ratio(r['peak_rss_bytes'], base['peak_rss_bytes']), 2)} |"
             )
+    packed, q4_0 = results.get("ours-w4a16", {}), results.get("llamacpp-q4_0", {})
+    if packed and q4_0 and "error" not in packed and "error" not in q4_0:
+        lines += [
+            "",
+            "Ours from packed int4 (W4A16 + int4 tables) ÷ llama.cpp Q4_0, the same int4 values:"
+            " above 1 means ours is faster or smaller.",
+            "",
+            "| decode streamed | read 512 | read 4096 | load s (peer ÷ ours) |"
+            " peak RSS (peer ÷ ours) |",
+            "|---|---|---|---|---|",
+            f"| {fmt(pick(packed, 'decode', read_every=1) / pick(q4_0, 'decode', read_every=1), 2)} |"
+            f" {fmt(pick(packed, 'read', 512) / pick(q4_0, 'read', 512), 2)} |"
+            f" {fmt(pick(packed, 'read', 4096) / pick(q4_0, 'read', 4096), 2)} |"
+            f" {fmt(q4_0['load_s'] / packed['load_s'], 2)} |"
+            f" {fmt(q4_0['peak_rss_bytes'] / packed['peak_rss_bytes'], 2)} |",
+        ]
     long = results.get("long")
     if long and "error" not in long:
         lines += [
@@ -258,10 +286,17 @@ def markdown(results, info, bandwidth, limits, lengths):
     return "\n".join(lines) + "\n"
 
 
-# name -> (engine label, weights label, which bytes-per-token figure bounds it)
+# name -> (engine label, weights label, which bytes-per-token figure bounds it). Our int4 rows read
+# the same bytes per token as Q4_0 (0.5625 B per weight: group 32 with 16-bit scales).
 ROWS = {
     "ours-bf16": ("torchtpu-cpp", "bf16", "bf16"),
-    "ours-w4a16": ("torchtpu-cpp", "W4A16 + int4 tables (bf16 compute)", "bf16"),
+    "ours-w4a16": ("torchtpu-cpp", "W4A16 + int4 tables, packed (int4_linear)", "q4_0"),
+    "ours-bf16-q4": ("torchtpu-cpp", "bf16 file, --quantize int4 at load", "q4_0"),
+    "ours-w4a16-dequantized": (
+        "torchtpu-cpp",
+        "W4A16 + int4 tables, dequantized at load",
+        "bf16",
+    ),
     "ours-bf16-emb4": ("torchtpu-cpp", "bf16 linears + int4 tables", "bf16"),
     "llamacpp-bf16": ("llama.cpp", "BF16", "bf16"),
     "llamacpp-q4_0": ("llama.cpp", "Q4_0 (same int4 values)", "q4_0"),
@@ -273,14 +308,18 @@ ROWS = {
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cli", required=True, type=pathlib.Path)
-    parser.add_argument("--work", type=pathlib.Path, default=pathlib.Path("/tmp/torchtpu-bench"))
+    parser.add_argument(
+        "--work", type=pathlib.Path, default=pathlib.Path("/tmp/torchtpu-bench")
+    )
     parser.add_argument("--out", type=pathlib.Path, default=BENCH / "results")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--prompt-tokens", default="19,512,4096")
     parser.add_argument("--new", type=int, default=64)
-    parser.add_argument("--skip", default="", help="comma list of: " + ",".join(ROWS) + ",long")
+    parser.add_argument(
+        "--skip", default="", help="comma list of: " + ",".join(ROWS) + ",long"
+    )
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per engine")
     parser.add_argument(
         "--render", type=pathlib.Path, help="only print the tables of a results JSON"
@@ -292,7 +331,11 @@ def main(argv=None) -> int:
         lengths = [int(x) for x in args.prompt_tokens.split(",")]
         print(
             markdown(
-                report["results"], info, report["bandwidth"], report["machine_limit_tok_s"], lengths
+                report["results"],
+                info,
+                report["bandwidth"],
+                report["machine_limit_tok_s"],
+                lengths,
             )
         )
         return 0
@@ -307,8 +350,24 @@ def main(argv=None) -> int:
     per_token = {kind: bytes_per_token(path) for kind, path in ggufs.items()}
     limits = {kind: bandwidth["median_bytes_s"] / n for kind, n in per_token.items()}
 
-    common = ["--prompt-tokens", args.prompt_tokens, "--new", args.new, "--repeats", args.repeats]
-    ours = [cli, "bench", "--context", args.context, "--read-every", "1,8", "--json", *common]
+    common = [
+        "--prompt-tokens",
+        args.prompt_tokens,
+        "--new",
+        args.new,
+        "--repeats",
+        args.repeats,
+    ]
+    ours = [
+        cli,
+        "bench",
+        "--context",
+        args.context,
+        "--read-every",
+        "1,8",
+        "--json",
+        *common,
+    ]
     node = shutil.which("node") or "node"
     llama = [
         node,
@@ -329,9 +388,28 @@ def main(argv=None) -> int:
         "llamacpp-bf16": [*llama, "--model", ggufs["bf16"]],
         "llamacpp-q4_0": [*llama, "--model", ggufs["q4_0"]],
         "ours-w4a16": [*ours, "--model", w4, "--emb4", emb4],
+        "ours-bf16-q4": [*ours, "--model", dense, "--quantize", "int4"],
+        "ours-w4a16-dequantized": [
+            *ours,
+            "--model",
+            w4,
+            "--emb4",
+            emb4,
+            "--int4",
+            "dequantized",
+        ],
         "ours-bf16-emb4": [*ours, "--model", dense, "--emb4", emb4],
         "hf-eager": [*hf, "--mode", "eager"],
-        "long": [PY, BENCH / "long_prompt.py", "--cli", cli, "--model", dense, "--context", 33024],
+        "long": [
+            PY,
+            BENCH / "long_prompt.py",
+            "--cli",
+            cli,
+            "--model",
+            dense,
+            "--context",
+            33024,
+        ],
         "hf-compile": [*hf, "--mode", "compile"],
     }
     results = {}

@@ -76,14 +76,34 @@ float round_even(float v) {
   return shifted - 12582912.0f;
 }
 
+// The bits of a value already rounded to half (round_to_half), finite.
+uint16_t half_bits(float h) {
+  uint16_t sign = std::signbit(h) ? 0x8000 : 0;
+  const float a = std::fabs(h);
+  if (a < std::ldexp(1.0f, -14)) return sign | static_cast<uint16_t>(std::ldexp(a, 24));
+  int e;
+  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  return sign | static_cast<uint16_t>((e + 14) << 10) |
+         static_cast<uint16_t>(std::ldexp(m, 11) - 1024.0f);
+}
+
+void store(const Output& y, int64_t m, int64_t column, float v) {
+  const int64_t at = m * y.ld + column;
+  switch (y.type) {
+    case OutputType::kBFloat16: static_cast<uint16_t*>(y.data)[at] = bf16_bits(v); break;
+    case OutputType::kHalf: static_cast<uint16_t*>(y.data)[at] = half_bits(round_to_half(v)); break;
+    case OutputType::kFloat: static_cast<float*>(y.data)[at] = v; break;
+  }
+}
+
 uint8_t nibble(const uint8_t* sub, int64_t row, int64_t kk) {
   const int64_t t = row / 16, j = row % 16, c = kk / 8, i = kk % 8;
   const uint8_t byte = sub[((t * 4 + c) * 16 + j) * 4 + (i % 4)];
   return i < 4 ? (byte & 0xF) : (byte >> 4);
 }
 
-void gemv_portable(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1, float* y,
-                   int64_t ldy) {
+void gemv_portable(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
+                   const Output& y) {
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
   const int64_t per_group = w.group_size / kSubK;
   for (int64_t b = b0; b < b1; ++b) {
@@ -110,7 +130,7 @@ void gemv_portable(const BlockWeights& w, const QuantizedRows& a, int64_t b0, in
           }
           acc += part * scale_at(w, at);
         }
-        y[m * ldy + b * kBlockRows + r] = acc;
+        if (b * kBlockRows + r < y.columns) store(y, m, b * kBlockRows + r, acc);
       }
     }
   }
@@ -158,6 +178,32 @@ TORCHTPU_AVX512 __m512 load_zeros(const uint8_t* zero, int64_t at) {
       _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zero + at))));
 }
 
+// Stores 16 results of row m from column `column` on, those below y.columns.
+TORCHTPU_AVX512 void store_tile(const Output& y, int64_t m, int64_t column, __m512 v) {
+  const int64_t n = std::min<int64_t>(16, y.columns - column);
+  if (n <= 0) return;
+  const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
+  const int64_t at = m * y.ld + column;
+  switch (y.type) {
+    case OutputType::kBFloat16: {
+      const __m512i bits = _mm512_castps_si512(v);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      const __m512i rounded =
+          _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y.data) + at, keep,
+                               _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+      return;
+    }
+    case OutputType::kHalf:
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y.data) + at, keep,
+                               _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      return;
+    case OutputType::kFloat:
+      _mm512_mask_storeu_ps(static_cast<float*>(y.data) + at, keep, v);
+      return;
+  }
+}
+
 // Prefetch distance in bytes along the nibble stream (measured best of 1-16 KiB on this CPU kind,
 // 4 KiB: +40% over none, the hardware prefetcher alone stops at page boundaries).
 constexpr int64_t kPrefetchAhead = 4 * kSubBytes;
@@ -166,7 +212,7 @@ constexpr int64_t kPrefetchAhead = 4 * kSubBytes;
 // the vpdpbusd latency chains overlap; a second row re-reads the block from L2.
 template <ScaleType S>
 TORCHTPU_AVX512 void gemv_block_row(const BlockWeights& w, const QuantizedRows& a, int64_t m,
-                                    int64_t b, bool prefetch, float* y) {
+                                    int64_t b, bool prefetch, const Output& y) {
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
   const int64_t per_group = w.group_size / kSubK;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -214,14 +260,14 @@ TORCHTPU_AVX512 void gemv_block_row(const BlockWeights& w, const QuantizedRows& 
       }
     }
   }
-  for (int t = 0; t < 4; ++t) _mm512_storeu_ps(y + b * kBlockRows + 16 * t, acc[t]);
+  for (int t = 0; t < 4; ++t) store_tile(y, m, b * kBlockRows + 16 * t, acc[t]);
 }
 
 template <ScaleType S>
 TORCHTPU_AVX512 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0,
-                                 int64_t b1, float* y, int64_t ldy) {
+                                 int64_t b1, const Output& y) {
   for (int64_t b = b0; b < b1; ++b) {
-    for (int64_t m = 0; m < a.rows; ++m) gemv_block_row<S>(w, a, m, b, m == 0, y + m * ldy);
+    for (int64_t m = 0; m < a.rows; ++m) gemv_block_row<S>(w, a, m, b, m == 0, y);
   }
 }
 
@@ -345,18 +391,18 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* 
   }
 }
 
-void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1, float* y,
-                 int64_t ldy) {
+void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
+                 const Output& y) {
 #if defined(__x86_64__)
   if (use_avx512()) {
     switch (w.scale_type) {
-      case ScaleType::kBFloat16: return gemv_avx512<ScaleType::kBFloat16>(w, a, b0, b1, y, ldy);
-      case ScaleType::kHalf: return gemv_avx512<ScaleType::kHalf>(w, a, b0, b1, y, ldy);
-      case ScaleType::kFloat: return gemv_avx512<ScaleType::kFloat>(w, a, b0, b1, y, ldy);
+      case ScaleType::kBFloat16: return gemv_avx512<ScaleType::kBFloat16>(w, a, b0, b1, y);
+      case ScaleType::kHalf: return gemv_avx512<ScaleType::kHalf>(w, a, b0, b1, y);
+      case ScaleType::kFloat: return gemv_avx512<ScaleType::kFloat>(w, a, b0, b1, y);
     }
   }
 #endif
-  gemv_portable(w, a, b0, b1, y, ldy);
+  gemv_portable(w, a, b0, b1, y);
 }
 
 void dequantize_blocks(const BlockWeights& w, int64_t b0, int64_t b1, int64_t out_rows,

@@ -52,10 +52,20 @@ struct QuantizedRows {
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo, float* d,
                    float* d_lo, float* sum_hi, float* sum_lo);
 
+enum class OutputType { kBFloat16, kHalf, kFloat };
+
+// Where gemv_blocks writes: row m of the result at data + m * ld elements, columns below `columns`
+// only (the padding rows of the last block are dropped), rounded to `type` (nearest even).
+struct Output {
+  void* data = nullptr;
+  int64_t ld = 0;
+  int64_t columns = 0;
+  OutputType type = OutputType::kBFloat16;
+};
+
 // y[m][64b + r] = Σ_k x[m][k] · (u - zero)·scale for blocks [b0, b1) and every row of `a`.
-// y is f32 [a.rows, ldy].
-void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1, float* y,
-                 int64_t ldy);
+void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
+                 const Output& y);
 
 // Writes rows [64·b0, min(64·b1, out_rows)) of the dequantized matrix, row-major [out_rows, k],
 // as compressed-tensors computes them: (u - zero)·scale rounded once to the scale dtype, then

@@ -127,9 +127,10 @@ at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
 
   const auto rows = x.reshape({-1, k});
   const int64_t m = rows.size(0);
-  if (m > kMaxStreamedRows || x.scalar_type() == at::kFloat) {
+  const bool half_width = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  if (m > kMaxStreamedRows || !half_width) {
     // f32 keeps compressed-tensors' exact dequantized values (the --dtype float32 numerics).
-    const bool bf16 = x.scalar_type() != at::kFloat;
+    const bool bf16 = x.scalar_type() == at::kBFloat16;
     auto dense = at::empty({out_features, k}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
     at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
       int4_cpu::dequantize_blocks(w, b0, b1, out_features, bf16, dense.data_ptr());
@@ -137,26 +138,35 @@ at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
     return at::linear(x, dense.to(x.scalar_type()));
   }
 
+  // Activations are tiny next to the weights; their buffers are reused across calls.
   const auto xf = rows.to(at::kFloat).contiguous();
-  auto hi = at::empty({m, k}, at::kChar), lo = at::empty({m, k}, at::kChar);
-  auto stats = at::empty({4, m, k / kSubK}, at::kFloat);
+  const int64_t blocks_k = k / kSubK;
+  thread_local std::vector<int8_t> parts;
+  thread_local std::vector<float> stats;
+  parts.resize(2 * m * k);
+  stats.resize(4 * m * blocks_k);
   int4_cpu::QuantizedRows a;
   a.rows = m;
   a.k = k;
-  a.hi = hi.data_ptr<int8_t>();
-  a.lo = lo.data_ptr<int8_t>();
-  a.d = stats[0].data_ptr<float>();
-  a.d_lo = stats[1].data_ptr<float>();
-  a.sum_hi = stats[2].data_ptr<float>();
-  a.sum_lo = stats[3].data_ptr<float>();
-  int4_cpu::quantize_rows(xf.data_ptr<float>(), m, k, hi.data_ptr<int8_t>(), lo.data_ptr<int8_t>(),
-                          stats[0].data_ptr<float>(), stats[1].data_ptr<float>(),
-                          stats[2].data_ptr<float>(), stats[3].data_ptr<float>());
-  auto y = at::empty({m, blocks * kBlockRows}, at::kFloat);
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    int4_cpu::gemv_blocks(w, a, b0, b1, y.data_ptr<float>(), blocks * kBlockRows);
-  });
-  return y.narrow(1, 0, out_features).to(x.scalar_type()).view(output_shape(x, out_features));
+  a.hi = parts.data();
+  a.lo = parts.data() + m * k;
+  a.d = stats.data();
+  a.d_lo = stats.data() + m * blocks_k;
+  a.sum_hi = stats.data() + 2 * m * blocks_k;
+  a.sum_lo = stats.data() + 3 * m * blocks_k;
+  int4_cpu::quantize_rows(xf.data_ptr<float>(), m, k, parts.data(), parts.data() + m * k,
+                          stats.data(), stats.data() + m * blocks_k,
+                          stats.data() + 2 * m * blocks_k, stats.data() + 3 * m * blocks_k);
+  auto y = at::empty(output_shape(x, out_features), x.options());
+  int4_cpu::Output out;
+  out.data = y.data_ptr();
+  out.ld = out_features;
+  out.columns = out_features;
+  out.type = x.scalar_type() == at::kBFloat16 ? int4_cpu::OutputType::kBFloat16
+                                              : int4_cpu::OutputType::kHalf;
+  at::parallel_for(0, blocks, 1,
+                   [&](int64_t b0, int64_t b1) { int4_cpu::gemv_blocks(w, a, b0, b1, out); });
+  return y;
 }
 
 std::vector<at::Tensor> int4_repack_op(const at::Tensor& weight, const at::Tensor& scale,
