@@ -82,6 +82,11 @@ def test_bad_input_is_value_error(engine, call, words):
         ({"dtype": torch.int8}, ["dtype", "int8"]),
         ({"device": "quantum:0"}, ["device", "quantum:0"]),
         ({"context": 0}, ["context", "0"]),
+        ({"threads": -1}, ["threads", "-1"]),
+        ({"int4": "fast"}, ["int4 weights", "fast", "packed"]),
+        ({"quantize": "int8"}, ["quantize", "int8", "int4"]),
+        # The tiny preset's per-layer inputs are 16 wide: not whole groups of 32.
+        ({"quantize": "int4"}, ["--quantize int4", "per_layer_projection", "16"]),
     ],
 )
 def test_bad_engine_arguments_are_value_error(tiny, kwargs, words):
@@ -89,6 +94,57 @@ def test_bad_engine_arguments_are_value_error(tiny, kwargs, words):
         tt.Engine(tiny, **kwargs)
     for word in words:
         assert word in str(info.value)
+
+
+def test_int4_operator_threads_and_weights_from_python(cli, tmp_path):
+    """torch.ops.torchtpu.int4_linear is registered by the import, computes compressed-tensors'
+    linear through the composite and the CPU blocks, and Engine takes threads=/int4=/quantize=."""
+    torch.manual_seed(0)
+    out, inp = 40, 64
+    packed = torch.randint(-(2**31), 2**31 - 1, (out, inp // 8), dtype=torch.int32)
+    scale = (torch.rand(out, inp // 32) * 0.02 + 0.01).to(torch.bfloat16)
+    nibbles = (packed.unsqueeze(-1) >> torch.arange(0, 32, 4)) & 0xF
+    dense = (
+        (nibbles.reshape(out, inp) - 8).float() * scale.float().repeat_interleave(32, 1)
+    ).to(torch.bfloat16)
+    x = torch.randn(3, inp).to(torch.bfloat16)
+    composite = torch.ops.torchtpu.int4_linear(x, packed, scale, None, 32, out)
+    assert torch.equal(composite, torch.nn.functional.linear(x, dense))
+    blocks, block_scale = torch.ops.torchtpu.int4_repack(packed, scale, None, 32, out)
+    streamed = torch.ops.torchtpu.int4_linear(x, blocks, block_scale, None, 32, out)
+    assert streamed.shape == (3, out) and streamed.dtype == torch.bfloat16
+    exact = x.double() @ dense.double().T
+    assert (streamed.double() - exact).abs().max() <= 0.02 * exact.abs().max()
+    meta = torch.ops.torchtpu.int4_linear(
+        x.to("meta"), packed.to("meta"), scale.to("meta"), None, 32, out
+    )
+    assert meta.device.type == "meta" and meta.shape == (3, out)
+    with pytest.raises(ValueError, match=r"weight is \[40, 8\], expected \[40, 16\]"):
+        torch.ops.torchtpu.int4_linear(
+            torch.randn(1, 128), packed, scale, None, 32, out
+        )
+
+    src = cli.make_tiny(tmp_path / "dense", seed=3, dtype="bf16", ple=32)
+    cli("quantize", src, tmp_path / "q", "--group", 32)
+    for kwargs, weights in (
+        ({"threads": 1, "int4": "composite"}, "composite"),
+        ({}, "packed"),
+        ({"int4": "dequantized"}, "dequantized"),
+    ):
+        report = tt.Engine(str(tmp_path / "q"), context=32, **kwargs).report()
+        assert report["int4"]["weights"] == weights
+        # Default: the physical cores, at most the logical CPUs.
+        assert report["threads"] == kwargs.get("threads", report["threads"])
+        assert 1 <= report["threads"] <= os.cpu_count()
+        linears = next(s for s in report["storage"] if s["family"] == "linears")
+        assert ("int4(g32" in linears["format"]) == (weights != "dequantized"), linears
+    quantized = tt.Engine(src, context=32, quantize="int4").report()
+    assert quantized["int4"]["quantized_at_load"] is True
+    formats = {s["family"]: s["format"] for s in quantized["storage"]}
+    assert (
+        "quantized at load" in formats["linears"]
+        and "quantized at load" in formats["lm_head"]
+    )
 
 
 def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
@@ -100,7 +156,10 @@ def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
 
 
 def test_like_names_the_device(tiny):
-    assert tt.Engine(tiny, like=torch.zeros(1), context=16, dtype="float32").device == "cpu"
+    assert (
+        tt.Engine(tiny, like=torch.zeros(1), context=16, dtype="float32").device
+        == "cpu"
+    )
     with pytest.raises(ValueError, match="disagree"):
         tt.Engine(tiny, like=torch.zeros(1), device="cuda:0")
     with pytest.raises(TypeError, match="torch.Tensor"):
@@ -126,7 +185,9 @@ def test_callback_exception_propagates(engine):
     with pytest.raises(Boom, match="from the callback") as info:
         engine.decode(_prompt(6), 20, stop=(), on_tokens=on_tokens)
     assert len(seen) == 2  # the decode ended at the failing batch
-    assert info.traceback[-1].name == "on_tokens"  # the callback's own frame, not a re-wrap
+    assert (
+        info.traceback[-1].name == "on_tokens"
+    )  # the callback's own frame, not a re-wrap
     assert len(engine.decode(_prompt(6), 5, stop=()).tokens) == 5
 
 
@@ -160,7 +221,10 @@ def test_cancel_and_length(engine):
         on_tokens=lambda b: batches.append(b) or len(batches) < 2,
     )
     assert cancelled.finish == "cancelled"
-    assert batches == [full.tokens[:1], full.tokens[1:4]]  # the first token is read at once
+    assert batches == [
+        full.tokens[:1],
+        full.tokens[1:4],
+    ]  # the first token is read at once
     assert cancelled.tokens == full.tokens[:4]
 
     falsy = engine.decode(_prompt(6), 12, stop=(), on_tokens=lambda b: None)
@@ -281,7 +345,11 @@ def test_version_guard_names_both_versions():
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert "ImportError:" in out.stdout
@@ -402,7 +470,10 @@ def test_no_reentrant_calls_from_callbacks(engine):
     # Reading properties from a callback is fine.
     seen = []
     engine.decode(
-        _prompt(6), 3, stop=(), on_tokens=lambda b: seen.append(engine.vocab_size) or True
+        _prompt(6),
+        3,
+        stop=(),
+        on_tokens=lambda b: seen.append(engine.vocab_size) or True,
     )
     assert seen and set(seen) == {engine.vocab_size}
 
@@ -447,10 +518,13 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def test_tokenizer_dir():
     path = pathlib.Path(
-        os.environ.get("TORCHTPU_TEST_TOKENIZER") or REPO_DIR / ".cache" / "gemma4-test-tokenizer"
+        os.environ.get("TORCHTPU_TEST_TOKENIZER")
+        or REPO_DIR / ".cache" / "gemma4-test-tokenizer"
     )
     if not (path / "tokenizer.json").is_file():
-        pytest.fail(f"{path}/tokenizer.json missing: run scripts/make_test_tokenizer.py")
+        pytest.fail(
+            f"{path}/tokenizer.json missing: run scripts/make_test_tokenizer.py"
+        )
     return path
 
 
@@ -517,12 +591,17 @@ def test_render_chat_matches_transformers(test_tokenizer_dir):
                 enable_thinking=thinking,
             )
             assert (
-                tt.render_chat(MESSAGES, tools, thinking, template=str(test_tokenizer_dir)) == want
+                tt.render_chat(
+                    MESSAGES, tools, thinking, template=str(test_tokenizer_dir)
+                )
+                == want
             )
             assert template.render(MESSAGES, tools, True, thinking) == want
     file_template = tt.ChatTemplate(str(test_tokenizer_dir / "chat_template.jinja"))
     assert file_template.source == template.source
-    assert tt.render_chat(MESSAGES, template=file_template) == reference.apply_chat_template(
+    assert tt.render_chat(
+        MESSAGES, template=file_template
+    ) == reference.apply_chat_template(
         MESSAGES, add_generation_prompt=True, tokenize=False
     )
 
@@ -534,7 +613,9 @@ def test_render_chat_keeps_key_order_and_rejects_non_json():
     )
     messages = [{"role": "user", "zeta": 1, "alpha": [True, None], "content": "x"}]
     out = tt.render_chat(messages, enable_thinking=True, template=template, extra="E")
-    assert out.startswith('{"role": "user", "zeta": 1, "alpha": [true, null], "content": "x"}|')
+    assert out.startswith(
+        '{"role": "user", "zeta": 1, "alpha": [true, null], "content": "x"}|'
+    )
     assert out.endswith("ET")
     with pytest.raises(ValueError, match="messages must be JSON"):
         tt.render_chat([{"role": "user", "content": object()}], template=template)
