@@ -21,6 +21,14 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--context", options->context, "Context length")->capture_default_str();
   cmd->add_option("--device", options->device, "cpu | cuda[:N]")->capture_default_str();
   cmd->add_option("--dtype", options->dtype, "bfloat16 | float32 | float16")->capture_default_str();
+  cmd->add_option("--threads", options->threads, "Intra-op threads (0: the physical cores)")
+      ->capture_default_str();
+  cmd->add_option("--int4", options->int4,
+                  "How int4 weights are held: auto | packed | composite | dequantized")
+      ->capture_default_str();
+  cmd->add_option("--quantize", options->quantize,
+                  "int4: quantize a dense checkpoint's linears and head at load | none")
+      ->capture_default_str();
   cmd->add_option("--api-key", options->api_key,
                   "Require 'Authorization: Bearer KEY' on everything but /health "
                   "(default: $TORCHTPU_API_KEY)");

@@ -18,7 +18,8 @@ void bind_serve(py::module_& m) {
       [](const std::string& model_dir, const std::string& emb4_dir, const std::string& model_id,
          const std::string& host, int port, int64_t context, const std::string& device,
          const std::string& dtype, const std::string& api_key, int max_queue, int64_t read_every,
-         int64_t max_body_bytes, py::handle like) {
+         int64_t max_body_bytes, py::handle like, int64_t threads, const std::string& int4,
+         const std::string& quantize) {
         server::ServeOptions options;
         options.model_dir = model_dir;
         options.emb4_dir = emb4_dir;
@@ -32,6 +33,9 @@ void bind_serve(py::module_& m) {
         options.max_queue = max_queue;
         options.read_every = read_every;
         options.max_body_bytes = max_body_bytes;
+        options.threads = threads;
+        options.int4 = int4;
+        options.quantize = quantize;
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
         options.install_signal_handlers = false;
@@ -55,7 +59,8 @@ void bind_serve(py::module_& m) {
       py::arg("device") = "cpu", py::arg("dtype") = "bfloat16", py::arg("api_key") = "",
       py::arg("max_queue") = 16, py::arg("read_every") = 1,
       py::arg("max_body_bytes") = server::ServeOptions{}.max_body_bytes,
-      py::arg("like") = py::none(),
+      py::arg("like") = py::none(), py::arg("threads") = 0, py::arg("int4") = "auto",
+      py::arg("quantize") = "none",
       "Runs the OpenAI-compatible server until request_stop(); returns the "
       "exit code. Blocks the "
       "calling thread with the GIL released; installs no signal handlers.");

@@ -350,6 +350,9 @@ void Server::load() {
   engine_options.device = parse_device(options_.device);
   engine_options.dtype = parse_dtype_name(options_.dtype);
   engine_options.context = options_.context;
+  engine_options.threads = options_.threads;
+  engine_options.int4 = parse_int4_weights(options_.int4);
+  engine_options.quantize_int4 = parse_quantize(options_.quantize);
   engine_ = make_engine_ ? make_engine_(engine_options) : std::make_unique<Engine>(engine_options);
   if (!engine_) throw std::runtime_error("the engine factory returned no engine");
   tokenizer_ =

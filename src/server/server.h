@@ -20,9 +20,12 @@ struct ServeOptions {
   int64_t context = 8192;
   std::string device = "cpu";
   std::string dtype = "bfloat16";
-  std::string api_key;                     // non-empty: Bearer auth on everything but /health
-  int max_queue = 16;                      // waiting requests beyond this get 429
-  int64_t read_every = 1;                  // decode steps per host read
+  int64_t threads = 0;            // intra-op threads; 0: the physical cores
+  std::string int4 = "auto";      // auto | packed | composite | dequantized (EngineOptions::int4)
+  std::string quantize = "none";  // int4: quantize a dense checkpoint at load
+  std::string api_key;            // non-empty: Bearer auth on everything but /health
+  int max_queue = 16;             // waiting requests beyond this get 429
+  int64_t read_every = 1;         // decode steps per host read
   std::string hosted_by = "torchtpu-cpp";  // "python" when hosted by torchtpu_cpp.serve
   int64_t max_body_bytes = 8 << 20;        // larger request bodies get 413
   // SIGINT/SIGTERM call request_stop(). A host that owns its signals (Python) sets this false and

@@ -19,6 +19,7 @@ let client;
 before(async () => {
   server = await startServer([
     "--api-key", KEY, "--context", String(CONTEXT), "--max-body-bytes", String(BODY_LIMIT),
+    "--threads", "1", "--int4", "composite",
   ]);
   client = new OpenAI({ apiKey: KEY, baseURL: server.baseURL, maxRetries: 0 });
 });
@@ -65,6 +66,9 @@ describe("models, engine, health", () => {
     assert.equal(e.layout.context, CONTEXT);
     assert.ok(Array.isArray(e.storage) && e.storage.length > 0);
     assert.equal(e.engine_thread, "torchtpu-engine");
+    assert.equal(e.threads, 1);
+    assert.equal(e.int4.weights, "composite");
+    assert.match(e.int4.cpu_kernel, /^(avx512-vnni|portable)$/);
   });
 });
 

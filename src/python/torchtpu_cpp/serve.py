@@ -12,14 +12,24 @@ import threading
 
 
 def _parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m torchtpu_cpp.serve", description=__doc__)
-    p.add_argument("--model", default="", help="checkpoint dir (default: built-in demo weights)")
-    p.add_argument("--emb4", default="", help="dir of the int4 vocabulary tables (emb4 twin)")
+    p = argparse.ArgumentParser(
+        prog="python -m torchtpu_cpp.serve", description=__doc__
+    )
+    p.add_argument(
+        "--model", default="", help="checkpoint dir (default: built-in demo weights)"
+    )
+    p.add_argument(
+        "--emb4", default="", help="dir of the int4 vocabulary tables (emb4 twin)"
+    )
     p.add_argument("--model-id", default="", help="name reported by /v1/models")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
-    p.add_argument("--context", type=int, default=8192, help="tokens the KV cache holds")
-    p.add_argument("--device", default="cpu", help="cpu, cuda[:N], or tpu (imports torch_tpu)")
+    p.add_argument(
+        "--context", type=int, default=8192, help="tokens the KV cache holds"
+    )
+    p.add_argument(
+        "--device", default="cpu", help="cpu, cuda[:N], or tpu (imports torch_tpu)"
+    )
     p.add_argument("--dtype", default="bfloat16", help="bfloat16, float32 or float16")
     p.add_argument(
         "--api-key",
@@ -28,8 +38,23 @@ def _parse_args(argv):
         "(default: $TORCHTPU_API_KEY)",
     )
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait")
-    p.add_argument("--read-every", type=int, default=1, help="decode steps between host reads")
-    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="largest request body")
+    p.add_argument(
+        "--read-every", type=int, default=1, help="decode steps between host reads"
+    )
+    p.add_argument(
+        "--max-body-bytes", type=int, default=8 << 20, help="largest request body"
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="intra-op threads (0: physical cores)"
+    )
+    p.add_argument(
+        "--int4",
+        default="auto",
+        help="int4 weights: auto, packed, composite or dequantized",
+    )
+    p.add_argument(
+        "--quantize", default="none", help="int4: quantize a dense checkpoint at load"
+    )
     return p.parse_args(argv)
 
 
@@ -70,6 +95,9 @@ def main(argv=None):
                 read_every=args.read_every,
                 max_body_bytes=args.max_body_bytes,
                 like=like,
+                threads=args.threads,
+                int4=args.int4,
+                quantize=args.quantize,
             )
         except BaseException as e:  # noqa: BLE001 (raised again on the main thread)
             outcome["error"] = e
