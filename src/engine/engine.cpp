@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
@@ -223,7 +224,10 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   for (int64_t step = 1; go_on && step < budget; ++step) {
     logits = model_->forward(token, position, &rings_).view({-1});
     if (on_logits) on_logits(logits);
-    token = sampler.next(logits).view({1, 1});
+    {
+      RECORD_USER_SCOPE("engine::sample");
+      token = sampler.next(logits).view({1, 1});
+    }
     position = position + 1;
     pending.push_back(token);
     if (static_cast<int64_t>(pending.size()) >= options.read_every) go_on = read_back();

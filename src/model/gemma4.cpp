@@ -1,5 +1,7 @@
 #include "model/gemma4.h"
 
+#include <ATen/record_function.h>
+
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -8,6 +10,7 @@
 #include "common/errors.h"
 #include "common/memory.h"
 #include "io/aten_view.h"
+#include "ops/rms_norm.h"
 #include "quant/quantize.h"
 
 namespace torchtpu {
@@ -41,14 +44,9 @@ std::string where_label(const at::Device& device, bool aliased) {
   return device.str() + (aliased ? " (mmap)" : "");
 }
 
-// Gemma4RMSNorm: x * (mean(x^2) + eps)^-0.5 * w, in f32, cast back to the input dtype. The weight
-// is used as is (x̂·w, not x̂·(1+w)); an undefined weight is the weightless v norm.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  auto xf = x.to(at::kFloat);
-  auto normed = xf * at::pow(xf.pow(2).mean(-1, /*keepdim=*/true) + eps, -0.5);
-  if (weight.defined()) normed = normed * weight;
-  return normed.to(x.scalar_type());
-}
+// Gemma4RMSNorm (the weight used as is, x̂·w, not x̂·(1+w)); an undefined weight is the weightless
+// v norm. f32 inside, cast back to the input dtype.
+using ops::rms_norm;
 
 // Half-split ("NeoX") rotation: dimension j pairs with j + d/2.
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
@@ -446,9 +444,13 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
   auto embed_scale = at::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)), at::kFloat)
                          .to(dtype)
                          .to(ids.device());
-  auto h = embed_tokens_.lookup(ids.reshape(-1)).view({B, T, c.hidden_size}) * embed_scale;
-  at::Tensor ple;
-  if (c.hidden_size_per_layer_input > 0) ple = per_layer_inputs(ids, h);
+  // Profiler scopes (bench/decode_profile.py groups a decode step's time by them).
+  at::Tensor h, ple;
+  {
+    RECORD_USER_SCOPE("gemma4::inputs");
+    h = embed_tokens_.lookup(ids.reshape(-1)).view({B, T, c.hidden_size}) * embed_scale;
+    if (c.hidden_size_per_layer_input > 0) ple = per_layer_inputs(ids, h);
+  }
 
   auto pos = positions;
   auto angles = [&](const at::Tensor& inv_freq) {
@@ -477,16 +479,22 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     }
     const auto& w = layers_[l];
     const bool sliding = c.layer_types[l] == LayerType::kSliding;
-    auto attn = attention(l, rms_norm(h, w.input_layernorm, c.rms_norm_eps), pos,
-                          sliding ? cos_sliding : cos_full, sliding ? sin_sliding : sin_full, rings,
-                          kv_views);
-    h = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
+    {
+      RECORD_USER_SCOPE("gemma4::attention");
+      auto attn = attention(l, rms_norm(h, w.input_layernorm, c.rms_norm_eps), pos,
+                            sliding ? cos_sliding : cos_full, sliding ? sin_sliding : sin_full,
+                            rings, kv_views);
+      h = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
+    }
 
-    auto f = rms_norm(h, w.pre_feedforward_layernorm, c.rms_norm_eps);
-    auto m = w.down_proj(gelu_tanh(w.gate_proj(f)) * w.up_proj(f));
-    h = h + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
-
+    {
+      RECORD_USER_SCOPE("gemma4::mlp");
+      auto f = rms_norm(h, w.pre_feedforward_layernorm, c.rms_norm_eps);
+      auto m = w.down_proj(gelu_tanh(w.gate_proj(f)) * w.up_proj(f));
+      h = h + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
+    }
     if (ple.defined()) {
+      RECORD_USER_SCOPE("gemma4::per_layer_input");
       auto g = gelu_tanh(w.per_layer_input_gate(h)) * ple.select(2, l);
       h = h + rms_norm(w.per_layer_projection(g), w.post_per_layer_input_norm, c.rms_norm_eps);
     }
@@ -495,6 +503,7 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
   if (no_logits) return {};
   keep_last_position();
 
+  RECORD_USER_SCOPE("gemma4::head");
   auto logits = lm_head_(rms_norm(h, final_norm_, c.rms_norm_eps));
   if (c.final_logit_softcapping > 0) {
     const double cap = c.final_logit_softcapping;

@@ -159,6 +159,42 @@ void dequantize_portable(const BlockWeights& w, int64_t b0, int64_t b1, int64_t 
   }
 }
 
+void quantize_rows_portable(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo,
+                            float* d, float* d_lo, float* sum_hi, float* sum_lo) {
+  const int64_t blocks = k / kSubK;
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const float* xb = x + m * k + kb * kSubK;
+      int8_t* h = hi + m * k + kb * kSubK;
+      int8_t* l = lo + m * k + kb * kSubK;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < kSubK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      const int64_t at = m * blocks + kb;
+      if (amax == 0.0f) {
+        std::fill(h, h + kSubK, 0);
+        std::fill(l, l + kSubK, 0);
+        d[at] = d_lo[at] = sum_hi[at] = sum_lo[at] = 0.0f;
+        continue;
+      }
+      const float step = amax / 127.0f, inv = 127.0f / amax;
+      int32_t s1 = 0, s2 = 0;
+      for (int64_t i = 0; i < kSubK; ++i) {
+        const float q1 = std::clamp(round_even(xb[i] * inv), -127.0f, 127.0f);
+        const float rest = xb[i] - q1 * step;
+        const float q2 = std::clamp(round_even(rest * inv * 254.0f), -127.0f, 127.0f);
+        h[i] = static_cast<int8_t>(q1);
+        l[i] = static_cast<int8_t>(q2);
+        s1 += h[i];
+        s2 += l[i];
+      }
+      d[at] = step;
+      d_lo[at] = step / 254.0f;
+      sum_hi[at] = static_cast<float>(s1);
+      sum_lo[at] = static_cast<float>(s2);
+    }
+  }
+}
+
 #if defined(__x86_64__)
 
 // 16 scales of one tile as f32.
@@ -332,6 +368,54 @@ TORCHTPU_AVX512 void dequantize_avx512(const BlockWeights& w, int64_t b0, int64_
   }
 }
 
+// quantize_rows_portable with 16 lanes: the same operations in the same order, so the same bits.
+TORCHTPU_AVX512 void quantize_rows_avx512(const float* x, int64_t rows, int64_t k, int8_t* hi,
+                                          int8_t* lo, float* d, float* d_lo, float* sum_hi,
+                                          float* sum_lo) {
+  const int64_t blocks = k / kSubK;
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m512 lim = _mm512_set1_ps(127.0f), neg_lim = _mm512_set1_ps(-127.0f);
+  for (int64_t m = 0; m < rows; ++m) {
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const int64_t at = m * blocks + kb, off = m * k + kb * kSubK;
+      const __m512 x0 = _mm512_loadu_ps(x + off), x1 = _mm512_loadu_ps(x + off + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+      if (amax == 0.0f) {
+        std::fill(hi + off, hi + off + kSubK, 0);
+        std::fill(lo + off, lo + off + kSubK, 0);
+        d[at] = d_lo[at] = sum_hi[at] = sum_lo[at] = 0.0f;
+        continue;
+      }
+      const float step = amax / 127.0f, inv = 127.0f / amax;
+      const __m512 vstep = _mm512_set1_ps(step), vinv = _mm512_set1_ps(inv);
+      const __m512 v254 = _mm512_set1_ps(254.0f);
+      __m512i s1 = _mm512_setzero_si512(), s2 = _mm512_setzero_si512();
+      for (int half = 0; half < 2; ++half) {
+        const __m512 v = half ? x1 : x0;
+        const __m512 q1 = _mm512_min_ps(
+            _mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(v, vinv), kRound), neg_lim), lim);
+        const __m512 rest = _mm512_sub_ps(v, _mm512_mul_ps(q1, vstep));
+        const __m512 q2 = _mm512_min_ps(
+            _mm512_max_ps(
+                _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(rest, vinv), v254), kRound),
+                neg_lim),
+            lim);
+        const __m512i i1 = _mm512_cvtps_epi32(q1), i2 = _mm512_cvtps_epi32(q2);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + off + 16 * half),
+                         _mm512_cvtepi32_epi8(i1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + off + 16 * half),
+                         _mm512_cvtepi32_epi8(i2));
+        s1 = _mm512_add_epi32(s1, i1);
+        s2 = _mm512_add_epi32(s2, i2);
+      }
+      d[at] = step;
+      d_lo[at] = step / 254.0f;
+      sum_hi[at] = static_cast<float>(_mm512_reduce_add_epi32(s1));
+      sum_lo[at] = static_cast<float>(_mm512_reduce_add_epi32(s2));
+    }
+  }
+}
+
 bool cpu_has_avx512_vnni() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -357,38 +441,10 @@ bool use_avx512() {
 
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo, float* d,
                    float* d_lo, float* sum_hi, float* sum_lo) {
-  const int64_t blocks = k / kSubK;
-  for (int64_t m = 0; m < rows; ++m) {
-    for (int64_t kb = 0; kb < blocks; ++kb) {
-      const float* xb = x + m * k + kb * kSubK;
-      int8_t* h = hi + m * k + kb * kSubK;
-      int8_t* l = lo + m * k + kb * kSubK;
-      float amax = 0.0f;
-      for (int64_t i = 0; i < kSubK; ++i) amax = std::max(amax, std::fabs(xb[i]));
-      const int64_t at = m * blocks + kb;
-      if (amax == 0.0f) {
-        std::fill(h, h + kSubK, 0);
-        std::fill(l, l + kSubK, 0);
-        d[at] = d_lo[at] = sum_hi[at] = sum_lo[at] = 0.0f;
-        continue;
-      }
-      const float step = amax / 127.0f, inv = 127.0f / amax;
-      int32_t s1 = 0, s2 = 0;
-      for (int64_t i = 0; i < kSubK; ++i) {
-        const float q1 = std::clamp(round_even(xb[i] * inv), -127.0f, 127.0f);
-        const float rest = xb[i] - q1 * step;
-        const float q2 = std::clamp(round_even(rest * inv * 254.0f), -127.0f, 127.0f);
-        h[i] = static_cast<int8_t>(q1);
-        l[i] = static_cast<int8_t>(q2);
-        s1 += h[i];
-        s2 += l[i];
-      }
-      d[at] = step;
-      d_lo[at] = step / 254.0f;
-      sum_hi[at] = static_cast<float>(s1);
-      sum_lo[at] = static_cast<float>(s2);
-    }
-  }
+#if defined(__x86_64__)
+  if (use_avx512()) return quantize_rows_avx512(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
+#endif
+  quantize_rows_portable(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
 }
 
 void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "ops/int4_linear.h"
+#include "ops/rms_norm.h"
 #include "quant/pack_quantized.h"
 #include "quant/quantize.h"
 
@@ -160,6 +161,49 @@ TEST(Int4Linear, ActivationOrderingHasNoCpuBlocks) {
   EXPECT_FALSE(cpu_blocks_supported(packed));
   auto narrow = random_int4({48, 16, 48, true, at::kBFloat16}, 16);
   EXPECT_FALSE(cpu_blocks_supported(narrow));
+}
+
+}  // namespace
+}  // namespace torchtpu::ops
+
+namespace torchtpu::ops {
+namespace {
+
+// The ATen ops the composite kernel runs (and the model ran before the operator existed).
+at::Tensor rms_norm_aten(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  auto xf = x.to(at::kFloat);
+  auto normed = xf * at::pow(xf.pow(2).mean(-1, /*keepdim=*/true) + eps, -0.5);
+  if (weight.defined()) normed = normed * weight;
+  return normed.to(x.scalar_type());
+}
+
+TEST(RmsNorm, CpuKernelMatchesTheAtenFormulaWithinOneRounding) {
+  at::manual_seed(21);
+  for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (int64_t width : {256, 1536, 37}) {
+      const auto x = (at::randn({3, 5, width}) * 4).to(dtype);
+      const auto weight = at::rand({width}) + 0.5;
+      for (const auto& w : {weight, at::Tensor()}) {
+        const auto ours = rms_norm(x, w, 1e-6).to(at::kDouble);
+        const auto aten = rms_norm_aten(x, w, 1e-6).to(at::kDouble);
+        // One rounding of the output dtype (2^-8 relative for bf16, 2^-11 f16, f32: 1e-6).
+        const double ulp = dtype == at::kBFloat16 ? 1.0 / 256
+                           : dtype == at::kHalf   ? 1.0 / 2048
+                                                  : 1e-6;
+        EXPECT_LE((ours - aten).abs().max().item<double>(), ulp * aten.abs().max().item<double>())
+            << c10::toString(dtype) << " width " << width;
+      }
+    }
+  }
+}
+
+TEST(RmsNorm, MetaAndOtherDtypesTakeTheComposite) {
+  const auto meta =
+      rms_norm(at::empty({2, 8}, at::device(at::kMeta).dtype(at::kBFloat16)), at::Tensor(), 1e-6);
+  EXPECT_EQ(meta.device().type(), at::kMeta);
+  EXPECT_EQ(meta.sizes(), (at::IntArrayRef{2, 8}));
+  const auto x = at::randn({4, 16}, at::kDouble);
+  EXPECT_TRUE(at::allclose(rms_norm(x, at::Tensor(), 1e-6), rms_norm_aten(x, at::Tensor(), 1e-6)));
 }
 
 }  // namespace
