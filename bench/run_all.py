@@ -225,7 +225,7 @@ def markdown(results, info, bandwidth, limits, lengths):
             f" {r['load_average'][0]:.1f} → {r['load_average'][1]:.1f} |"
         )
     base = results.get("ours-bf16", {})
-    if "error" not in base:
+    if base and "error" not in base:
         lines += [
             "",
             "Ratios, ours (bf16) ÷ peer: above 1 means ours is faster or smaller.",
@@ -429,10 +429,11 @@ def main(argv=None) -> int:
         "results": results,
     }
     lengths = [int(x) for x in args.prompt_tokens.split(",")]
-    table = markdown(results, info, bandwidth, limits, lengths)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = info["date"][:16].replace(":", "")
+    # The measurements are kept before the tables are made: a table's bug loses nothing.
     (args.out / f"results-{stamp}.json").write_text(json.dumps(report, indent=1))
+    table = markdown(results, info, bandwidth, limits, lengths)
     (args.out / f"results-{stamp}.md").write_text(table)
     print(table)
     return 0
