@@ -20,6 +20,11 @@ ApiError wrong_type(const std::string& param, const std::string& expected, const
                   "invalid_request_error", param, "invalid_type");
 }
 
+ApiError missing(const std::string& param) {
+  return ApiError(400, "'" + param + "' is required", "invalid_request_error", param,
+                  "missing_required_parameter");
+}
+
 // The field if present and not null.
 const ojson* field(const ojson& body, const char* name) {
   auto it = body.find(name);
@@ -315,10 +320,7 @@ GenerationRequest parse_chat_request(const ojson& body) {
   parse_common(body, r);
   parse_chat_logprobs(body, r);
   const ojson* messages = field(body, "messages");
-  if (!messages) {
-    throw ApiError(400, "'messages' is required", "invalid_request_error", "messages",
-                   "missing_required_parameter");
-  }
+  if (!messages) throw missing("messages");
   if (!messages->is_array()) throw wrong_type("messages", "an array", *messages);
   if (messages->empty()) {
     throw ApiError(400, "'messages' must hold at least one message", "invalid_request_error",
@@ -329,10 +331,7 @@ GenerationRequest parse_chat_request(const ojson& body) {
     const std::string p = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) throw wrong_type(p, "an object", m);
     const ojson* role = field(m, "role");
-    if (!role) {
-      throw ApiError(400, "'" + p + ".role' is required", "invalid_request_error", p + ".role",
-                     "missing_required_parameter");
-    }
+    if (!role) throw missing(p + ".role");
     if (!role->is_string()) throw wrong_type(p + ".role", "a string", *role);
     // The template prints any other role as a turn of that name, which the model never saw.
     if (*role != "system" && *role != "developer" && *role != "user" && *role != "assistant" &&
@@ -345,10 +344,7 @@ GenerationRequest parse_chat_request(const ojson& body) {
     auto content = m.find("content");
     const bool is_assistant = *role == "assistant";
     if (content == m.end()) {
-      if (!is_assistant) {
-        throw ApiError(400, "'" + p + ".content' is required", "invalid_request_error",
-                       p + ".content", "missing_required_parameter");
-      }
+      if (!is_assistant) throw missing(p + ".content");
     } else {
       check_content(*content, p + ".content", is_assistant);
     }
@@ -383,16 +379,10 @@ GenerationRequest parse_chat_request(const ojson& body) {
       const std::string p = "tools[" + std::to_string(i) + "]";
       if (!tool.is_object()) throw wrong_type(p, "an object", tool);
       const ojson* function = field(tool, "function");
-      if (!function) {
-        throw ApiError(400, "'" + p + ".function' is required", "invalid_request_error",
-                       p + ".function", "missing_required_parameter");
-      }
+      if (!function) throw missing(p + ".function");
       if (!function->is_object()) throw wrong_type(p + ".function", "an object", *function);
       const ojson* name = field(*function, "name");
-      if (!name) {
-        throw ApiError(400, "'" + p + ".function.name' is required", "invalid_request_error",
-                       p + ".function.name", "missing_required_parameter");
-      }
+      if (!name) throw missing(p + ".function.name");
       if (!name->is_string()) throw wrong_type(p + ".function.name", "a string", *name);
     }
     r.tools = *tools;
@@ -419,10 +409,7 @@ GenerationRequest parse_completion_request(const ojson& body) {
                    "unsupported_value");
   }
   const ojson* prompt = field(body, "prompt");
-  if (!prompt) {
-    throw ApiError(400, "'prompt' is required", "invalid_request_error", "prompt",
-                   "missing_required_parameter");
-  }
+  if (!prompt) throw missing("prompt");
   // A string, one string in an array, token ids, or one array of token ids.
   const ojson* one = prompt;
   if (prompt->is_array() && prompt->size() == 1 &&
@@ -454,10 +441,7 @@ GenerationRequest parse_completion_request(const ojson& body) {
 TokenizeRequest parse_tokenize_request(const ojson& body) {
   TokenizeRequest r;
   const ojson* content = field(body, "content");
-  if (!content) {
-    throw ApiError(400, "'content' is required", "invalid_request_error", "content",
-                   "missing_required_parameter");
-  }
+  if (!content) throw missing("content");
   if (!content->is_string()) throw wrong_type("content", "a string", *content);
   r.content = content->get<std::string>();
   r.add_special = get_bool(body, "add_special", false);
@@ -467,10 +451,7 @@ TokenizeRequest parse_tokenize_request(const ojson& body) {
 
 std::vector<int64_t> parse_detokenize_request(const ojson& body) {
   const ojson* tokens = field(body, "tokens");
-  if (!tokens) {
-    throw ApiError(400, "'tokens' is required", "invalid_request_error", "tokens",
-                   "missing_required_parameter");
-  }
+  if (!tokens) throw missing("tokens");
   if (!tokens->is_array()) throw wrong_type("tokens", "an array of token ids", *tokens);
   return id_array(*tokens, "tokens");
 }
