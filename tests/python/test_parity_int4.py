@@ -10,7 +10,7 @@ the KL of 64 decode steps teacher-forced on the engine's own greedy tokens, and 
 agreement. On a tiny random model both bf16 engines sit at a similar small distance from float64,
 so one config's numbers are a coin flip between them; the bar of "no further than transformers"
 is applied to the sums over every run (test_suite_totals), and each run on its own must stay
-within twice transformers' KL and within two top-1 misses of it.
+within twice transformers' KL and within TOP1_SLACK top-1 misses of it.
 
 The composite kernel forced on the CPU (`--int4 composite`) multiplies bf16-rounded weights where
 the CPU kernel multiplies the exact int4 values, so at bf16 the two agree token for token until a
@@ -33,6 +33,10 @@ MAKE_TINY = [n for n in MAKE_TINY_CONFIGS if n != "e2b-pattern-dead-kv"]
 CONFIGS = [f"hf:{n}" for n in sorted(HF_CONFIGS)] + [
     f"make-tiny:{n}" for n in MAKE_TINY
 ]
+# Per run, teacher-forced top-1 may trail transformers' by this many of 64 steps: either bf16
+# engine flips near-ties of the reference (observed: up to 3 either way), while a broken kernel
+# agrees on a handful. The suite's sums carry the "no further than transformers" bar.
+TOP1_SLACK = 4
 # Leads of at most this many bf16 ulps (of the best logit) are near-ties for two bf16 roundings.
 NEAR_TIE_ULPS = 4
 # (first-step KL, mean KL, top-1 agreement) of the engine and of transformers, per run.
@@ -111,7 +115,7 @@ def test_packed_int4_is_no_further_from_float64_than_transformers_bf16(
     )
     assert first_ours <= 2 * first_theirs, f"{label} {variant}: first-step KL"
     assert kl_ours <= 2 * kl_theirs, f"{label} {variant}: decode KL"
-    assert agree_ours >= agree_theirs - 2, (
+    assert agree_ours >= agree_theirs - TOP1_SLACK, (
         f"{label} {variant}: teacher-forced top-1 agreement"
     )
 
