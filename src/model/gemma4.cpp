@@ -40,6 +40,12 @@ const char* dtype_label(at::ScalarType t) {
   }
 }
 
+// An int4 weight kept in compressed-tensors' own layout on the host reads the checkpoint's
+// mapping; every other form (dequantized, CPU blocks, moved to a device) is a copy of it.
+bool aliases_mapping(const Linear& w) {
+  return w.int4 && !w.int4->cpu_blocks() && w.int4->weight.device().is_cpu();
+}
+
 std::string where_label(const at::Device& device, bool aliased) {
   return device.str() + (aliased ? " (mmap)" : "");
 }
@@ -143,10 +149,7 @@ Linear Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& module,
                         "] but config.json implies " + shape_str(shape));
     }
     auto linear = int4_linear(packed);
-    // Compressed-tensors' own layout on the host aliases the mapping; every other form copied it.
-    if (!linear.int4 || linear.int4->cpu_blocks() || !o.device.is_cpu()) {
-      release_packed(ckpt, module);
-    }
+    if (!aliases_mapping(linear)) release_packed(ckpt, module);
     return linear;
   }
   const auto& view = ckpt.get(module + ".weight");
@@ -181,6 +184,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
   int64_t linear_bytes = 0;
   bool linears_packed = false;
   std::string int4_format;  // describe() of the int4 linears, when kept packed
+  bool int4_aliased = false;
   layers_.resize(L);
   for (int64_t l = 0; l < L; ++l) {
     auto& w = layers_[l];
@@ -193,7 +197,10 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
       linears_packed = linears_packed || has_packed(ckpt, lp + module);
       auto t = linear_weight(ckpt, lp + module, shape);
       linear_bytes += t.nbytes();
-      if (t.int4) int4_format = t.int4->describe();
+      if (t.int4) {
+        int4_format = t.int4->describe();
+        int4_aliased = aliases_mapping(t);
+      }
       return t;
     };
     w.input_layernorm = norm("layers." + std::to_string(l) + ".input_layernorm.weight", H);
@@ -227,9 +234,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
     w.layer_scalar = host_tensor(scalar).to(o.device, o.dtype);
     release_free_heap();
   }
-  const bool aliased =
-      o.device.is_cpu() &&
-      (int4_format.empty() ? !linears_packed : int4_format.find("cpu blocks") == std::string::npos);
+  const bool aliased = int4_format.empty() ? o.device.is_cpu() && !linears_packed : int4_aliased;
   std::string linear_format = dtype_label(o.dtype);
   if (!int4_format.empty()) {
     linear_format = int4_format + (o.quantize_int4 && !linears_packed ? ", quantized at load" : "");
@@ -301,26 +306,25 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
   }
   const VocabTable& table_of_head = head ? *head : embed_tokens_;
   const std::string head_name = head ? "lm_head" : "embed_tokens";
-  std::string head_format = dtype_label(o.dtype);
   if (table_of_head.is_int4()) {
     lm_head_ = int4_linear(*table_of_head.packed());
-    if (!lm_head_.int4 || lm_head_.int4->cpu_blocks() || !o.device.is_cpu()) {
+    if (!aliases_mapping(lm_head_)) {
       for (const Checkpoint* source : {emb4, &ckpt}) {
         if (source) release_packed(*source, (head ? "" : source->prefix()) + head_name);
       }
     }
   } else if (o.quantize_int4 && o.int4 != Int4Weights::kDequantized) {
     lm_head_ = int4_linear(quantize_table(table_of_head.matrix().cpu(), head_name));
-    head_format = lm_head_.int4->describe() + ", quantized at load";
   } else {
     lm_head_ = {table_of_head.matrix(), std::nullopt};
   }
-  if (lm_head_.int4 && table_of_head.is_int4()) head_format = lm_head_.int4->describe();
+  std::string head_format = lm_head_.int4 ? lm_head_.int4->describe() : dtype_label(o.dtype);
+  if (lm_head_.int4 && !table_of_head.is_int4()) head_format += ", quantized at load";
   // The head as computed replaces the table's entry as read.
   std::erase_if(storage_, [](const StorageReport& r) { return r.family == "lm_head"; });
   if (head || lm_head_.int4) {
-    const bool aliased = o.device.is_cpu() && lm_head_.int4 && !lm_head_.int4->cpu_blocks();
-    storage_.push_back({"lm_head", head_format, where_label(o.device, aliased), lm_head_.nbytes()});
+    storage_.push_back({"lm_head", head_format, where_label(o.device, aliases_mapping(lm_head_)),
+                        lm_head_.nbytes()});
   }
 
   inv_freq_sliding_ = inverse_frequencies(c.rope_sliding, c.head_dim).to(o.device);

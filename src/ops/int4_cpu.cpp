@@ -214,6 +214,19 @@ TORCHTPU_AVX512 __m512 load_zeros(const uint8_t* zero, int64_t at) {
       _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zero + at))));
 }
 
+// 16 f32 rounded to bf16 (nearest even, finite values, as bf16_bits), the bf16 still in the upper
+// half of each 32-bit lane.
+TORCHTPU_AVX512 __m512i bf16_round(__m512 v) {
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  return _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+}
+
+// 16 f32 as 16 packed bf16.
+TORCHTPU_AVX512 __m256i bf16_pack(__m512 v) {
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round(v), 16));
+}
+
 // Stores 16 results of row m from column `column` on, those below y.columns.
 TORCHTPU_AVX512 void store_tile(const Output& y, int64_t m, int64_t column, __m512 v) {
   const int64_t n = std::min<int64_t>(16, y.columns - column);
@@ -221,15 +234,9 @@ TORCHTPU_AVX512 void store_tile(const Output& y, int64_t m, int64_t column, __m5
   const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
   const int64_t at = m * y.ld + column;
   switch (y.type) {
-    case OutputType::kBFloat16: {
-      const __m512i bits = _mm512_castps_si512(v);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-      const __m512i rounded =
-          _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
-      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y.data) + at, keep,
-                               _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+    case OutputType::kBFloat16:
+      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y.data) + at, keep, bf16_pack(v));
       return;
-    }
     case OutputType::kHalf:
       _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y.data) + at, keep,
                                _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -310,13 +317,8 @@ TORCHTPU_AVX512 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, 
 // Rounds 16 f32 to the scale dtype (the product rounding of compressed-tensors).
 TORCHTPU_AVX512 __m512 round_to_scale_type(ScaleType type, __m512 v) {
   switch (type) {
-    case ScaleType::kBFloat16: {
-      const __m512i bits = _mm512_castps_si512(v);
-      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-      const __m512i rounded =
-          _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
-      return _mm512_castsi512_ps(_mm512_and_si512(rounded, _mm512_set1_epi32(~0xFFFF)));
-    }
+    case ScaleType::kBFloat16:
+      return _mm512_castsi512_ps(_mm512_and_si512(bf16_round(v), _mm512_set1_epi32(~0xFFFF)));
     case ScaleType::kHalf:
       return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     case ScaleType::kFloat: return v;
@@ -339,9 +341,8 @@ TORCHTPU_AVX512 void dequantize_row_avx512(const BlockWeights& w, const uint8_t*
     const __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(half ? second : first));
     __m512 v = round_to_scale_type(w.scale_type, _mm512_mul_ps(_mm512_sub_ps(u, z), s));
     if (out_bf16) {
-      v = round_to_scale_type(ScaleType::kBFloat16, v);
-      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + 16 * half), h);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + 16 * half),
+                          bf16_pack(v));
     } else {
       _mm512_storeu_ps(static_cast<float*>(out) + 16 * half, v);
     }
