@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "build_info.h"
+#include "server/openai.h"
 
 namespace torchtpu::server {
 namespace {
@@ -534,9 +535,12 @@ void serve_mcp_stdio(const McpTarget& target, std::istream& in, std::ostream& ou
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ojson message;
     try {
-      message = ojson::parse(line);
+      message = parse_json(line);
     } catch (const nlohmann::json::parse_error& e) {
       write(rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + e.what()));
+      continue;
+    } catch (const JsonTooDeep& e) {
+      write(rpc_error(nullptr, kParseError, std::string("refused JSON: ") + e.what()));
       continue;
     }
     if (auto answer = handle_mcp_message(target, message, write)) write(*answer);
@@ -580,10 +584,13 @@ void handle_mcp_post(const httplib::Request& req, httplib::Response& res) {
   }
   ojson message;
   try {
-    message = ojson::parse(req.body);
+    message = parse_json(req.body);
   } catch (const nlohmann::json::parse_error& e) {
     send_json(res, 400,
               rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + e.what()));
+    return;
+  } catch (const JsonTooDeep& e) {
+    send_json(res, 400, rpc_error(nullptr, kParseError, std::string("refused JSON: ") + e.what()));
     return;
   }
   const std::string host =

@@ -302,10 +302,13 @@ ojson error_body(const ApiError& error) {
 ojson parse_body(const std::string& text) {
   ojson body;
   try {
-    body = ojson::parse(text);
+    body = parse_json(text);
   } catch (const nlohmann::json::parse_error& e) {
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what(),
                    "invalid_request_error", "", "invalid_json");
+  } catch (const JsonTooDeep& e) {
+    throw ApiError(400, std::string("the request body is refused: ") + e.what(),
+                   "invalid_request_error", "", "json_too_deep");
   }
   if (!body.is_object()) {
     throw ApiError(400,
@@ -364,10 +367,13 @@ GenerationRequest parse_chat_request(const ojson& body) {
       const std::string p = "messages[" + std::to_string(i) + "].tool_calls[" + std::to_string(j) +
                             "].function.arguments";
       try {
-        args = ojson::parse(args.get<std::string>());
+        args = parse_json(args.get<std::string>());
       } catch (const nlohmann::json::parse_error&) {
         throw ApiError(400, "'" + p + "' is not a JSON object: " + args.dump(),
                        "invalid_request_error", p, "invalid_value");
+      } catch (const JsonTooDeep& e) {
+        throw ApiError(400, "'" + p + "' is refused: " + e.what(), "invalid_request_error", p,
+                       "json_too_deep");
       }
       if (!args.is_object()) throw wrong_type(p, "a JSON object", args);
     }

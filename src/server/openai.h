@@ -29,8 +29,34 @@ struct ApiError : std::runtime_error {
 // {"error":{"message","type","param","code"}} with null for an empty param or code.
 ojson error_body(const ApiError& error);
 
+// How deeply a client's JSON may nest arrays and objects. Everything after parsing (the chat
+// template, dump(), the MCP tools) walks JSON recursively, so a body of a few MiB of '[' would
+// overflow the stack and end the process; real requests, tool schemas included, stay far below.
+constexpr int kMaxJsonDepth = 64;
+
+// Thrown by parse_json for JSON nested deeper than kMaxJsonDepth.
+struct JsonTooDeep : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ojson::parse (keys in the client's order), refusing nesting deeper than kMaxJsonDepth with
+// JsonTooDeep while parsing, before anything recursive sees it. Inline so that the MCP tools and
+// their fuzzer use it without linking this file.
+inline ojson parse_json(const std::string& text) {
+  // The callback sees each array and object as it opens, at its depth (0 for the outermost).
+  return ojson::parse(text, [](int depth, ojson::parse_event_t event, ojson&) {
+    const bool opens =
+        event == ojson::parse_event_t::object_start || event == ojson::parse_event_t::array_start;
+    if (opens && depth >= kMaxJsonDepth) {
+      throw JsonTooDeep("arrays and objects nest deeper than " + std::to_string(kMaxJsonDepth) +
+                        " levels");
+    }
+    return true;
+  });
+}
+
 // The body as a JSON object, keys in the client's order (templates may print them). ApiError 400 if
-// it is not JSON or not an object.
+// it is not JSON, nests deeper than kMaxJsonDepth, or is not an object.
 ojson parse_body(const std::string& text);
 
 // The sampling fields a request set; unset ones take the checkpoint's generation_config.json

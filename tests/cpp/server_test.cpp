@@ -52,6 +52,34 @@ TEST(ParseBody, MalformedJsonIsA400NamingTheProblem) {
   EXPECT_EQ(error_of([] { parse_body("[1,2]"); }).status, 400);
 }
 
+std::string nested(int depth) {
+  return "{\"a\":" + std::string(depth - 1, '[') + std::string(depth - 1, ']') + "}";
+}
+
+TEST(ParseBody, NestingBeyondTheLimitIsA400BeforeAnythingRecursesIntoIt) {
+  EXPECT_NO_THROW(parse_body(nested(kMaxJsonDepth)));
+  auto e = error_of([] { parse_body(nested(kMaxJsonDepth + 1)); });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "json_too_deep");
+  EXPECT_NE(std::string(e.what()).find("deeper than 64 levels"), std::string::npos);
+  // Deep enough to overflow the stack of anything that recursed into it (a template's context,
+  // dump()): refused while parsing, at the same cost as any 2 MB body.
+  EXPECT_EQ(error_of([] { parse_body(nested(1 << 20)); }).code, "json_too_deep");
+}
+
+TEST(ChatRequest, ToolCallArgumentsNestedTooDeeplyAreA400NamingThem) {
+  const std::string deep = std::string(kMaxJsonDepth, '[') + std::string(kMaxJsonDepth, ']');
+  ojson body = {{"messages",
+                 {{{"role", "assistant"},
+                   {"tool_calls",
+                    {{{"type", "function"},
+                      {"function", {{"name", "f"}, {"arguments", "{\"x\":" + deep + "}"}}}}}}}}}};
+  auto e = error_of([&] { parse_chat_request(body); });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "json_too_deep");
+  EXPECT_EQ(e.param, "messages[0].tool_calls[0].function.arguments");
+}
+
 TEST(ParseBody, KeepsTheClientsKeyOrder) {
   auto body = parse_body(R"({"z":1,"a":2})");
   EXPECT_EQ(body.begin().key(), "z");
