@@ -172,7 +172,8 @@ SamplingRequest read_generation_defaults(const std::string& model_dir) {
   nlohmann::json g;
   try {
     g = nlohmann::json::parse(file);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number beyond double's range (1e999) is out_of_range.
     throw FormatError(path.string() + " is not valid JSON: " + e.what());
   }
   auto number = [&](const char* key) -> std::optional<double> {
@@ -1141,9 +1142,23 @@ void Server::set_up_routes(httplib::Server& http) {
             throw ApiError(404, "unknown route " + req.method + " " + req.path,
                            "invalid_request_error", "", "not_found");
           }
-          throw ApiError(res.status,
-                         res.status == 400 ? "malformed HTTP request"
-                                           : "HTTP error " + std::to_string(res.status),
+          // cpp-httplib 0.11 answers these before any handler and says no more than the status.
+          if (res.status == 414) {
+            throw ApiError(414,
+                           "the request target is longer than " +
+                               std::to_string(CPPHTTPLIB_REQUEST_URI_MAX_LENGTH) + " bytes",
+                           "invalid_request_error", "", "uri_too_long");
+          }
+          if (res.status == 400) {
+            throw ApiError(400,
+                           "malformed HTTP request: a header line longer than " +
+                               std::to_string(CPPHTTPLIB_HEADER_MAX_LENGTH) +
+                               " bytes, a body shorter than its Content-Length, or nothing "
+                               "received for " +
+                               std::to_string(CPPHTTPLIB_READ_TIMEOUT_SECOND) + " seconds",
+                           "invalid_request_error", "", "malformed_request");
+          }
+          throw ApiError(res.status, "HTTP error " + std::to_string(res.status),
                          res.status >= 500 ? "server_error" : "invalid_request_error");
         } catch (const ApiError& e) {
           send_error(res, e);
