@@ -151,13 +151,12 @@ MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
-  const size_t size = file_.size();
+SafetensorsTable parse_safetensors(const uint8_t* data, size_t size, const std::string& path) {
   if (size < 8) {
     throw FormatError(path + ": truncated file: " + std::to_string(size) +
                       " bytes, shorter than the 8-byte header length");
   }
-  const uint64_t header_len = read_le64(file_.data());
+  const uint64_t header_len = read_le64(data);
   if (header_len > size - 8) {
     throw FormatError(path + ": header length " + std::to_string(header_len) +
                       " runs past the end of the file (" + std::to_string(size) + " bytes)");
@@ -166,15 +165,15 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     throw FormatError(path + ": header length " + std::to_string(header_len) +
                       " exceeds the limit of " + std::to_string(kMaxHeaderSize) + " bytes");
   }
-  const json header =
-      parse_header_json(reinterpret_cast<const char*>(file_.data()) + 8, header_len, path);
+  const json header = parse_header_json(reinterpret_cast<const char*>(data) + 8, header_len, path);
   if (!header.is_object()) {
     throw FormatError(path + ": invalid header JSON: expected an object, got " +
                       std::string(header.type_name()));
   }
-  const uint8_t* buffer = file_.data() + 8 + header_len;
+  const uint8_t* buffer = data + 8 + header_len;
   const uint64_t buffer_size = size - 8 - header_len;
 
+  SafetensorsTable table;
   struct Extent {
     uint64_t begin, end;
     const std::string* name;
@@ -191,7 +190,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
           throw FormatError(path + ": __metadata__ value for \"" + k + "\" must be a string, got " +
                             v.dump());
         }
-        metadata_[k] = v.get<std::string>();
+        table.metadata[k] = v.get<std::string>();
       }
       continue;
     }
@@ -247,7 +246,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
     }
     t.data = buffer + begin;
     t.nbytes = static_cast<size_t>(end - begin);
-    auto [it, inserted] = tensors_.emplace(name, std::move(t));
+    auto [it, inserted] = table.tensors.emplace(name, std::move(t));
     extents.push_back({begin, end, &it->first});
   }
 
@@ -278,7 +277,11 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
                       std::to_string(buffer_size) + " bytes, tensors end at " +
                       std::to_string(prev_end) + ")");
   }
+  return table;
 }
+
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : file_(path), table_(parse_safetensors(file_.data(), file_.size(), path)) {}
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                        const std::map<std::string, std::string>& metadata) {

@@ -53,19 +53,26 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// One .safetensors file: header parsed and validated at open (header length inside the file,
-// valid JSON, known dtypes, offsets inside the buffer, no overlap or gaps, bytes == numel x size).
+// The header of a safetensors image (a whole file's bytes in memory), validated: header length
+// inside the image, valid JSON, known dtypes, offsets inside the buffer, no overlap or gaps,
+// bytes == numel x size. The views point into the image; `path` names it in every FormatError.
+struct SafetensorsTable {
+  std::map<std::string, TensorView> tensors;
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsTable parse_safetensors(const uint8_t* data, size_t size, const std::string& path);
+
+// One .safetensors file, mapped, its header parsed and validated at open (parse_safetensors).
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
   const std::string& path() const { return file_.path(); }
-  const std::map<std::string, TensorView>& tensors() const { return tensors_; }
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::map<std::string, TensorView>& tensors() const { return table_.tensors; }
+  const std::map<std::string, std::string>& metadata() const { return table_.metadata; }
 
  private:
   MappedFile file_;
-  std::map<std::string, TensorView> tensors_;
-  std::map<std::string, std::string> metadata_;
+  SafetensorsTable table_;
 };
 
 // Writes a safetensors file for make-tiny, quantize and tests: header padded with spaces to a
