@@ -5,9 +5,10 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
+# clang and libclang-rt-dev: libFuzzer, for the harnesses of tests/fuzz (scripts/fuzz.sh).
 apt_packages=(build-essential cmake ninja-build git pkg-config python3-venv
   nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libssl-dev libcli11-dev libgtest-dev libgmock-dev
-  chromium shellcheck ccache)
+  chromium shellcheck ccache clang libclang-rt-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
