@@ -536,7 +536,8 @@ void serve_mcp_stdio(const McpTarget& target, std::istream& in, std::ostream& ou
     ojson message;
     try {
       message = parse_json(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
+      // Not only parse_error: a number beyond double's range (1e999) is out_of_range.
       write(rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + e.what()));
       continue;
     } catch (const JsonTooDeep& e) {
@@ -585,7 +586,7 @@ void handle_mcp_post(const httplib::Request& req, httplib::Response& res) {
   ojson message;
   try {
     message = parse_json(req.body);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
     send_json(res, 400,
               rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + e.what()));
     return;

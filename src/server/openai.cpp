@@ -303,7 +303,8 @@ ojson parse_body(const std::string& text) {
   ojson body;
   try {
     body = parse_json(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {
+    // Not only parse_error: a number beyond double's range (1e999) is out_of_range.
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what(),
                    "invalid_request_error", "", "invalid_json");
   } catch (const JsonTooDeep& e) {
@@ -368,7 +369,7 @@ GenerationRequest parse_chat_request(const ojson& body) {
                             "].function.arguments";
       try {
         args = parse_json(args.get<std::string>());
-      } catch (const nlohmann::json::parse_error&) {
+      } catch (const nlohmann::json::exception&) {
         throw ApiError(400, "'" + p + "' is not a JSON object: " + args.dump(),
                        "invalid_request_error", p, "invalid_value");
       } catch (const JsonTooDeep& e) {

@@ -44,7 +44,8 @@ std::string read_file(const fs::path& path) {
 ojson read_json(const fs::path& path) {
   try {
     return ojson::parse(read_file(path));
-  } catch (const ojson::parse_error& e) {
+  } catch (const ojson::exception& e) {
+    // Not only parse_error: a number beyond double's range (1e999) is out_of_range.
     throw FormatError(path.string() + " is not valid JSON: " + e.what());
   }
 }

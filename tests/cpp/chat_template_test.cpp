@@ -83,6 +83,14 @@ TEST(ChatTemplateFromDir, UnparsableConfigIsFormatError) {
   EXPECT_THROW(ChatTemplate::from_dir(dir.str()), FormatError);
 }
 
+// nlohmann reports a number beyond double's range as out_of_range, not as a parse error (found by
+// tests/fuzz/request_fuzz in request bodies); here it escaped from_dir as no error kind of ours.
+TEST(ChatTemplateFromDir, ConfigWithANumberBeyondDoubleIsFormatError) {
+  CheckpointDir dir;
+  dir.write("tokenizer_config.json", R"({"chat_template": "t", "model_max_length": 1e999})");
+  EXPECT_THROW(ChatTemplate::from_dir(dir.str()), FormatError);
+}
+
 TEST(ChatTemplateRender, RaiseExceptionIsValueErrorWithTheTemplatesMessage) {
   const auto chat = ChatTemplate::from_string(
       "{% if messages[0].role != 'system' %}{{ raise_exception('need a system turn') }}{% endif "
