@@ -41,12 +41,21 @@ if [[ -n "$upstream" && -n "$upstream_cmd" ]] || [[ -z "$upstream" && -z "$upstr
   die "give exactly one of --upstream URL and --upstream-cmd CMD"
 fi
 [[ "$port" =~ ^[0-9]+$ ]] || die "--port must be a number, got '$port'"
+# The name becomes a file name and a systemd unit name.
+[[ "$name" =~ ^[A-Za-z0-9_.@-]+$ ]] || die "--name may hold only letters, digits and _ . @ -, got '$name'"
 if [[ -z "$binary" ]]; then
   binary="$(command -v torchtpu-cpp || true)"
   [[ -n "$binary" ]] || binary="$here/../../build/torchtpu-cpp"
 fi
 [[ -x "$binary" ]] || die "no torchtpu-cpp binary at '$binary' (build it, or pass --binary)"
 binary="$(cd "$(dirname "$binary")" && pwd)/$(basename "$binary")"
+# systemd refuses to start an executable whose path holds these, however they are quoted.
+[[ "$binary" != *[\'\"\\\$]* ]] ||
+  die "systemd cannot start an executable whose path holds quotes, backslashes or \$: '$binary' (link it from a plainer path)"
+# A line break would end the ExecStart line and start a directive of its own.
+for value in "$binary" "$upstream" "$upstream_cmd"; do
+  [[ "$value" != *[[:cntrl:]]* ]] || die "values may not hold control characters (line breaks, tabs): '$value'"
+done
 
 # systemd's ExecStart quoting: each argument in double quotes, with \ " $ % escaped.
 quote() {
@@ -55,6 +64,14 @@ quote() {
   s="${s//\"/\\\"}"
   s="${s//\$/\$\$}"
   s="${s//%/%%}"
+  printf '"%s"' "$s"
+}
+
+# A JSON string: \ and " escaped (control characters were refused above).
+json() {
+  local s="$1"
+  s="${s//\\/\\\\}"
+  s="${s//\"/\\\"}"
   printf '"%s"' "$s"
 }
 
@@ -96,8 +113,8 @@ cat <<JSON
 MCP client configuration (stdio):
 {
   "mcpServers": {
-    "$name": {
-      "command": "$binary",
+    $(json "$name"): {
+      "command": $(json "$binary"),
       "args": ["mcp", "--url", "http://127.0.0.1:$port"]
     }
   }

@@ -13,6 +13,7 @@ import json
 import lzma
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -232,6 +233,134 @@ def test_values_with_spaces_and_quotes_stay_single_arguments(tmp_path, cloud):
         "MODEL_ID": ["org/model.v1"],
     }
     assert "--source-ranges=203.0.113.7/32,198.51.100.0/24" in fw_create["argv"]
+
+
+HOSTILE = """it's "quoted" $(touch {pwned}) `touch {pwned}` ${{HOME}} 100% \\ back"""
+
+
+def test_values_reaching_the_vm_shell_are_never_run(tmp_path, cloud):
+    """Settings that the startup script hands to bash stay literal words: a command substitution
+    in them is text, not something the VM runs."""
+    pwned = tmp_path / "pwned"
+    hostile = HOSTILE.format(pwned=pwned)
+    env = write_env(
+        tmp_path / "hostile.env",
+        "\n".join(
+            [
+                f"DESCRIPTION={shlex.quote(hostile)}",
+                f"TORCH_PIP_SPEC={shlex.quote(shlex.join(['torch==2.14.1', hostile]))}",
+                f"UNIT_PYTEST_ARGS={shlex.quote(shlex.join(['-k', hostile]))}",
+                f"PIP_INDEX_ARGS={shlex.quote(shlex.join(['--index-url', hostile]))}",
+                "",
+            ]
+        ),
+    )
+    script = tmp_path / "startup-script.sh"
+    cloud.rig("--env", env, "render", "--out", str(script))
+    cloud.rig("--env", env, "create")
+    names = ["TORCH_PIP_SPEC", "UNIT_PYTEST_ARGS", "PIP_INDEX_ARGS"]
+    assert bash_values(script.read_text(), names) == {
+        "TORCH_PIP_SPEC": ["torch==2.14.1", hostile],
+        "UNIT_PYTEST_ARGS": ["-k", hostile],
+        "PIP_INDEX_ARGS": ["--index-url", hostile],
+    }
+    (create,) = cloud.calls()
+    assert f"--description={hostile}" in create["argv"]
+    assert not pwned.exists()
+
+
+def systemd_words(line: str) -> list[str]:
+    """An ExecStart= value split the way systemd does for double-quoted words (systemd.syntax(7)
+    and systemd.service(5), "Command lines"): backslash escapes, then $$ -> $ and %% -> %."""
+    words = []
+    for quoted in re.findall(r'"((?:[^"\\]|\\.)*)"|(\S+)', line):
+        word = quoted[0] if quoted[0] or not quoted[1] else quoted[1]
+        word = re.sub(r"\\(.)", r"\1", word)
+        words.append(word.replace("$$", "$").replace("%%", "%"))
+    return words
+
+
+def test_demo_install_quotes_hostile_values_into_the_unit_and_the_mcp_config(tmp_path):
+    pwned = tmp_path / "pwned"
+    hostile = HOSTILE.format(pwned=pwned)
+    bin_dir = tmp_path / "a dir, 100% spaces"
+    bin_dir.mkdir()
+    binary = bin_dir / "torchtpu-cpp"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    proc = subprocess.run(
+        [
+            REPO / "rig" / "demo" / "install.sh",
+            "--dry-run",
+            "--binary",
+            str(binary),
+            "--upstream-cmd",
+            hostile,
+            "--name",
+            "demo.1",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
+    unit, config = proc.stdout.split("\nMCP client configuration (stdio):\n")
+    (exec_start,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert systemd_words(exec_start.removeprefix("ExecStart=")) == [
+        str(binary),
+        "proxy",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8015",
+        "--upstream-cmd",
+        hostile,
+    ]
+    unit_file = tmp_path / "demo.1.service"
+    unit_file.write_text(unit.split("\n", 1)[1])
+    verify = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(unit_file)],
+        capture_output=True,
+        text=True,
+    )
+    assert verify.returncode == 0 and verify.stderr == "", verify.stderr
+    mcp = json.loads(config.split("\nStreamable HTTP:")[0])
+    assert mcp["mcpServers"]["demo.1"]["command"] == str(binary)
+    assert not pwned.exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--name", "a b"], "--name may hold only letters"),
+        (["--name", "../../evil"], "--name may hold only letters"),
+        (["--binary", "$(touch pwned)/torchtpu-cpp"], "systemd cannot start an executable"),
+        (["--binary", 'a "quoted" dir/torchtpu-cpp'], "systemd cannot start an executable"),
+        (
+            ["--upstream-cmd", "echo x\nExecStartPre=/bin/sh -c 'touch /tmp/pwned'"],
+            "may not hold control characters",
+        ),
+    ],
+)
+def test_demo_install_refuses_values_it_cannot_quote(tmp_path, args, message):
+    binary = tmp_path / (args[1] if args[0] == "--binary" else "torchtpu-cpp")
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    args = args[2:] if args[0] == "--binary" else args
+    base = ["--dry-run", "--binary", str(binary)]
+    if "--upstream-cmd" not in args:
+        base += ["--upstream", "http://127.0.0.1:8000"]
+    proc = subprocess.run(
+        [REPO / "rig" / "demo" / "install.sh", *base, *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "ExecStart" not in proc.stdout
+    assert not (tmp_path / "pwned").exists()
 
 
 @pytest.mark.parametrize(
