@@ -19,7 +19,21 @@ void add_proxy_command(CLI::App& app) {
       "A shell command whose last output line is the upstream URL; run again when the upstream "
       "stops answering");
   url->excludes(command);
+  cmd->add_option("--api-key", options->api_key,
+                  "The proxy's own key: require 'Authorization: Bearer KEY' on everything but the "
+                  "chat page and /health (default: $TORCHTPU_PROXY_API_KEY)");
+  cmd->add_option("--upstream-api-key", options->upstream_api_key,
+                  "The key the proxy sends upstream in place of the client's; needs --api-key "
+                  "(default: $TORCHTPU_UPSTREAM_API_KEY)");
   cmd->callback([options] {
+    if (options->api_key.empty()) {
+      if (const char* key = std::getenv("TORCHTPU_PROXY_API_KEY")) options->api_key = key;
+    }
+    if (options->upstream_api_key.empty()) {
+      if (const char* key = std::getenv("TORCHTPU_UPSTREAM_API_KEY")) {
+        options->upstream_api_key = key;
+      }
+    }
     const int code = server::run_proxy(*options);
     if (code != 0) std::exit(code);
   });

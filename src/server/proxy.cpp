@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "server/auth.h"
 #include "server/connection.h"
 #include "server/mcp.h"
 #include "server/web/web.h"
@@ -147,14 +148,20 @@ const std::set<std::string> kHopHeaders = {
     "te",      "upgrade",        "accept-encoding", "proxy-authorization", "proxy-connection",
     "trailer", "content-type"};
 
-bool is_hop_header(const std::string& name) {
+std::string lowercase(const std::string& name) {
   std::string lower;
   for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return kHopHeaders.count(lower) > 0;
+  return lower;
 }
 
+bool is_hop_header(const std::string& name) { return kHopHeaders.count(lowercase(name)) > 0; }
+
+bool is_header(const std::string& name, const char* lower) { return lowercase(name) == lower; }
+
+// `authorization`: the Authorization header to send upstream, or nullopt to pass the client's on.
 std::shared_ptr<Exchange> start_exchange(const std::string& url, const httplib::Request& in,
-                                         int timeout_s) {
+                                         int timeout_s,
+                                         const std::optional<std::string>& authorization) {
   auto x = std::make_shared<Exchange>();
   x->client = std::make_unique<httplib::Client>(url);
   x->client->set_connection_timeout(5);
@@ -164,8 +171,11 @@ std::shared_ptr<Exchange> start_exchange(const std::string& url, const httplib::
   req->method = in.method;
   req->path = in.target.empty() ? in.path : in.target;
   for (const auto& [name, value] : in.headers) {
-    if (!is_hop_header(name)) req->headers.emplace(name, value);
+    if (is_hop_header(name) || (authorization && is_header(name, "authorization"))) continue;
+    req->headers.emplace(name, value);
   }
+  if (authorization && !authorization->empty())
+    req->headers.emplace("Authorization", *authorization);
   if (!in.body.empty() || in.method == "POST" || in.method == "PUT" || in.method == "PATCH") {
     req->body = in.body;
     req->headers.emplace("Content-Type", in.get_header_value("Content-Type"));
@@ -213,22 +223,50 @@ class Proxy {
  private:
   void forward(const httplib::Request& req, httplib::Response& res);
   void status(httplib::Response& res);
+  // False, with the error written: 403 for what browser_refusal refuses, 401 when the proxy has a
+  // key and the request does not carry it.
+  bool authorized(const httplib::Request& req, httplib::Response& res) const;
+  // The Authorization header requests take upstream; nullopt: the client's own.
+  std::optional<std::string> upstream_authorization() const;
 
   ProxyOptions options_;
   Upstream upstream_;
 };
 
 void send_error(httplib::Response& res, int status, const std::string& message,
-                const std::string& code) {
+                const std::string& code, const std::string& type = "server_error") {
   res.status = status;
   res.set_content(
-      dump(
-          {{"error",
-            {{"message", message}, {"type", "server_error"}, {"param", nullptr}, {"code", code}}}}),
+      dump({{"error", {{"message", message}, {"type", type}, {"param", nullptr}, {"code", code}}}}),
       "application/json");
 }
 
+bool Proxy::authorized(const httplib::Request& req, httplib::Response& res) const {
+  const std::string refusal = browser_refusal(req, is_loopback(options_.host));
+  if (!refusal.empty()) {
+    send_error(res, 403, refusal, "forbidden", "invalid_request_error");
+    return false;
+  }
+  if (options_.api_key.empty()) return true;
+  const std::string given = req.get_header_value("Authorization");
+  if (bearer_matches(given, options_.api_key)) return true;
+  res.set_header("WWW-Authenticate", "Bearer");
+  send_error(res, 401,
+             given.empty() ? "missing API key for the proxy: send 'Authorization: Bearer <key>'"
+                           : "incorrect API key for the proxy",
+             "invalid_api_key", "authentication_error");
+  return false;
+}
+
+std::optional<std::string> Proxy::upstream_authorization() const {
+  if (!options_.upstream_api_key.empty()) return "Bearer " + options_.upstream_api_key;
+  // The client's header holds the proxy's own key, which is not the upstream's to see.
+  if (!options_.api_key.empty()) return "";
+  return std::nullopt;
+}
+
 void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
+  if (!(req.method == "GET" && req.path == "/health") && !authorized(req, res)) return;
   const int fd =
       find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
   const bool idempotent = req.method == "GET" || req.method == "HEAD" || req.method == "OPTIONS";
@@ -241,7 +279,7 @@ void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
       send_error(res, 502, e.what(), "upstream_unknown");
       return;
     }
-    x = start_exchange(url, req, options_.upstream_timeout_s);
+    x = start_exchange(url, req, options_.upstream_timeout_s, upstream_authorization());
     std::unique_lock lock(x->mutex);
     while (!x->has_headers && !x->finished) {
       x->changed.wait_for(lock, std::chrono::milliseconds(50));
@@ -378,9 +416,15 @@ int Proxy::run() {
   http.set_tcp_nodelay(true);
   http.set_keep_alive_timeout(2);
   add_web_routes(http);
-  add_mcp_routes(http);
-  http.Get("/proxy/status",
-           [this](const httplib::Request&, httplib::Response& res) { status(res); });
+  // The tools call this proxy back with the request's Authorization header, so they pass here too.
+  add_mcp_routes(http, [this](httplib::Server::Handler handler) {
+    return [this, handler](const httplib::Request& req, httplib::Response& res) {
+      if (authorized(req, res)) handler(req, res);
+    };
+  });
+  http.Get("/proxy/status", [this](const httplib::Request& req, httplib::Response& res) {
+    if (authorized(req, res)) status(res);
+  });
   const auto forward = [this](const httplib::Request& req, httplib::Response& res) {
     this->forward(req, res);
   };
@@ -425,6 +469,11 @@ int Proxy::run() {
 int run_proxy(const ProxyOptions& options) {
   if (options.upstream.empty() == options.upstream_cmd.empty()) {
     throw ValueError("the proxy needs exactly one of --upstream URL and --upstream-cmd CMD");
+  }
+  if (!options.upstream_api_key.empty() && options.api_key.empty()) {
+    throw ValueError(
+        "--upstream-api-key needs --api-key: without a key of its own the proxy would hand the "
+        "upstream's key to anyone who reaches it");
   }
   if (!options.upstream.empty() && normalize_url(options.upstream).rfind("http://", 0) != 0) {
     throw ValueError("--upstream must be an http:// URL, got '" + options.upstream + "'");

@@ -17,13 +17,20 @@ struct ProxyOptions {
   std::string upstream;      // http://host:port of the server
   std::string upstream_cmd;  // or a command (run by /bin/sh) whose last output line is that URL
   int upstream_timeout_s = 3600;  // the longest an upstream answer may pause
+  // Non-empty: the proxy's own key. Every request but the chat page and /health must carry
+  // "Authorization: Bearer KEY", and that header is not passed on.
+  std::string api_key;
+  // Non-empty: sent upstream as "Authorization: Bearer KEY" in place of the client's header. Needs
+  // api_key, or anyone who reaches the proxy would use this key.
+  std::string upstream_api_key;
   // Called once the port is bound, with its number.
   std::function<void(int port)> on_listening;
 };
 
 // Serves until SIGINT or SIGTERM; returns the exit code. Prints one line
 // "proxy on http://HOST:PORT for UPSTREAM" once it listens. Throws ValueError for options that
-// name no upstream, std::runtime_error if the address cannot be bound.
+// name no upstream or give an upstream key without a key of the proxy's own, std::runtime_error if
+// the address cannot be bound.
 int run_proxy(const ProxyOptions& options);
 
 }  // namespace torchtpu::server

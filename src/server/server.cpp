@@ -23,6 +23,7 @@
 #include "build_info.h"
 #include "common/errors.h"
 #include "engine/report.h"
+#include "server/auth.h"
 #include "server/connection.h"
 #include "server/demo.h"
 #include "server/mcp.h"
@@ -285,6 +286,7 @@ class Server {
   httplib::Server::Handler guarded(
       const std::function<void(const httplib::Request&, httplib::Response&)>& handler,
       bool needs_engine);
+  // Throws ApiError 403 for what browser_refusal refuses, 401 without the API key.
   void authorize(const httplib::Request& req) const;
   void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
   void stream_response(httplib::Response& res, std::shared_ptr<Job> job, bool chat,
@@ -977,13 +979,11 @@ std::string Server::endpoint_label(const std::string& path) const {
 }
 
 void Server::authorize(const httplib::Request& req) const {
+  const std::string refusal = browser_refusal(req, is_loopback(options_.host));
+  if (!refusal.empty()) throw ApiError(403, refusal, "invalid_request_error", "", "forbidden");
   if (options_.api_key.empty()) return;
-  const std::string expected = "Bearer " + options_.api_key;
   const std::string given = req.get_header_value("Authorization");
-  // Compared in time independent of where the first difference is.
-  unsigned diff = given.size() ^ expected.size();
-  for (size_t i = 0; i < given.size() && i < expected.size(); ++i) diff |= given[i] ^ expected[i];
-  if (diff != 0) {
+  if (!bearer_matches(given, options_.api_key)) {
     throw ApiError(
         401,
         given.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key",

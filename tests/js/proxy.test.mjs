@@ -2,13 +2,12 @@
 // passes a stream through, cancels A's decode when its own client aborts, and when A stops and
 // the command names B, the next request goes through B.
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import OpenAI from "openai";
-import { cliPath, eventually, metric, metrics, startServer } from "./server_helpers.mjs";
+import { eventually, metric, metrics, startProxy, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 let a;
@@ -17,23 +16,6 @@ let proxy;
 let proxyUrl;
 let dir;
 let upstreamFile;
-
-function startProxy(args) {
-  const child = spawn(cliPath(), ["proxy", "--port", "0", ...args], { stdio: ["ignore", "pipe", "pipe"] });
-  let stderr = "";
-  child.stderr.on("data", (d) => (stderr += d));
-  const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
-  const url = new Promise((resolve, reject) => {
-    let out = "";
-    child.stdout.on("data", (d) => {
-      out += d;
-      const m = out.match(/proxy on (http:\/\/\S+) for/);
-      if (m) resolve(m[1]);
-    });
-    exited.then((code) => reject(new Error(`proxy exited with ${code}:\n${stderr}`)));
-  });
-  return { child, url, exited, stderr: () => stderr };
-}
 
 before(async () => {
   [a, b] = await Promise.all([startServer(["--context", "2048"]), startServer(["--context", "2048"])]);

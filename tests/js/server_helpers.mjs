@@ -1,5 +1,5 @@
-// Starts `torchtpu-cpp serve` on a free port and stops it; shared by the server test files and
-// bench/serve_bench.mjs.
+// Starts `torchtpu-cpp serve` (or `proxy`) on a free port and stops it; shared by the server test
+// files and bench/serve_bench.mjs.
 import { spawn } from "node:child_process";
 import os from "node:os";
 import path from "node:path";
@@ -58,6 +58,26 @@ export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_00
       return exited;
     },
   };
+}
+
+// `torchtpu-cpp proxy --port 0 ARGS`: {child, url (a promise), exited (its code), stderr()}.
+export function startProxy(args) {
+  const child = spawn(cliPath(), ["proxy", "--port", "0", ...args], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let stderr = "";
+  child.stderr.on("data", (d) => (stderr += d));
+  const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
+  const url = new Promise((resolve, reject) => {
+    let out = "";
+    child.stdout.on("data", (d) => {
+      out += d;
+      const m = out.match(/proxy on (http:\/\/\S+) for/);
+      if (m) resolve(m[1]);
+    });
+    exited.then((code) => reject(new Error(`proxy exited with ${code}:\n${stderr}`)));
+  });
+  return { child, url, exited, stderr: () => stderr };
 }
 
 // The value of a Prometheus sample, e.g. metric(text, "torchtpu_requests_cancelled_total").

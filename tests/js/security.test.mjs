@@ -1,0 +1,222 @@
+// The claims of docs/RELIABILITY.md, "Security review", that concern the server and the proxy:
+// loopback by default, --api-key on every route that generates or reveals anything, the proxy's
+// own key, and the chat page's Content-Security-Policy.
+import assert from "node:assert/strict";
+import http from "node:http";
+import net from "node:net";
+import os from "node:os";
+import { after, before, describe, test } from "node:test";
+import { startProxy, startServer } from "./server_helpers.mjs";
+
+const KEY = "sk-server-key";
+let server;
+
+before(async () => {
+  // No --host: the default is what is under test.
+  server = await startServer(["--api-key", KEY, "--context", "512", "--threads", "1"]);
+});
+
+after(async () => {
+  if (server) await server.stop();
+});
+
+// Every route that generates or reveals anything, with a body that it would otherwise accept.
+const chat = { messages: [{ role: "user", content: "Hi." }], max_tokens: 2 };
+const guarded = [
+  ["GET", "/metrics"],
+  ["GET", "/v1/models"],
+  ["GET", "/v1/models/torchtpu-demo-random-weights"],
+  ["GET", "/v1/engine"],
+  ["POST", "/v1/chat/completions", chat],
+  ["POST", "/v1/completions", { prompt: "Hi.", max_tokens: 2 }],
+  ["POST", "/tokenize", { content: "Hi." }],
+  ["POST", "/detokenize", { tokens: [2] }],
+  ["POST", "/mcp", { jsonrpc: "2.0", id: 1, method: "tools/list" }],
+  // An unknown route does not tell a client without the key whether it exists.
+  ["GET", "/no/such/route"],
+];
+
+// node:http, which (unlike fetch) sends the Host and Origin it is given, as a rebinding or
+// cross-site page's browser would. Resolves to {status, body}.
+function rawCall(url, method, path, headers, body) {
+  return new Promise((resolve, reject) => {
+    const req = http.request(`${url}${path}`, { method, headers, agent: false }, (res) => {
+      let text = "";
+      res.setEncoding("utf8");
+      res.on("data", (d) => (text += d));
+      res.on("end", () => resolve({ status: res.statusCode, body: JSON.parse(text) }));
+    });
+    req.on("error", reject);
+    req.end(body ? JSON.stringify(body) : undefined);
+  });
+}
+
+async function call(url, [method, path, body], headers = {}) {
+  return fetch(`${url}${path}`, {
+    method,
+    headers: {
+      ...(body ? { "Content-Type": "application/json" } : {}),
+      Accept: "application/json, text/event-stream",
+      ...headers,
+    },
+    body: body ? JSON.stringify(body) : undefined,
+  });
+}
+
+// A non-loopback IPv4 address of this machine, if it has one.
+function outsideAddress() {
+  for (const list of Object.values(os.networkInterfaces())) {
+    for (const a of list ?? []) if (a.family === "IPv4" && !a.internal) return a.address;
+  }
+  return null;
+}
+
+describe("the server", () => {
+  test("binds 127.0.0.1 unless told otherwise", async (t) => {
+    assert.match(server.url, /^http:\/\/127\.0\.0\.1:\d+$/);
+    const address = outsideAddress();
+    if (!address) {
+      t.diagnostic("no non-loopback IPv4 address on this machine: the refusal is not tried");
+      return;
+    }
+    const port = Number(new URL(server.url).port);
+    const refused = await new Promise((resolve) => {
+      const socket = net.connect(port, address);
+      socket.on("connect", () => {
+        socket.destroy();
+        resolve(false);
+      });
+      socket.on("error", (e) => resolve(e.code === "ECONNREFUSED"));
+    });
+    assert.ok(refused, `${address}:${port} accepted a connection`);
+  });
+
+  test("--api-key guards every route that generates or reveals anything", async () => {
+    for (const route of guarded) {
+      for (const headers of [{}, { Authorization: "Bearer sk-wrong" }, { Authorization: KEY }]) {
+        const res = await call(server.url, route, headers);
+        assert.equal(res.status, 401, `${route[0]} ${route[1]} with ${JSON.stringify(headers)}`);
+        assert.equal(res.headers.get("www-authenticate"), "Bearer");
+        assert.equal((await res.json()).error.code, "invalid_api_key");
+      }
+      const res = await call(server.url, route, { Authorization: `Bearer ${KEY}` });
+      const expected = route[1] === "/no/such/route" ? 404 : 200;
+      assert.equal(res.status, expected, `${route[1]} with the key: ${await res.text()}`);
+    }
+  });
+
+  test("on loopback, a Host other than localhost's is refused (DNS rebinding)", async () => {
+    const port = new URL(server.url).port;
+    const auth = { Authorization: `Bearer ${KEY}` };
+    for (const host of [`evil.example:${port}`, "evil.example", `127.0.0.1.evil.example:${port}`]) {
+      const r = await rawCall(server.url, "GET", "/v1/models", { ...auth, Host: host });
+      assert.equal(r.status, 403, host);
+      assert.equal(r.body.error.code, "forbidden");
+      assert.match(r.body.error.message, /is not this server's/);
+    }
+    for (const host of [`127.0.0.1:${port}`, `localhost:${port}`, "localhost"]) {
+      assert.equal((await rawCall(server.url, "GET", "/v1/models", { ...auth, Host: host })).status,
+        200, host);
+    }
+  });
+
+  test("a page of another site cannot make it generate", async () => {
+    const port = new URL(server.url).port;
+    const headers = { Authorization: `Bearer ${KEY}`, "Content-Type": "text/plain" };
+    const evil = await rawCall(server.url, "POST", "/v1/chat/completions",
+      { ...headers, Origin: "http://evil.example" }, chat);
+    assert.equal(evil.status, 403);
+    assert.match(evil.body.error.message, /Origin 'http:\/\/evil.example' is another site's/);
+    const own = await rawCall(server.url, "POST", "/v1/chat/completions",
+      { ...headers, Origin: `http://127.0.0.1:${port}` }, chat);
+    assert.equal(own.status, 200);
+  });
+
+  test("only /health and the chat page (it holds no secrets) answer without the key", async () => {
+    for (const path of ["/health", "/", "/web/chat.js", "/web/chat.css"]) {
+      assert.equal((await fetch(`${server.url}${path}`)).status, 200, path);
+    }
+  });
+
+  test("the chat page runs only its own script, under a Content-Security-Policy", async () => {
+    for (const path of ["/", "/web/chat.js", "/web/chat.css"]) {
+      const res = await fetch(`${server.url}${path}`);
+      const csp = res.headers.get("content-security-policy") ?? "";
+      assert.match(csp, /(^|; )default-src 'self'(;|$)/, path);
+      assert.match(csp, /(^|; )script-src 'self'(;|$)/, path);
+      assert.match(csp, /(^|; )object-src 'none'(;|$)/, path);
+      assert.match(csp, /(^|; )frame-ancestors 'none'(;|$)/, path);
+      assert.doesNotMatch(csp, /unsafe-inline|unsafe-eval/, path);
+      assert.equal(res.headers.get("x-content-type-options"), "nosniff", path);
+    }
+    // So the policy needs no 'unsafe-inline': no inline script or handler on the page, and the
+    // script writes model text with textContent only.
+    const page = await (await fetch(`${server.url}/`)).text();
+    assert.doesNotMatch(page, /<script(?![^>]*\bsrc=)[^>]*>/);
+    assert.doesNotMatch(page, /\son[a-z]+\s*=/i);
+    const script = await (await fetch(`${server.url}/web/chat.js`)).text();
+    assert.doesNotMatch(script, /innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(/);
+  });
+});
+
+describe("the proxy", () => {
+  // A stand-in upstream that answers every request with the Authorization header it received.
+  let upstream;
+  let upstreamUrl;
+  const started = [];
+  before(async () => {
+    upstream = http.createServer((req, res) => {
+      res.setHeader("Content-Type", "application/json");
+      res.end(JSON.stringify({ authorization: req.headers.authorization ?? null }));
+    });
+    await new Promise((resolve) => upstream.listen(0, "127.0.0.1", resolve));
+    upstreamUrl = `http://127.0.0.1:${upstream.address().port}`;
+  });
+  after(async () => {
+    for (const p of started) {
+      if (p.child.exitCode === null) p.child.kill("SIGTERM");
+      await p.exited;
+    }
+    upstream?.close();
+  });
+  async function proxy(args) {
+    const p = startProxy(["--upstream", upstreamUrl, ...args]);
+    started.push(p);
+    return p.url;
+  }
+
+  test("checks a key of its own and sends the upstream's in its place", async () => {
+    const url = await proxy(["--api-key", "sk-proxy", "--upstream-api-key", KEY]);
+    const routes = [["GET", "/v1/models"], ["POST", "/v1/chat/completions", chat],
+      ["POST", "/mcp", { jsonrpc: "2.0", id: 1, method: "tools/list" }], ["GET", "/proxy/status"]];
+    for (const route of routes) {
+      for (const headers of [{}, { Authorization: `Bearer ${KEY}` }]) {
+        const res = await call(url, route, headers);
+        assert.equal(res.status, 401, `${route[1]} with ${JSON.stringify(headers)}`);
+        assert.equal((await res.json()).error.type, "authentication_error");
+      }
+    }
+    const res = await call(url, ["GET", "/v1/models"], { Authorization: "Bearer sk-proxy" });
+    assert.deepEqual(await res.json(), { authorization: `Bearer ${KEY}` });
+    assert.equal((await fetch(`${url}/`)).status, 200);
+    assert.equal((await fetch(`${url}/health`)).status, 200);
+    assert.match(url, /^http:\/\/127\.0\.0\.1:\d+$/);
+    const rebound = await rawCall(url, "GET", "/v1/models",
+      { Authorization: "Bearer sk-proxy", Host: "evil.example" });
+    assert.equal(rebound.status, 403);
+  });
+
+  test("does not pass its own key upstream", async () => {
+    const url = await proxy(["--api-key", "sk-proxy"]);
+    const res = await call(url, ["GET", "/v1/models"], { Authorization: "Bearer sk-proxy" });
+    assert.deepEqual(await res.json(), { authorization: null });
+  });
+
+  test("refuses an upstream key without a key of its own", async () => {
+    const p = startProxy(["--upstream", upstreamUrl, "--upstream-api-key", KEY]);
+    const neverListens = assert.rejects(p.url, /proxy exited/);
+    assert.notEqual(await p.exited, 0);
+    assert.match(p.stderr(), /--upstream-api-key needs --api-key/);
+    await neverListens;
+  });
+});
