@@ -373,6 +373,8 @@ def test_demo_install_refuses_values_it_cannot_quote(tmp_path, args, message):
         ("NO_SUCH_SETTING=1", "unknown setting NO_SUCH_SETTING"),
         ("DESCRIPTION=two words", "must be quoted as one word"),
         ("DESCRIPTION='unbalanced", "No closing quotation"),
+        ("SERVE_API_KEY=short", "'short' is not a valid value"),
+        ("SERVE_API_KEY='sk-0123456789abcdef$(touch x)'", "is not a valid value"),
     ],
 )
 def test_bad_settings_are_refused_with_file_and_key(tmp_path, cloud, line, message):
@@ -656,13 +658,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("service_fails", [False, True])
-def test_serving_stage_installs_the_unit_and_waits_for_health(tmp_path, cloud, service_fails):
+@pytest.mark.parametrize(
+    "service_fails, api_key", [(False, ""), (False, "sk-rig-0123456789abcdef"), (True, "")]
+)
+def test_serving_stage_installs_the_unit_and_waits_for_health(
+    tmp_path, cloud, service_fails, api_key
+):
     """The serving stage with systemd, journald and apt replaced (tests/rig/vm-bin): the stand-in
-    systemctl starts an HTTP server that answers /health, or reports the unit failed."""
+    systemctl starts an HTTP server that answers /health, or reports the unit failed. With
+    SERVE_API_KEY, serve.env (root's alone) hands it to the server."""
     port = _free_port()
     script = tmp_path / "startup-script.sh"
-    cloud.rig("--set", f"PORT={port}", "--set", "HEALTH_TIMEOUT=60", "render", "--out", str(script))
+    cloud.rig(
+        *("--set", f"PORT={port}", "--set", "HEALTH_TIMEOUT=60"),
+        *(("--set", f"SERVE_API_KEY={api_key}") if api_key else ()),
+        *("render", "--out", str(script)),
+    )
     root, etc, attrs = tmp_path / "root", tmp_path / "etc", tmp_path / "attrs"
     (root / "venv" / "bin").mkdir(parents=True)
     (root / "venv" / "bin" / "python3").symlink_to(sys.executable)
@@ -699,7 +710,9 @@ def test_serving_stage_installs_the_unit_and_waits_for_health(tmp_path, cloud, s
     assert analyze, "systemd-analyze (package systemd) checks the unit"
     verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
     assert verify.returncode == 0 and verify.stderr == "", verify.stderr
-    assert (etc / "torchtpu-cpp" / "serve.env").read_text().splitlines() == [
+    serve_env = etc / "torchtpu-cpp" / "serve.env"
+    assert serve_env.stat().st_mode & 0o777 == 0o600
+    assert serve_env.read_text().splitlines() == [
         "SERVE_DEVICE=tpu",
         f"MODEL_DIR={root}/weights/model",
         "MODEL_ID=xbill9/gemma-4-E2B-it-qat-q4_0-w4a16-ct-text",
@@ -710,6 +723,7 @@ def test_serving_stage_installs_the_unit_and_waits_for_health(tmp_path, cloud, s
         "LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
         "HF_HUB_OFFLINE=1",
         "PYTHONUNBUFFERED=1",
+        *([f"TORCHTPU_API_KEY={api_key}"] if api_key else []),
     ]
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert calls[:3] == [
