@@ -323,7 +323,7 @@ describe("SIGTERM under load", () => {
   test("in-flight requests are answered whole, new ones get 503, exit 0", async () => {
     const server = await startServer(["--context", "1024", "--max-queue", "32", "--threads", "1"]);
     const inFlight = Array.from({ length: 12 }, (_, i) =>
-      request(i, { chat: i % 3 !== 0, stream: i % 2 === 0, maxTokens: 24 }));
+      request(i, { chat: i % 3 !== 0, stream: i % 2 === 0, maxTokens: 48 }));
     const answers = inFlight.map((p) => send(server.url, p));
     // Signal once the engine is decoding and requests wait behind it.
     await eventually(async () => {
