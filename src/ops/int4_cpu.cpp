@@ -2,98 +2,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <string_view>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#define TORCHTPU_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
-#endif
+#include "ops/cpu_float.h"
 
 namespace torchtpu::ops::int4_cpu {
 namespace {
 
-// f32 -> bf16 bits, round to nearest even (finite values; weights and scales are finite).
-uint16_t bf16_bits(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits += 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
-float from_bf16(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-// IEEE half <-> f32 for the portable path (finite values, round to nearest even).
-float from_half(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -v : v;
-  }
-  const uint32_t bits = sign | ((exp + 112) << 23) | (man << 13);
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-float round_to_half(float f) {
-  // Scale products are far from half's range limits; ldexp/nearbyint round to nearest even.
-  if (f == 0.0f) return f;
-  int e;
-  std::frexp(f, &e);
-  const int ulp_exp = std::max(e - 11, -24);
-  return std::ldexp(std::nearbyint(std::ldexp(f, -ulp_exp)), ulp_exp);
-}
-
-float scale_at(const BlockWeights& w, int64_t i) {
-  switch (w.scale_type) {
-    case ScaleType::kBFloat16: return from_bf16(static_cast<const uint16_t*>(w.scale)[i]);
-    case ScaleType::kHalf: return from_half(static_cast<const uint16_t*>(w.scale)[i]);
-    case ScaleType::kFloat: return static_cast<const float*>(w.scale)[i];
-  }
-  return 0.0f;
-}
-
-float round_to_scale_type(const BlockWeights& w, float v) {
-  switch (w.scale_type) {
-    case ScaleType::kBFloat16: return from_bf16(bf16_bits(v));
-    case ScaleType::kHalf: return round_to_half(v);
-    case ScaleType::kFloat: return v;
-  }
-  return v;
-}
+using cpu::FloatType;
 
 // Round to nearest even for |v| < 2^22 by the float adder itself (a libm call per value costs more
 // than the whole dot product of its block): adding 1.5·2^23 leaves no fraction bits.
 float round_even(float v) {
   const float shifted = v + 12582912.0f;
   return shifted - 12582912.0f;
-}
-
-// The bits of a value already rounded to half (round_to_half), finite.
-uint16_t half_bits(float h) {
-  uint16_t sign = std::signbit(h) ? 0x8000 : 0;
-  const float a = std::fabs(h);
-  if (a < std::ldexp(1.0f, -14)) return sign | static_cast<uint16_t>(std::ldexp(a, 24));
-  int e;
-  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  return sign | static_cast<uint16_t>((e + 14) << 10) |
-         static_cast<uint16_t>(std::ldexp(m, 11) - 1024.0f);
-}
-
-void store(const Output& y, int64_t m, int64_t column, float v) {
-  const int64_t at = m * y.ld + column;
-  switch (y.type) {
-    case OutputType::kBFloat16: static_cast<uint16_t*>(y.data)[at] = bf16_bits(v); break;
-    case OutputType::kHalf: static_cast<uint16_t*>(y.data)[at] = half_bits(round_to_half(v)); break;
-    case OutputType::kFloat: static_cast<float*>(y.data)[at] = v; break;
-  }
 }
 
 uint8_t nibble(const uint8_t* sub, int64_t row, int64_t kk) {
@@ -128,9 +49,10 @@ void gemv_portable(const BlockWeights& w, const QuantizedRows& a, int64_t b0, in
             const float f2 = static_cast<float>(i2) - zero * a.sum_lo[ai];
             part += f1 * a.d[ai] + f2 * a.d_lo[ai];
           }
-          acc += part * scale_at(w, at);
+          acc += part * cpu::load(w.scale_type, w.scale, at);
         }
-        if (b * kBlockRows + r < y.columns) store(y, m, b * kBlockRows + r, acc);
+        if (b * kBlockRows + r < y.columns)
+          cpu::store(y.type, y.data, m * y.ld + b * kBlockRows + r, acc);
       }
     }
   }
@@ -147,13 +69,10 @@ void dequantize_portable(const BlockWeights& w, int64_t b0, int64_t b1, int64_t 
         const int64_t at = (b * groups + g) * kBlockRows + r;
         const float zero = w.zero ? w.zero[at] : 8.0f;
         const uint8_t* sub = w.nibbles + (b * kb_count + kb) * kSubBytes;
-        const float v = round_to_scale_type(
-            w, (static_cast<float>(nibble(sub, r, k % kSubK)) - zero) * scale_at(w, at));
-        if (out_bf16) {
-          static_cast<uint16_t*>(out)[row * w.k + k] = bf16_bits(v);
-        } else {
-          static_cast<float*>(out)[row * w.k + k] = v;
-        }
+        const float scale = cpu::load(w.scale_type, w.scale, at);
+        const float v = cpu::round_to(
+            w.scale_type, (static_cast<float>(nibble(sub, r, k % kSubK)) - zero) * scale);
+        cpu::store(out_bf16 ? FloatType::kBFloat16 : FloatType::kFloat, out, row * w.k + k, v);
       }
     }
   }
@@ -197,54 +116,17 @@ void quantize_rows_portable(const float* x, int64_t rows, int64_t k, int8_t* hi,
 
 #if defined(__x86_64__)
 
-// 16 scales of one tile as f32.
-template <ScaleType S>
-TORCHTPU_AVX512 __m512 load_scales(const void* scale, int64_t at) {
-  if constexpr (S == ScaleType::kFloat)
-    return _mm512_loadu_ps(static_cast<const float*>(scale) + at);
-  const auto h = _mm256_loadu_si256(
-      reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(scale) + at));
-  if constexpr (S == ScaleType::kHalf) return _mm512_cvtph_ps(h);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 TORCHTPU_AVX512 __m512 load_zeros(const uint8_t* zero, int64_t at) {
   if (!zero) return _mm512_set1_ps(8.0f);
   return _mm512_cvtepi32_ps(
       _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(zero + at))));
 }
 
-// 16 f32 rounded to bf16 (nearest even, finite values, as bf16_bits), the bf16 still in the upper
-// half of each 32-bit lane.
-TORCHTPU_AVX512 __m512i bf16_round(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  return _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
-}
-
-// 16 f32 as 16 packed bf16.
-TORCHTPU_AVX512 __m256i bf16_pack(__m512 v) {
-  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16_round(v), 16));
-}
-
 // Stores 16 results of row m from column `column` on, those below y.columns.
 TORCHTPU_AVX512 void store_tile(const Output& y, int64_t m, int64_t column, __m512 v) {
   const int64_t n = std::min<int64_t>(16, y.columns - column);
   if (n <= 0) return;
-  const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
-  const int64_t at = m * y.ld + column;
-  switch (y.type) {
-    case OutputType::kBFloat16:
-      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y.data) + at, keep, bf16_pack(v));
-      return;
-    case OutputType::kHalf:
-      _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y.data) + at, keep,
-                               _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      return;
-    case OutputType::kFloat:
-      _mm512_mask_storeu_ps(static_cast<float*>(y.data) + at, keep, v);
-      return;
-  }
+  cpu::store16(y.type, y.data, m * y.ld + column, v, static_cast<__mmask16>((1u << n) - 1));
 }
 
 // Prefetch distance in bytes along the nibble stream (measured best of 1-16 KiB on this CPU kind,
@@ -253,7 +135,7 @@ constexpr int64_t kPrefetchAhead = 4 * kSubBytes;
 
 // One row of activations against block b. The 4 tiles' 8 int32 accumulators are independent, so
 // the vpdpbusd latency chains overlap; a second row re-reads the block from L2.
-template <ScaleType S>
+template <FloatType S>
 TORCHTPU_AVX512 void gemv_block_row(const BlockWeights& w, const QuantizedRows& a, int64_t m,
                                     int64_t b, bool prefetch, const Output& y) {
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
@@ -267,7 +149,7 @@ TORCHTPU_AVX512 void gemv_block_row(const BlockWeights& w, const QuantizedRows& 
     __m512 zero[4], scale[4];
     for (int t = 0; t < 4; ++t) {
       zero[t] = load_zeros(w.zero, at + 16 * t);
-      scale[t] = load_scales<S>(w.scale, at + 16 * t);
+      scale[t] = cpu::load16<S>(w.scale, at + 16 * t);
     }
     for (int64_t s = 0; s < per_group; ++s) {
       const int64_t kb = g * per_group + s;
@@ -306,24 +188,12 @@ TORCHTPU_AVX512 void gemv_block_row(const BlockWeights& w, const QuantizedRows& 
   for (int t = 0; t < 4; ++t) store_tile(y, m, b * kBlockRows + 16 * t, acc[t]);
 }
 
-template <ScaleType S>
+template <FloatType S>
 TORCHTPU_AVX512 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0,
                                  int64_t b1, const Output& y) {
   for (int64_t b = b0; b < b1; ++b) {
     for (int64_t m = 0; m < a.rows; ++m) gemv_block_row<S>(w, a, m, b, m == 0, y);
   }
-}
-
-// Rounds 16 f32 to the scale dtype (the product rounding of compressed-tensors).
-TORCHTPU_AVX512 __m512 round_to_scale_type(ScaleType type, __m512 v) {
-  switch (type) {
-    case ScaleType::kBFloat16:
-      return _mm512_castsi512_ps(_mm512_and_si512(bf16_round(v), _mm512_set1_epi32(~0xFFFF)));
-    case ScaleType::kHalf:
-      return _mm512_cvtph_ps(_mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    case ScaleType::kFloat: return v;
-  }
-  return v;
 }
 
 // One row of one sub-block: 32 values from the 16 bytes that lane j holds across the 4 chunks.
@@ -339,13 +209,8 @@ TORCHTPU_AVX512 void dequantize_row_avx512(const BlockWeights& w, const uint8_t*
   const __m512 z = _mm512_set1_ps(zero), s = _mm512_set1_ps(scale);
   for (int half = 0; half < 2; ++half) {
     const __m512 u = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(half ? second : first));
-    __m512 v = round_to_scale_type(w.scale_type, _mm512_mul_ps(_mm512_sub_ps(u, z), s));
-    if (out_bf16) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + 16 * half),
-                          bf16_pack(v));
-    } else {
-      _mm512_storeu_ps(static_cast<float*>(out) + 16 * half, v);
-    }
+    __m512 v = cpu::round16(w.scale_type, _mm512_mul_ps(_mm512_sub_ps(u, z), s));
+    cpu::store16(out_bf16 ? FloatType::kBFloat16 : FloatType::kFloat, out, 16 * half, v);
   }
 }
 
@@ -363,7 +228,7 @@ TORCHTPU_AVX512 void dequantize_avx512(const BlockWeights& w, int64_t b0, int64_
         const float zero = w.zero ? w.zero[at + r] : 8.0f;
         auto* dst = static_cast<char*>(out) + ((b * kBlockRows + r) * w.k + kb * kSubK) * elem;
         dequantize_row_avx512(w, sub + (r / 16) * 256, static_cast<int>(r % 16), zero,
-                              scale_at(w, at + r), out_bf16, dst);
+                              cpu::load(w.scale_type, w.scale, at + r), out_bf16, dst);
       }
     }
   }
@@ -417,33 +282,14 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const float* x, int64_t rows, int64_t 
   }
 }
 
-bool cpu_has_avx512_vnni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-}
-
 #endif
-
-bool use_avx512() {
-#if defined(__x86_64__)
-  static const bool use = [] {
-    const char* forced = std::getenv("TORCHTPU_INT4_ISA");
-    if (forced && std::string_view(forced) == "portable") return false;
-    return cpu_has_avx512_vnni();
-  }();
-  return use;
-#else
-  return false;
-#endif
-}
 
 }  // namespace
 
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo, float* d,
                    float* d_lo, float* sum_hi, float* sum_lo) {
 #if defined(__x86_64__)
-  if (use_avx512()) return quantize_rows_avx512(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
+  if (cpu::use_avx512()) return quantize_rows_avx512(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
 #endif
   quantize_rows_portable(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
 }
@@ -451,11 +297,11 @@ void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* 
 void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
                  const Output& y) {
 #if defined(__x86_64__)
-  if (use_avx512()) {
+  if (cpu::use_avx512()) {
     switch (w.scale_type) {
-      case ScaleType::kBFloat16: return gemv_avx512<ScaleType::kBFloat16>(w, a, b0, b1, y);
-      case ScaleType::kHalf: return gemv_avx512<ScaleType::kHalf>(w, a, b0, b1, y);
-      case ScaleType::kFloat: return gemv_avx512<ScaleType::kFloat>(w, a, b0, b1, y);
+      case FloatType::kBFloat16: return gemv_avx512<FloatType::kBFloat16>(w, a, b0, b1, y);
+      case FloatType::kHalf: return gemv_avx512<FloatType::kHalf>(w, a, b0, b1, y);
+      case FloatType::kFloat: return gemv_avx512<FloatType::kFloat>(w, a, b0, b1, y);
     }
   }
 #endif
@@ -465,11 +311,9 @@ void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int6
 void dequantize_blocks(const BlockWeights& w, int64_t b0, int64_t b1, int64_t out_rows,
                        bool out_bf16, void* out) {
 #if defined(__x86_64__)
-  if (use_avx512()) return dequantize_avx512(w, b0, b1, out_rows, out_bf16, out);
+  if (cpu::use_avx512()) return dequantize_avx512(w, b0, b1, out_rows, out_bf16, out);
 #endif
   dequantize_portable(w, b0, b1, out_rows, out_bf16, out);
 }
-
-const char* isa() { return use_avx512() ? "avx512-vnni" : "portable"; }
 
 }  // namespace torchtpu::ops::int4_cpu

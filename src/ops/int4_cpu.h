@@ -19,19 +19,19 @@
 
 #include <cstdint>
 
+#include "ops/cpu_float.h"
+
 namespace torchtpu::ops::int4_cpu {
 
 constexpr int64_t kBlockRows = 64;
 constexpr int64_t kSubK = 32;
 constexpr int64_t kSubBytes = kBlockRows * kSubK / 2;
 
-enum class ScaleType { kBFloat16, kHalf, kFloat };
-
 struct BlockWeights {
   const uint8_t* nibbles = nullptr;  // [blocks, k / 32, 1024]
   const void* scale = nullptr;       // [blocks, k / group_size, 64], scale_type
   const uint8_t* zero = nullptr;     // [blocks, k / group_size, 64]; nullptr: symmetric (8)
-  ScaleType scale_type = ScaleType::kBFloat16;
+  cpu::FloatType scale_type = cpu::FloatType::kBFloat16;
   int64_t k = 0;
   int64_t group_size = 0;  // a multiple of 32 that divides k
 };
@@ -52,15 +52,13 @@ struct QuantizedRows {
 void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo, float* d,
                    float* d_lo, float* sum_hi, float* sum_lo);
 
-enum class OutputType { kBFloat16, kHalf, kFloat };
-
 // Where gemv_blocks writes: row m of the result at data + m * ld elements, columns below `columns`
 // only (the padding rows of the last block are dropped), rounded to `type` (nearest even).
 struct Output {
   void* data = nullptr;
   int64_t ld = 0;
   int64_t columns = 0;
-  OutputType type = OutputType::kBFloat16;
+  cpu::FloatType type = cpu::FloatType::kBFloat16;
 };
 
 // y[m][64b + r] = Σ_k x[m][k] · (u - zero)·scale for blocks [b0, b1) and every row of `a`.
@@ -72,9 +70,5 @@ void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int6
 // converted to bf16 (out_bf16) or f32.
 void dequantize_blocks(const BlockWeights& w, int64_t b0, int64_t b1, int64_t out_rows,
                        bool out_bf16, void* out);
-
-// "avx512-vnni" when the running CPU has AVX-512 F/BW/VL/VNNI (and TORCHTPU_INT4_ISA is not
-// "portable", the switch tests use to run the portable path here), else "portable".
-const char* isa();
 
 }  // namespace torchtpu::ops::int4_cpu

@@ -90,9 +90,7 @@ int4_cpu::BlockWeights block_weights(const at::Tensor& weight, const at::Tensor&
   w.nibbles = weight.data_ptr<uint8_t>();
   w.scale = scale.data_ptr();
   w.zero = zero_point ? zero_point->data_ptr<uint8_t>() : nullptr;
-  w.scale_type = scale.scalar_type() == at::kBFloat16 ? int4_cpu::ScaleType::kBFloat16
-                 : scale.scalar_type() == at::kHalf   ? int4_cpu::ScaleType::kHalf
-                                                      : int4_cpu::ScaleType::kFloat;
+  w.scale_type = cpu::float_type(scale.scalar_type());
   w.k = k;
   w.group_size = group_size;
   return w;
@@ -162,8 +160,7 @@ at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   out.data = y.data_ptr();
   out.ld = out_features;
   out.columns = out_features;
-  out.type = x.scalar_type() == at::kBFloat16 ? int4_cpu::OutputType::kBFloat16
-                                              : int4_cpu::OutputType::kHalf;
+  out.type = cpu::float_type(x.scalar_type());
   at::parallel_for(0, blocks, 1,
                    [&](int64_t b0, int64_t b1) { int4_cpu::gemv_blocks(w, a, b0, b1, out); });
   return y;
@@ -316,6 +313,6 @@ Int4Weight repack_for_cpu(const PackedInt4& p) {
   return r;
 }
 
-const char* int4_cpu_isa() { return int4_cpu::isa(); }
+const char* int4_cpu_isa() { return cpu::isa(); }
 
 }  // namespace torchtpu::ops

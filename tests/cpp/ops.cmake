@@ -1,9 +1,9 @@
 # src/ops: torchtpu::int4_linear against float64 and at::linear references, run once with the
-# CPU's best kernel and once with the portable one (TORCHTPU_INT4_ISA=portable).
+# CPU's best kernel and once with the portable one (TORCHTPU_CPU_ISA=portable).
 if(TARGET torchtpu_ops)
   add_executable(ops_test ${CMAKE_CURRENT_LIST_DIR}/ops_test.cpp)
   target_link_libraries(ops_test PRIVATE torchtpu_ops GTest::gtest_main)
   gtest_discover_tests(ops_test TEST_PREFIX "ops." DISCOVERY_TIMEOUT 60)
   gtest_discover_tests(ops_test TEST_PREFIX "ops_portable." DISCOVERY_TIMEOUT 60
-                       PROPERTIES ENVIRONMENT "TORCHTPU_INT4_ISA=portable")
+                       PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=portable")
 endif()
