@@ -10,6 +10,7 @@
 #include "common/errors.h"
 #include "common/memory.h"
 #include "io/aten_view.h"
+#include "ops/attention.h"
 #include "ops/rms_norm.h"
 #include "quant/quantize.h"
 
@@ -418,23 +419,9 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
     kv_views[3 * l + 2] = kpos;
   }
 
-  const int64_t S = k.size(2);
   // Query head h reads kv head h / group (transformers' repeat_kv order).
   const auto q_rows = q.reshape({B, kv_heads, group * T, d});
-  // A decode step computes (k·qᵀ)ᵀ: with the ring as the right operand, transposed, CPU bmm
-  // copies all of K first (8 MB per full layer and step at E2B, about a fifth of the step).
-  auto scores = T == 1 ? at::matmul(k, q_rows.transpose(2, 3)).transpose(2, 3)
-                       : at::matmul(q_rows, k.transpose(2, 3));
-  auto qpos = positions.unsqueeze(2);  // [B, T, 1]
-  auto key_pos = kpos.unsqueeze(1);    // [B, 1, S]
-  auto keep = (key_pos >= 0).logical_and(key_pos <= qpos);
-  if (sliding) keep = keep.logical_and(key_pos > qpos - c.sliding_window);
-  scores = scores.view({B, kv_heads, group, T, S})
-               .masked_fill(keep.logical_not().view({B, 1, 1, T, S}),
-                            -std::numeric_limits<double>::infinity());
-  // Scale 1.0 (the q/k norms carry it); softmax in f32, probabilities back in the compute dtype.
-  auto probs = at::softmax(scores, -1, at::kFloat).to(x.scalar_type());
-  auto out = at::matmul(probs.view({B, kv_heads, group * T, S}), v);  // [B, kv, group*T, d]
+  auto out = ops::attention(q_rows, k, v, positions, kpos, sliding ? c.sliding_window : 0);
   out = out.view({B, heads, T, d}).transpose(1, 2).reshape({B, T, heads * d});
   return w.o_proj(out);
 }

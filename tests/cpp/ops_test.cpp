@@ -1,8 +1,8 @@
-// torchtpu::int4_linear against independent references: a float64 matmul of the weights as
-// compressed-tensors dequantizes them, at::linear on those weights, and the library's own
-// dequantization (quant/pack_quantized, checked bit for bit against compressed-tensors in
-// tests/python/test_quant.py). CTest runs this suite twice: with the CPU's best kernel and with
-// TORCHTPU_INT4_ISA=portable.
+// torchtpu::int4_linear and torchtpu::attention against independent references: a float64 matmul of
+// the weights as compressed-tensors dequantizes them, at::linear on those weights, and the
+// library's own dequantization (quant/pack_quantized, checked bit for bit against
+// compressed-tensors in tests/python/test_quant.py). CTest runs this suite twice: with the CPU's
+// best kernel and with TORCHTPU_CPU_ISA=portable.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "ops/attention.h"
 #include "ops/int4_linear.h"
 #include "ops/rms_norm.h"
 #include "quant/pack_quantized.h"
@@ -204,6 +205,103 @@ TEST(RmsNorm, MetaAndOtherDtypesTakeTheComposite) {
   EXPECT_EQ(meta.sizes(), (at::IntArrayRef{2, 8}));
   const auto x = at::randn({4, 16}, at::kDouble);
   EXPECT_TRUE(at::allclose(rms_norm(x, at::Tensor(), 1e-6), rms_norm_aten(x, at::Tensor(), 1e-6)));
+}
+
+// The attention formula as ATen ops, written out here independently of the op's composite.
+at::Tensor attention_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& qpos, const at::Tensor& kpos, int64_t window) {
+  const int64_t B = q.size(0), H = q.size(1), R = q.size(2), T = qpos.size(1), S = k.size(2);
+  auto scores = at::matmul(q, k.transpose(2, 3)).view({B, H, R / T, T, S});
+  auto key = kpos.view({B, 1, 1, 1, S});
+  auto query = qpos.view({B, 1, 1, T, 1});
+  auto seen = (key >= 0) & (key <= query);
+  if (window > 0) seen = seen & (key > query - window);
+  auto probs = at::where(seen, scores, -INFINITY).to(at::kFloat).softmax(-1).to(q.scalar_type());
+  return at::matmul(probs.view({B, H, R, S}), v);
+}
+
+struct Ring {
+  at::Tensor q, k, v, qpos, kpos;
+};
+
+// A ring of `slots` written up to position `last` (wrapped: slot = position % slots), B rows at
+// different positions, some slots still empty in the second row.
+Ring random_ring(int64_t B, int64_t H, int64_t group, int64_t T, int64_t slots, int64_t d,
+                 at::ScalarType dtype, uint64_t seed) {
+  at::manual_seed(seed);
+  Ring r;
+  r.q = at::randn({B, H, group * T, d}).to(dtype);
+  r.k = at::randn({B, H, slots, d}).to(dtype);
+  r.v = at::randn({B, H, slots, d}).to(dtype);
+  r.kpos = at::full({B, slots}, -1, at::kLong);
+  r.qpos = at::empty({B, T}, at::kLong);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t last = b == 0 ? slots + 5 : slots / 2;
+    for (int64_t p = std::max<int64_t>(0, last - slots + 1); p <= last; ++p) {
+      r.kpos[b][p % slots] = p;
+    }
+    for (int64_t t = 0; t < T; ++t) r.qpos[b][t] = last - (T - 1) + t;
+  }
+  return r;
+}
+
+TEST(Attention, CpuKernelIsAsCloseToFloat64AsTheAtenFormula) {
+  struct Shape {
+    int64_t B, H, group, T, slots, d, window;
+  };
+  for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (const Shape& s : {Shape{1, 1, 8, 1, 64, 256, 0}, Shape{2, 2, 4, 1, 40, 40, 16},
+                           Shape{2, 1, 2, 3, 33, 512, 0}, Shape{1, 1, 8, 1, 700, 256, 512}}) {
+      const auto r = random_ring(s.B, s.H, s.group, s.T, s.slots, s.d, dtype, 31);
+      const auto ours = attention(r.q, r.k, r.v, r.qpos, r.kpos, s.window);
+      ASSERT_EQ(ours.sizes(), r.q.sizes());
+      ASSERT_EQ(ours.scalar_type(), dtype);
+      const auto exact = attention_aten(r.q.to(at::kDouble), r.k.to(at::kDouble),
+                                        r.v.to(at::kDouble), r.qpos, r.kpos, s.window);
+      const auto aten = attention_aten(r.q, r.k, r.v, r.qpos, r.kpos, s.window);
+      const double ours_err = rms(ours.to(at::kDouble) - exact);
+      const double aten_err = rms(aten.to(at::kDouble) - exact);
+      // f32 roundings are far below the error scale of bf16/f16: allow a small absolute floor.
+      EXPECT_LE(ours_err, 1.5 * aten_err + 1e-6 * rms(exact))
+          << c10::toString(dtype) << " slots " << s.slots << " d " << s.d << " window " << s.window
+          << ": ours " << ours_err << ", aten " << aten_err;
+    }
+  }
+}
+
+TEST(Attention, ChunksBeyondTheFusedRowsTakeTheFormula) {
+  const auto r = random_ring(1, 1, 2, 12, 64, 64, at::kBFloat16, 5);
+  EXPECT_TRUE(at::equal(attention(r.q, r.k, r.v, r.qpos, r.kpos, 0),
+                        attention_aten(r.q, r.k, r.v, r.qpos, r.kpos, 0)));
+}
+
+TEST(Attention, MetaShapesAndPreciseErrors) {
+  const auto r = random_ring(1, 1, 8, 1, 16, 32, at::kBFloat16, 7);
+  const auto meta = attention(r.q.to(at::kMeta), r.k.to(at::kMeta), r.v.to(at::kMeta),
+                              r.qpos.to(at::kMeta), r.kpos.to(at::kMeta), 0);
+  EXPECT_EQ(meta.device().type(), at::kMeta);
+  EXPECT_EQ(meta.sizes(), r.q.sizes());
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const c10::ValueError& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] {
+              attention(r.q, r.k.narrow(3, 0, 16), r.v, r.qpos, r.kpos, 0);
+            }).find("k and v must be [1, 1, S, 32]"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              attention(r.q, r.k, r.v, r.qpos, r.kpos.narrow(1, 0, 8), 0);
+            }).find("key_pos must be [1, 16], got [1, 8]"),
+            std::string::npos);
+  const auto empty = at::full_like(r.kpos, -1);
+  EXPECT_NE(message([&] {
+              attention(r.q, r.k, r.v, r.qpos, empty, 0);
+            }).find("a query row at position 21 sees no key"),
+            std::string::npos);
 }
 
 }  // namespace
