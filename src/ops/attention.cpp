@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "ops/cpu_float.h"
+#include "common/cpu_float.h"
 
 namespace torchtpu::ops {
 namespace {

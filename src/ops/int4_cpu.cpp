@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/cpu_float.h"
+#include "common/cpu_float.h"
 
 namespace torchtpu::ops::int4_cpu {
 namespace {

@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "ops/cpu_float.h"
+#include "common/cpu_float.h"
 
 namespace torchtpu::ops::int4_cpu {
 

@@ -1,6 +1,11 @@
 #include "quant/quantize.h"
 
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -9,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/cpu_float.h"
 #include "common/errors.h"
 #include "io/aten_view.h"
 #include "io/checkpoint.h"
@@ -237,6 +243,118 @@ struct Output {
 
 }  // namespace
 
+namespace {
+
+// f32 rounded to the compute dtype T, as ATen rounds each op's float result.
+template <typename T>
+float round_to(float v) {
+  return static_cast<float>(static_cast<T>(v));
+}
+
+float round_to(at::ScalarType t, float v) {
+  switch (t) {
+    case at::kBFloat16: return round_to<c10::BFloat16>(v);
+    case at::kHalf: return round_to<c10::Half>(v);
+    default: return v;
+  }
+}
+
+// How the symmetric case rounds a group's scale: to the compute dtype T, and with a scale dtype,
+// clamped to its range and rounded to it; a zero scale becomes the dtype's eps.
+struct ScaleRule {
+  std::optional<at::ScalarType> scale_dtype;
+  float smin = 0.0f, smax = 0.0f, eps = 0.0f;
+
+  template <typename T>
+  float operator()(float amax) const {
+    float s = round_to<T>(amax / 7.5f);
+    if (scale_dtype) s = round_to<T>(round_to(*scale_dtype, std::clamp(s, smin, smax)));
+    return s == 0.0f ? eps : s;
+  }
+};
+
+// One group: its scale, and u = q + 8 per value.
+template <typename T>
+float quantize_group_portable(const T* v, int64_t group, const ScaleRule& rule, uint32_t* u) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(static_cast<float>(v[i])));
+  const float s = rule.template operator()<T>(amax);
+  for (int64_t i = 0; i < group; ++i) {
+    const float q = std::clamp(round_to<T>(static_cast<float>(v[i]) / s), -8.0f, 7.0f);
+    // Round half to even (at::round) for |q| <= 8: adding 1.5 * 2^23 leaves no fraction.
+    u[i] = static_cast<uint32_t>((q + 12582912.0f) - 12582912.0f + 8.0f);
+  }
+  return s;
+}
+
+#if defined(__x86_64__)
+template <typename T>
+constexpr cpu::FloatType float_type_of() {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return cpu::FloatType::kBFloat16;
+  if constexpr (std::is_same_v<T, c10::Half>) return cpu::FloatType::kHalf;
+  return cpu::FloatType::kFloat;
+}
+
+// quantize_group_portable with 16 lanes (group a multiple of 16): the same roundings.
+template <typename T>
+TORCHTPU_AVX512 float quantize_group_avx512(const T* v, int64_t group, const ScaleRule& rule,
+                                            uint32_t* u) {
+  constexpr cpu::FloatType F = float_type_of<T>();
+  __m512 m = _mm512_setzero_ps();
+  for (int64_t i = 0; i < group; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(cpu::load16<F>(v, i)));
+  const float s = rule.template operator()<T>(_mm512_reduce_max_ps(m));
+  const __m512 scale = _mm512_set1_ps(s), lo = _mm512_set1_ps(-8.0f), hi = _mm512_set1_ps(7.0f);
+  const __m512 eight = _mm512_set1_ps(8.0f);
+  for (int64_t i = 0; i < group; i += 16) {
+    __m512 q = cpu::round16(F, _mm512_div_ps(cpu::load16<F>(v, i), scale));
+    q = _mm512_roundscale_ps(_mm512_min_ps(_mm512_max_ps(q, lo), hi),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm512_storeu_si512(u + i, _mm512_cvtps_epi32(_mm512_add_ps(q, eight)));
+  }
+  return s;
+}
+#endif
+
+// The symmetric case of quantize_weight in one pass per group, each step rounded as the ATen ops
+// below round it (float arithmetic, result rounded to the compute dtype T): the same bits, without
+// the ops' full-size temporaries. It makes --quantize int4 a load step (2.3 billion E2B weights).
+template <typename T>
+void quantize_symmetric(const at::Tensor& x, int64_t group, const ScaleRule& rule,
+                        at::Tensor& packed, at::Tensor& scale_out) {
+  const int64_t rows = x.size(0), in = x.size(1), groups = in / group, words = (in + 7) / 8;
+  const T* src = x.data_ptr<T>();
+  auto* dst = packed.data_ptr<int32_t>();
+  std::vector<float> scales(rows * groups);
+#if defined(__x86_64__)
+  const bool avx512 = cpu::use_avx512() && group % 16 == 0;
+#endif
+  at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
+    std::vector<uint32_t> u(words * 8, 0);  // pack_to_int32 pads the last word with zero nibbles
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const T* v = src + r * in + g * group;
+        float& s = scales[r * groups + g];
+#if defined(__x86_64__)
+        if (avx512) {
+          s = quantize_group_avx512(v, group, rule, u.data() + g * group);
+          continue;
+        }
+#endif
+        s = quantize_group_portable(v, group, rule, u.data() + g * group);
+      }
+      for (int64_t w = 0; w < words; ++w) {
+        uint32_t word = 0;
+        for (int64_t j = 0; j < 8; ++j) word |= u[8 * w + j] << (4 * j);
+        dst[r * words + w] = static_cast<int32_t>(word);
+      }
+    }
+  });
+  scale_out.copy_(
+      at::from_blob(scales.data(), {rows, groups}, at::kFloat).to(scale_out.scalar_type()));
+}
+
+}  // namespace
+
 PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
                            const std::string& module) {
   if (weight.dim() != 2 || !at::isFloatingType(weight.scalar_type())) {
@@ -256,6 +374,31 @@ PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
   // Same ATen ops in the same dtypes as compressed-tensors, so every rounding step agrees.
   const at::ScalarType wt = weight.scalar_type();
   const at::ScalarType ct = spec.scale_dtype && *spec.scale_dtype != wt ? at::kFloat : wt;
+  if (spec.symmetric && (ct == at::kBFloat16 || ct == at::kHalf || ct == at::kFloat)) {
+    const at::Tensor x = weight.cpu().to(ct).contiguous();
+    PackedInt4 w;
+    w.module = module;
+    w.out = out;
+    w.in = in;
+    w.group_size = group;
+    w.packed = at::empty({out, (in + 7) / 8}, at::kInt);
+    w.scale = at::empty({out, in / group}, spec.scale_dtype.value_or(wt));
+    ScaleRule rule{spec.scale_dtype};
+    rule.eps = static_cast<float>(dtype_eps(spec.scale_dtype.value_or(ct)));
+    if (spec.scale_dtype) {
+      const auto [smin, smax] = dtype_range(*spec.scale_dtype);
+      rule.smin = static_cast<float>(smin);
+      rule.smax = static_cast<float>(smax);
+    }
+    if (ct == at::kBFloat16) {
+      quantize_symmetric<c10::BFloat16>(x, group, rule, w.packed, w.scale);
+    } else if (ct == at::kHalf) {
+      quantize_symmetric<c10::Half>(x, group, rule, w.packed, w.scale);
+    } else {
+      quantize_symmetric<float>(x, group, rule, w.packed, w.scale);
+    }
+    return w;
+  }
   const at::Tensor x = weight.cpu().to(ct).contiguous().view({out, in / group, group});
   at::Tensor lo = x.amin(-1), hi = x.amax(-1);
   lo = at::minimum(lo, at::zeros_like(lo));

@@ -314,6 +314,60 @@ TEST_F(QuantTest, QuantizedWeightsStayWithinHalfAStep) {
   }
 }
 
+// compressed-tensors' symmetric min-max quantization as ATen ops (its calculate_qparams and
+// fake-quantize arithmetic), written out here independently of quantize_weight: q as int8 and
+// the scales in their stored dtype.
+std::pair<at::Tensor, at::Tensor> symmetric_aten(const at::Tensor& w, int64_t group,
+                                                 std::optional<at::ScalarType> scale_dtype) {
+  const auto wt = w.scalar_type();
+  const auto ct = scale_dtype && *scale_dtype != wt ? at::kFloat : wt;
+  const int64_t out = w.size(0), in = w.size(1);
+  const auto x = w.to(ct).view({out, in / group, group});
+  const auto lo = at::minimum(x.amin(-1), at::zeros({}, ct));
+  const auto hi = at::maximum(x.amax(-1), at::zeros({}, ct));
+  auto scale = at::maximum(lo.abs(), hi.abs()) / (at::scalar_tensor(15.0).to(ct) / 2);
+  const auto store = scale_dtype.value_or(wt);
+  if (scale_dtype) {
+    const double limit = store == at::kHalf ? 65504.0 : 3.3895313892515355e+38;
+    scale = at::clamp(scale, -limit, limit).to(store).to(ct);
+  }
+  const double eps = store == at::kBFloat16 ? 0.0078125
+                     : store == at::kHalf   ? 0.0009765625
+                                            : 1.1920928955078125e-07;
+  scale = at::where(scale == 0, at::scalar_tensor(eps, scale.options()), scale);
+  const auto q = at::round(at::clamp(x / scale.unsqueeze(-1), -8, 7)).to(at::kChar);
+  return {q.view({out, in}), scale.to(store)};
+}
+
+TEST_F(QuantTest, SymmetricQuantizationHasCompressedTensorsBits) {
+  at::manual_seed(11);
+  for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (std::optional<at::ScalarType> scale_dtype :
+         {std::optional<at::ScalarType>(), std::optional(at::kHalf), std::optional(at::kBFloat16),
+          std::optional(at::kFloat)}) {
+      for (int64_t group : {32, 128, 8}) {
+        // Rows of very different magnitudes, a zero group, and exact ties (s · (k + 1/2)).
+        auto w = at::randn({24, 256}) * at::pow(10.0, at::arange(-3, 3, 0.25).view({24, 1}));
+        w[3].narrow(0, 0, group).zero_();
+        w[5] = (at::randint(-8, 7, {256}) + 0.5) * 0.25;
+        w = w.to(dtype);
+        const PackedInt4 ours = quantize_weight(w, {group, true, scale_dtype}, kModule);
+        const auto [q, scale] = symmetric_aten(w, group, scale_dtype);
+        const auto nibbles =
+            (ours.packed.unsqueeze(-1).bitwise_right_shift(at::arange(0, 32, 4, at::kInt)) & 0xF)
+                .view({24, 256}) -
+            8;
+        const std::string what = std::string(c10::toString(dtype)) + " scales " +
+                                 (scale_dtype ? c10::toString(*scale_dtype) : "weight's") +
+                                 " group " + std::to_string(group);
+        EXPECT_TRUE(at::equal(nibbles.to(at::kChar), q)) << what;
+        EXPECT_EQ(ours.scale.scalar_type(), scale.scalar_type()) << what;
+        EXPECT_TRUE(at::equal(ours.scale, scale)) << what;
+      }
+    }
+  }
+}
+
 TEST_F(QuantTest, QuantizeRefusesPartialGroups) {
   try {
     quantize_weight(at::zeros({4, 48}), {32, true, std::nullopt}, kModule);

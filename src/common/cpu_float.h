@@ -1,5 +1,5 @@
-// The float formats the CPU kernels of src/ops read and write (bf16, IEEE half, f32): scalar
-// conversions, each rounding to nearest even as ATen's casts do, and on x86-64 their 16-lane
+// The float formats the CPU kernels (src/ops, the quantizer) read and write (bf16, IEEE half, f32):
+// scalar conversions, each rounding to nearest even as ATen's casts do, and on x86-64 their 16-lane
 // AVX-512 counterparts, with the run-time switch between the AVX-512 kernels and the portable
 // ones. Values are finite (weights, scales, activations, scores: NaN is not preserved).
 #pragma once
@@ -19,7 +19,7 @@
 #define TORCHTPU_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #endif
 
-namespace torchtpu::ops::cpu {
+namespace torchtpu::cpu {
 
 enum class FloatType { kBFloat16, kHalf, kFloat };
 
@@ -178,4 +178,4 @@ inline bool use_avx512() {
 // "avx512-vnni" or "portable": which kernels use_avx512() picked.
 inline const char* isa() { return use_avx512() ? "avx512-vnni" : "portable"; }
 
-}  // namespace torchtpu::ops::cpu
+}  // namespace torchtpu::cpu
