@@ -133,34 +133,33 @@ TORCHTPU_AVX512 void store_tile(const Output& y, int64_t m, int64_t column, __m5
 // 4 KiB: +40% over none, the hardware prefetcher alone stops at page boundaries).
 constexpr int64_t kPrefetchAhead = 4 * kSubBytes;
 
-// One row of activations against block b. The 4 tiles' 8 int32 accumulators are independent, so
-// the vpdpbusd latency chains overlap; a second row re-reads the block from L2.
-template <FloatType S>
-TORCHTPU_AVX512 void gemv_block_row(const BlockWeights& w, const QuantizedRows& a, int64_t m,
-                                    int64_t b, bool prefetch, const Output& y) {
+// One row of activations against N blocks at once, sub-block by sub-block: N streams from DRAM
+// in flight per thread (measured 1 thread: 10.8 GB/s with one stream, 13.5 with two). Per block,
+// the 4 tiles' 8 int32 accumulators are independent, so the vpdpbusd latency chains overlap; a
+// second row re-reads the blocks from L2.
+template <FloatType S, int N>
+TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows& a, int64_t m,
+                                     const int64_t (&b)[N], bool prefetch, const Output& y) {
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
   const int64_t per_group = w.group_size / kSubK;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const uint8_t* block = w.nibbles + b * kb_count * kSubBytes;
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                   _mm512_setzero_ps()};
-  for (int64_t g = 0; g < groups; ++g) {
-    const int64_t at = (b * groups + g) * kBlockRows;
-    __m512 zero[4], scale[4];
-    for (int t = 0; t < 4; ++t) {
-      zero[t] = load_zeros(w.zero, at + 16 * t);
-      scale[t] = cpu::load16<S>(w.scale, at + 16 * t);
-    }
-    for (int64_t s = 0; s < per_group; ++s) {
-      const int64_t kb = g * per_group + s;
-      const uint8_t* sub = block + kb * kSubBytes;
+  __m512 acc[N][4];
+  for (int n = 0; n < N; ++n) {
+    for (int t = 0; t < 4; ++t) acc[n][t] = _mm512_setzero_ps();
+  }
+  for (int64_t kb = 0; kb < kb_count; ++kb) {
+    const auto* ah = reinterpret_cast<const int32_t*>(a.hi + m * a.k + kb * kSubK);
+    const auto* al = reinterpret_cast<const int32_t*>(a.lo + m * a.k + kb * kSubK);
+    const int64_t ai = m * kb_count + kb;
+    const __m512 d = _mm512_set1_ps(a.d[ai]), d_lo = _mm512_set1_ps(a.d_lo[ai]);
+    const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[ai]), sum_lo = _mm512_set1_ps(a.sum_lo[ai]);
+    for (int n = 0; n < N; ++n) {
+      const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
       if (prefetch) {
         for (int64_t p = 0; p < kSubBytes; p += 64) {
           _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
         }
       }
-      const auto* ah = reinterpret_cast<const int32_t*>(a.hi + m * a.k + kb * kSubK);
-      const auto* al = reinterpret_cast<const int32_t*>(a.lo + m * a.k + kb * kSubK);
       __m512i i1[4], i2[4];
       for (int t = 0; t < 4; ++t) i1[t] = i2[t] = _mm512_setzero_si512();
       for (int c = 0; c < 4; ++c) {
@@ -174,25 +173,33 @@ TORCHTPU_AVX512 void gemv_block_row(const BlockWeights& w, const QuantizedRows& 
           i2[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i2[t], lo, l0), hi, l1);
         }
       }
-      const int64_t ai = m * kb_count + kb;
-      const __m512 d = _mm512_set1_ps(a.d[ai]), d_lo = _mm512_set1_ps(a.d_lo[ai]);
-      const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[ai]), sum_lo = _mm512_set1_ps(a.sum_lo[ai]);
+      const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
       for (int t = 0; t < 4; ++t) {
-        const __m512 f1 = _mm512_fnmadd_ps(zero[t], sum_hi, _mm512_cvtepi32_ps(i1[t]));
-        const __m512 f2 = _mm512_fnmadd_ps(zero[t], sum_lo, _mm512_cvtepi32_ps(i2[t]));
+        const __m512 zero = load_zeros(w.zero, at + 16 * t);
+        const __m512 f1 = _mm512_fnmadd_ps(zero, sum_hi, _mm512_cvtepi32_ps(i1[t]));
+        const __m512 f2 = _mm512_fnmadd_ps(zero, sum_lo, _mm512_cvtepi32_ps(i2[t]));
         const __m512 f = _mm512_fmadd_ps(f2, d_lo, _mm512_mul_ps(f1, d));
-        acc[t] = _mm512_fmadd_ps(f, scale[t], acc[t]);
+        acc[n][t] = _mm512_fmadd_ps(f, cpu::load16<S>(w.scale, at + 16 * t), acc[n][t]);
       }
     }
   }
-  for (int t = 0; t < 4; ++t) store_tile(y, m, b * kBlockRows + 16 * t, acc[t]);
+  for (int n = 0; n < N; ++n) {
+    for (int t = 0; t < 4; ++t) store_tile(y, m, b[n] * kBlockRows + 16 * t, acc[n][t]);
+  }
 }
 
+// A thread's blocks [b0, b1) as two streams: its first half alongside its second half.
 template <FloatType S>
 TORCHTPU_AVX512 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0,
                                  int64_t b1, const Output& y) {
-  for (int64_t b = b0; b < b1; ++b) {
-    for (int64_t m = 0; m < a.rows; ++m) gemv_block_row<S>(w, a, m, b, m == 0, y);
+  const int64_t half = (b1 - b0) / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t pair[2] = {b0 + i, b0 + half + i};
+    for (int64_t m = 0; m < a.rows; ++m) gemv_blocks_row<S, 2>(w, a, m, pair, m == 0, y);
+  }
+  if ((b1 - b0) % 2) {
+    const int64_t last[1] = {b1 - 1};
+    for (int64_t m = 0; m < a.rows; ++m) gemv_blocks_row<S, 1>(w, a, m, last, m == 0, y);
   }
 }
 
