@@ -78,12 +78,13 @@ void dequantize_portable(const BlockWeights& w, int64_t b0, int64_t b1, int64_t 
   }
 }
 
-void quantize_rows_portable(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo,
-                            float* d, float* d_lo, float* sum_hi, float* sum_lo) {
+void quantize_rows_portable(const void* x, FloatType type, int64_t rows, int64_t k, int8_t* hi,
+                            int8_t* lo, float* d, float* d_lo, float* sum_hi, float* sum_lo) {
   const int64_t blocks = k / kSubK;
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t kb = 0; kb < blocks; ++kb) {
-      const float* xb = x + m * k + kb * kSubK;
+      float xb[kSubK];
+      for (int64_t i = 0; i < kSubK; ++i) xb[i] = cpu::load(type, x, m * k + kb * kSubK + i);
       int8_t* h = hi + m * k + kb * kSubK;
       int8_t* l = lo + m * k + kb * kSubK;
       float amax = 0.0f;
@@ -242,7 +243,8 @@ TORCHTPU_AVX512 void dequantize_avx512(const BlockWeights& w, int64_t b0, int64_
 }
 
 // quantize_rows_portable with 16 lanes: the same operations in the same order, so the same bits.
-TORCHTPU_AVX512 void quantize_rows_avx512(const float* x, int64_t rows, int64_t k, int8_t* hi,
+template <FloatType F>
+TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, int64_t rows, int64_t k, int8_t* hi,
                                           int8_t* lo, float* d, float* d_lo, float* sum_hi,
                                           float* sum_lo) {
   const int64_t blocks = k / kSubK;
@@ -251,7 +253,7 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const float* x, int64_t rows, int64_t 
   for (int64_t m = 0; m < rows; ++m) {
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t at = m * blocks + kb, off = m * k + kb * kSubK;
-      const __m512 x0 = _mm512_loadu_ps(x + off), x1 = _mm512_loadu_ps(x + off + 16);
+      const __m512 x0 = cpu::load16<F>(x, off), x1 = cpu::load16<F>(x, off + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
       if (amax == 0.0f) {
         std::fill(hi + off, hi + off + kSubK, 0);
@@ -293,12 +295,22 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const float* x, int64_t rows, int64_t 
 
 }  // namespace
 
-void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo, float* d,
-                   float* d_lo, float* sum_hi, float* sum_lo) {
+void quantize_rows(const void* x, FloatType type, int64_t rows, int64_t k, int8_t* hi, int8_t* lo,
+                   float* d, float* d_lo, float* sum_hi, float* sum_lo) {
 #if defined(__x86_64__)
-  if (cpu::use_avx512()) return quantize_rows_avx512(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
+  if (cpu::use_avx512()) {
+    switch (type) {
+      case FloatType::kBFloat16:
+        return quantize_rows_avx512<FloatType::kBFloat16>(x, rows, k, hi, lo, d, d_lo, sum_hi,
+                                                          sum_lo);
+      case FloatType::kHalf:
+        return quantize_rows_avx512<FloatType::kHalf>(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
+      case FloatType::kFloat:
+        return quantize_rows_avx512<FloatType::kFloat>(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
+    }
+  }
 #endif
-  quantize_rows_portable(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
+  quantize_rows_portable(x, type, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
 }
 
 void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,

@@ -48,9 +48,9 @@ struct QuantizedRows {
   int64_t k = 0;
 };
 
-// Quantizes x [rows, k] (f32, row-major) into the given buffers (sizes as QuantizedRows).
-void quantize_rows(const float* x, int64_t rows, int64_t k, int8_t* hi, int8_t* lo, float* d,
-                   float* d_lo, float* sum_hi, float* sum_lo);
+// Quantizes x [rows, k] (row-major, in `type`) into the given buffers (sizes as QuantizedRows).
+void quantize_rows(const void* x, cpu::FloatType type, int64_t rows, int64_t k, int8_t* hi,
+                   int8_t* lo, float* d, float* d_lo, float* sum_hi, float* sum_lo);
 
 // Where gemv_blocks writes: row m of the result at data + m * ld elements, columns below `columns`
 // only (the padding rows of the last block are dropped), rounded to `type` (nearest even).

@@ -141,7 +141,7 @@ at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   }
 
   // Activations are tiny next to the weights; their buffers are reused across calls.
-  const auto xf = rows.to(at::kFloat).contiguous();
+  const auto xc = rows.contiguous();
   const int64_t blocks_k = k / kSubK;
   thread_local std::vector<int8_t> parts;
   thread_local std::vector<float> stats;
@@ -156,8 +156,8 @@ at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   a.d_lo = stats.data() + m * blocks_k;
   a.sum_hi = stats.data() + 2 * m * blocks_k;
   a.sum_lo = stats.data() + 3 * m * blocks_k;
-  int4_cpu::quantize_rows(xf.data_ptr<float>(), m, k, parts.data(), parts.data() + m * k,
-                          stats.data(), stats.data() + m * blocks_k,
+  int4_cpu::quantize_rows(xc.data_ptr(), cpu::float_type(x.scalar_type()), m, k, parts.data(),
+                          parts.data() + m * k, stats.data(), stats.data() + m * blocks_k,
                           stats.data() + 2 * m * blocks_k, stats.data() + 3 * m * blocks_k);
   auto y = at::empty(output_shape(x, out_features), x.options());
   int4_cpu::Output out;
