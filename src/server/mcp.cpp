@@ -496,7 +496,8 @@ std::optional<ojson> handle_mcp_message(const McpTarget& target, const ojson& me
   }
   const ojson id = message.value("id", ojson());
   const bool is_request = message.contains("id") && message.contains("method");
-  if (message.value("jsonrpc", "") != "2.0" ||
+  // Compared as JSON values: value("jsonrpc", "") would throw for a member that is no string.
+  if (message.value("jsonrpc", ojson()) != "2.0" ||
       (message.contains("method") && !message["method"].is_string())) {
     return rpc_error(id, kInvalidRequest, "not a JSON-RPC 2.0 message");
   }
@@ -598,11 +599,11 @@ void handle_mcp_post(const httplib::Request& req, httplib::Response& res) {
       req.local_addr.find(':') != std::string::npos ? "[" + req.local_addr + "]" : req.local_addr;
   McpTarget target{"http://" + host + ":" + std::to_string(req.local_port),
                    req.get_header_value("Authorization")};
-  const bool wants_progress = message.is_object() && message.value("method", "") == "tools/call" &&
-                              message.contains("params") && message["params"].is_object() &&
-                              message["params"].contains("_meta") &&
-                              message["params"]["_meta"].is_object() &&
-                              message["params"]["_meta"].contains("progressToken");
+  const bool wants_progress =
+      message.is_object() && message.value("method", ojson()) == "tools/call" &&
+      message.contains("params") && message["params"].is_object() &&
+      message["params"].contains("_meta") && message["params"]["_meta"].is_object() &&
+      message["params"]["_meta"].contains("progressToken");
   const bool accepts_sse =
       req.get_header_value("Accept").find("text/event-stream") != std::string::npos;
   if (!(wants_progress && accepts_sse)) {
