@@ -11,6 +11,7 @@
 #include "common/memory.h"
 #include "io/aten_view.h"
 #include "ops/attention.h"
+#include "ops/gelu_mul.h"
 #include "ops/rms_norm.h"
 #include "quant/quantize.h"
 
@@ -61,8 +62,6 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
   return x * cos + rotated * sin;
 }
-
-at::Tensor gelu_tanh(const at::Tensor& x) { return at::gelu(x, "tanh"); }
 
 // inv_freq as transformers computes it. "proportional" rotates the first
 // int(partial_rotary_factor * d / 2) frequency pairs with exponents over the full head dim d and
@@ -481,12 +480,12 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     {
       RECORD_USER_SCOPE("gemma4::mlp");
       auto f = rms_norm(h, w.pre_feedforward_layernorm, c.rms_norm_eps);
-      auto m = w.down_proj(gelu_tanh(w.gate_proj(f)) * w.up_proj(f));
+      auto m = w.down_proj(ops::gelu_tanh_mul(w.gate_proj(f), w.up_proj(f)));
       h = h + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
     }
     if (ple.defined()) {
       RECORD_USER_SCOPE("gemma4::per_layer_input");
-      auto g = gelu_tanh(w.per_layer_input_gate(h)) * ple.select(2, l);
+      auto g = ops::gelu_tanh_mul(w.per_layer_input_gate(h), ple.select(2, l));
       h = h + rms_norm(w.per_layer_projection(g), w.post_per_layer_input_norm, c.rms_norm_eps);
     }
     h = h * w.layer_scalar;  // scales the whole residual stream

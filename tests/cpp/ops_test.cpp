@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "ops/attention.h"
+#include "ops/gelu_mul.h"
 #include "ops/int4_linear.h"
 #include "ops/rms_norm.h"
 #include "quant/pack_quantized.h"
@@ -302,6 +303,48 @@ TEST(Attention, MetaShapesAndPreciseErrors) {
               attention(r.q, r.k, r.v, r.qpos, empty, 0);
             }).find("a query row at position 21 sees no key"),
             std::string::npos);
+}
+
+TEST(GeluTanhMul, CpuKernelGivesTheAtenOpsBits) {
+  at::manual_seed(41);
+  // Wide enough to reach the saturated tails on both sides, plus a ragged length.
+  const auto gate = at::randn({3, 6151}) * 4;
+  const auto up = at::randn({3, 6151});
+  const auto exact = at::gelu(gate.to(at::kDouble), "tanh") * up.to(at::kDouble);
+  for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    const auto g = gate.to(dtype), u = up.to(dtype);
+    const auto ours = gelu_tanh_mul(g, u);
+    const auto aten = at::gelu(g, "tanh") * u;
+    if (std::string(int4_cpu_isa()) == "avx512-vnni") {
+      EXPECT_TRUE(at::equal(ours, aten)) << c10::toString(dtype);
+    } else {
+      // The portable kernel's std::tanh against ATen's vectorized one: as close to float64.
+      const double ours_err = rms(ours.to(at::kDouble) - exact);
+      const double aten_err = rms(aten.to(at::kDouble) - exact);
+      EXPECT_LE(ours_err, 1.01 * aten_err) << c10::toString(dtype);
+    }
+  }
+  // A strided up (the per-layer input's slice) reads the same values.
+  const auto wide = at::randn({3, 2, 6151}).to(at::kBFloat16);
+  const auto g = gate.to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(gelu_tanh_mul(g, wide.select(1, 1)),
+                        gelu_tanh_mul(g, wide.select(1, 1).contiguous())));
+}
+
+TEST(GeluTanhMul, MetaShapesAndPreciseErrors) {
+  const auto meta = gelu_tanh_mul(at::empty({2, 8}, at::kMeta), at::empty({2, 8}, at::kMeta));
+  EXPECT_EQ(meta.device().type(), at::kMeta);
+  EXPECT_EQ(meta.sizes(), (at::IntArrayRef{2, 8}));
+  try {
+    gelu_tanh_mul(at::zeros({2, 8}), at::zeros({2, 9}));
+    ADD_FAILURE() << "mismatched shapes were accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(
+        std::string(e.what_without_backtrace())
+            .find("gate and up must share shape and dtype, got [2, 8] Float and [2, 9] Float"),
+        std::string::npos)
+        << e.what_without_backtrace();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,132 @@
+#include "ops/gelu_mul.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "common/cpu_float.h"
+
+namespace torchtpu::ops {
+namespace {
+
+using cpu::FloatType;
+
+// ATen's constants for the tanh approximation (at::native's GeluKernelImpl).
+constexpr float kBeta = static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5);
+constexpr float kKappa = 0.044715f;
+
+void check(const at::Tensor& gate, const at::Tensor& up) {
+  TORCH_CHECK_VALUE(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
+                    "gelu_tanh_mul: gate and up must share shape and dtype, got ", gate.sizes(),
+                    " ", gate.scalar_type(), " and ", up.sizes(), " ", up.scalar_type());
+}
+
+at::Tensor gelu_tanh_mul_composite(const at::Tensor& gate, const at::Tensor& up) {
+  check(gate, up);
+  return at::gelu(gate, "tanh") * up;
+}
+
+at::Tensor gelu_tanh_mul_meta(const at::Tensor& gate, const at::Tensor& up) {
+  check(gate, up);
+  return at::empty_like(gate);
+}
+
+// ATen's expression, operation for operation (its scalar path and its vector path with Sleef's
+// tanh give the same bits on this formula).
+float gelu(float x) {
+  const float cube = x * x * x;
+  const float inner = kBeta * (x + kKappa * cube);
+  return 0.5f * x * (1.0f + std::tanh(inner));
+}
+
+void gelu_mul_portable(FloatType f, const void* gate, const void* up, int64_t i0, int64_t i1,
+                       void* out) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float g = cpu::round_to(f, gelu(cpu::load(f, gate, i)));
+    cpu::store(f, out, i, g * cpu::load(f, up, i));
+  }
+}
+
+#if defined(__x86_64__)
+}  // namespace
+}  // namespace torchtpu::ops
+
+// Sleef's 1-ulp tanh, the one ATen's vectorized GELU calls, exported by libtorch_cpu (declared in
+// torch's sleef.h only for translation units compiled with AVX-512 enabled).
+extern "C" __m512 Sleef_tanhf16_u10(__m512);
+
+namespace torchtpu::ops {
+namespace {
+
+template <FloatType F>
+TORCHTPU_AVX512 void gelu_mul_avx512(const void* gate, const void* up, int64_t i0, int64_t i1,
+                                     void* out) {
+  const __m512 beta = _mm512_set1_ps(kBeta), kappa = _mm512_set1_ps(kKappa);
+  const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
+  int64_t i = i0;
+  for (; i + 16 <= i1; i += 16) {
+    const __m512 x = cpu::load16<F>(gate, i);
+    const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+    const __m512 inner = _mm512_mul_ps(beta, _mm512_add_ps(x, _mm512_mul_ps(kappa, cube)));
+    const __m512 g = cpu::round16(
+        F, _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, Sleef_tanhf16_u10(inner))));
+    cpu::store16(F, out, i, _mm512_mul_ps(g, cpu::load16<F>(up, i)));
+  }
+  gelu_mul_portable(F, gate, up, i, i1, out);
+}
+#endif
+
+at::Tensor gelu_tanh_mul_cpu(const at::Tensor& gate_in, const at::Tensor& up_in) {
+  check(gate_in, up_in);
+  const auto type = gate_in.scalar_type();
+  if (type != at::kBFloat16 && type != at::kHalf && type != at::kFloat) {
+    return gelu_tanh_mul_composite(gate_in, up_in);
+  }
+  const auto gate = gate_in.contiguous();
+  const auto up = up_in.contiguous();
+  auto out = at::empty_like(gate);
+  const FloatType f = cpu::float_type(type);
+  // Short rows: a thread takes at least 16 Ki elements.
+  at::parallel_for(0, gate.numel(), 16384, [&](int64_t i0, int64_t i1) {
+#if defined(__x86_64__)
+    if (cpu::use_avx512()) {
+      switch (f) {
+        case FloatType::kBFloat16:
+          return gelu_mul_avx512<FloatType::kBFloat16>(gate.data_ptr(), up.data_ptr(), i0, i1,
+                                                       out.data_ptr());
+        case FloatType::kHalf:
+          return gelu_mul_avx512<FloatType::kHalf>(gate.data_ptr(), up.data_ptr(), i0, i1,
+                                                   out.data_ptr());
+        case FloatType::kFloat:
+          return gelu_mul_avx512<FloatType::kFloat>(gate.data_ptr(), up.data_ptr(), i0, i1,
+                                                    out.data_ptr());
+      }
+    }
+#endif
+    gelu_mul_portable(f, gate.data_ptr(), up.data_ptr(), i0, i1, out.data_ptr());
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(torchtpu, m) { m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(torchtpu, CompositeExplicitAutograd, m) {
+  m.impl("gelu_tanh_mul", &gelu_tanh_mul_composite);
+}
+
+TORCH_LIBRARY_IMPL(torchtpu, CPU, m) { m.impl("gelu_tanh_mul", &gelu_tanh_mul_cpu); }
+
+TORCH_LIBRARY_IMPL(torchtpu, Meta, m) { m.impl("gelu_tanh_mul", &gelu_tanh_mul_meta); }
+
+at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("torchtpu::gelu_tanh_mul", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+  return op.call(gate, up);
+}
+
+}  // namespace torchtpu::ops
