@@ -11,7 +11,7 @@
 #include "common/memory.h"
 #include "io/aten_view.h"
 #include "ops/attention.h"
-#include "ops/gelu_mul.h"
+#include "ops/elementwise.h"
 #include "ops/rms_norm.h"
 #include "quant/quantize.h"
 
@@ -495,10 +495,7 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
 
   RECORD_USER_SCOPE("gemma4::head");
   auto logits = lm_head_(rms_norm(h, final_norm_, c.rms_norm_eps));
-  if (c.final_logit_softcapping > 0) {
-    const double cap = c.final_logit_softcapping;
-    logits = at::tanh(logits / cap) * cap;
-  }
+  if (c.final_logit_softcapping > 0) logits = ops::softcap(logits, c.final_logit_softcapping);
   return logits.to(at::kFloat);
 }
 

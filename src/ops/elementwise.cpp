@@ -1,10 +1,11 @@
-#include "ops/gelu_mul.h"
+#include "ops/elementwise.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "common/cpu_float.h"
 
@@ -33,6 +34,10 @@ at::Tensor gelu_tanh_mul_meta(const at::Tensor& gate, const at::Tensor& up) {
   return at::empty_like(gate);
 }
 
+at::Tensor softcap_composite(const at::Tensor& x, double cap) { return at::tanh(x / cap) * cap; }
+
+at::Tensor softcap_meta(const at::Tensor& x, double) { return at::empty_like(x); }
+
 // ATen's expression, operation for operation (its scalar path and its vector path with Sleef's
 // tanh give the same bits on this formula).
 float gelu(float x) {
@@ -46,6 +51,13 @@ void gelu_mul_portable(FloatType f, const void* gate, const void* up, int64_t i0
   for (int64_t i = i0; i < i1; ++i) {
     const float g = cpu::round_to(f, gelu(cpu::load(f, gate, i)));
     cpu::store(f, out, i, g * cpu::load(f, up, i));
+  }
+}
+
+void softcap_portable(FloatType f, const void* x, float cap, int64_t i0, int64_t i1, void* out) {
+  for (int64_t i = i0; i < i1; ++i) {
+    const float t = cpu::round_to(f, std::tanh(cpu::round_to(f, cpu::load(f, x, i) / cap)));
+    cpu::store(f, out, i, t * cap);
   }
 }
 
@@ -76,57 +88,120 @@ TORCHTPU_AVX512 void gelu_mul_avx512(const void* gate, const void* up, int64_t i
   }
   gelu_mul_portable(F, gate, up, i, i1, out);
 }
+
+template <FloatType F>
+TORCHTPU_AVX512 void softcap_avx512(const void* x, float cap, int64_t i0, int64_t i1, void* out) {
+  const __m512 c = _mm512_set1_ps(cap);
+  int64_t i = i0;
+  for (; i + 16 <= i1; i += 16) {
+    const __m512 scaled = cpu::round16(F, _mm512_div_ps(cpu::load16<F>(x, i), c));
+    cpu::store16(F, out, i, _mm512_mul_ps(cpu::round16(F, Sleef_tanhf16_u10(scaled)), c));
+  }
+  softcap_portable(F, x, cap, i, i1, out);
+}
 #endif
 
-at::Tensor gelu_tanh_mul_cpu(const at::Tensor& gate_in, const at::Tensor& up_in) {
-  check(gate_in, up_in);
-  const auto type = gate_in.scalar_type();
-  if (type != at::kBFloat16 && type != at::kHalf && type != at::kFloat) {
-    return gelu_tanh_mul_composite(gate_in, up_in);
-  }
-  const auto gate = gate_in.contiguous();
-  const auto up = up_in.contiguous();
-  auto out = at::empty_like(gate);
-  const FloatType f = cpu::float_type(type);
-  // Short rows: a thread takes at least 16 Ki elements.
-  at::parallel_for(0, gate.numel(), 16384, [&](int64_t i0, int64_t i1) {
+// Runs kernel(f, i0, i1) over the elements of a bf16/f16/f32 tensor in parallel chunks of at
+// least 16 Ki elements, where `avx512<F>` is the 16-lane kernel for format F.
+template <typename Avx512, typename Portable>
+void elementwise(const at::Tensor& like, Avx512 avx512, Portable portable) {
+  const FloatType f = cpu::float_type(like.scalar_type());
+  at::parallel_for(0, like.numel(), 16384, [&](int64_t i0, int64_t i1) {
 #if defined(__x86_64__)
     if (cpu::use_avx512()) {
       switch (f) {
         case FloatType::kBFloat16:
-          return gelu_mul_avx512<FloatType::kBFloat16>(gate.data_ptr(), up.data_ptr(), i0, i1,
-                                                       out.data_ptr());
+          return avx512(std::integral_constant<FloatType, FloatType::kBFloat16>{}, i0, i1);
         case FloatType::kHalf:
-          return gelu_mul_avx512<FloatType::kHalf>(gate.data_ptr(), up.data_ptr(), i0, i1,
-                                                   out.data_ptr());
+          return avx512(std::integral_constant<FloatType, FloatType::kHalf>{}, i0, i1);
         case FloatType::kFloat:
-          return gelu_mul_avx512<FloatType::kFloat>(gate.data_ptr(), up.data_ptr(), i0, i1,
-                                                    out.data_ptr());
+          return avx512(std::integral_constant<FloatType, FloatType::kFloat>{}, i0, i1);
       }
     }
 #endif
-    gelu_mul_portable(f, gate.data_ptr(), up.data_ptr(), i0, i1, out.data_ptr());
+    portable(f, i0, i1);
   });
+}
+
+bool has_cpu_kernel(const at::Tensor& x) {
+  const auto t = x.scalar_type();
+  return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat;
+}
+
+at::Tensor gelu_tanh_mul_cpu(const at::Tensor& gate_in, const at::Tensor& up_in) {
+  check(gate_in, up_in);
+  if (!has_cpu_kernel(gate_in)) return gelu_tanh_mul_composite(gate_in, up_in);
+  const auto gate = gate_in.contiguous();
+  const auto up = up_in.contiguous();
+  auto out = at::empty_like(gate);
+  elementwise(
+      gate,
+      [&](auto f, int64_t i0, int64_t i1) {
+#if defined(__x86_64__)
+        gelu_mul_avx512<decltype(f)::value>(gate.data_ptr(), up.data_ptr(), i0, i1, out.data_ptr());
+#endif
+      },
+      [&](FloatType f, int64_t i0, int64_t i1) {
+        gelu_mul_portable(f, gate.data_ptr(), up.data_ptr(), i0, i1, out.data_ptr());
+      });
+  return out;
+}
+
+at::Tensor softcap_cpu(const at::Tensor& x_in, double cap) {
+  // f32 tanh in ATen is not the Sleef one (1% of values differ by an ulp): f32 keeps the ATen ops.
+  if (!has_cpu_kernel(x_in) || x_in.scalar_type() == at::kFloat) {
+    return softcap_composite(x_in, cap);
+  }
+  const auto x = x_in.contiguous();
+  auto out = at::empty_like(x);
+  const auto c = static_cast<float>(cap);
+  elementwise(
+      x,
+      [&](auto f, int64_t i0, int64_t i1) {
+#if defined(__x86_64__)
+        softcap_avx512<decltype(f)::value>(x.data_ptr(), c, i0, i1, out.data_ptr());
+#endif
+      },
+      [&](FloatType f, int64_t i0, int64_t i1) {
+        softcap_portable(f, x.data_ptr(), c, i0, i1, out.data_ptr());
+      });
   return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(torchtpu, m) { m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
+  m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor");
+  m.def("softcap(Tensor x, float cap) -> Tensor");
+}
 
 TORCH_LIBRARY_IMPL(torchtpu, CompositeExplicitAutograd, m) {
   m.impl("gelu_tanh_mul", &gelu_tanh_mul_composite);
+  m.impl("softcap", &softcap_composite);
 }
 
-TORCH_LIBRARY_IMPL(torchtpu, CPU, m) { m.impl("gelu_tanh_mul", &gelu_tanh_mul_cpu); }
+TORCH_LIBRARY_IMPL(torchtpu, CPU, m) {
+  m.impl("gelu_tanh_mul", &gelu_tanh_mul_cpu);
+  m.impl("softcap", &softcap_cpu);
+}
 
-TORCH_LIBRARY_IMPL(torchtpu, Meta, m) { m.impl("gelu_tanh_mul", &gelu_tanh_mul_meta); }
+TORCH_LIBRARY_IMPL(torchtpu, Meta, m) {
+  m.impl("gelu_tanh_mul", &gelu_tanh_mul_meta);
+  m.impl("softcap", &softcap_meta);
+}
 
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("torchtpu::gelu_tanh_mul", "")
                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
   return op.call(gate, up);
+}
+
+at::Tensor softcap(const at::Tensor& x, double cap) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("torchtpu::softcap", "")
+                             .typed<at::Tensor(const at::Tensor&, double)>();
+  return op.call(x, cap);
 }
 
 }  // namespace torchtpu::ops

@@ -1,13 +1,17 @@
-// torchtpu::gelu_tanh_mul: Gemma 4's GeGLU gate, gelu(gate, approximate="tanh") * up, as one
-// dispatcher operator.
+// Gemma 4's elementwise steps as dispatcher operators, each one pass on the CPU:
 //
 //   torchtpu::gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor
+//     the GeGLU gate, gelu(gate, approximate="tanh") * up (gate and up of one shape and dtype),
+//     the GELU rounded to that dtype before the product; 70 calls per E2B decode step (MLP and
+//     per-layer input gates);
+//   torchtpu::softcap(Tensor x, float cap) -> Tensor
+//     the final logit soft-cap, tanh(x / cap) * cap, each of the three steps rounded to x's dtype;
+//     once per step over the 262,144 logits.
 //
-// gate and up of one shape and dtype; the GELU is rounded to that dtype before the product, as the
-// two ATen ops round it. The composite kernel is those two ops (every device); the CPU kernel
-// computes ATen's expression in one pass (AVX-512 with the Sleef tanh that ATen's vectorized GELU
-// calls: the same bits as the two ops, measured on 2^20 values per dtype). A decode step makes 70
-// of these (MLP and per-layer input gates); as ATen ops each was two calls and a temporary.
+// The composite kernels are those ATen ops (every device, and softcap's f32, whose ATen tanh is
+// not Sleef's). The CPU kernels evaluate ATen's own expressions in one pass, AVX-512 with the
+// Sleef tanh that ATen's vectorized kernels call, so the bits are the ATen ops' (tested in bf16,
+// f16 and f32); as ATen ops each was two or three calls with their temporaries.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,5 +19,7 @@
 namespace torchtpu::ops {
 
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up);
+
+at::Tensor softcap(const at::Tensor& x, double cap);
 
 }  // namespace torchtpu::ops

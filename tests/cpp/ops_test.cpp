@@ -12,7 +12,7 @@
 #include <tuple>
 
 #include "ops/attention.h"
-#include "ops/gelu_mul.h"
+#include "ops/elementwise.h"
 #include "ops/int4_linear.h"
 #include "ops/rms_norm.h"
 #include "quant/pack_quantized.h"
@@ -329,6 +329,27 @@ TEST(GeluTanhMul, CpuKernelGivesTheAtenOpsBits) {
   const auto g = gate.to(at::kBFloat16);
   EXPECT_TRUE(at::equal(gelu_tanh_mul(g, wide.select(1, 1)),
                         gelu_tanh_mul(g, wide.select(1, 1).contiguous())));
+}
+
+TEST(Softcap, CpuKernelGivesTheAtenOpsBits) {
+  at::manual_seed(43);
+  // Logits far inside and far beyond the cap, and a ragged length.
+  const auto logits = at::randn({2, 262147}) * 40;
+  const auto exact = at::tanh(logits.to(at::kDouble) / 30.0) * 30.0;
+  for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    const auto x = logits.to(dtype);
+    const auto ours = softcap(x, 30.0);
+    const auto aten = at::tanh(x / 30.0) * 30.0;
+    if (std::string(int4_cpu_isa()) == "avx512-vnni") {
+      EXPECT_TRUE(at::equal(ours, aten)) << c10::toString(dtype);
+    } else {
+      EXPECT_LE(rms(ours.to(at::kDouble) - exact), 1.01 * rms(aten.to(at::kDouble) - exact))
+          << c10::toString(dtype);
+    }
+  }
+  const auto meta = softcap(at::empty({2, 8}, at::kMeta), 30.0);
+  EXPECT_EQ(meta.device().type(), at::kMeta);
+  EXPECT_EQ(meta.sizes(), (at::IntArrayRef{2, 8}));
 }
 
 TEST(GeluTanhMul, MetaShapesAndPreciseErrors) {
