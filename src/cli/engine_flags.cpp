@@ -8,7 +8,7 @@ void EngineFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--model", model, "Checkpoint directory or Hub id (org/name[@rev])")->required();
   cmd.add_option("--emb4", emb4, "Directory or Hub id with int4 vocabulary tables");
   cmd.add_option("--dtype", dtype, "Compute dtype: bfloat16 | float32 | float16");
-  cmd.add_option("--device", device, "cpu | cuda[:N]");
+  cmd.add_option("--device", device, "cpu | cuda[:N] | a loaded backend's name (--device-library)");
   cmd.add_option("--context", context, "Context length (full-ring slots)");
   cmd.add_option("--chunk", chunk, "Prompt tokens read per forward pass");
   cmd.add_option("--int4", int4,

@@ -1,8 +1,10 @@
 // The torchtpu-cpp command: one subcommand per file, each registered here.
 #include <c10/util/Exception.h>
+#include <dlfcn.h>
 
 #include <CLI/CLI.hpp>
 #include <iostream>
+#include <string>
 
 #include "cli/bench_command.h"
 #include "cli/commands.h"
@@ -13,9 +15,27 @@
 #include "cli/serve_command.h"
 #include "common/errors.h"
 
+namespace {
+
+// A backend shared library registers its device (PrivateUse1 under a name of its own) with the
+// dispatcher when loaded; `--device NAME` then finds it. Kept loaded for the process's life.
+void load_device_library(const std::string& path) {
+  if (!dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL)) {
+    throw torchtpu::ValueError("cannot load device library '" + path + "': " + dlerror());
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"torchtpu-cpp: Gemma 4 in C++ over ATen (CPU, CUDA, TorchTPU)"};
   app.require_subcommand(1);
+  // Given before the subcommand, and loaded before it runs: its --device may name the device a
+  // library registers.
+  app.add_option("--device-library", "Shared library of a device backend to load (repeatable)")
+      ->each(load_device_library)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->type_name("PATH");
   torchtpu::cli::add_make_tiny_command(app);
   torchtpu::cli::add_generate_command(app);
   torchtpu::add_quantize_command(app);

@@ -19,7 +19,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--host", options->host, "Address to bind")->capture_default_str();
   cmd->add_option("--port", options->port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--context", options->context, "Context length")->capture_default_str();
-  cmd->add_option("--device", options->device, "cpu | cuda[:N]")->capture_default_str();
+  cmd->add_option("--device", options->device,
+                  "cpu | cuda[:N] | a loaded backend's name (--device-library)")
+      ->capture_default_str();
   cmd->add_option("--dtype", options->dtype, "bfloat16 | float32 | float16")->capture_default_str();
   cmd->add_option("--threads", options->threads, "Intra-op threads (0: the physical cores)")
       ->capture_default_str();

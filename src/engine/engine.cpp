@@ -34,9 +34,10 @@ at::Device parse_device(const std::string& name) {
   try {
     return at::Device(name);
   } catch (const std::exception&) {
+    // at::Device also knows the name a PrivateUse1 backend registered (torch_tpu's "tpu").
     throw ValueError("unknown device '" + name +
-                     "' (expected cpu, cuda, cuda:N, or tpu after "
-                     "importing torch_tpu)");
+                     "' (expected cpu, cuda, cuda:N, or the name of a registered backend: tpu "
+                     "after importing torch_tpu, or one loaded with --device-library)");
   }
 }
 

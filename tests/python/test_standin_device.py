@@ -1,0 +1,181 @@
+"""The engine on the stand-in out-of-tree device (issue #20, tests/device): the parity suite's
+make-tiny configs give the CPU's greedy tokens at float32 through `torchtpu-cpp generate
+--device-library LIB --device standin`, and the module takes the device by name and by a `like`
+tensor once the library is loaded into the Python process.
+
+CTest sets TORCHTPU_STANDIN_LIBRARY to the built library and PYTHONPATH to the module."""
+
+import ctypes
+import json
+import os
+import pathlib
+import re
+import subprocess
+import time
+import types
+import urllib.request
+
+import pytest
+import torch
+
+import hf_tiny  # conftest puts tests/python on sys.path
+import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does not
+
+MAX_NEW = 24
+REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def library():
+    path = os.environ.get("TORCHTPU_STANDIN_LIBRARY")
+    if not path or not os.path.exists(path):
+        pytest.fail(
+            "TORCHTPU_STANDIN_LIBRARY must name the built libtorchtpu_standin.so"
+        )
+    # Loading registers PrivateUse1 as "standin" in this process's dispatcher.
+    ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
+    # torch's Python side looks up torch.<backend> when a tensor is made on the device; the
+    # stand-in needs nothing from it.
+    torch._register_device_module("standin", types.ModuleType("standin"))
+    return path
+
+
+@pytest.fixture(scope="module", params=sorted(hf_tiny.MAKE_TINY_CONFIGS))
+def checkpoint(cli, tmp_path_factory, request):
+    out = tmp_path_factory.mktemp(request.param)
+    knobs = hf_tiny.MAKE_TINY_CONFIGS[request.param]
+    return cli.make_tiny(out, preset="tiny", **knobs), knobs.get("vocab", 512)
+
+
+@pytest.fixture(scope="module")
+def tiny(cli, tmp_path_factory):
+    return cli.make_tiny(tmp_path_factory.mktemp("tiny"), seed=5, dtype="f32")
+
+
+def _generate(cli, model, ids, device, *head):
+    proc = cli(
+        *head,
+        "generate",
+        "--model",
+        model,
+        "--ids",
+        ",".join(map(str, ids)),
+        "--max-new",
+        MAX_NEW,
+        "--dtype",
+        "float32",
+        "--device",
+        device,
+        "--chunk",
+        7,
+        "--ignore-eos",
+        "--json",
+    )
+    return json.loads(proc.stdout)
+
+
+def test_generate_on_standin_gives_the_cpus_tokens(cli, library, checkpoint):
+    model, vocab = checkpoint
+    ids = hf_tiny.prompt(vocab, 19, seed=3)
+    expected = _generate(cli, model, ids, "cpu")["tokens"]
+    got = _generate(cli, model, ids, "standin", "--device-library", library)
+    assert len(expected) == MAX_NEW
+    assert got["tokens"] == expected
+
+
+def test_generate_refuses_an_unregistered_device_by_name(cli, tiny):
+    with pytest.raises(
+        AssertionError, match="unknown device 'standin'.*--device-library"
+    ):
+        _generate(cli, tiny, [2, 5, 9], "standin")
+
+
+def test_engine_takes_the_device_by_name_and_by_like(library, tiny):
+    ids = hf_tiny.prompt(512, 11, seed=4)
+    cpu = tt.Engine(tiny, context=64, dtype="float32")
+    expected = cpu.decode(ids, 16, stop=[]).tokens
+    by_name = tt.Engine(tiny, context=64, dtype="float32", device="standin")
+    like = tt.Engine(
+        tiny, context=64, dtype="float32", like=torch.zeros(1, device="standin")
+    )
+    assert by_name.device.startswith("standin") and like.device == "standin:0"
+    assert by_name.decode(ids, 16, stop=[]).tokens == expected
+    assert like.decode(ids, 16, stop=[], read_every=4).tokens == expected
+    sampled = dict(temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.2, seed=3)
+    assert (
+        by_name.decode(ids, 16, stop=[], read_every=8, **sampled).tokens
+        == cpu.decode(ids, 16, stop=[], read_every=8, **sampled).tokens
+    )
+
+
+def _serve_completion(cli, model, head, device, body):
+    """Starts `serve` on a free port, posts one /v1/completions request, stops the server."""
+    cmd = [
+        cli.path,
+        *head,
+        "serve",
+        "--model",
+        model,
+        "--port",
+        "0",
+        "--context",
+        "128",
+    ]
+    cmd += ["--device", device, "--dtype", "float32"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        url = None
+        for line in proc.stdout:
+            match = re.search(r"serving .* on (http://\S+)", line)
+            if match:
+                url = match.group(1)
+                break
+        assert url, f"{cmd} exited {proc.wait()}: {proc.stderr.read()}"
+        # The engine loads after the port is bound: /health answers 200 once it has.
+        deadline = time.time() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=10) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                assert time.time() < deadline, f"{cmd} never became healthy"
+                time.sleep(0.2)
+        request = urllib.request.Request(
+            url + "/v1/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=300) as response:
+            return json.loads(response.read())["choices"][0]["text"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_serve_on_standin_answers_as_on_the_cpu(cli, library, tmp_path_factory):
+    tokenizer = REPO_DIR / ".cache" / "gemma4-test-tokenizer"
+    if not (tokenizer / "tokenizer.json").exists():
+        pytest.fail(
+            f"{tokenizer}/tokenizer.json missing: run scripts/make_test_tokenizer.py"
+        )
+    model = cli.make_tiny(
+        tmp_path_factory.mktemp("served"),
+        seed=8,
+        dtype="f32",
+        vocab=262144,
+        hidden=64,
+        window=32,
+        layer_types="sliding,full,sliding,full",
+        shared=2,
+        tokenizer=str(tokenizer),
+    )
+    body = {"prompt": "The sea is", "max_tokens": 6, "temperature": 0}
+    expected = _serve_completion(cli, model, [], "cpu", body)
+    assert expected
+    assert (
+        _serve_completion(cli, model, ["--device-library", library], "standin", body)
+        == expected
+    )
