@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/json_depth.h"
 
 namespace torchtpu {
 namespace {
@@ -57,7 +58,10 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     const std::string where = index_path.string();
     json index;
     try {
-      index = json::parse(read_text(where));
+      index = parse_json_within_depth<json>(read_text(where), [&] {
+        throw FormatError(where + ": invalid JSON: arrays and objects nest deeper than " +
+                          std::to_string(kMaxJsonDepth) + " levels");
+      });
     } catch (const json::exception& e) {
       throw FormatError(where + ": invalid JSON: " + e.what());
     }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/json_depth.h"
 
 namespace torchtpu {
 namespace {
@@ -99,7 +100,10 @@ class Fields {
 json parse_json(const std::string& text, const std::string& path) {
   json j;
   try {
-    j = json::parse(text);
+    j = parse_json_within_depth<json>(text, [&] {
+      throw FormatError(path + ": invalid JSON: arrays and objects nest deeper than " +
+                        std::to_string(kMaxJsonDepth) + " levels");
+    });
   } catch (const json::exception& e) {
     throw FormatError(path + ": invalid JSON: " + e.what());
   }

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "common/json_depth.h"
 
 namespace torchtpu {
 namespace {
@@ -62,11 +63,17 @@ bool tensor_nbytes(const std::vector<int64_t>& shape, size_t elem, uint64_t* out
 }
 
 // Parses the header text, rejecting duplicate keys at any level (nlohmann keeps the last one
-// silently; the Rust reader refuses them).
+// silently; the Rust reader refuses them) and nesting deeper than kMaxJsonDepth (real headers nest
+// two levels: an entry, its shape).
 json parse_header_json(const char* begin, size_t size, const std::string& path) {
   std::vector<std::set<std::string>> keys_at_depth;
   std::string duplicate;
   json::parser_callback_t cb = [&](int depth, json::parse_event_t event, json& parsed) {
+    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth) {
+      throw FormatError(path + ": invalid header JSON: arrays and objects nest deeper than " +
+                        std::to_string(kMaxJsonDepth) + " levels");
+    }
     if (event == json::parse_event_t::object_start) {
       if (keys_at_depth.size() <= static_cast<size_t>(depth)) keys_at_depth.resize(depth + 1);
       keys_at_depth[depth].clear();

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/json_depth.h"
+
 namespace torchtpu::server {
 
 using ojson = nlohmann::ordered_json;
@@ -29,11 +31,6 @@ struct ApiError : std::runtime_error {
 // {"error":{"message","type","param","code"}} with null for an empty param or code.
 ojson error_body(const ApiError& error);
 
-// How deeply a client's JSON may nest arrays and objects. Everything after parsing (the chat
-// template, dump(), the MCP tools) walks JSON recursively, so a body of a few MiB of '[' would
-// overflow the stack and end the process; real requests, tool schemas included, stay far below.
-constexpr int kMaxJsonDepth = 64;
-
 // Thrown by parse_json for JSON nested deeper than kMaxJsonDepth.
 struct JsonTooDeep : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -43,15 +40,9 @@ struct JsonTooDeep : std::runtime_error {
 // JsonTooDeep while parsing, before anything recursive sees it. Inline so that the MCP tools and
 // their fuzzer use it without linking this file.
 inline ojson parse_json(const std::string& text) {
-  // The callback sees each array and object as it opens, at its depth (0 for the outermost).
-  return ojson::parse(text, [](int depth, ojson::parse_event_t event, ojson&) {
-    const bool opens =
-        event == ojson::parse_event_t::object_start || event == ojson::parse_event_t::array_start;
-    if (opens && depth >= kMaxJsonDepth) {
-      throw JsonTooDeep("arrays and objects nest deeper than " + std::to_string(kMaxJsonDepth) +
-                        " levels");
-    }
-    return true;
+  return parse_json_within_depth<ojson>(text, [] {
+    throw JsonTooDeep("arrays and objects nest deeper than " + std::to_string(kMaxJsonDepth) +
+                      " levels");
   });
 }
 

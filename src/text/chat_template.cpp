@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "common/json_depth.h"
 
 extern "C" {
 int tt_jinja_render(const char* source, const char* context_json, char** out, char** err);
@@ -43,7 +44,10 @@ std::string read_file(const fs::path& path) {
 
 ojson read_json(const fs::path& path) {
   try {
-    return ojson::parse(read_file(path));
+    return parse_json_within_depth<ojson>(read_file(path), [&] {
+      throw FormatError(path.string() + " is not valid JSON: arrays and objects nest deeper than " +
+                        std::to_string(kMaxJsonDepth) + " levels");
+    });
   } catch (const ojson::exception& e) {
     // Not only parse_error: a number beyond double's range (1e999) is out_of_range.
     throw FormatError(path.string() + " is not valid JSON: " + e.what());

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/errors.h"
+#include "common/json_depth.h"
 
 namespace torchtpu {
 
@@ -155,8 +156,17 @@ class CallReader {
   ParseResult read_value(json& out) {
     skip_space();
     if (pos_ == s_.size()) return incomplete();
-    if (s_[pos_] == '{') return read_object(out);
-    if (s_[pos_] == '[') return read_array(out);
+    if (s_[pos_] == '{' || s_[pos_] == '[') {
+      // Each level is a few stack frames here and in everything that walks the arguments later;
+      // output nested a hundred thousand deep would overflow the stack of the engine's thread.
+      if (depth_ == kMaxJsonDepth) {
+        return error("the arguments nest deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+      }
+      ++depth_;
+      const ParseResult r = s_[pos_] == '{' ? read_object(out) : read_array(out);
+      --depth_;
+      return r;
+    }
     if (take(kQuote)) {
       std::string text;
       auto r = read_quoted(text);
@@ -176,6 +186,7 @@ class CallReader {
 
   std::string_view s_;
   size_t pos_ = 0;
+  int depth_ = 0;  // arrays and objects open inside the arguments object
 };
 
 ParseResult read_call(std::string_view body, ToolCall& call) {

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "common/errors.h"
+#include "common/json_depth.h"
 
 namespace torchtpu {
 
@@ -571,6 +572,7 @@ class TokenizerReader {
       return fail(section_ == Section::kVocab ? "model.vocab values must be ids"
                                               : "model.merges entries must be strings or pairs");
     }
+    if (path_.size() >= kMaxJsonDepth) return too_deep();
     if (path_.size() == 2 && key_ == "vocab" && path_[1] == "model") {
       section_ = Section::kVocab;
       m_.vocab.reserve(1 << 18);
@@ -600,6 +602,7 @@ class TokenizerReader {
       return true;
     }
     if (section_ == Section::kVocab) return fail("model.vocab values must be ids");
+    if (path_.size() >= kMaxJsonDepth) return too_deep();
     if (path_.size() == 2 && key_ == "merges" && path_[1] == "model") {
       section_ = Section::kMerges;
       section_depth_ = 1;
@@ -631,6 +634,9 @@ class TokenizerReader {
   bool fail(std::string message) {
     if (error.empty()) error = std::move(message);
     return false;
+  }
+  bool too_deep() {
+    return fail("arrays and objects nest deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
   bool integer(int64_t v) {
     if (section_ == Section::kVocab) {

@@ -91,6 +91,15 @@ TEST(ChatTemplateFromDir, ConfigWithANumberBeyondDoubleIsFormatError) {
   EXPECT_THROW(ChatTemplate::from_dir(dir.str()), FormatError);
 }
 
+// A tokenizer_config.json nested a million deep overflowed the stack (found by feeding
+// tests/fuzz/config_fuzz such a file); it is refused while parsing.
+TEST(ChatTemplateFromDir, ConfigNestedTooDeepIsFormatError) {
+  CheckpointDir dir;
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  dir.write("tokenizer_config.json", R"({"chat_template": "t", "extra": )" + deep + "}");
+  EXPECT_THROW(ChatTemplate::from_dir(dir.str()), FormatError);
+}
+
 TEST(ChatTemplateRender, RaiseExceptionIsValueErrorWithTheTemplatesMessage) {
   const auto chat = ChatTemplate::from_string(
       "{% if messages[0].role != 'system' %}{{ raise_exception('need a system turn') }}{% endif "

@@ -84,6 +84,16 @@ TEST(Safetensors, InvalidHeaderJson) {
   expect_format_error(raw_file("{\"a\": ", ""), {"invalid header JSON"});
 }
 
+// A header nested a million deep overflowed the stack when its error message dumped the entry
+// (found by feeding tests/fuzz/safetensors_fuzz such a header).
+TEST(Safetensors, HeaderNestedTooDeepIsRefusedWhileParsing) {
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  expect_format_error(raw_file("{\"w\": " + deep + "}", ""), {"nest deeper than 64 levels"});
+  const std::string at_limit = std::string(63, '[') + std::string(63, ']');
+  expect_format_error(raw_file("{\"w\": " + at_limit + "}", ""),
+                      {"tensor w: entry must be an object"});
+}
+
 TEST(Safetensors, HeaderMustBeAnObject) {
   expect_format_error(raw_file("[1, 2]", ""),
                       {"invalid header JSON: expected an object, got array"});
@@ -662,6 +672,19 @@ TEST(Config, EosIdsUnionWithGenerationConfig) {
   EXPECT_EQ(load_config(dir.str()).eos_token_ids, (std::vector<int64_t>{106, 1}));
   write_json(dir / "generation_config.json", {{"eos_token_id", {1, 106, 50}}, {"top_k", 64}});
   EXPECT_EQ(load_config(dir.str()).eos_token_ids, (std::vector<int64_t>{106, 1, 50}));
+}
+
+// A generation_config.json nested a million deep overflowed the stack (found by feeding
+// tests/fuzz/config_fuzz such a file); config.json and it are refused while parsing.
+TEST(Config, JsonNestedTooDeepIsRefused) {
+  TempDir dir;
+  write_json(dir / "config.json", e2b_config());
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  write_bytes(dir / "generation_config.json", R"({"eos_token_id": )" + deep + "}");
+  EXPECT_THAT([&] { load_config(dir.str()); },
+              ::testing::ThrowsMessage<FormatError>(HasSubstr("nest deeper than 64 levels")));
+  EXPECT_THAT([&] { parse_config_json(R"({"vocab_size": )" + deep + "}", "config.json"); },
+              ::testing::ThrowsMessage<FormatError>(HasSubstr("nest deeper than 64 levels")));
 }
 
 TEST(Config, LoadConfigWithoutConfigJson) {

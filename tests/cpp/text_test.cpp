@@ -143,6 +143,18 @@ TEST(Tokenizer, InconsistentFilesAreRefused) {
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), NotFoundError);
 }
 
+// A tokenizer.json nested a million deep overflowed the stack (found by feeding
+// tests/fuzz/config_fuzz such a file); it is refused while parsing.
+TEST(Tokenizer, JsonNestedTooDeepIsRefused) {
+  const std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+  try {
+    Tokenizer::from_json_string(R"({"model": )" + deep + "}", "deep.json");
+    FAIL() << "no error";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("nest deeper than 64 levels"), std::string::npos);
+  }
+}
+
 std::vector<std::string> stream(const Tokenizer& tok, const Ids& ids, bool show_special) {
   Detokenizer detok(tok, show_special);
   std::vector<std::string> pieces;
@@ -358,6 +370,25 @@ TEST(OutputParser, ParseToolCallExplainsWhatIsWrong) {
   EXPECT_THROW(parse_tool_call("f{a:1}"), ValueError);
   EXPECT_THROW(parse_tool_call("call:f{a:1"), ValueError);
   EXPECT_THROW(parse_tool_call("call:{a:1}"), ValueError);
+}
+
+// Arguments nested a hundred thousand deep overflowed the stack (found by feeding
+// tests/fuzz/output_parser_fuzz such a call); past 64 levels a call is malformed instead.
+TEST(OutputParser, ArgumentsNestedTooDeepAreMalformedNotACrash) {
+  const auto nested = [](int depth) {
+    std::string call = "call:f{a:";
+    for (int i = 0; i < depth; ++i) call += "{a:";
+    call += "1";
+    for (int i = 0; i < depth; ++i) call += "}";
+    return call + "}";
+  };
+  EXPECT_EQ(parse_tool_call(nested(64)).name, "f");
+  EXPECT_THROW(parse_tool_call(nested(65)), ValueError);
+  const std::string deep = nested(100'000);
+  EXPECT_THROW(parse_tool_call(deep), ValueError);
+  const Parsed p = parse("<|tool_call>" + deep + "<tool_call|>done", 0);
+  EXPECT_TRUE(p.calls.empty());
+  EXPECT_EQ(p.content, "done");
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "common/json_depth.h"
 #include "text/chat_template.h"
 
 namespace {
@@ -30,8 +31,19 @@ const torchtpu::ChatTemplate& gemma4_template() {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const bool add_generation_prompt = data[0] & 1;
-  const ojson input = ojson::parse(data + 1, data + size, nullptr, /*allow_exceptions=*/false);
-  if (input.is_discarded()) return 0;
+  // Parsed as the server parses request bodies: JSON nested deeper than it allows never reaches
+  // the template.
+  struct TooDeep {};
+  ojson input;
+  try {
+    input = torchtpu::parse_json_within_depth<ojson>(
+        std::string_view(reinterpret_cast<const char*>(data + 1), size - 1),
+        [] { throw TooDeep(); });
+  } catch (const ojson::exception&) {
+    return 0;
+  } catch (const TooDeep&) {
+    return 0;
+  }
   ojson messages = input, tools = nullptr, kwargs = ojson::object();
   if (input.is_object()) {
     messages = input.value("messages", ojson());
