@@ -771,9 +771,12 @@ void load_decoder(TokenizerModel& m, const json& j, const std::string& where) {
 const json& special_ids(TokenizerModel& m, const json& specials, const std::string& name) {
   if (!specials.contains(name))
     m.fail("post_processor: special token \"" + name + "\" not defined");
-  const json& ids = specials[name]["ids"];
-  if (!ids.is_array()) m.fail("post_processor: special token \"" + name + "\" has no ids");
-  return ids;
+  // contains() before every lookup: a const operator[] with a missing key reads out of bounds.
+  const json& token = specials[name];
+  if (!token.is_object() || !token.contains("ids") || !token["ids"].is_array()) {
+    m.fail("post_processor: special token \"" + name + "\" has no ids");
+  }
+  return token["ids"];
 }
 
 void load_post_processor(TokenizerModel& m, const json& j) {

@@ -143,6 +143,15 @@ TEST(Tokenizer, InconsistentFilesAreRefused) {
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), NotFoundError);
 }
 
+// A special token without "ids" was read out of bounds (found by tests/fuzz/config_fuzz).
+TEST(Tokenizer, PostProcessorSpecialTokenWithoutIdsIsRefused) {
+  json j = tiny_tokenizer();
+  j["post_processor"]["special_tokens"]["<bos>"].erase("ids");
+  EXPECT_NE(load_error(j).find("special token \"<bos>\" has no ids"), std::string::npos);
+  j["post_processor"]["special_tokens"]["<bos>"] = "<bos>";
+  EXPECT_NE(load_error(j).find("special token \"<bos>\" has no ids"), std::string::npos);
+}
+
 // A tokenizer.json nested a million deep overflowed the stack (found by feeding
 // tests/fuzz/config_fuzz such a file); it is refused while parsing.
 TEST(Tokenizer, JsonNestedTooDeepIsRefused) {
