@@ -1,9 +1,27 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh) and runs every test suite through CTest: C++ (GoogleTest), Python
 # (pytest against transformers, tokenizers, compressed-tensors, huggingface_hub), JavaScript
-# (the official OpenAI and MCP clients, Playwright) and shell. Extra arguments go to ctest.
+# (the official OpenAI and MCP clients, Playwright) and shell. Then the C++ suites once more,
+# built with AddressSanitizer and UndefinedBehaviorSanitizer (build-asan), and each fuzz harness
+# for a few seconds (build-fuzz, scripts/fuzz.sh). Extra arguments go to each ctest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"
 cd "$root"
-exec ctest --test-dir build --output-on-failure --timeout 2400 -j 2 "$@"
+
+# Either sanitizer's first finding ends the process with an error (the builds turn recovery off),
+# so a finding fails its test; ASan's defaults include LeakSanitizer at exit. UBSan reports carry
+# a stack trace. No suppressions: libtorch, uninstrumented, runs clean (docs/RELIABILITY.md).
+export UBSAN_OPTIONS=print_stacktrace=1
+
+# Only the gtest suites are built sanitized: the other suites drive the regular build's binaries.
+cmake -S . -B build-asan -G Ninja -DTORCHTPU_SANITIZE=ON -DTORCHTPU_BUILD_PYTHON=OFF \
+  -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
+cmake --build build-asan -j "$(nproc)" --target gtest_suites
+scripts/fuzz.sh --build-only
+
+status=0
+ctest --test-dir build --output-on-failure --timeout 2400 -j 2 "$@" || status=1
+ctest --test-dir build-asan --output-on-failure --timeout 2400 -j 2 "$@" || status=1
+ctest --test-dir build-fuzz --output-on-failure --timeout 300 -j 2 "$@" || status=1
+exit $status
