@@ -57,11 +57,6 @@ std::string where_label(const at::Device& device, bool aliased) {
 using ops::rms_norm;
 
 // Half-split ("NeoX") rotation: dimension j pairs with j + d/2.
-at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
-}
 
 // inv_freq as transformers computes it. "proportional" rotates the first
 // int(partial_rotary_factor * d / 2) frequency pairs with exponents over the full head dim d and
@@ -361,7 +356,7 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
   const bool sliding = c.layer_types[l] == LayerType::kSliding;
 
   auto q = rms_norm(w.q_proj(x).view({B, T, heads, d}), w.q_norm, c.rms_norm_eps);
-  q = rope(q, cos, sin).transpose(1, 2);  // [B, heads, T, d]
+  q = ops::rope(q, cos, sin).transpose(1, 2);  // [B, heads, T, d]
 
   at::Tensor k, v, kpos;
   if (c.is_shared(l)) {
@@ -371,7 +366,7 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
     kpos = kv_views[3 * source + 2];
   } else {
     k = rms_norm(w.k_proj(x).view({B, T, kv_heads, d}), w.k_norm, c.rms_norm_eps);
-    k = rope(k, cos, sin).transpose(1, 2);  // [B, kv_heads, T, d]
+    k = ops::rope(k, cos, sin).transpose(1, 2);  // [B, kv_heads, T, d]
     v = rms_norm(w.v_proj(x).view({B, T, kv_heads, d}), at::Tensor(), c.rms_norm_eps)
             .transpose(1, 2);
     kpos = positions;

@@ -38,6 +38,16 @@ at::Tensor softcap_composite(const at::Tensor& x, double cap) { return at::tanh(
 
 at::Tensor softcap_meta(const at::Tensor& x, double) { return at::empty_like(x); }
 
+at::Tensor rope_composite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+at::Tensor rope_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&) {
+  return at::empty_like(x);
+}
+
 // ATen's expression, operation for operation (its scalar path and its vector path with Sleef's
 // tanh give the same bits on this formula).
 float gelu(float x) {
@@ -61,6 +71,19 @@ void softcap_portable(FloatType f, const void* x, float cap, int64_t i0, int64_t
   }
 }
 
+// Values [i0, i1) of one head's d: out = x·cos + rotate_half(x)·sin, rotate_half(x) = [-x2, x1].
+void rope_row_portable(FloatType f, const void* x, const void* cos, const void* sin, int64_t d,
+                       int64_t i0, int64_t i1, void* out) {
+  const int64_t half = d / 2;
+  for (int64_t i = i0; i < i1; ++i) {
+    const float v = cpu::load(f, x, i);
+    const float rotated = i < half ? -cpu::load(f, x, i + half) : cpu::load(f, x, i - half);
+    const float a = cpu::round_to(f, v * cpu::load(f, cos, i));
+    const float b = cpu::round_to(f, rotated * cpu::load(f, sin, i));
+    cpu::store(f, out, i, a + b);
+  }
+}
+
 #if defined(__x86_64__)
 }  // namespace
 }  // namespace torchtpu::ops
@@ -81,7 +104,8 @@ TORCHTPU_AVX512 void gelu_mul_avx512(const void* gate, const void* up, int64_t i
   for (; i + 16 <= i1; i += 16) {
     const __m512 x = cpu::load16<F>(gate, i);
     const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
-    const __m512 inner = _mm512_mul_ps(beta, _mm512_add_ps(x, _mm512_mul_ps(kappa, cube)));
+    // ATen's build contracts x + kappa·x³ into one FMA.
+    const __m512 inner = _mm512_mul_ps(beta, _mm512_fmadd_ps(kappa, cube, x));
     const __m512 g = cpu::round16(
         F, _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, Sleef_tanhf16_u10(inner))));
     cpu::store16(F, out, i, _mm512_mul_ps(g, cpu::load16<F>(up, i)));
@@ -98,6 +122,29 @@ TORCHTPU_AVX512 void softcap_avx512(const void* x, float cap, int64_t i0, int64_
     cpu::store16(F, out, i, _mm512_mul_ps(cpu::round16(F, Sleef_tanhf16_u10(scaled)), c));
   }
   softcap_portable(F, x, cap, i, i1, out);
+}
+
+// rope_row_portable with 16 lanes while both halves have 16 values left.
+template <FloatType F>
+TORCHTPU_AVX512 void rope_row_avx512(const void* x, const void* cos, const void* sin, int64_t d,
+                                     void* out) {
+  const int64_t half = d / 2;
+  const __m512i sign = _mm512_set1_epi32(static_cast<int32_t>(0x80000000u));
+  int64_t i = 0;
+  for (; i + 16 <= half; i += 16) {
+    const __m512 lo = cpu::load16<F>(x, i), hi = cpu::load16<F>(x, i + half);
+    const __m512 a1 = cpu::round16(F, _mm512_mul_ps(lo, cpu::load16<F>(cos, i)));
+    const __m512 b1 = cpu::round16(
+        F, _mm512_mul_ps(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(hi), sign)),
+                         cpu::load16<F>(sin, i)));
+    cpu::store16(F, out, i, _mm512_add_ps(a1, b1));
+    const __m512 a2 = cpu::round16(F, _mm512_mul_ps(hi, cpu::load16<F>(cos, i + half)));
+    const __m512 b2 = cpu::round16(F, _mm512_mul_ps(lo, cpu::load16<F>(sin, i + half)));
+    cpu::store16(F, out, i + half, _mm512_add_ps(a2, b2));
+  }
+  // The rest of each half, where d/2 is not a multiple of 16.
+  rope_row_portable(F, x, cos, sin, d, i, half, out);
+  rope_row_portable(F, x, cos, sin, d, i + half, d, out);
 }
 #endif
 
@@ -168,26 +215,72 @@ at::Tensor softcap_cpu(const at::Tensor& x_in, double cap) {
   return out;
 }
 
+at::Tensor rope_cpu(const at::Tensor& x_in, const at::Tensor& cos_in, const at::Tensor& sin_in) {
+  const bool fits = has_cpu_kernel(x_in) && x_in.dim() == 4 && x_in.size(-1) % 2 == 0 &&
+                    cos_in.scalar_type() == x_in.scalar_type() &&
+                    sin_in.scalar_type() == x_in.scalar_type() &&
+                    cos_in.sizes() == sin_in.sizes() &&
+                    cos_in.sizes() == at::IntArrayRef{x_in.size(0), x_in.size(1), 1, x_in.size(3)};
+  if (!fits) return rope_composite(x_in, cos_in, sin_in);
+  const auto x = x_in.contiguous();
+  const auto cos = cos_in.contiguous();
+  const auto sin = sin_in.contiguous();
+  auto out = at::empty_like(x);
+  const int64_t heads = x.size(2), d = x.size(3), elem = x.element_size();
+  const FloatType f = cpu::float_type(x.scalar_type());
+  const auto* xp = static_cast<const char*>(x.data_ptr());
+  const auto* cp = static_cast<const char*>(cos.data_ptr());
+  const auto* sp = static_cast<const char*>(sin.data_ptr());
+  auto* op = static_cast<char*>(out.data_ptr());
+  // Rows are one head each (a few hundred values): a thread takes at least 64.
+  at::parallel_for(0, x.numel() / d, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t at = r * d * elem, angle = (r / heads) * d * elem;
+#if defined(__x86_64__)
+      if (cpu::use_avx512()) {
+        switch (f) {
+          case FloatType::kBFloat16:
+            rope_row_avx512<FloatType::kBFloat16>(xp + at, cp + angle, sp + angle, d, op + at);
+            continue;
+          case FloatType::kHalf:
+            rope_row_avx512<FloatType::kHalf>(xp + at, cp + angle, sp + angle, d, op + at);
+            continue;
+          case FloatType::kFloat:
+            rope_row_avx512<FloatType::kFloat>(xp + at, cp + angle, sp + angle, d, op + at);
+            continue;
+        }
+      }
+#endif
+      rope_row_portable(f, xp + at, cp + angle, sp + angle, d, 0, d, op + at);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
   m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("softcap(Tensor x, float cap) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torchtpu, CompositeExplicitAutograd, m) {
   m.impl("gelu_tanh_mul", &gelu_tanh_mul_composite);
   m.impl("softcap", &softcap_composite);
+  m.impl("rope", &rope_composite);
 }
 
 TORCH_LIBRARY_IMPL(torchtpu, CPU, m) {
   m.impl("gelu_tanh_mul", &gelu_tanh_mul_cpu);
   m.impl("softcap", &softcap_cpu);
+  m.impl("rope", &rope_cpu);
 }
 
 TORCH_LIBRARY_IMPL(torchtpu, Meta, m) {
   m.impl("gelu_tanh_mul", &gelu_tanh_mul_meta);
   m.impl("softcap", &softcap_meta);
+  m.impl("rope", &rope_meta);
 }
 
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up) {
@@ -202,6 +295,14 @@ at::Tensor softcap(const at::Tensor& x, double cap) {
                              .findSchemaOrThrow("torchtpu::softcap", "")
                              .typed<at::Tensor(const at::Tensor&, double)>();
   return op.call(x, cap);
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("torchtpu::rope", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  return op.call(x, cos, sin);
 }
 
 }  // namespace torchtpu::ops

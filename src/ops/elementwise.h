@@ -6,7 +6,11 @@
 //     per-layer input gates);
 //   torchtpu::softcap(Tensor x, float cap) -> Tensor
 //     the final logit soft-cap, tanh(x / cap) * cap, each of the three steps rounded to x's dtype;
-//     once per step over the 262,144 logits.
+//     once per step over the 262,144 logits;
+//   torchtpu::rope(Tensor x, Tensor cos, Tensor sin) -> Tensor
+//     rotary embedding in the rotate-half convention, x·cos + rotate_half(x)·sin, each product
+//     and the sum rounded to x's dtype; x [B, T, heads, d] with cos/sin [B, T, 1, d] (broadcast
+//     over heads); 50 calls per E2B decode step.
 //
 // The composite kernels are those ATen ops (every device, and softcap's f32, whose ATen tanh is
 // not Sleef's). The CPU kernels evaluate ATen's own expressions in one pass, AVX-512 with the
@@ -21,5 +25,7 @@ namespace torchtpu::ops {
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up);
 
 at::Tensor softcap(const at::Tensor& x, double cap);
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace torchtpu::ops

@@ -352,6 +352,26 @@ TEST(Softcap, CpuKernelGivesTheAtenOpsBits) {
   EXPECT_EQ(meta.sizes(), (at::IntArrayRef{2, 8}));
 }
 
+TEST(Rope, CpuKernelGivesTheAtenOpsBits) {
+  at::manual_seed(47);
+  for (auto dtype : {at::kBFloat16, at::kHalf, at::kFloat}) {
+    for (int64_t d : {256, 512, 40}) {
+      const auto x = at::randn({2, 3, 8, d}).to(dtype);
+      const auto angles = at::randn({2, 3, 1, d}) * 3;
+      const auto cos = angles.cos().to(dtype), sin = angles.sin().to(dtype);
+      const int64_t half = d / 2;
+      const auto rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+      EXPECT_TRUE(at::equal(rope(x, cos, sin), x * cos + rotated * sin))
+          << c10::toString(dtype) << " d " << d;
+    }
+  }
+  const auto x = at::randn({1, 2, 4, 64}).to(at::kBFloat16);
+  const auto meta =
+      rope(x.to(at::kMeta), x.narrow(2, 0, 1).to(at::kMeta), x.narrow(2, 0, 1).to(at::kMeta));
+  EXPECT_EQ(meta.device().type(), at::kMeta);
+  EXPECT_EQ(meta.sizes(), x.sizes());
+}
+
 TEST(GeluTanhMul, MetaShapesAndPreciseErrors) {
   const auto meta = gelu_tanh_mul(at::empty({2, 8}, at::kMeta), at::empty({2, 8}, at::kMeta));
   EXPECT_EQ(meta.device().type(), at::kMeta);
