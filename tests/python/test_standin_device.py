@@ -156,7 +156,10 @@ def _serve_completion(cli, model, head, device, body):
 
 
 def test_serve_on_standin_answers_as_on_the_cpu(cli, library, tmp_path_factory):
-    tokenizer = REPO_DIR / ".cache" / "gemma4-test-tokenizer"
+    tokenizer = pathlib.Path(
+        os.environ.get("TORCHTPU_TEST_TOKENIZER")
+        or REPO_DIR / ".cache" / "gemma4-test-tokenizer"
+    )
     if not (tokenizer / "tokenizer.json").exists():
         pytest.fail(
             f"{tokenizer}/tokenizer.json missing: run scripts/make_test_tokenizer.py"
