@@ -37,7 +37,12 @@ class Fields {
     fail(key, "= " + value.dump() + " is not supported: " + why);
   }
   bool has(const std::string& key) const { return obj_.contains(key) && !obj_[key].is_null(); }
-  const json& at(const std::string& key) const { return obj_[key]; }
+  // The value of `key`, or null: a const operator[] with a missing key reads freed memory.
+  const json& at(const std::string& key) const {
+    static const json kAbsent;
+    const auto it = obj_.find(key);
+    return it == obj_.end() ? kAbsent : *it;
+  }
 
   int64_t integer(const std::string& key, int64_t def) const {
     if (!has(key)) return def;
@@ -298,7 +303,7 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   // PLE rows are looked up with the token ids; a table at least as large as the vocabulary is
   // what transformers builds, a smaller one would be indexed out of range.
   if (c.hidden_size_per_layer_input > 0 && c.vocab_size_per_layer_input < c.vocab_size) {
-    f.unsupported("vocab_size_per_layer_input", (*text)["vocab_size_per_layer_input"],
+    f.unsupported("vocab_size_per_layer_input", c.vocab_size_per_layer_input,
                   "it is smaller than vocab_size = " + std::to_string(c.vocab_size));
   }
   if (!(c.rms_norm_eps > 0))

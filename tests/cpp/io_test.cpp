@@ -799,6 +799,14 @@ const BadConfig kBadConfigs[] = {
      "text_config.hidden_activation = \"silu\" is not supported"},
     {"PleVocabSmaller", [](json& t) { t["vocab_size_per_layer_input"] = 1000; },
      "text_config.vocab_size_per_layer_input = 1000 is not supported"},
+    // The default, when the field is absent, named by its value: the message read freed memory
+    // before (found by tests/fuzz/config_fuzz).
+    {"PleVocabDefaultSmaller",
+     [](json& t) {
+       t.erase("vocab_size_per_layer_input");
+       t["vocab_size"] = 300000;
+     },
+     "text_config.vocab_size_per_layer_input = 262144 is not supported"},
     {"HeadsNotMultipleOfKvHeads",
      [](json& t) {
        t["num_attention_heads"] = 6;
