@@ -331,10 +331,11 @@ at::Tensor Gemma4::per_layer_inputs(const at::Tensor& ids, const at::Tensor& emb
   const auto& c = config_;
   const int64_t B = ids.size(0), T = ids.size(1);
   const int64_t L = c.num_hidden_layers, P = c.hidden_size_per_layer_input;
-  // Scales are rounded to the table dtype before multiplying, as transformers does.
-  auto token_scale = at::scalar_tensor(std::sqrt(static_cast<double>(P)), at::kFloat)
-                         .to(options_.dtype)
-                         .to(ids.device());
+  // Scales are rounded to the table dtype before multiplying, as transformers does. Made on the
+  // device: a host tensor here would be one more upload per step.
+  auto token_scale =
+      at::scalar_tensor(std::sqrt(static_cast<double>(P)), ids.options().dtype(at::kFloat))
+          .to(options_.dtype);
   auto token_part =
       (embed_tokens_per_layer_.lookup(ids.reshape(-1)) * token_scale).view({B, T, L, P});
   auto context_part =
@@ -426,9 +427,9 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
   const auto dtype = options_.dtype;
   const int64_t B = ids.size(0), T = ids.size(1);
 
-  auto embed_scale = at::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)), at::kFloat)
-                         .to(dtype)
-                         .to(ids.device());
+  auto embed_scale = at::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)),
+                                       ids.options().dtype(at::kFloat))
+                         .to(dtype);
   // Profiler scopes (bench/decode_profile.py groups a decode step's time by them).
   at::Tensor h, ple;
   {

@@ -228,6 +228,13 @@ TEST(EngineOnStandin, EveryDecodeStepIsOneProgram) {
             << first.front().size() << " device ops each)\n";
   EXPECT_EQ(distinct.size(), 1u);
   EXPECT_FALSE(first.front().empty());
+  // Nothing goes up from the host in a greedy step: the token and position stay on the device.
+  for (const auto& line : first.front()) {
+    EXPECT_EQ(
+        line.rfind("aten::_copy_from(", 0) == 0 && line.substr(0, line.find(',')).ends_with("@cpu"),
+        false)
+        << "a host->device copy in the step: " << line;
+  }
 
   // A new request on the same engine, with a longer prompt and sampling: the same program but
   // for the sampler's own ops, so compare greedy to greedy.
