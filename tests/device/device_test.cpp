@@ -242,6 +242,23 @@ TEST(EngineOnStandin, EveryDecodeStepIsOneProgram) {
   for (const auto& step : second) EXPECT_EQ(step, first.front());
 }
 
+TEST(EngineOnStandin, ReadBatchesMakeTwoProgramsAStepAndAStepThatReads) {
+  auto engine = make_engine(standin::kName);
+  const auto steps = step_programs(engine, prompt_of(6), greedy(66, 8));
+  std::set<std::vector<std::string>> distinct(steps.begin(), steps.end());
+  ASSERT_EQ(distinct.size(), 2u);
+  // The step that ends a window is the plain step plus the read (a cat and one device->host copy).
+  const auto& [shorter, longer] =
+      std::minmax(*distinct.begin(), *distinct.rbegin(),
+                  [](const auto& a, const auto& b) { return a.size() < b.size(); });
+  const auto reads = std::count_if(longer.begin(), longer.end(), [](const std::string& line) {
+    return line.rfind("aten::_copy_from(", 0) == 0 && line.ends_with("@cpu, False)");
+  });
+  EXPECT_EQ(reads, 1);
+  EXPECT_EQ(std::count(steps.begin(), steps.end(), longer), 8);  // windows ended at steps 8..64
+  EXPECT_LT(shorter.size(), longer.size());
+}
+
 TEST(EngineOnStandin, SampledDecodeStepsAreOneProgram) {
   auto engine = make_engine(standin::kName);
   auto options = greedy(40, 1);
