@@ -433,6 +433,7 @@ def main(argv=None) -> int:
     stamp = info["date"][:16].replace(":", "")
     # The measurements are kept before the tables are made: a table's bug loses nothing.
     (args.out / f"results-{stamp}.json").write_text(json.dumps(report, indent=1))
+    (args.out / "partial.json").unlink(missing_ok=True)
     table = markdown(results, info, bandwidth, limits, lengths)
     (args.out / f"results-{stamp}.md").write_text(table)
     print(table)
