@@ -259,6 +259,19 @@ float round_to(at::ScalarType t, float v) {
   }
 }
 
+// A symmetric int4 weight [out, in] with scales per `group` inputs, words and scales unwritten.
+PackedInt4 empty_packed(const std::string& module, int64_t out, int64_t in, int64_t group,
+                        at::ScalarType scale_dtype) {
+  PackedInt4 w;
+  w.module = module;
+  w.out = out;
+  w.in = in;
+  w.group_size = group;
+  w.packed = at::empty({out, (in + 7) / 8}, at::kInt);
+  w.scale = at::empty({out, in / group}, scale_dtype);
+  return w;
+}
+
 // How the symmetric case rounds a group's scale: to the compute dtype T, and with a scale dtype,
 // clamped to its range and rounded to it; a zero scale becomes the dtype's eps.
 struct ScaleRule {
@@ -376,13 +389,7 @@ PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
   const at::ScalarType ct = spec.scale_dtype && *spec.scale_dtype != wt ? at::kFloat : wt;
   if (spec.symmetric && (ct == at::kBFloat16 || ct == at::kHalf || ct == at::kFloat)) {
     const at::Tensor x = weight.cpu().to(ct).contiguous();
-    PackedInt4 w;
-    w.module = module;
-    w.out = out;
-    w.in = in;
-    w.group_size = group;
-    w.packed = at::empty({out, (in + 7) / 8}, at::kInt);
-    w.scale = at::empty({out, in / group}, spec.scale_dtype.value_or(wt));
+    PackedInt4 w = empty_packed(module, out, in, group, spec.scale_dtype.value_or(wt));
     ScaleRule rule{spec.scale_dtype};
     rule.eps = static_cast<float>(dtype_eps(spec.scale_dtype.value_or(ct)));
     if (spec.scale_dtype) {
@@ -440,13 +447,7 @@ PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
 PackedInt4 quantize_table(const at::Tensor& table, const std::string& module) {
   const int64_t rows = table.size(0), cols = table.size(1);
   const QuantizeSpec spec{kTableGroup, true, at::kHalf};
-  PackedInt4 w;
-  w.module = module;
-  w.out = rows;
-  w.in = cols;
-  w.group_size = kTableGroup;
-  w.packed = at::empty({rows, (cols + 7) / 8}, at::kInt);
-  w.scale = at::empty({rows, cols / kTableGroup}, at::kHalf);
+  PackedInt4 w = empty_packed(module, rows, cols, kTableGroup, at::kHalf);
   for (int64_t r = 0; r < rows; r += kTableRowBlock) {
     const int64_t n = std::min(kTableRowBlock, rows - r);
     const PackedInt4 block = quantize_weight(table.narrow(0, r, n), spec, module);
