@@ -1,5 +1,6 @@
 // Who may use the server and the proxy: the API key ("Authorization: Bearer KEY", as OpenAI
-// clients send it), and the rules that keep web pages of other sites out.
+// clients send it; the server also takes Anthropic clients' "x-api-key: KEY"), and the rules that
+// keep web pages of other sites out.
 #pragma once
 
 #include <httplib.h>
@@ -9,16 +10,19 @@
 
 namespace torchtpu::server {
 
-// Whether `authorization` (the request's Authorization header) is exactly "Bearer " + key. The
-// comparison takes the same time wherever the first difference is, so timing does not reveal a
-// key's prefix.
-inline bool bearer_matches(std::string_view authorization, std::string_view key) {
-  const std::string expected = "Bearer " + std::string(key);
-  unsigned diff = authorization.size() ^ expected.size();
-  for (size_t i = 0; i < authorization.size() && i < expected.size(); ++i) {
-    diff |= static_cast<unsigned char>(authorization[i]) ^ static_cast<unsigned char>(expected[i]);
+// Whether `given` is exactly `expected`. The comparison takes the same time wherever the first
+// difference is, so timing does not reveal a key's prefix.
+inline bool key_matches(std::string_view given, std::string_view expected) {
+  unsigned diff = given.size() ^ expected.size();
+  for (size_t i = 0; i < given.size() && i < expected.size(); ++i) {
+    diff |= static_cast<unsigned char>(given[i]) ^ static_cast<unsigned char>(expected[i]);
   }
   return diff == 0;
+}
+
+// Whether `authorization` (the request's Authorization header) is exactly "Bearer " + key.
+inline bool bearer_matches(std::string_view authorization, std::string_view key) {
+  return key_matches(authorization, "Bearer " + std::string(key));
 }
 
 // Whether a bind address reaches only this machine: localhost, 127.0.0.0/8 or ::1.

@@ -3,7 +3,6 @@
 #include <random>
 
 namespace torchtpu::server {
-namespace {
 
 const char* type_name(const ojson& v) {
   if (v.is_null()) return "null";
@@ -25,11 +24,12 @@ ApiError missing(const std::string& param) {
                   "missing_required_parameter");
 }
 
-// The field if present and not null.
 const ojson* field(const ojson& body, const char* name) {
   auto it = body.find(name);
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
+
+namespace {
 
 bool get_bool(const ojson& body, const char* name, bool fallback) {
   const ojson* v = field(body, name);

@@ -46,6 +46,14 @@ inline ojson parse_json(const std::string& text) {
   });
 }
 
+// The helpers every parser of a request body names its errors with: "a string", "an array", ...;
+// 400 "'PARAM' must be EXPECTED, got TYPE" (invalid_type); 400 "'PARAM' is required".
+const char* type_name(const ojson& v);
+ApiError wrong_type(const std::string& param, const std::string& expected, const ojson& got);
+ApiError missing(const std::string& param);
+// The member `name` of the object `body` if present and not null, else nullptr.
+const ojson* field(const ojson& body, const char* name);
+
 // The body as a JSON object, keys in the client's order (templates may print them). ApiError 400 if
 // it is not JSON, nests deeper than kMaxJsonDepth, or is not an object.
 ojson parse_body(const std::string& text);

@@ -23,12 +23,14 @@
 #include "build_info.h"
 #include "common/errors.h"
 #include "engine/report.h"
+#include "server/anthropic.h"
 #include "server/auth.h"
 #include "server/connection.h"
 #include "server/demo.h"
 #include "server/mcp.h"
 #include "server/metrics.h"
 #include "server/openai.h"
+#include "server/responses.h"
 #include "server/stop_strings.h"
 #include "server/web/web.h"
 #include "text/chat_template.h"
@@ -214,7 +216,8 @@ struct Job {
   std::condition_variable changed;
   Piece pending;  // produced and not yet taken by the HTTP thread
   bool done = false;
-  std::string finish;  // stop | length | tool_calls | cancelled
+  std::string finish;         // stop | length | tool_calls | cancelled
+  std::string stop_sequence;  // the stop sequence that ended it, "" for none
   DecodeResult result;
   double queue_s = 0;
   std::optional<ApiError> error;
@@ -254,6 +257,9 @@ class Active {
   int64_t& count_;
 };
 
+// Which API's error object a route answers with.
+enum class ErrorShape { kOpenAI, kAnthropic };
+
 class Server {
  public:
   Server(const ServeOptions& options, EngineFactory make_engine)
@@ -285,10 +291,27 @@ class Server {
   void set_up_routes(httplib::Server& http);
   httplib::Server::Handler guarded(
       const std::function<void(const httplib::Request&, httplib::Response&)>& handler,
-      bool needs_engine);
+      bool needs_engine, ErrorShape shape = ErrorShape::kOpenAI);
   // Throws ApiError 403 for what browser_refusal refuses, 401 without the API key.
   void authorize(const httplib::Request& req) const;
+  // Counts the request as active, or throws 503 once shutdown has begun.
+  std::shared_ptr<Active> admit();
+  // The chat prompt: the template's rendering, then for tool_choice "required" or a named
+  // function the call's opening (parser_prefix), which the model continues.
+  std::string render_chat(const GenerationRequest& r, std::string& parser_prefix) const;
+  // Builds the job of a chat (or text completion) request, its prompt checked against the
+  // context, and queues it.
+  std::shared_ptr<Job> start_job(const httplib::Request& req, const GenerationRequest& r, bool chat,
+                                 const std::string& prompt_param);
   void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_responses(const httplib::Request& req, httplib::Response& res);
+  void handle_messages(const httplib::Request& req, httplib::Response& res);
+  void handle_count_tokens(const httplib::Request& req, httplib::Response& res);
+  // Answers a job in a wire format of its own (wire.h): whole, or as the renderer's events.
+  void answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
+                       std::shared_ptr<Renderer> renderer, bool stream,
+                       std::shared_ptr<Active> active);
+  GenerationOutcome outcome(const Job& job, const std::string& reasoning) const;
   void stream_response(httplib::Response& res, std::shared_ptr<Job> job, bool chat,
                        bool include_usage, std::shared_ptr<Active> active);
   void answer_whole(httplib::Response& res, Job& job, bool chat);
@@ -328,6 +351,7 @@ class Server {
   ojson engine_report_;
   SamplingRequest generation_defaults_;
   std::vector<ForcedOutput> forced_outputs_;
+  ResponseStore responses_;  // for previous_response_id and GET /v1/responses/{id}
   double load_s_ = 0;
   double warmup_s_ = 0;
   std::string model_dir_;
@@ -550,6 +574,7 @@ void Server::serve(Job& job) {
   }
   std::string finish = r.finish;
   if (finish == "cancelled" && stops.stopped()) finish = "stop";
+  job.stop_sequence = stops.matched();
   if (finish != "cancelled") {
     if (!stops.stopped()) route(detokenizer.finish(), true, {});
     if (finish == "stop" && called) finish = "tool_calls";
@@ -856,33 +881,51 @@ SamplingParams sampling_params(const SamplingRequest& r, const SamplingRequest& 
   return p;
 }
 
-void Server::handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+std::shared_ptr<Active> Server::admit() {
   auto active = std::make_shared<Active>(active_mutex_, active_changed_, active_);
   // Counted before this check, so shutdown either sees this request or it sees the shutdown.
   if (state_ != State::kReady) {
     throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
   }
+  return active;
+}
+
+std::string Server::render_chat(const GenerationRequest& r, std::string& parser_prefix) const {
+  // "required" and a named function are honoured by writing the call's opening into the
+  // prompt: the model can only continue it (thinking is skipped then).
+  parser_prefix.clear();
+  if (r.tool_choice == "required") parser_prefix = "<|tool_call>call:";
+  if (r.tool_choice == "function") {
+    parser_prefix = "<|tool_call>call:" + r.tool_choice_function + "{";
+  }
+  return template_->render(r.messages, r.tools, /*add_generation_prompt=*/true, r.template_kwargs) +
+         parser_prefix;
+}
+
+void Server::handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
+  auto active = admit();
   const ojson body = parse_body(req.body);
   GenerationRequest r = chat ? parse_chat_request(body) : parse_completion_request(body);
+  auto job = start_job(req, r, chat, chat ? "messages" : "prompt");
+  if (r.stream) {
+    stream_response(res, job, chat, r.include_usage, std::move(active));
+  } else {
+    answer_whole(res, *job, chat);
+  }
+}
+
+std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const GenerationRequest& r,
+                                       bool chat, const std::string& prompt_param) {
   if (!r.model.empty() && r.model != model_id_) {
     throw ApiError(
         404, "the model '" + r.model + "' does not exist; this server serves '" + model_id_ + "'",
         "invalid_request_error", "model", "model_not_found");
   }
   auto job = std::make_shared<Job>();
-  const std::string prompt_param = chat ? "messages" : "prompt";
   std::string rendered = r.prompt;
   try {
     if (chat) {
-      // "required" and a named function are honoured by writing the call's opening into the
-      // prompt: the model can only continue it (thinking is skipped then).
-      if (r.tool_choice == "required") job->parser_prefix = "<|tool_call>call:";
-      if (r.tool_choice == "function") {
-        job->parser_prefix = "<|tool_call>call:" + r.tool_choice_function + "{";
-      }
-      rendered = template_->render(r.messages, r.tools, /*add_generation_prompt=*/true,
-                                   r.template_kwargs) +
-                 job->parser_prefix;
+      rendered = render_chat(r, job->parser_prefix);
       job->prompt = tokenizer_->encode(rendered, /*add_special_tokens=*/false);
     } else if (r.prompt_ids) {
       job->prompt = *r.prompt_ids;
@@ -916,11 +959,111 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
   job->fd =
       find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
   enqueue(job);
-  if (r.stream) {
-    stream_response(res, job, chat, r.include_usage, std::move(active));
-  } else {
-    answer_whole(res, *job, chat);
+  return job;
+}
+
+GenerationOutcome Server::outcome(const Job& job, const std::string& reasoning) const {
+  return {job.finish, job.stop_sequence, job.result.prompt_tokens,
+          static_cast<int64_t>(job.result.tokens.size()),
+          static_cast<int64_t>(tokenizer_->encode(reasoning, false).size())};
+}
+
+void Server::answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
+                             std::shared_ptr<Renderer> renderer, bool stream,
+                             std::shared_ptr<Active> active) {
+  if (!stream) {
+    renderer->start();
+    std::string reasoning;
+    while (true) {
+      Taken taken = take(*job);
+      reasoning += taken.delta.reasoning;
+      renderer->add(taken.delta);
+      if (taken.done) break;
+    }
+    if (job->error) throw *job->error;
+    if (job->finish == "cancelled") {
+      res.status = 499;  // as answer_whole: nobody is listening
+      return;
+    }
+    renderer->finish(outcome(*job, reasoning));
+    res.set_content(dump(renderer->body()), "application/json");
+    return;
   }
+  struct Stream {
+    bool started = false;
+    std::string reasoning;
+  };
+  auto s = std::make_shared<Stream>();
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, job, renderer, s](size_t, httplib::DataSink& sink) {
+        std::string out;
+        Taken taken;
+        // The opening events go out at once, before the first token is decoded.
+        if (!s->started) {
+          s->started = true;
+          out = renderer->start();
+        } else {
+          taken = take(*job);
+          s->reasoning += taken.delta.reasoning;
+          out = renderer->add(taken.delta);
+          if (taken.done) {
+            if (job->finish == "cancelled") return false;
+            out += job->error ? renderer->error(*job->error)
+                              : renderer->finish(outcome(*job, s->reasoning));
+          }
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          abandon(*job);
+          return false;
+        }
+        if (taken.done) sink.done();
+        return true;
+      },
+      // As stream_response's: the engine must be done with the job before the connection closes.
+      [this, job, active](bool) {
+        if (!job->done) abandon(*job);
+        wait_done(*job);
+      });
+}
+
+void Server::handle_responses(const httplib::Request& req, httplib::Response& res) {
+  auto active = admit();
+  const ResponsesRequest r = parse_responses_request(parse_body(req.body), responses_);
+  auto job = start_job(req, r.generation, true, "input");
+  answer_rendered(res, job, std::make_shared<ResponsesRenderer>(model_id_, r, &responses_),
+                  r.generation.stream, std::move(active));
+}
+
+void Server::handle_messages(const httplib::Request& req, httplib::Response& res) {
+  auto active = admit();
+  const MessagesRequest r = parse_messages_request(parse_body(req.body));
+  auto job = start_job(req, r.generation, true, "messages");
+  const auto prompt_tokens = static_cast<int64_t>(job->prompt.size());
+  answer_rendered(res, job,
+                  std::make_shared<MessagesRenderer>(model_id_, prompt_tokens, r.one_call),
+                  r.generation.stream, std::move(active));
+}
+
+void Server::handle_count_tokens(const httplib::Request& req, httplib::Response& res) {
+  const MessagesRequest r = parse_messages_request(parse_body(req.body), /*for_count=*/true);
+  if (!r.generation.model.empty() && r.generation.model != model_id_) {
+    throw ApiError(404,
+                   "the model '" + r.generation.model + "' does not exist; this server serves '" +
+                       model_id_ + "'",
+                   "invalid_request_error", "model", "model_not_found");
+  }
+  std::string prefix;
+  std::string rendered;
+  try {
+    rendered = render_chat(r.generation, prefix);
+  } catch (const ValueError& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", "messages", "invalid_value");
+  }
+  const auto ids = tokenizer_->encode(rendered, /*add_special_tokens=*/false);
+  res.set_content(dump({{"input_tokens", ids.size()}}), "application/json");
 }
 
 ojson Server::model_json() const {
@@ -970,10 +1113,19 @@ ojson Server::engine_json() const {
 }
 
 std::string Server::endpoint_label(const std::string& path) const {
-  static const std::set<std::string> known = {
-      "/health",         "/metrics",  "/v1/models", "/v1/engine", "/v1/chat/completions",
-      "/v1/completions", "/tokenize", "/detokenize"};
+  static const std::set<std::string> known = {"/health",
+                                              "/metrics",
+                                              "/v1/models",
+                                              "/v1/engine",
+                                              "/v1/chat/completions",
+                                              "/v1/completions",
+                                              "/tokenize",
+                                              "/detokenize",
+                                              "/v1/responses",
+                                              "/v1/messages",
+                                              "/v1/messages/count_tokens"};
   if (known.count(path)) return path;
+  if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   return "other";
 }
@@ -982,26 +1134,36 @@ void Server::authorize(const httplib::Request& req) const {
   const std::string refusal = browser_refusal(req, is_loopback(options_.host));
   if (!refusal.empty()) throw ApiError(403, refusal, "invalid_request_error", "", "forbidden");
   if (options_.api_key.empty()) return;
+  // OpenAI clients send the key as a bearer token, Anthropic clients as x-api-key.
   const std::string given = req.get_header_value("Authorization");
-  if (!bearer_matches(given, options_.api_key)) {
-    throw ApiError(
-        401,
-        given.empty() ? "missing API key: send 'Authorization: Bearer <key>'" : "incorrect API key",
-        "authentication_error", "", "invalid_api_key");
+  const bool has_x_api_key = req.has_header("x-api-key");
+  if (!bearer_matches(given, options_.api_key) &&
+      !(has_x_api_key && key_matches(req.get_header_value("x-api-key"), options_.api_key))) {
+    throw ApiError(401,
+                   given.empty() && !has_x_api_key
+                       ? "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+                       : "incorrect API key",
+                   "authentication_error", "", "invalid_api_key");
   }
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void send_error(httplib::Response& res, const ApiError& e, ErrorShape shape = ErrorShape::kOpenAI) {
   res.status = e.status;
   if (e.status == 429) res.set_header("Retry-After", "1");
   if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
-  res.set_content(dump(error_body(e)), "application/json");
+  res.set_content(dump(shape == ErrorShape::kAnthropic ? anthropic_error_body(e) : error_body(e)),
+                  "application/json");
+}
+
+// Anthropic clients read errors in Anthropic's shape, on every status of their routes.
+ErrorShape error_shape(const std::string& path) {
+  return path.rfind("/v1/messages", 0) == 0 ? ErrorShape::kAnthropic : ErrorShape::kOpenAI;
 }
 
 httplib::Server::Handler Server::guarded(
     const std::function<void(const httplib::Request&, httplib::Response&)>& handler,
-    bool needs_engine) {
-  return [this, handler, needs_engine](const httplib::Request& req, httplib::Response& res) {
+    bool needs_engine, ErrorShape shape) {
+  return [this, handler, needs_engine, shape](const httplib::Request& req, httplib::Response& res) {
     try {
       authorize(req);
       const State state = state_;
@@ -1014,13 +1176,13 @@ httplib::Server::Handler Server::guarded(
       }
       handler(req, res);
     } catch (const ApiError& e) {
-      send_error(res, e);
+      send_error(res, e, shape);
     } catch (const ValueError& e) {
-      send_error(res, ApiError(400, e.what()));
+      send_error(res, ApiError(400, e.what()), shape);
     } catch (const NotFoundError& e) {
-      send_error(res, ApiError(404, e.what(), "invalid_request_error", "", "not_found"));
+      send_error(res, ApiError(404, e.what(), "invalid_request_error", "", "not_found"), shape);
     } catch (const std::exception& e) {
-      send_error(res, ApiError(500, e.what(), "server_error"));
+      send_error(res, ApiError(500, e.what(), "server_error"), shape);
     }
   };
 }
@@ -1076,6 +1238,30 @@ void Server::set_up_routes(httplib::Server& http) {
             guarded([this](const httplib::Request& req,
                            httplib::Response& res) { handle_generation(req, res, false); },
                     true));
+  http.Post("/v1/responses", guarded([this](const httplib::Request& req,
+                                            httplib::Response& res) { handle_responses(req, res); },
+                                     true));
+  http.Get(R"(/v1/responses/([^/]+))",
+           guarded(
+               [this](const httplib::Request& req, httplib::Response& res) {
+                 auto stored = responses_.get(req.matches[1]);
+                 if (!stored) {
+                   throw ApiError(404,
+                                  "response '" + req.matches[1].str() +
+                                      "' is not stored on this server (store: false, evicted, or "
+                                      "made before a restart)",
+                                  "invalid_request_error", "", "not_found");
+                 }
+                 res.set_content(dump(stored->response), "application/json");
+               },
+               false));
+  http.Post("/v1/messages", guarded([this](const httplib::Request& req,
+                                           httplib::Response& res) { handle_messages(req, res); },
+                                    true, ErrorShape::kAnthropic));
+  http.Post("/v1/messages/count_tokens",
+            guarded([this](const httplib::Request& req,
+                           httplib::Response& res) { handle_count_tokens(req, res); },
+                    true, ErrorShape::kAnthropic));
   http.Post("/tokenize", guarded(
                              [this](const httplib::Request& req, httplib::Response& res) {
                                const auto r = parse_tokenize_request(parse_body(req.body));
@@ -1112,14 +1298,18 @@ void Server::set_up_routes(httplib::Server& http) {
   http.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        static const std::map<std::string, std::string> allowed = {{"/health", "GET"},
-                                                                   {"/metrics", "GET"},
-                                                                   {"/v1/models", "GET"},
-                                                                   {"/v1/engine", "GET"},
-                                                                   {"/v1/chat/completions", "POST"},
-                                                                   {"/v1/completions", "POST"},
-                                                                   {"/tokenize", "POST"},
-                                                                   {"/detokenize", "POST"}};
+        static const std::map<std::string, std::string> allowed = {
+            {"/health", "GET"},
+            {"/metrics", "GET"},
+            {"/v1/models", "GET"},
+            {"/v1/engine", "GET"},
+            {"/v1/chat/completions", "POST"},
+            {"/v1/completions", "POST"},
+            {"/tokenize", "POST"},
+            {"/detokenize", "POST"},
+            {"/v1/responses", "POST"},
+            {"/v1/messages", "POST"},
+            {"/v1/messages/count_tokens", "POST"}};
         try {
           if (res.status == 413) {
             throw ApiError(413,
@@ -1132,6 +1322,12 @@ void Server::set_up_routes(httplib::Server& http) {
             auto it = allowed.find(req.path);
             if (it == allowed.end() && req.path.rfind("/v1/models/", 0) == 0) {
               it = allowed.find("/v1/models");
+            }
+            static const std::string get = "GET";
+            if (it == allowed.end() && req.path.rfind("/v1/responses/", 0) == 0) {
+              res.set_header("Allow", get);
+              throw ApiError(405, req.method + " is not allowed on " + req.path + " (use GET)",
+                             "invalid_request_error", "", "method_not_allowed");
             }
             if (it != allowed.end()) {
               res.set_header("Allow", it->second);
@@ -1161,12 +1357,12 @@ void Server::set_up_routes(httplib::Server& http) {
           throw ApiError(res.status, "HTTP error " + std::to_string(res.status),
                          res.status >= 500 ? "server_error" : "invalid_request_error");
         } catch (const ApiError& e) {
-          send_error(res, e);
+          send_error(res, e, error_shape(req.path));
         }
         return httplib::Server::HandlerResponse::Handled;
       }));
   http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr error) {
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr error) {
         std::string what = "internal error";
         try {
           std::rethrow_exception(error);
@@ -1174,7 +1370,7 @@ void Server::set_up_routes(httplib::Server& http) {
           what = e.what();
         } catch (...) {
         }
-        send_error(res, ApiError(500, what, "server_error"));
+        send_error(res, ApiError(500, what, "server_error"), error_shape(req.path));
       });
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     metrics_.count_request(endpoint_label(req.path), res.status);

@@ -11,7 +11,13 @@ std::string StopStrings::push(std::string_view text) {
   held_ += text;
   // The earliest complete stop sequence wins.
   size_t cut = std::string::npos;
-  for (const auto& s : stops_) cut = std::min(cut, held_.find(s));
+  for (const auto& s : stops_) {
+    const size_t at = held_.find(s);
+    if (at < cut) {
+      cut = at;
+      matched_ = s;
+    }
+  }
   if (cut != std::string::npos) {
     stopped_ = true;
     std::string out = held_.substr(0, cut);

@@ -19,11 +19,14 @@ class StopStrings {
   // The text held back at the end of the stream (no stop sequence completed).
   std::string finish();
   bool stopped() const { return stopped_; }
+  // The stop sequence that completed (the earliest in the text), "" while none has.
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
   bool stopped_ = false;
+  std::string matched_;
 };
 
 }  // namespace torchtpu::server

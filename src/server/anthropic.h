@@ -1,0 +1,49 @@
+// Anthropic's Messages API (POST /v1/messages, POST /v1/messages/count_tokens) over the chat path:
+// system, content blocks and tools become chat messages (openai.h's GenerationRequest, parsed by
+// the chat parser itself), and the parsed output comes back as content blocks, whole or as
+// Anthropic's event stream. Errors have Anthropic's shape. No HTTP here.
+#pragma once
+
+#include <string>
+
+#include "server/wire.h"
+
+namespace torchtpu::server {
+
+struct MessagesRequest {
+  GenerationRequest generation;
+  bool one_call = false;  // tool_choice.disable_parallel_tool_use
+};
+
+// ApiError 400 naming the field ("messages.1.content.0.tool_use_id") for anything malformed or
+// unsupported. count_tokens (for_count) takes the same body without max_tokens.
+MessagesRequest parse_messages_request(const ojson& body, bool for_count = false);
+
+// {"type":"error","error":{"type","message"}}, the type being Anthropic's word for the status
+// (invalid_request_error, authentication_error, permission_error, not_found_error,
+// request_too_large, rate_limit_error, api_error, overloaded_error).
+ojson anthropic_error_body(const ApiError& error);
+
+// One message, streamed or whole.
+class MessagesRenderer : public Renderer {
+ public:
+  MessagesRenderer(std::string model, int64_t prompt_tokens, bool one_call);
+  std::string start() override;
+  std::string add(const OutputDelta& delta) override;
+  std::string finish(const GenerationOutcome& outcome) override;
+  std::string error(const ApiError& error) override;
+  ojson body() const override { return message_; }
+
+ private:
+  enum class Open { kNone, kThinking, kText };
+  std::string open(Open kind);
+  std::string close();
+
+  ojson message_;
+  bool one_call_;
+  int64_t calls_ = 0;
+  Open open_ = Open::kNone;
+  std::string text_;  // of the open block
+};
+
+}  // namespace torchtpu::server

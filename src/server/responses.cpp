@@ -1,0 +1,594 @@
+#include "server/responses.h"
+
+#include <chrono>
+#include <set>
+
+namespace torchtpu::server {
+namespace {
+
+std::string at(const std::string& param, size_t i) { return param + "[" + std::to_string(i) + "]"; }
+
+ApiError unsupported(const std::string& param, const std::string& why) {
+  return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param,
+                  "unsupported_value");
+}
+
+ApiError invalid(const std::string& param, const std::string& why) {
+  return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param, "invalid_value");
+}
+
+const std::string& required_string(const ojson& object, const char* name,
+                                   const std::string& parent) {
+  const std::string param = parent + "." + name;
+  const ojson* v = field(object, name);
+  if (!v) throw missing(param);
+  if (!v->is_string()) throw wrong_type(param, "a string", *v);
+  return v->get_ref<const std::string&>();
+}
+
+// The text of a message's content: a string, or text parts (input_text, output_text).
+std::string content_text(const ojson& content, const std::string& param) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) throw wrong_type(param, "a string or an array of text parts", content);
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const ojson& part = content[i];
+    const std::string p = at(param, i);
+    if (!part.is_object()) throw wrong_type(p, "an object", part);
+    const std::string& type = required_string(part, "type", p);
+    if (type != "input_text" && type != "output_text") {
+      throw unsupported(p + ".type",
+                        "must be \"input_text\" or \"output_text\": this server reads "
+                        "text only, got \"" +
+                            type + "\"");
+    }
+    text += required_string(part, "text", p);
+  }
+  return text;
+}
+
+// Responses input items as chat messages. The items of one assistant turn (reasoning, message,
+// function_call) merge into one assistant message, as the chat template reads a turn.
+class Conversation {
+ public:
+  explicit Conversation(ojson earlier) : messages_(std::move(earlier)) {
+    for (const auto& m : messages_) {
+      for (const auto& call : m.value("tool_calls", ojson::array())) {
+        call_ids_.insert(call.value("id", ""));
+      }
+    }
+  }
+
+  void add_item(const ojson& item, const std::string& p) {
+    if (!item.is_object()) throw wrong_type(p, "an object", item);
+    const ojson* type = field(item, "type");
+    if (type && !type->is_string()) throw wrong_type(p + ".type", "a string", *type);
+    const std::string kind = type ? type->get<std::string>() : "message";
+    if (kind == "message") {
+      add_message(item, p);
+    } else if (kind == "function_call") {
+      const std::string& call_id = required_string(item, "call_id", p);
+      const std::string& name = required_string(item, "name", p);
+      const std::string& arguments = required_string(item, "arguments", p);
+      ojson& turn = assistant_turn();
+      if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
+      turn["tool_calls"].push_back(
+          {{"id", call_id},
+           {"type", "function"},
+           {"function",
+            {{"name", name}, {"arguments", parse_arguments(arguments, p + ".arguments")}}}});
+      call_ids_.insert(call_id);
+    } else if (kind == "function_call_output") {
+      const std::string& call_id = required_string(item, "call_id", p);
+      if (!call_ids_.count(call_id)) {
+        throw invalid(p + ".call_id", "names no earlier function_call: \"" + call_id + "\"");
+      }
+      const ojson* output = field(item, "output");
+      if (!output) throw missing(p + ".output");
+      messages_.push_back({{"role", "tool"},
+                           {"tool_call_id", call_id},
+                           {"content", content_text(*output, p + ".output")}});
+    } else if (kind == "reasoning") {
+      std::string text;
+      if (const ojson* content = field(item, "content")) {
+        if (!content->is_array()) throw wrong_type(p + ".content", "an array", *content);
+        for (size_t i = 0; i < content->size(); ++i) {
+          const ojson& part = (*content)[i];
+          if (!part.is_object()) throw wrong_type(at(p + ".content", i), "an object", part);
+          text += required_string(part, "text", at(p + ".content", i));
+        }
+      } else if (const ojson* sealed = field(item, "encrypted_content")) {
+        // This server's own encrypted_content is the reasoning text itself (see the renderer).
+        if (!sealed->is_string()) throw wrong_type(p + ".encrypted_content", "a string", *sealed);
+        text = sealed->get<std::string>();
+      }
+      if (!text.empty()) {
+        ojson& turn = assistant_turn();
+        turn["reasoning_content"] = turn.value("reasoning_content", "") + text;
+      }
+    } else {
+      throw unsupported(p + ".type",
+                        "must be \"message\", \"function_call\", "
+                        "\"function_call_output\" or \"reasoning\", got \"" +
+                            kind + "\"");
+    }
+  }
+
+  ojson take() { return std::move(messages_); }
+
+ private:
+  void add_message(const ojson& item, const std::string& p) {
+    const std::string& role = required_string(item, "role", p);
+    if (role != "user" && role != "system" && role != "developer" && role != "assistant") {
+      throw invalid(p + ".role",
+                    "must be \"user\", \"system\", \"developer\" or \"assistant\", "
+                    "got \"" +
+                        role + "\"");
+    }
+    const ojson* content = field(item, "content");
+    if (!content) throw missing(p + ".content");
+    std::string text = content_text(*content, p + ".content");
+    if (role == "assistant") {
+      ojson& turn = assistant_turn();
+      const std::string before =
+          turn["content"].is_string() ? turn["content"].get<std::string>() : "";
+      turn["content"] = before + text;
+    } else {
+      messages_.push_back({{"role", role}, {"content", std::move(text)}});
+    }
+  }
+
+  // The assistant message this item belongs to: the last message if it is an assistant's (and
+  // no tool result or user turn came after it), else a new one.
+  ojson& assistant_turn() {
+    if (messages_.empty() || messages_.back()["role"] != "assistant") {
+      messages_.push_back({{"role", "assistant"}, {"content", nullptr}});
+    }
+    return messages_.back();
+  }
+
+  ojson messages_;
+  std::set<std::string> call_ids_;
+};
+
+ojson chat_tools(const ojson& tools) {
+  if (!tools.is_array()) throw wrong_type("tools", "an array", tools);
+  ojson out = ojson::array();
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& tool = tools[i];
+    const std::string p = at("tools", i);
+    if (!tool.is_object()) throw wrong_type(p, "an object", tool);
+    const std::string& type = required_string(tool, "type", p);
+    if (type != "function") {
+      throw unsupported(p + ".type",
+                        "must be \"function\": this server runs no built-in tools, "
+                        "got \"" +
+                            type + "\"");
+    }
+    ojson function = {{"name", required_string(tool, "name", p)}};
+    if (const ojson* description = field(tool, "description")) {
+      if (!description->is_string()) {
+        throw wrong_type(p + ".description", "a string", *description);
+      }
+      function["description"] = *description;
+    }
+    if (const ojson* parameters = field(tool, "parameters")) {
+      if (!parameters->is_object()) throw wrong_type(p + ".parameters", "an object", *parameters);
+      function["parameters"] = *parameters;
+    }
+    if (const ojson* strict = field(tool, "strict")) {
+      if (!strict->is_boolean()) throw wrong_type(p + ".strict", "a boolean", *strict);
+      function["strict"] = *strict;
+    }
+    out.push_back({{"type", "function"}, {"function", std::move(function)}});
+  }
+  return out;
+}
+
+// Responses' tool_choice in chat's shape: the strings as they are, {"type":"function","name"}
+// as {"type":"function","function":{"name"}}.
+ojson chat_tool_choice(const ojson& choice, const ojson& tools) {
+  if (choice.is_string()) {
+    if (choice != "auto" && choice != "none" && choice != "required") {
+      throw invalid("tool_choice",
+                    "must be \"auto\", \"none\", \"required\" or "
+                    "{\"type\":\"function\",\"name\":...}, got " +
+                        choice.dump());
+    }
+    return choice;
+  }
+  if (!choice.is_object()) throw wrong_type("tool_choice", "a string or an object", choice);
+  const std::string& type = required_string(choice, "type", "tool_choice");
+  if (type != "function") {
+    throw unsupported(
+        "tool_choice.type",
+        "must be \"function\" (this server runs no built-in tools), got \"" + type + "\"");
+  }
+  const std::string& name = required_string(choice, "name", "tool_choice");
+  bool declared = false;
+  for (const auto& tool : tools) declared = declared || tool["function"]["name"] == name;
+  if (!declared) {
+    throw invalid("tool_choice.name", "names the function '" + name + "', which is not in 'tools'");
+  }
+  return {{"type", "function"}, {"function", {{"name", name}}}};
+}
+
+// Fields the Responses API has and this server cannot honour: refused rather than ignored.
+void refuse_unsupported(const ojson& body) {
+  for (const char* name : {"background", "conversation", "prompt", "max_tool_calls"}) {
+    const ojson* v = field(body, name);
+    if (v && *v != false) {
+      throw unsupported(name, "is not supported by this server");
+    }
+  }
+  if (const ojson* n = field(body, "top_logprobs"); n && *n != 0) {
+    throw unsupported("top_logprobs",
+                      "is not supported by /v1/responses on this server (use "
+                      "/v1/chat/completions for logprobs)");
+  }
+  if (const ojson* truncation = field(body, "truncation");
+      truncation && *truncation != "disabled") {
+    throw unsupported(
+        "truncation",
+        "must be \"disabled\": this server never drops input items, got " + truncation->dump());
+  }
+  if (const ojson* include = field(body, "include")) {
+    if (!include->is_array()) throw wrong_type("include", "an array", *include);
+    for (size_t i = 0; i < include->size(); ++i) {
+      if ((*include)[i] != "reasoning.encrypted_content") {
+        throw unsupported(at("include", i),
+                          "must be \"reasoning.encrypted_content\", the one "
+                          "inclusion this server offers, got " +
+                              (*include)[i].dump());
+      }
+    }
+  }
+}
+
+// text.format: plain text is what the chat path makes; a JSON format needs constrained
+// decoding, which this endpoint does not offer yet, so it is refused rather than ignored.
+void check_text(const ojson& body) {
+  const ojson* text = field(body, "text");
+  if (!text) return;
+  if (!text->is_object()) throw wrong_type("text", "an object", *text);
+  const ojson* format = field(*text, "format");
+  if (!format) return;
+  if (!format->is_object()) throw wrong_type("text.format", "an object", *format);
+  const std::string& type = required_string(*format, "type", "text.format");
+  if (type == "text") return;
+  if (type == "json_schema" || type == "json_object") {
+    throw unsupported("text.format.type",
+                      "\"" + type +
+                          "\" is not supported by /v1/responses yet: structured output is not "
+                          "enforced on this endpoint (issue #18), and an unenforced format "
+                          "would be a promise the reply may break");
+  }
+  throw invalid("text.format.type",
+                "must be \"text\", \"json_schema\" or \"json_object\", got \"" + type + "\"");
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+ojson or_null(const ojson* v) { return v ? *v : ojson(nullptr); }
+
+}  // namespace
+
+ResponseStore::ResponseStore(size_t capacity) : capacity_(capacity) {}
+
+void ResponseStore::put(const std::string& id, StoredResponse entry) {
+  std::lock_guard lock(mutex_);
+  if (auto it = slots_.find(id); it != slots_.end()) {
+    order_.erase(it->second.position);
+    slots_.erase(it);
+  }
+  order_.push_front(id);
+  slots_.emplace(id, Slot{std::move(entry), order_.begin()});
+  while (slots_.size() > capacity_) {
+    slots_.erase(order_.back());
+    order_.pop_back();
+  }
+}
+
+std::optional<StoredResponse> ResponseStore::get(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) return std::nullopt;
+  order_.splice(order_.begin(), order_, it->second.position);
+  return it->second.entry;
+}
+
+ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store) {
+  ResponsesRequest out;
+  refuse_unsupported(body);
+  check_text(body);
+
+  ojson earlier = ojson::array();
+  const ojson* previous = field(body, "previous_response_id");
+  if (previous) {
+    if (!previous->is_string()) throw wrong_type("previous_response_id", "a string", *previous);
+    auto stored = store.get(previous->get<std::string>());
+    if (!stored) {
+      throw ApiError(404,
+                     "previous response '" + previous->get<std::string>() +
+                         "' is not stored on this server: responses made with store: false are "
+                         "not kept, the store holds the most recently used responses only, and "
+                         "it is lost when the server restarts",
+                     "invalid_request_error", "previous_response_id",
+                     "previous_response_not_found");
+    }
+    earlier = std::move(stored->conversation);
+  }
+  Conversation conversation(std::move(earlier));
+  const ojson* input = field(body, "input");
+  if (!input) throw missing("input");
+  if (input->is_string()) {
+    conversation.add_item({{"role", "user"}, {"content", *input}}, "input");
+  } else if (input->is_array()) {
+    if (input->empty()) throw invalid("input", "must hold at least one item");
+    for (size_t i = 0; i < input->size(); ++i) conversation.add_item((*input)[i], at("input", i));
+  } else {
+    throw wrong_type("input", "a string or an array of items", *input);
+  }
+  out.conversation = conversation.take();
+
+  ojson chat = {{"messages", ojson::array()}};
+  const ojson* instructions = field(body, "instructions");
+  if (instructions) {
+    if (!instructions->is_string()) throw wrong_type("instructions", "a string", *instructions);
+    chat["messages"].push_back({{"role", "system"}, {"content", *instructions}});
+  }
+  for (const auto& m : out.conversation) chat["messages"].push_back(m);
+
+  ojson tools = ojson::array();
+  if (const ojson* t = field(body, "tools")) tools = chat_tools(*t);
+  if (!tools.empty()) chat["tools"] = tools;
+  if (const ojson* choice = field(body, "tool_choice")) {
+    chat["tool_choice"] = chat_tool_choice(*choice, tools);
+  }
+  if (const ojson* n = field(body, "max_output_tokens")) {
+    if (!n->is_number_integer()) throw wrong_type("max_output_tokens", "an integer", *n);
+    if (*n < 1) throw invalid("max_output_tokens", "must be at least 1, got " + n->dump());
+    chat["max_completion_tokens"] = *n;
+  }
+  const ojson* reasoning = field(body, "reasoning");
+  ojson effort = nullptr;
+  if (reasoning) {
+    if (!reasoning->is_object()) throw wrong_type("reasoning", "an object", *reasoning);
+    if (const ojson* e = field(*reasoning, "effort")) {
+      static const std::set<std::string> efforts = {"none",   "minimal", "low",
+                                                    "medium", "high",    "xhigh"};
+      if (!e->is_string() || !efforts.count(e->get<std::string>())) {
+        throw invalid("reasoning.effort",
+                      "must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\", "
+                      "got " +
+                          e->dump());
+      }
+      effort = *e;
+      chat["reasoning_effort"] = *e;
+    }
+  }
+  for (const char* name : {"model", "temperature", "top_p", "stream"}) {
+    if (const ojson* v = field(body, name)) chat[name] = *v;
+  }
+  bool parallel_tool_calls = true;
+  if (const ojson* p = field(body, "parallel_tool_calls")) {
+    if (!p->is_boolean()) throw wrong_type("parallel_tool_calls", "a boolean", *p);
+    parallel_tool_calls = p->get<bool>();
+  }
+  if (const ojson* s = field(body, "store")) {
+    if (!s->is_boolean()) throw wrong_type("store", "a boolean", *s);
+    out.store = s->get<bool>();
+  }
+  const ojson* metadata = field(body, "metadata");
+  if (metadata && !metadata->is_object()) throw wrong_type("metadata", "an object", *metadata);
+  bool sealed_reasoning = false;
+  if (const ojson* include = field(body, "include")) sealed_reasoning = !include->empty();
+
+  out.generation = parse_chat_request(chat);
+  const ojson* choice = field(body, "tool_choice");
+  out.echo = {{"instructions", or_null(instructions)},
+              {"max_output_tokens", or_null(field(body, "max_output_tokens"))},
+              {"metadata", metadata ? *metadata : ojson::object()},
+              {"parallel_tool_calls", parallel_tool_calls},
+              {"previous_response_id", or_null(previous)},
+              {"reasoning", {{"effort", effort}, {"summary", nullptr}}},
+              {"store", out.store},
+              {"temperature", or_null(field(body, "temperature"))},
+              {"text", {{"format", {{"type", "text"}}}}},
+              {"tool_choice", choice ? *choice : ojson("auto")},
+              {"tools", field(body, "tools") ? *field(body, "tools") : ojson::array()},
+              {"top_p", or_null(field(body, "top_p"))},
+              {"truncation", "disabled"},
+              {"include_sealed_reasoning", sealed_reasoning}};
+  return out;
+}
+
+ResponsesRenderer::ResponsesRenderer(std::string model, const ResponsesRequest& request,
+                                     ResponseStore* store)
+    : conversation_(request.conversation), store_(request.store ? store : nullptr) {
+  response_ = {
+      {"id", new_completion_id("resp_")}, {"object", "response"}, {"created_at", unix_seconds()},
+      {"status", "in_progress"},          {"background", false},  {"error", nullptr},
+      {"incomplete_details", nullptr}};
+  for (const auto& [key, value] : request.echo.items()) {
+    if (key != "include_sealed_reasoning") response_[key] = value;
+  }
+  response_["model"] = std::move(model);
+  response_["output"] = ojson::array();
+  response_["usage"] = nullptr;
+  one_call_ = !request.echo["parallel_tool_calls"].get<bool>();
+  sealed_reasoning_ = request.echo["include_sealed_reasoning"].get<bool>();
+  assistant_ = {{"role", "assistant"}, {"content", nullptr}};
+}
+
+std::string ResponsesRenderer::event(const std::string& type, ojson data) {
+  ojson e = {{"type", type}, {"sequence_number", sequence_++}};
+  for (auto& [key, value] : data.items()) e[key] = std::move(value);
+  return sse_event(type, e);
+}
+
+std::string ResponsesRenderer::start() {
+  std::string out = event("response.created", {{"response", response_}});
+  return out + event("response.in_progress", {{"response", response_}});
+}
+
+std::string ResponsesRenderer::open(Open kind) {
+  if (open_ == kind) return "";
+  std::string out = close();
+  open_ = kind;
+  item_id_ = new_completion_id(kind == Open::kReasoning ? "rs_" : "msg_");
+  const size_t index = response_["output"].size();
+  ojson item, part;
+  if (kind == Open::kReasoning) {
+    item = {{"id", item_id_},
+            {"type", "reasoning"},
+            {"summary", ojson::array()},
+            {"content", ojson::array()}};
+    part = {{"type", "reasoning_text"}, {"text", ""}};
+  } else {
+    item = {{"id", item_id_},
+            {"type", "message"},
+            {"status", "in_progress"},
+            {"role", "assistant"},
+            {"content", ojson::array()}};
+    part = {{"type", "output_text"},
+            {"annotations", ojson::array()},
+            {"logprobs", ojson::array()},
+            {"text", ""}};
+  }
+  out += event("response.output_item.added", {{"output_index", index}, {"item", item}});
+  out +=
+      event("response.content_part.added",
+            {{"item_id", item_id_}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+  return out;
+}
+
+std::string ResponsesRenderer::close() {
+  if (open_ == Open::kNone) return "";
+  const size_t index = response_["output"].size();
+  const bool reasoning = open_ == Open::kReasoning;
+  ojson part, item;
+  std::string out;
+  if (reasoning) {
+    part = {{"type", "reasoning_text"}, {"text", text_}};
+    item = {{"id", item_id_},
+            {"type", "reasoning"},
+            {"summary", ojson::array()},
+            {"content", ojson::array({part})}};
+    // Clients that keep no state (store: false) send reasoning back as this opaque field. It is
+    // the text itself: nothing here is secret from the client that received it.
+    if (sealed_reasoning_) item["encrypted_content"] = text_;
+    out += event(
+        "response.reasoning_text.done",
+        {{"item_id", item_id_}, {"output_index", index}, {"content_index", 0}, {"text", text_}});
+    assistant_["reasoning_content"] = assistant_.value("reasoning_content", "") + text_;
+  } else {
+    part = {{"type", "output_text"},
+            {"annotations", ojson::array()},
+            {"logprobs", ojson::array()},
+            {"text", text_}};
+    item = {{"id", item_id_},
+            {"type", "message"},
+            {"status", "completed"},
+            {"role", "assistant"},
+            {"content", ojson::array({part})}};
+    out += event("response.output_text.done", {{"item_id", item_id_},
+                                               {"output_index", index},
+                                               {"content_index", 0},
+                                               {"text", text_},
+                                               {"logprobs", ojson::array()}});
+    assistant_["content"] =
+        (assistant_["content"].is_string() ? assistant_["content"].get<std::string>() : "") + text_;
+  }
+  out +=
+      event("response.content_part.done",
+            {{"item_id", item_id_}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+  out += event("response.output_item.done", {{"output_index", index}, {"item", item}});
+  response_["output"].push_back(std::move(item));
+  open_ = Open::kNone;
+  text_.clear();
+  return out;
+}
+
+std::string ResponsesRenderer::add(const OutputDelta& delta) {
+  std::string out;
+  if (!delta.reasoning.empty()) {
+    out += open(Open::kReasoning);
+    text_ += delta.reasoning;
+    out += event("response.reasoning_text.delta", {{"item_id", item_id_},
+                                                   {"output_index", response_["output"].size()},
+                                                   {"content_index", 0},
+                                                   {"delta", delta.reasoning}});
+  }
+  if (!delta.content.empty()) {
+    out += open(Open::kMessage);
+    text_ += delta.content;
+    out += event("response.output_text.delta", {{"item_id", item_id_},
+                                                {"output_index", response_["output"].size()},
+                                                {"content_index", 0},
+                                                {"delta", delta.content},
+                                                {"logprobs", ojson::array()}});
+  }
+  for (const auto& call : delta.tool_calls) {
+    // parallel_tool_calls false: the first call is the answer, later ones are dropped.
+    if (one_call_ && calls_ > 0) break;
+    ++calls_;
+    out += close();
+    const size_t index = response_["output"].size();
+    const std::string id = new_completion_id("fc_");
+    const std::string call_id = new_completion_id("call_");
+    const std::string arguments = call.arguments.dump();
+    ojson item = {{"id", id},        {"type", "function_call"}, {"status", "in_progress"},
+                  {"arguments", ""}, {"call_id", call_id},      {"name", call.name}};
+    out += event("response.output_item.added", {{"output_index", index}, {"item", item}});
+    out += event("response.function_call_arguments.delta",
+                 {{"item_id", id}, {"output_index", index}, {"delta", arguments}});
+    out += event(
+        "response.function_call_arguments.done",
+        {{"item_id", id}, {"output_index", index}, {"arguments", arguments}, {"name", call.name}});
+    item["status"] = "completed";
+    item["arguments"] = arguments;
+    out += event("response.output_item.done", {{"output_index", index}, {"item", item}});
+    response_["output"].push_back(std::move(item));
+    if (!assistant_.contains("tool_calls")) assistant_["tool_calls"] = ojson::array();
+    assistant_["tool_calls"].push_back(
+        {{"id", call_id},
+         {"type", "function"},
+         {"function", {{"name", call.name}, {"arguments", ojson(call.arguments)}}}});
+  }
+  return out;
+}
+
+std::string ResponsesRenderer::finish(const GenerationOutcome& outcome) {
+  std::string out = close();
+  const bool cut = outcome.finish == "length";
+  response_["status"] = cut ? "incomplete" : "completed";
+  if (cut) response_["incomplete_details"] = {{"reason", "max_output_tokens"}};
+  response_["usage"] = {{"input_tokens", outcome.prompt_tokens},
+                        {"input_tokens_details", {{"cached_tokens", 0}}},
+                        {"output_tokens", outcome.completion_tokens},
+                        {"output_tokens_details", {{"reasoning_tokens", outcome.reasoning_tokens}}},
+                        {"total_tokens", outcome.prompt_tokens + outcome.completion_tokens}};
+  out += event(cut ? "response.incomplete" : "response.completed", {{"response", response_}});
+  if (store_) {
+    ojson conversation = conversation_;
+    conversation.push_back(assistant_);
+    store_->put(response_["id"].get<std::string>(), {response_, std::move(conversation)});
+  }
+  return out;
+}
+
+std::string ResponsesRenderer::error(const ApiError& error) {
+  response_["status"] = "failed";
+  response_["error"] = {{"code", error.code.empty() ? "server_error" : error.code},
+                        {"message", error.what()}};
+  return event("error", {{"code", error.code.empty() ? ojson(nullptr) : ojson(error.code)},
+                         {"message", error.what()},
+                         {"param", error.param.empty() ? ojson(nullptr) : ojson(error.param)}});
+}
+
+}  // namespace torchtpu::server

@@ -1,0 +1,86 @@
+// OpenAI's Responses API (POST /v1/responses, GET /v1/responses/{id}) over the chat path: a
+// request's input items become chat messages (openai.h's GenerationRequest, parsed by the chat
+// parser itself), and the parsed output comes back as Responses output items, whole or as the
+// event stream the official clients accumulate. No HTTP here (tests/cpp/server_test.cpp).
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "server/wire.h"
+
+namespace torchtpu::server {
+
+// A finished response and the conversation that led to it, for previous_response_id.
+struct StoredResponse {
+  ojson response;      // the response object, as GET /v1/responses/{id} returns it
+  ojson conversation;  // chat messages: the earlier turns, this input and this output
+};
+
+// The responses kept for `store: true` (the default): the last `capacity` by use, in memory only.
+// Thread-safe; a lookup counts as a use.
+class ResponseStore {
+ public:
+  explicit ResponseStore(size_t capacity = 256);
+  void put(const std::string& id, StoredResponse entry);
+  std::optional<StoredResponse> get(const std::string& id);
+
+ private:
+  size_t capacity_;
+  std::mutex mutex_;
+  std::list<std::string> order_;  // most recently used first
+  struct Slot {
+    StoredResponse entry;
+    std::list<std::string>::iterator position;
+  };
+  std::unordered_map<std::string, Slot> slots_;
+};
+
+struct ResponsesRequest {
+  GenerationRequest generation;
+  // The chat messages of this turn without `instructions` (which apply to one response only):
+  // what a later previous_response_id continues.
+  ojson conversation;
+  bool store = true;
+  // Request fields the response object repeats (instructions, tools, temperature, ...).
+  ojson echo;
+};
+
+// ApiError 400 naming the field ("input[2].call_id") for anything malformed or unsupported, 404
+// for a previous_response_id the store does not hold.
+ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store);
+
+// One response, streamed or whole. With a store, finish() keeps the response there.
+class ResponsesRenderer : public Renderer {
+ public:
+  ResponsesRenderer(std::string model, const ResponsesRequest& request, ResponseStore* store);
+  std::string start() override;
+  std::string add(const OutputDelta& delta) override;
+  std::string finish(const GenerationOutcome& outcome) override;
+  std::string error(const ApiError& error) override;
+  ojson body() const override { return response_; }
+
+ private:
+  enum class Open { kNone, kReasoning, kMessage };
+  std::string event(const std::string& type, ojson data);
+  std::string open(Open kind);
+  std::string close();
+
+  ojson response_;
+  ojson conversation_;
+  ResponseStore* store_;
+  bool one_call_ = false;          // parallel_tool_calls: false
+  bool sealed_reasoning_ = false;  // include: ["reasoning.encrypted_content"]
+  int64_t sequence_ = 0;
+  int64_t calls_ = 0;
+  Open open_ = Open::kNone;
+  std::string item_id_;  // of the open item
+  std::string text_;     // of the open item
+  ojson assistant_;      // this output as a chat message, for the store
+};
+
+}  // namespace torchtpu::server

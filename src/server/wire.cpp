@@ -1,0 +1,28 @@
+#include "server/wire.h"
+
+namespace torchtpu::server {
+
+std::string sse_event(const std::string& name, const ojson& data) {
+  return "event: " + name +
+         "\ndata: " + data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
+}
+
+ojson parse_arguments(const std::string& arguments, const std::string& param) {
+  ojson parsed;
+  try {
+    parsed = parse_json(arguments);
+  } catch (const nlohmann::json::exception&) {
+    throw ApiError(400, "'" + param + "' is not a JSON object: " + ojson(arguments).dump(),
+                   "invalid_request_error", param, "invalid_value");
+  } catch (const JsonTooDeep& e) {
+    throw ApiError(400, "'" + param + "' is refused: " + e.what(), "invalid_request_error", param,
+                   "json_too_deep");
+  }
+  if (!parsed.is_object()) {
+    throw ApiError(400, "'" + param + "' must be a JSON object, got " + ojson(arguments).dump(),
+                   "invalid_request_error", param, "invalid_value");
+  }
+  return parsed;
+}
+
+}  // namespace torchtpu::server

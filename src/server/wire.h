@@ -1,0 +1,45 @@
+// What the wire formats other than chat/completions' own (the Responses API, Anthropic Messages)
+// share with the server: a request becomes a GenerationRequest (openai.h) and runs on the chat
+// path; its output comes back through a Renderer, which turns the parsed output (answer text,
+// reasoning, tool calls) into that format's stream events and final body.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "server/openai.h"
+#include "text/output_parser.h"
+
+namespace torchtpu::server {
+
+// How one generation ended.
+struct GenerationOutcome {
+  std::string finish;         // stop | length | tool_calls (chat's finish_reason words)
+  std::string stop_sequence;  // the client's stop sequence that ended it, "" for none
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t reasoning_tokens = 0;  // of completion_tokens, those of the thinking channel's text
+};
+
+// One answer in one wire format. The server calls start() once, add() for each piece of parsed
+// output in order, then finish() or, when the engine failed, error(); each returns the
+// server-sent events to write ("" for none). A whole (not streamed) answer is body() after
+// finish(), so both ways to answer are the same code.
+class Renderer {
+ public:
+  virtual ~Renderer() = default;
+  virtual std::string start() = 0;
+  virtual std::string add(const OutputDelta& delta) = 0;
+  virtual std::string finish(const GenerationOutcome& outcome) = 0;
+  virtual std::string error(const ApiError& error) = 0;
+  virtual ojson body() const = 0;
+};
+
+// One server-sent event with a name, as both APIs frame theirs: "event: NAME\ndata: JSON\n\n".
+std::string sse_event(const std::string& name, const ojson& data);
+
+// Parses a tool call's arguments string (OpenAI's wire form) into the object the chat template
+// reads; ApiError 400 naming `param` when it is not a JSON object.
+ojson parse_arguments(const std::string& arguments, const std::string& param);
+
+}  // namespace torchtpu::server
