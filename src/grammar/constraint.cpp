@@ -1,0 +1,211 @@
+#include "grammar/constraint.h"
+
+#include <llguidance.h>
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <string_view>
+
+#include "common/errors.h"
+
+namespace torchtpu {
+namespace {
+
+// What toktrie (llguidance's vocabulary) reads as "the rest of this token is a special name".
+constexpr char kSpecialMarker = '\xFF';
+
+// The bytes token `id` stands for in output text; empty for an id the tokenizer does not define.
+std::string token_bytes(const Tokenizer& tokenizer, int64_t id) {
+  std::string piece;
+  try {
+    piece = tokenizer.id_to_token(id);
+  } catch (const ValueError&) {
+    return {};
+  }
+  if (tokenizer.is_special(id)) return kSpecialMarker + piece;
+  if (auto byte = byte_fallback_value(piece)) return std::string(1, static_cast<char>(*byte));
+  // The decoder's Replace steps map a piece to its text ("▁" -> " "); Fuse and Strip act on the
+  // joined text, not on one token.
+  for (const auto& step : tokenizer.decoder_steps()) {
+    if (step.kind == DecoderStep::Kind::kReplace) replace_all(piece, step.pattern, step.content);
+  }
+  return piece;
+}
+
+// llguidance's tokenize callback: tokenizes grammar literals the way the model's prompts are.
+// It must not throw across the C boundary; text our tokenizer refuses (invalid UTF-8) yields
+// no tokens, which llguidance treats as "no canonical tokenization" for that text.
+size_t tokenize(const void* user_data, const uint8_t* bytes, size_t bytes_len,
+                uint32_t* output_tokens, size_t output_tokens_len) noexcept {
+  try {
+    const auto& tokenizer = *static_cast<const Tokenizer*>(user_data);
+    const auto ids =
+        tokenizer.encode(std::string_view(reinterpret_cast<const char*>(bytes), bytes_len));
+    for (size_t i = 0; i < std::min(ids.size(), output_tokens_len); ++i) {
+      output_tokens[i] = static_cast<uint32_t>(ids[i]);
+    }
+    return ids.size();
+  } catch (...) {
+    return 0;
+  }
+}
+
+const char* kind_name(GrammarKind kind) {
+  switch (kind) {
+    case GrammarKind::kJsonSchema: return "json_schema";
+    case GrammarKind::kJsonObject: return "json_object";
+    case GrammarKind::kRegex: return "regex";
+    case GrammarKind::kLark: return "lark";
+  }
+  return "json_object";
+}
+
+const char* source_of(const Grammar& grammar) {
+  return grammar.kind == GrammarKind::kJsonObject ? "{}" : grammar.source.c_str();
+}
+
+LlgConstraintInit constraint_init(const GrammarVocabulary& vocabulary) {
+  LlgConstraintInit init{};
+  llg_constraint_init_set_defaults(&init, vocabulary.handle());
+  init.log_stderr_level = 0;  // problems reach the caller as exceptions, not on the server's stderr
+  return init;
+}
+
+}  // namespace
+
+GrammarVocabulary::GrammarVocabulary(const Tokenizer& tokenizer, std::vector<int64_t> end_ids)
+    : tokenizer_(tokenizer), size_(tokenizer.vocab_size()), end_ids_(std::move(end_ids)) {
+  if (end_ids_.empty()) throw ValueError("constrained decoding needs at least one end token");
+  for (int64_t id : end_ids_) {
+    if (id < 0 || id >= size_) {
+      throw ValueError("end token " + std::to_string(id) + " is outside the vocabulary [0, " +
+                       std::to_string(size_) + ")");
+    }
+  }
+  std::vector<uint32_t> lens(size_);
+  std::string bytes;
+  for (int64_t id = 0; id < size_; ++id) {
+    const std::string b = token_bytes(tokenizer_, id);
+    lens[id] = static_cast<uint32_t>(b.size());
+    bytes += b;
+  }
+  std::vector<uint32_t> extra_ends(end_ids_.begin() + 1, end_ids_.end());
+  LlgTokenizerInitV2 init{};
+  init.struct_size = sizeof(init);
+  init.vocab_size = static_cast<uint32_t>(size_);
+  init.tok_eos = static_cast<uint32_t>(end_ids_.front());
+  init.token_lens = lens.data();
+  init.token_bytes = reinterpret_cast<const uint8_t*>(bytes.data());
+  init.tokenize_assumes_string = true;
+  init.tokenize_fn = tokenize;
+  init.tokenize_user_data = &tokenizer_;
+  init.tok_eos_extra = extra_ends.data();
+  init.tok_eos_extra_count = static_cast<uint32_t>(extra_ends.size());
+  char error[1024] = {};
+  handle_ = llg_new_tokenizer_v2(&init, error, sizeof(error));
+  if (!handle_) throw FormatError(std::string("llguidance refused the vocabulary: ") + error);
+}
+
+GrammarVocabulary::~GrammarVocabulary() { llg_free_tokenizer(handle_); }
+
+void check_grammar(const GrammarVocabulary& vocabulary, const Grammar& grammar) {
+  LlgConstraintInit init = constraint_init(vocabulary);
+  char message[2048] = {};
+  const int32_t rc = llg_validate_grammar(&init, kind_name(grammar.kind), source_of(grammar),
+                                          message, sizeof(message));
+  // 1 is a warning: llguidance would compile the grammar but not enforce all of it (a keyword
+  // it ignores). Enforcing less than the client asked is refused like an error.
+  if (rc != 0) throw ValueError(message);
+}
+
+Constraint::Constraint(std::shared_ptr<const GrammarVocabulary> vocabulary, const Grammar& grammar,
+                       std::optional<ThinkingMarkers> thinking)
+    : vocabulary_(std::move(vocabulary)), thinking_(thinking) {
+  check_grammar(*vocabulary_, grammar);
+  LlgConstraintInit init = constraint_init(*vocabulary_);
+  matcher_ = llg_new_matcher(&init, kind_name(grammar.kind), source_of(grammar));
+  if (const char* error = llg_matcher_get_error(matcher_)) {
+    const std::string message = error;
+    llg_free_matcher(matcher_);
+    throw ValueError(message);
+  }
+  words_.assign(llg_matcher_get_mask_byte_size(matcher_) / sizeof(uint32_t), 0);
+  if (thinking_) phase_ = Phase::kMayThink;
+}
+
+Constraint::~Constraint() { llg_free_matcher(matcher_); }
+
+void Constraint::compute_grammar_mask() {
+  if (llg_matcher_compute_mask_into(matcher_, words_.data(), words_.size() * sizeof(uint32_t)) !=
+      0) {
+    throw std::logic_error(std::string("llguidance: ") + llg_matcher_get_error(matcher_));
+  }
+}
+
+const std::vector<uint32_t>& Constraint::allowed() {
+  auto set = [&](int64_t id, bool on) {
+    const uint32_t bit = 1u << (id % 32);
+    words_[id / 32] = on ? (words_[id / 32] | bit) : (words_[id / 32] & ~bit);
+  };
+  switch (phase_) {
+    case Phase::kMayThink:
+      compute_grammar_mask();
+      set(thinking_->open, true);
+      break;
+    case Phase::kThinking:
+      // Free text, but the output may not end before the thinking block closes: an answer that
+      // ends with "stop" is always one the grammar accepted.
+      std::fill(words_.begin(), words_.end(), ~0u);
+      for (int64_t id = vocabulary_->size(); id < static_cast<int64_t>(words_.size()) * 32; ++id) {
+        set(id, false);
+      }
+      for (int64_t id : vocabulary_->end_ids()) set(id, false);
+      break;
+    case Phase::kGrammar: compute_grammar_mask(); break;
+  }
+  return words_;
+}
+
+at::Tensor Constraint::mask(const at::Tensor& logits) {
+  const auto& words = allowed();
+  const auto device = logits.device();
+  if (!shifts_.defined() || shifts_.device() != device) {
+    shifts_ = at::arange(32, at::TensorOptions().dtype(at::kInt).device(device));
+  }
+  // The packed words travel to the device (32 KiB for 262,144 tokens) and are unpacked there.
+  auto packed = at::from_blob(const_cast<uint32_t*>(words.data()),
+                              {static_cast<int64_t>(words.size())}, at::kInt)
+                    .to(device, /*non_blocking=*/false, /*copy=*/true);
+  auto bits = packed.unsqueeze(1).bitwise_right_shift(shifts_).bitwise_and(1).view({-1});
+  const int64_t vocab = logits.size(-1);
+  bits = bits.size(0) >= vocab ? bits.narrow(0, 0, vocab)
+                               : at::constant_pad_nd(bits, {0, vocab - bits.size(0)}, 0);
+  return logits.masked_fill(bits.logical_not(), -std::numeric_limits<float>::infinity());
+}
+
+void Constraint::commit(int64_t token) {
+  switch (phase_) {
+    case Phase::kMayThink:
+      if (token == thinking_->open) {
+        phase_ = Phase::kThinking;
+        return;
+      }
+      phase_ = Phase::kGrammar;
+      break;
+    case Phase::kThinking:
+      if (token == thinking_->close) phase_ = Phase::kGrammar;
+      return;
+    case Phase::kGrammar: break;
+  }
+  if (llg_matcher_consume_token(matcher_, static_cast<uint32_t>(token)) != 0) {
+    throw std::logic_error("llguidance: token " + std::to_string(token) +
+                           " is not allowed here: " + llg_matcher_get_error(matcher_));
+  }
+}
+
+bool Constraint::complete() const {
+  return phase_ == Phase::kGrammar && llg_matcher_is_stopped(matcher_);
+}
+
+}  // namespace torchtpu

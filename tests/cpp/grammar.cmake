@@ -1,0 +1,4 @@
+# src/grammar: gtest suite for the token masks of constrained decoding (llguidance).
+add_executable(grammar_test ${CMAKE_CURRENT_LIST_DIR}/grammar_test.cpp)
+target_link_libraries(grammar_test PRIVATE torchtpu_grammar GTest::gtest_main)
+gtest_discover_tests(grammar_test TEST_PREFIX "grammar." DISCOVERY_TIMEOUT 60)
