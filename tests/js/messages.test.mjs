@@ -1,0 +1,315 @@
+// Issue #18: Anthropic's Messages API (POST /v1/messages, POST /v1/messages/count_tokens) through
+// the official `@anthropic-ai/sdk`: whole answers, messages.stream() with finalMessage(), thinking,
+// tool_use / tool_result round trips, stop sequences, count_tokens against /tokenize of the prompt
+// that transformers' apply_chat_template renders, x-api-key and Bearer auth, and errors in
+// Anthropic's shape naming every malformed field. The demo checkpoint has random weights, so the
+// server runs with its test hook TORCHTPU_TEST_FORCED_OUTPUT (a prompt containing a rule's text gets
+// that rule's output, Gemma 4 markup included, as its tokens).
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import Anthropic from "@anthropic-ai/sdk";
+import { startServer } from "./server_helpers.mjs";
+
+const MODEL = "torchtpu-demo-random-weights";
+const KEY = "sk-messages-test";
+const Q = '<|"|>';
+const SUNNY = "It is sunny in Paris, 21 degrees.";
+const RULES = [
+  { prompt_contains: "SUNNY-21C", output: SUNNY },
+  {
+    prompt_contains: "Weather in Paris?",
+    output: `<|tool_call>call:get_weather{city:${Q}Paris${Q},unit:${Q}celsius${Q}}<tool_call|>`,
+  },
+  { prompt_contains: "Weather anywhere?", output: `get_weather{city:${Q}Oslo${Q}}<tool_call|>` },
+  { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
+  { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
+  { prompt_contains: "Say hello", output: "Hello there, friend." },
+];
+const TOOLS = [
+  {
+    name: "get_weather",
+    description: "The weather in a city",
+    input_schema: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+  },
+];
+// What transformers' apply_chat_template renders from the Gemma 4 template for these turns (the
+// tokenizer's own chat_template.jinja), written down as the independent reference for count_tokens.
+const RENDERED = {
+  plain: "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n",
+  tools:
+    "<bos><|turn>system\nBe brief.<|tool>declaration:get_weather{description:<|\"|>The weather in a " +
+    'city<|"|>,parameters:{properties:{city:{type:<|"|>STRING<|"|>}},required:[<|"|>city<|"|>],' +
+    'type:<|"|>OBJECT<|"|>}}<tool|><turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n',
+  thinking: "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n",
+};
+
+let server;
+let client;
+
+before(async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-messages-"));
+  const rules = path.join(dir, "forced.json");
+  fs.writeFileSync(rules, JSON.stringify(RULES));
+  server = await startServer(["--context", "1024", "--api-key", KEY], {
+    env: { TORCHTPU_TEST_FORCED_OUTPUT: rules },
+  });
+  client = new Anthropic({ apiKey: KEY, baseURL: server.url, maxRetries: 0 });
+});
+
+after(async () => {
+  if (server) await server.stop();
+});
+
+const ask = (content) => [{ role: "user", content }];
+const create = (fields) => client.messages.create({ model: MODEL, max_tokens: 200, ...fields });
+
+async function tokenCount(text) {
+  const res = await fetch(`${server.url}/tokenize`, {
+    method: "POST",
+    headers: { authorization: `Bearer ${KEY}` },
+    body: JSON.stringify({ content: text, add_special: false }),
+  });
+  return (await res.json()).tokens.length;
+}
+
+describe("whole answers", () => {
+  test("a text answer: content blocks, end_turn, usage equal to count_tokens", async () => {
+    const m = await create({ messages: ask("Say hello") });
+    assert.match(m.id, /^msg_/);
+    assert.equal(m.type, "message");
+    assert.equal(m.role, "assistant");
+    assert.equal(m.model, MODEL);
+    assert.deepEqual(m.content, [{ type: "text", text: "Hello there, friend." }]);
+    assert.equal(m.stop_reason, "end_turn");
+    assert.equal(m.stop_sequence, null);
+    assert.ok(m.usage.output_tokens >= 5);
+    const counted = await client.messages.countTokens({ model: MODEL, messages: ask("Say hello") });
+    assert.equal(m.usage.input_tokens, counted.input_tokens);
+  });
+
+  test("count_tokens counts the prompt transformers renders: system, tools, thinking", async () => {
+    const base = { model: MODEL, messages: ask("Weather in Paris?") };
+    const cases = [
+      [{ ...base, system: "Be brief." }, RENDERED.plain],
+      [{ ...base, system: [{ type: "text", text: "Be brief." }] }, RENDERED.plain],
+      [{ ...base, system: "Be brief.", tools: TOOLS }, RENDERED.tools],
+      [{ ...base, system: "Be brief.", thinking: { type: "enabled", budget_tokens: 1024 } }, RENDERED.thinking],
+    ];
+    for (const [body, rendered] of cases) {
+      const { input_tokens } = await client.messages.countTokens(body);
+      assert.equal(input_tokens, await tokenCount(rendered), JSON.stringify(body));
+    }
+  });
+
+  test("thinking enabled: a thinking block, then the text", async () => {
+    const m = await create({
+      messages: ask("What is 2+2?"), max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 },
+    });
+    assert.deepEqual(m.content.map((b) => b.type), ["thinking", "text"]);
+    assert.equal(m.content[0].thinking, "Two and two.");
+    assert.equal(m.content[1].text, "It is 4.");
+  });
+
+  test("tool_use, then tool_result: the round trip", async () => {
+    const first = await create({ messages: ask("Weather in Paris?"), tools: TOOLS });
+    assert.equal(first.stop_reason, "tool_use");
+    assert.equal(first.content.length, 1);
+    const [use] = first.content;
+    assert.equal(use.type, "tool_use");
+    assert.match(use.id, /^toolu_/);
+    assert.equal(use.name, "get_weather");
+    assert.deepEqual(use.input, { city: "Paris", unit: "celsius" });
+
+    const second = await create({
+      tools: TOOLS,
+      messages: [
+        ...ask("Weather in Paris?"),
+        { role: "assistant", content: first.content },
+        { role: "user", content: [{ type: "tool_result", tool_use_id: use.id, content: "SUNNY-21C" }] },
+      ],
+    });
+    assert.equal(second.stop_reason, "end_turn");
+    assert.deepEqual(second.content, [{ type: "text", text: SUNNY }]);
+  });
+
+  test("tool_choice any and tool are honoured; none drops the tools from the prompt", async () => {
+    const any = await create({ messages: ask("Weather anywhere?"), tools: TOOLS, tool_choice: { type: "any" } });
+    assert.equal(any.stop_reason, "tool_use");
+    assert.equal(any.content[0].name, "get_weather");
+    const named = await create({
+      messages: ask("Weather in Oslo?"), tools: TOOLS, tool_choice: { type: "tool", name: "get_weather" },
+    });
+    assert.deepEqual(named.content[0].input, { city: "Oslo" });
+    const none = await client.messages.countTokens({
+      model: MODEL, messages: ask("Hi"), tools: TOOLS, tool_choice: { type: "none" },
+    });
+    assert.equal(none.input_tokens, (await client.messages.countTokens({ model: MODEL, messages: ask("Hi") })).input_tokens);
+  });
+
+  test("stop_sequences cut the text: stop_reason stop_sequence names the sequence", async () => {
+    const m = await create({ messages: ask("Say hello"), stop_sequences: ["nothing", "friend"] });
+    assert.deepEqual(m.content, [{ type: "text", text: "Hello there, " }]);
+    assert.equal(m.stop_reason, "stop_sequence");
+    assert.equal(m.stop_sequence, "friend");
+  });
+
+  test("max_tokens cuts the answer: stop_reason max_tokens", async () => {
+    const m = await create({ messages: ask("Say hello"), max_tokens: 2 });
+    assert.equal(m.stop_reason, "max_tokens");
+    assert.equal(m.usage.output_tokens, 2);
+  });
+});
+
+describe("streaming", () => {
+  test("thinking and text: the SDK's stream and finalMessage() agree with the whole answer", async () => {
+    const body = { messages: ask("What is 2+2?"), max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 } };
+    const stream = client.messages.stream({ model: MODEL, ...body });
+    const events = [];
+    for await (const event of stream) events.push(event);
+    const final = await stream.finalMessage();
+    const squeezed = events
+      .map((e) => (e.type === "content_block_delta" ? `delta:${e.delta.type}` : e.type))
+      .filter((t, i, all) => !(t.startsWith("delta:") && all[i - 1] === t));
+    assert.deepEqual(squeezed, [
+      "message_start",
+      "content_block_start",
+      "delta:thinking_delta",
+      "content_block_stop",
+      "content_block_start",
+      "delta:text_delta",
+      "content_block_stop",
+      "message_delta",
+      "message_stop",
+    ]);
+    const whole = await create(body);
+    assert.deepEqual(final.content, whole.content);
+    assert.equal(final.stop_reason, "end_turn");
+    assert.equal(final.usage.input_tokens, whole.usage.input_tokens);
+    assert.equal(final.usage.output_tokens, whole.usage.output_tokens);
+  });
+
+  test("a tool call streams as tool_use with input_json_delta", async () => {
+    const stream = client.messages.stream({ model: MODEL, max_tokens: 200, messages: ask("Weather in Paris?"), tools: TOOLS });
+    const events = [];
+    for await (const event of stream) events.push(event);
+    const final = await stream.finalMessage();
+    assert.equal(final.stop_reason, "tool_use");
+    assert.equal(final.content[0].type, "tool_use");
+    assert.deepEqual(final.content[0].input, { city: "Paris", unit: "celsius" });
+    assert.ok(events.some((e) => e.type === "content_block_delta" && e.delta.type === "input_json_delta"));
+  });
+
+  test("the raw stream: named events, a ping after message_start, message_stop last", async () => {
+    const res = await fetch(`${server.url}/v1/messages`, {
+      method: "POST",
+      headers: { "x-api-key": KEY, "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL, max_tokens: 50, messages: ask("Say hello"), stream: true }),
+    });
+    assert.equal(res.headers.get("content-type"), "text/event-stream");
+    const blocks = (await res.text()).split("\n\n").filter(Boolean);
+    const names = blocks.map((b) => {
+      const [name, data] = b.split("\n");
+      assert.equal(name.slice("event: ".length), JSON.parse(data.slice("data: ".length)).type);
+      return name.slice("event: ".length);
+    });
+    assert.deepEqual(names.slice(0, 3), ["message_start", "ping", "content_block_start"]);
+    assert.deepEqual(names.slice(-2), ["message_delta", "message_stop"]);
+  });
+});
+
+describe("auth", () => {
+  test("x-api-key and Bearer are both accepted; a wrong key is authentication_error", async () => {
+    const bearer = new Anthropic({ apiKey: null, authToken: KEY, baseURL: server.url, maxRetries: 0 });
+    assert.equal((await bearer.messages.countTokens({ model: MODEL, messages: ask("hi") })).input_tokens > 0, true);
+    const wrong = new Anthropic({ apiKey: "sk-wrong", baseURL: server.url, maxRetries: 0 });
+    await assert.rejects(
+      wrong.messages.create({ model: MODEL, max_tokens: 5, messages: ask("hi") }),
+      (e) => e instanceof Anthropic.AuthenticationError && e.error.error.type === "authentication_error",
+    );
+  });
+});
+
+describe("errors", () => {
+  const bad = [
+    [{ max_tokens: undefined }, "max_tokens"],
+    [{ max_tokens: 0 }, "max_tokens"],
+    [{ max_tokens: "ten" }, "max_tokens"],
+    [{ messages: undefined }, "messages"],
+    [{ messages: [] }, "messages"],
+    [{ messages: [{ role: "system", content: "x" }] }, "messages.0.role"],
+    [{ messages: [{ role: "user" }] }, "messages.0.content"],
+    [{ messages: [{ role: "user", content: 5 }] }, "messages.0.content"],
+    [{ messages: [{ role: "user", content: [{ type: "image", source: {} }] }] }, "messages.0.content.0.type"],
+    [{ messages: [{ role: "user", content: [{ type: "text" }] }] }, "messages.0.content.0.text"],
+    [{ messages: [{ role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_nope" }] }] },
+      "messages.0.content.0.tool_use_id"],
+    [{ messages: [{ role: "user", content: [{ type: "tool_use", id: "t", name: "f", input: {} }] }] },
+      "messages.0.content.0.type"],
+    [{ messages: [{ role: "assistant", content: [{ type: "tool_use", id: "t", name: "f", input: "{}" }] }, ...ask("hi")] },
+      "messages.0.content.0.input"],
+    [{ messages: [...ask("hi"), { role: "assistant", content: "Sure" }] }, "messages.1"],
+    [{ system: 5 }, "system"],
+    [{ system: [{ type: "image" }] }, "system.0.type"],
+    [{ temperature: 1.5 }, "temperature"],
+    [{ top_p: -1 }, "top_p"],
+    [{ top_k: -1 }, "top_k"],
+    [{ stop_sequences: [""] }, "stop_sequences.0"],
+    [{ stop_sequences: "stop" }, "stop_sequences"],
+    [{ thinking: { type: "enabled", budget_tokens: 100 } }, "thinking.budget_tokens"],
+    [{ thinking: { type: "enabled" } }, "thinking.budget_tokens"],
+    [{ thinking: { type: "sometimes" } }, "thinking.type"],
+    [{ tools: [{ name: "x" }] }, "tools.0.input_schema"],
+    [{ tools: [{ input_schema: { type: "object" } }] }, "tools.0.name"],
+    [{ tools: [{ type: "web_search_20250305", name: "web_search" }] }, "tools.0.type"],
+    [{ tools: TOOLS, tool_choice: { type: "tool", name: "nope" } }, "tool_choice.name"],
+    [{ tools: TOOLS, tool_choice: { type: "sometimes" } }, "tool_choice.type"],
+    [{ tool_choice: { type: "any" } }, "tool_choice"],
+  ];
+  for (const [fields, param] of bad) {
+    test(`${JSON.stringify(fields)} is a 400 invalid_request_error naming ${param}`, async () => {
+      await assert.rejects(
+        create({ messages: ask("hi"), ...fields }),
+        (e) =>
+          e instanceof Anthropic.BadRequestError &&
+          e.error.type === "error" &&
+          e.error.error.type === "invalid_request_error" &&
+          e.error.error.message.startsWith(`'${param}'`),
+      );
+    });
+  }
+
+  test("count_tokens validates the same fields, and needs no max_tokens", async () => {
+    await assert.rejects(
+      client.messages.countTokens({ model: MODEL, messages: [{ role: "robot", content: "x" }] }),
+      (e) => e instanceof Anthropic.BadRequestError && e.error.error.message.startsWith("'messages.0.role'"),
+    );
+  });
+
+  test("another model's name is a 404 not_found_error", async () => {
+    await assert.rejects(
+      client.messages.create({ model: "claude-opus-4", max_tokens: 5, messages: ask("hi") }),
+      (e) => e instanceof Anthropic.NotFoundError && e.error.error.type === "not_found_error",
+    );
+  });
+
+  test("a body that is not JSON, and a wrong method, are answered in Anthropic's shape", async () => {
+    const headers = { "x-api-key": KEY, "content-type": "application/json" };
+    const notJson = await fetch(`${server.url}/v1/messages`, { method: "POST", headers, body: "{" });
+    assert.equal(notJson.status, 400);
+    const body = await notJson.json();
+    assert.equal(body.type, "error");
+    assert.equal(body.error.type, "invalid_request_error");
+    assert.match(body.error.message, /not valid JSON/);
+    const get = await fetch(`${server.url}/v1/messages`, { headers });
+    assert.equal(get.status, 405);
+    assert.equal((await get.json()).error.type, "invalid_request_error");
+    const missingKey = await fetch(`${server.url}/v1/messages`, { method: "POST", body: "{}" });
+    assert.equal(missingKey.status, 401);
+    const unauthorized = await missingKey.json();
+    assert.equal(unauthorized.error.type, "authentication_error");
+    assert.match(unauthorized.error.message, /x-api-key/);
+  });
+});

@@ -1,0 +1,341 @@
+// Issue #18: OpenAI's Responses API (POST /v1/responses, GET /v1/responses/{id}) through the
+// official `openai` SDK: whole answers, responses.stream() with the SDK's own strict event
+// accumulator and finalResponse(), tool calls and their outputs, previous_response_id, and a
+// precise 400 for every malformed field. The demo checkpoint has random weights, so the server runs
+// with its test hook TORCHTPU_TEST_FORCED_OUTPUT (a prompt containing a rule's text gets that
+// rule's output, Gemma 4 markup included, as its tokens).
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import OpenAI from "openai";
+import { startServer } from "./server_helpers.mjs";
+
+const MODEL = "torchtpu-demo-random-weights";
+const Q = '<|"|>';
+const SUNNY = "It is sunny in Paris, 21 degrees.";
+const RULES = [
+  { prompt_contains: "SUNNY-21C", output: SUNNY },
+  {
+    prompt_contains: "Weather in Paris?",
+    output: `<|tool_call>call:get_weather{city:${Q}Paris${Q},unit:${Q}celsius${Q}}<tool_call|>`,
+  },
+  { prompt_contains: "Weather anywhere?", output: `get_weather{city:${Q}Oslo${Q}}<tool_call|>` },
+  { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
+  { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
+  { prompt_contains: "Say hello", output: "Hello there, friend." },
+];
+const TOOLS = [
+  {
+    type: "function",
+    name: "get_weather",
+    description: "The weather in a city",
+    parameters: {
+      type: "object",
+      properties: { city: { type: "string" }, unit: { type: "string" } },
+      required: ["city"],
+    },
+    strict: false,
+  },
+  { type: "function", name: "get_time", description: "The time", parameters: { type: "object" }, strict: false },
+];
+
+let server;
+let client;
+
+before(async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-responses-"));
+  const rules = path.join(dir, "forced.json");
+  fs.writeFileSync(rules, JSON.stringify(RULES));
+  server = await startServer(["--context", "1024"], { env: { TORCHTPU_TEST_FORCED_OUTPUT: rules } });
+  client = new OpenAI({ apiKey: "none", baseURL: server.baseURL, maxRetries: 0 });
+});
+
+after(async () => {
+  if (server) await server.stop();
+});
+
+const chatPromptTokens = async (messages, extra = {}) =>
+  (await client.chat.completions.create({ model: MODEL, messages, max_tokens: 1, ...extra })).usage
+    .prompt_tokens;
+
+describe("whole answers", () => {
+  test("a string input is a user turn; output_text, usage and ids in the Responses shape", async () => {
+    const r = await client.responses.create({ model: MODEL, input: "Say hello" });
+    assert.match(r.id, /^resp_/);
+    assert.equal(r.object, "response");
+    assert.equal(r.status, "completed");
+    assert.equal(r.model, MODEL);
+    assert.equal(r.output_text, "Hello there, friend.");
+    assert.equal(r.output.length, 1);
+    const [message] = r.output;
+    assert.equal(message.type, "message");
+    assert.equal(message.role, "assistant");
+    assert.match(message.id, /^msg_/);
+    assert.deepEqual(message.content.map((c) => c.type), ["output_text"]);
+    const u = r.usage;
+    assert.equal(u.input_tokens, await chatPromptTokens([{ role: "user", content: "Say hello" }]));
+    assert.ok(u.output_tokens >= 5);
+    assert.equal(u.total_tokens, u.input_tokens + u.output_tokens);
+    assert.equal(u.input_tokens_details.cached_tokens, 0);
+    assert.equal(u.output_tokens_details.reasoning_tokens, 0);
+  });
+
+  test("instructions are the system turn; message items with text parts are their roles", async () => {
+    const r = await client.responses.create({
+      model: MODEL,
+      instructions: "Be brief.",
+      input: [
+        { role: "user", content: "Hi" },
+        { type: "message", role: "assistant", content: [{ type: "output_text", text: "Hello." }] },
+        { role: "user", content: [{ type: "input_text", text: "Say hello" }] },
+      ],
+    });
+    assert.equal(r.instructions, "Be brief.");
+    assert.equal(r.usage.input_tokens, await chatPromptTokens([
+      { role: "system", content: "Be brief." },
+      { role: "user", content: "Hi" },
+      { role: "assistant", content: "Hello." },
+      { role: "user", content: "Say hello" },
+    ]));
+  });
+
+  test("reasoning.effort turns thinking on: a reasoning item, then the message", async () => {
+    const plain = await client.responses.create({ model: MODEL, input: "What is 2+2?" });
+    const r = await client.responses.create({ model: MODEL, input: "What is 2+2?", reasoning: { effort: "low" } });
+    assert.ok(r.usage.input_tokens > plain.usage.input_tokens, "the template's <|think|> switch");
+    assert.deepEqual(r.output.map((o) => o.type), ["reasoning", "message"]);
+    assert.match(r.output[0].id, /^rs_/);
+    assert.deepEqual(r.output[0].content, [{ type: "reasoning_text", text: "Two and two." }]);
+    assert.equal(r.output_text, "It is 4.");
+    assert.equal(r.reasoning.effort, "low");
+    assert.ok(r.usage.output_tokens_details.reasoning_tokens > 0);
+    const off = await client.responses.create({ model: MODEL, input: "What is 2+2?", reasoning: { effort: "none" } });
+    assert.equal(off.usage.input_tokens, plain.usage.input_tokens);
+  });
+
+  test("a function call, then its output in the next input: the round trip", async () => {
+    const first = await client.responses.create({ model: MODEL, input: "Weather in Paris?", tools: TOOLS });
+    assert.equal(first.status, "completed");
+    assert.equal(first.output.length, 1);
+    const call = first.output[0];
+    assert.equal(call.type, "function_call");
+    assert.match(call.id, /^fc_/);
+    assert.match(call.call_id, /^call_/);
+    assert.equal(call.name, "get_weather");
+    assert.deepEqual(JSON.parse(call.arguments), { city: "Paris", unit: "celsius" });
+    assert.equal(first.output_text, "");
+
+    const second = await client.responses.create({
+      model: MODEL,
+      tools: TOOLS,
+      input: [
+        { role: "user", content: "Weather in Paris?" },
+        call,
+        { type: "function_call_output", call_id: call.call_id, output: "SUNNY-21C" },
+      ],
+    });
+    assert.equal(second.output_text, SUNNY);
+  });
+
+  test("previous_response_id continues a stored response; GET returns it", async () => {
+    const first = await client.responses.create({ model: MODEL, input: "Weather in Paris?", tools: TOOLS });
+    assert.equal(first.store, true);
+    const call = first.output[0];
+    const second = await client.responses.create({
+      model: MODEL,
+      tools: TOOLS,
+      previous_response_id: first.id,
+      input: [{ type: "function_call_output", call_id: call.call_id, output: "SUNNY-21C" }],
+    });
+    assert.equal(second.previous_response_id, first.id);
+    assert.equal(second.output_text, SUNNY);
+    // The whole conversation was rendered: the same prompt as sending every item again.
+    const resent = await client.responses.create({
+      model: MODEL,
+      tools: TOOLS,
+      store: false,
+      input: [
+        { role: "user", content: "Weather in Paris?" },
+        call,
+        { type: "function_call_output", call_id: call.call_id, output: "SUNNY-21C" },
+      ],
+    });
+    assert.equal(second.usage.input_tokens, resent.usage.input_tokens);
+    assert.deepEqual(await client.responses.retrieve(first.id), first);
+  });
+
+  test("store: false keeps nothing: GET and previous_response_id are 404s naming it", async () => {
+    const r = await client.responses.create({ model: MODEL, input: "Say hello", store: false });
+    assert.equal(r.store, false);
+    await assert.rejects(client.responses.retrieve(r.id), (e) => e instanceof OpenAI.NotFoundError);
+    await assert.rejects(
+      client.responses.create({ model: MODEL, input: "Say hello", previous_response_id: r.id }),
+      (e) =>
+        e instanceof OpenAI.NotFoundError &&
+        e.param === "previous_response_id" &&
+        e.message.includes(r.id),
+    );
+  });
+
+  test("max_output_tokens cuts the answer: status incomplete, reason max_output_tokens", async () => {
+    const r = await client.responses.create({ model: MODEL, input: "Say hello", max_output_tokens: 2 });
+    assert.equal(r.status, "incomplete");
+    assert.deepEqual(r.incomplete_details, { reason: "max_output_tokens" });
+    assert.equal(r.usage.output_tokens, 2);
+    assert.equal(r.max_output_tokens, 2);
+  });
+
+  test("tool_choice required and a named function are honoured", async () => {
+    const required = await client.responses.create({
+      model: MODEL, input: "Weather anywhere?", tools: TOOLS, tool_choice: "required",
+    });
+    assert.equal(required.output[0].type, "function_call");
+    assert.equal(required.output[0].name, "get_weather");
+    const named = await client.responses.create({
+      model: MODEL, input: "Weather in Oslo?", tools: TOOLS,
+      tool_choice: { type: "function", name: "get_weather" },
+    });
+    assert.deepEqual(JSON.parse(named.output[0].arguments), { city: "Oslo" });
+  });
+});
+
+describe("streaming", () => {
+  const kinds = (events) => events.map((e) => e.type);
+
+  test("reasoning then text: the full event sequence, numbered, and finalResponse()", async () => {
+    const stream = client.responses.stream({ model: MODEL, input: "What is 2+2?", reasoning: { effort: "high" } });
+    const events = [];
+    for await (const event of stream) events.push(event);
+    const final = await stream.finalResponse();
+    const squeezed = kinds(events).filter((t, i, all) => !(t.endsWith(".delta") && all[i - 1] === t));
+    assert.deepEqual(squeezed, [
+      "response.created",
+      "response.in_progress",
+      "response.output_item.added",
+      "response.content_part.added",
+      "response.reasoning_text.delta",
+      "response.reasoning_text.done",
+      "response.content_part.done",
+      "response.output_item.done",
+      "response.output_item.added",
+      "response.content_part.added",
+      "response.output_text.delta",
+      "response.output_text.done",
+      "response.content_part.done",
+      "response.output_item.done",
+      "response.completed",
+    ]);
+    assert.deepEqual(events.map((e) => e.sequence_number), events.map((_, i) => i));
+    const reasoning = events.filter((e) => e.type === "response.reasoning_text.delta").map((e) => e.delta);
+    assert.equal(reasoning.join(""), "Two and two.");
+    const text = events.filter((e) => e.type === "response.output_text.delta").map((e) => e.delta);
+    assert.ok(text.length > 1, "the text arrives in pieces");
+    assert.equal(text.join(""), "It is 4.");
+    assert.equal(final.output_text, "It is 4.");
+    assert.deepEqual(final.output.map((o) => o.type), ["reasoning", "message"]);
+    assert.equal(final.status, "completed");
+    assert.ok(final.usage.output_tokens > 5);
+    // The completed response is the one GET returns (less what the SDK's parse helper adds).
+    const unparsed = JSON.parse(
+      JSON.stringify(final, (key, value) => (["parsed", "output_parsed"].includes(key) ? undefined : value)),
+    );
+    assert.deepEqual(await client.responses.retrieve(final.id), unparsed);
+  });
+
+  test("a function call streams its arguments; the final response holds the call", async () => {
+    const stream = client.responses.stream({ model: MODEL, input: "Weather in Paris?", tools: TOOLS });
+    const events = [];
+    for await (const event of stream) events.push(event);
+    assert.deepEqual(kinds(events), [
+      "response.created",
+      "response.in_progress",
+      "response.output_item.added",
+      "response.function_call_arguments.delta",
+      "response.function_call_arguments.done",
+      "response.output_item.done",
+      "response.completed",
+    ]);
+    const final = await stream.finalResponse();
+    const [call] = final.output;
+    assert.equal(call.type, "function_call");
+    assert.equal(call.name, "get_weather");
+    assert.deepEqual(JSON.parse(call.arguments), { city: "Paris", unit: "celsius" });
+    const done = events.find((e) => e.type === "response.function_call_arguments.done");
+    assert.equal(done.arguments, call.arguments);
+    assert.equal(done.item_id, call.id);
+  });
+
+  test("create({stream: true}): every SSE event's name is its data's type", async () => {
+    const res = await fetch(`${server.baseURL}/responses`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ model: MODEL, input: "Say hello", stream: true }),
+    });
+    assert.equal(res.headers.get("content-type"), "text/event-stream");
+    const blocks = (await res.text()).split("\n\n").filter(Boolean);
+    assert.ok(blocks.length > 8);
+    for (const block of blocks) {
+      const [name, data] = block.split("\n");
+      assert.equal(name.slice("event: ".length), JSON.parse(data.slice("data: ".length)).type);
+    }
+    assert.match(blocks.at(-1), /^event: response.completed\n/);
+  });
+});
+
+describe("errors", () => {
+  const bad = [
+    [{}, "input"],
+    [{ input: 5 }, "input"],
+    [{ input: [] }, "input"],
+    [{ input: [{ role: "robot", content: "x" }] }, "input[0].role"],
+    [{ input: [{ role: "user" }] }, "input[0].content"],
+    [{ input: [{ role: "user", content: [{ type: "input_image", image_url: "http://x/y.png" }] }] },
+      "input[0].content[0].type"],
+    [{ input: [{ type: "function_call_output", call_id: "call_nope", output: "x" }] }, "input[0].call_id"],
+    [{ input: [{ type: "function_call", call_id: "c", name: "f", arguments: "{bad" }] }, "input[0].arguments"],
+    [{ input: [{ type: "function_call", call_id: "c", arguments: "{}" }] }, "input[0].name"],
+    [{ input: [{ type: "web_search_call", id: "ws_1" }] }, "input[0].type"],
+    [{ input: "hi", instructions: 5 }, "instructions"],
+    [{ input: "hi", tools: [{ type: "web_search" }] }, "tools[0].type"],
+    [{ input: "hi", tools: [{ type: "function" }] }, "tools[0].name"],
+    [{ input: "hi", tools: TOOLS, tool_choice: { type: "function", name: "nope" } }, "tool_choice.name"],
+    [{ input: "hi", tools: TOOLS, tool_choice: "sometimes" }, "tool_choice"],
+    [{ input: "hi", reasoning: { effort: "extreme" } }, "reasoning.effort"],
+    [{ input: "hi", max_output_tokens: 0 }, "max_output_tokens"],
+    [{ input: "hi", temperature: 3 }, "temperature"],
+    [{ input: "hi", top_p: 2 }, "top_p"],
+    [{ input: "hi", store: "yes" }, "store"],
+    [{ input: "hi", text: { format: { type: "json_object" } } }, "text.format.type"],
+    [{ input: "hi", text: { format: { type: "json_schema", name: "x", schema: { type: "object" } } } },
+      "text.format.type"],
+    [{ input: "hi", include: ["message.output_text.logprobs"] }, "include[0]"],
+    [{ input: "hi", truncation: "auto" }, "truncation"],
+    [{ input: "hi", background: true }, "background"],
+    [{ input: "hi", previous_response_id: 7 }, "previous_response_id"],
+  ];
+  for (const [fields, param] of bad) {
+    test(`${JSON.stringify(fields)} is a 400 naming ${param}`, async () => {
+      await assert.rejects(
+        client.responses.create({ model: MODEL, ...fields }),
+        (e) => e instanceof OpenAI.BadRequestError && e.param === param && e.message.includes(param),
+      );
+    });
+  }
+
+  test("an unknown previous_response_id or id is a 404", async () => {
+    await assert.rejects(
+      client.responses.create({ model: MODEL, input: "hi", previous_response_id: "resp_unknown" }),
+      (e) => e instanceof OpenAI.NotFoundError && e.param === "previous_response_id",
+    );
+    await assert.rejects(client.responses.retrieve("resp_unknown"), (e) => e instanceof OpenAI.NotFoundError);
+  });
+
+  test("another model's name is a 404 naming the model", async () => {
+    await assert.rejects(
+      client.responses.create({ model: "gpt-5", input: "hi" }),
+      (e) => e instanceof OpenAI.NotFoundError && e.param === "model",
+    );
+  });
+});
