@@ -11,7 +11,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import Anthropic from "@anthropic-ai/sdk";
-import { startServer } from "./server_helpers.mjs";
+import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const KEY = "sk-messages-test";
@@ -27,6 +27,7 @@ const RULES = [
   { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
   { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
   { prompt_contains: "Say hello", output: "Hello there, friend." },
+  { prompt_contains: "Tell a long story", output: "Once upon a time there was a story. ".repeat(100) },
 ];
 const TOOLS = [
   {
@@ -217,6 +218,30 @@ describe("streaming", () => {
     });
     assert.deepEqual(names.slice(0, 3), ["message_start", "ping", "content_block_start"]);
     assert.deepEqual(names.slice(-2), ["message_delta", "message_stop"]);
+  });
+});
+
+describe("cancellation", () => {
+  test("a client that leaves a stream cancels its decode; the next request is served", async () => {
+    const cancelled = async () =>
+      metric(await metrics(server.url, { authorization: `Bearer ${KEY}` }), "torchtpu_requests_cancelled_total");
+    const before = await cancelled();
+    const controller = new AbortController();
+    const stream = await client.messages.create(
+      { model: MODEL, max_tokens: 1000, messages: ask("Tell a long story"), stream: true },
+      { signal: controller.signal },
+    );
+    let deltas = 0;
+    let stopped = false;
+    for await (const event of stream) {
+      if (event.type === "content_block_delta" && ++deltas === 3) controller.abort();
+      stopped ||= event.type === "message_stop";
+    }
+    assert.equal(deltas, 3);
+    assert.equal(stopped, false);
+    await eventually(async () => (await cancelled()) === before + 1, "the cancel counter to move");
+    const next = await create({ messages: ask("Say hello") });
+    assert.deepEqual(next.content, [{ type: "text", text: "Hello there, friend." }]);
   });
 });
 

@@ -10,7 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
-import { startServer } from "./server_helpers.mjs";
+import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const Q = '<|"|>';
@@ -25,6 +25,7 @@ const RULES = [
   { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
   { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
   { prompt_contains: "Say hello", output: "Hello there, friend." },
+  { prompt_contains: "Tell a long story", output: "Once upon a time there was a story. ".repeat(100) },
 ];
 const TOOLS = [
   {
@@ -281,6 +282,29 @@ describe("streaming", () => {
       assert.equal(name.slice("event: ".length), JSON.parse(data.slice("data: ".length)).type);
     }
     assert.match(blocks.at(-1), /^event: response.completed\n/);
+  });
+});
+
+describe("cancellation", () => {
+  test("a client that leaves a stream cancels its decode; the next request is served", async () => {
+    const cancelled = async () => metric(await metrics(server.url), "torchtpu_requests_cancelled_total");
+    const before = await cancelled();
+    const controller = new AbortController();
+    const stream = await client.responses.create(
+      { model: MODEL, input: "Tell a long story", stream: true },
+      { signal: controller.signal },
+    );
+    let deltas = 0;
+    let completed = false;
+    for await (const event of stream) {
+      if (event.type === "response.output_text.delta" && ++deltas === 3) controller.abort();
+      completed ||= event.type === "response.completed";
+    }
+    assert.equal(deltas, 3);
+    assert.equal(completed, false);
+    await eventually(async () => (await cancelled()) === before + 1, "the cancel counter to move");
+    const next = await client.responses.create({ model: MODEL, input: "Say hello" });
+    assert.equal(next.output_text, "Hello there, friend.");
   });
 });
 
