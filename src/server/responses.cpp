@@ -301,6 +301,15 @@ std::optional<StoredResponse> ResponseStore::get(const std::string& id) {
   return it->second.entry;
 }
 
+bool ResponseStore::erase(const std::string& id) {
+  std::lock_guard lock(mutex_);
+  auto it = slots_.find(id);
+  if (it == slots_.end()) return false;
+  order_.erase(it->second.position);
+  slots_.erase(it);
+  return true;
+}
+
 ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store) {
   ResponsesRequest out;
   refuse_unsupported(body);

@@ -28,6 +28,8 @@ class ResponseStore {
   explicit ResponseStore(size_t capacity = 256);
   void put(const std::string& id, StoredResponse entry);
   std::optional<StoredResponse> get(const std::string& id);
+  // Whether the store held `id` (which it no longer does).
+  bool erase(const std::string& id);
 
  private:
   size_t capacity_;

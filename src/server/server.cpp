@@ -1241,20 +1241,31 @@ void Server::set_up_routes(httplib::Server& http) {
   http.Post("/v1/responses", guarded([this](const httplib::Request& req,
                                             httplib::Response& res) { handle_responses(req, res); },
                                      true));
+  auto not_stored = [](const std::string& id) {
+    return ApiError(404,
+                    "response '" + id +
+                        "' is not stored on this server (store: false, deleted, evicted, or made "
+                        "before a restart)",
+                    "invalid_request_error", "", "not_found");
+  };
   http.Get(R"(/v1/responses/([^/]+))",
            guarded(
-               [this](const httplib::Request& req, httplib::Response& res) {
+               [this, not_stored](const httplib::Request& req, httplib::Response& res) {
                  auto stored = responses_.get(req.matches[1]);
-                 if (!stored) {
-                   throw ApiError(404,
-                                  "response '" + req.matches[1].str() +
-                                      "' is not stored on this server (store: false, evicted, or "
-                                      "made before a restart)",
-                                  "invalid_request_error", "", "not_found");
-                 }
+                 if (!stored) throw not_stored(req.matches[1]);
                  res.set_content(dump(stored->response), "application/json");
                },
                false));
+  http.Delete(R"(/v1/responses/([^/]+))",
+              guarded(
+                  [this, not_stored](const httplib::Request& req, httplib::Response& res) {
+                    if (!responses_.erase(req.matches[1])) throw not_stored(req.matches[1]);
+                    res.set_content(dump({{"id", req.matches[1].str()},
+                                          {"object", "response.deleted"},
+                                          {"deleted", true}}),
+                                    "application/json");
+                  },
+                  false));
   http.Post("/v1/messages", guarded([this](const httplib::Request& req,
                                            httplib::Response& res) { handle_messages(req, res); },
                                     true, ErrorShape::kAnthropic));
@@ -1323,10 +1334,13 @@ void Server::set_up_routes(httplib::Server& http) {
             if (it == allowed.end() && req.path.rfind("/v1/models/", 0) == 0) {
               it = allowed.find("/v1/models");
             }
-            static const std::string get = "GET";
-            if (it == allowed.end() && req.path.rfind("/v1/responses/", 0) == 0) {
-              res.set_header("Allow", get);
-              throw ApiError(405, req.method + " is not allowed on " + req.path + " (use GET)",
+            // /v1/responses/{id}: one more path segment, no further slash.
+            const size_t id_at = std::string("/v1/responses/").size();
+            if (it == allowed.end() && req.path.rfind("/v1/responses/", 0) == 0 &&
+                req.path.size() > id_at && req.path.find('/', id_at) == std::string::npos) {
+              res.set_header("Allow", "GET, DELETE");
+              throw ApiError(405,
+                             req.method + " is not allowed on " + req.path + " (use GET or DELETE)",
                              "invalid_request_error", "", "method_not_allowed");
             }
             if (it != allowed.end()) {

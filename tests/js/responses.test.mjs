@@ -180,6 +180,19 @@ describe("whole answers", () => {
     );
   });
 
+  test("DELETE forgets a stored response; other methods and deeper paths are refused", async () => {
+    const r = await client.responses.create({ model: MODEL, input: "Say hello" });
+    await client.responses.delete(r.id);
+    await assert.rejects(client.responses.retrieve(r.id), (e) => e instanceof OpenAI.NotFoundError);
+    await assert.rejects(client.responses.delete(r.id), (e) => e instanceof OpenAI.NotFoundError);
+    const post = await fetch(`${server.baseURL}/responses/${r.id}`, { method: "POST", body: "{}" });
+    assert.equal(post.status, 405);
+    assert.equal(post.headers.get("allow"), "GET, DELETE");
+    const deeper = await fetch(`${server.baseURL}/responses/${r.id}/input_items`);
+    assert.equal(deeper.status, 404);
+    assert.match((await deeper.json()).error.message, /unknown route/);
+  });
+
   test("max_output_tokens cuts the answer: status incomplete, reason max_output_tokens", async () => {
     const r = await client.responses.create({ model: MODEL, input: "Say hello", max_output_tokens: 2 });
     assert.equal(r.status, "incomplete");
