@@ -189,17 +189,27 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   auto logits = read_prompt(prompt);
   if (on_logits) on_logits(logits);
   auto token = sampler.next(logits).view({1, 1});
-  std::vector<at::Tensor> pending{token};
   auto position = at::full({1, 1}, n, at::TensorOptions().dtype(at::kLong).device(options_.device));
+  // Tokens not yet read wait in a device buffer, one slot per step of the read window. The slot
+  // index is computed on the device from the position, so every step runs the same ops with the
+  // same shapes and constants, and the step that ends a window differs from the others only by
+  // the one device->host copy: one step program on a compiling device.
+  auto window =
+      at::empty({options.read_every}, at::TensorOptions().dtype(at::kLong).device(options_.device));
+  int64_t pending = 0;
+  // Step s (position n + s) writes slot (s - 1) mod read_every.
+  auto keep = [&] {
+    window.index_copy_(0, at::remainder(position.view({1}) - (n + 1), options.read_every),
+                       token.view({1}));
+    ++pending;
+  };
 
-  // Moves pending tokens to the host; returns false when decoding must end.
-  auto read_back = [&]() {
-    auto host = at::cat(pending).view({-1}).to(at::kCPU);
-    pending.clear();
+  // Moves `count` tokens from `host` into the result; returns false when decoding must end.
+  auto take = [&](const at::Tensor& host, int64_t count) {
     const auto* data = host.data_ptr<int64_t>();
     std::vector<int64_t> batch;
     bool stopped = false;
-    for (int64_t i = 0; i < host.numel(); ++i) {
+    for (int64_t i = 0; i < count; ++i) {
       if (!options.ignore_eos && std::find(stops.begin(), stops.end(), data[i]) != stops.end()) {
         result.stop_id = data[i];
         stopped = true;
@@ -220,8 +230,10 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
     return !stopped;
   };
 
+  // Every window of read_every steps is read whole: a view of part of it would be one more op.
+  auto read_window = [&] { return take(window.to(at::kCPU), std::exchange(pending, 0)); };
   // The first token is read at once so read_s measures the prompt alone.
-  bool go_on = read_back();
+  bool go_on = take(token.view({1}).to(at::kCPU), 1);
   for (int64_t step = 1; go_on && step < budget; ++step) {
     logits = model_->forward(token, position, &rings_).view({-1});
     if (on_logits) on_logits(logits);
@@ -230,10 +242,10 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
       token = sampler.next(logits).view({1, 1});
     }
     position = position + 1;
-    pending.push_back(token);
-    if (static_cast<int64_t>(pending.size()) >= options.read_every) go_on = read_back();
+    keep();
+    if (pending == options.read_every) go_on = read_window();
   }
-  if (go_on && !pending.empty()) go_on = read_back();
+  if (go_on && pending > 0) go_on = read_window();
   if (result.finish.empty()) result.finish = "length";
   result.decode_s = seconds_since(start);
   return result;
