@@ -249,6 +249,13 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
     } else if (type != "disabled") {
       throw invalid("thinking.type", "must be \"enabled\" or \"disabled\", got \"" + type + "\"");
     }
+    // As Anthropic: a forced tool call's prompt opens the call, which leaves no room to think.
+    if (type == "enabled" && chat.contains("tool_choice") && chat["tool_choice"] != "auto" &&
+        chat["tool_choice"] != "none") {
+      throw invalid("thinking", "cannot be enabled when tool_choice forces a tool call (type \"" +
+                                    (*field(body, "tool_choice"))["type"].get<std::string>() +
+                                    "\"); use tool_choice auto");
+    }
     chat["chat_template_kwargs"] = {{"enable_thinking", type == "enabled"}};
   }
   for (const char* name : {"model", "stream"}) {

@@ -292,6 +292,8 @@ describe("errors", () => {
     [{ tools: TOOLS, tool_choice: { type: "tool", name: "nope" } }, "tool_choice.name"],
     [{ tools: TOOLS, tool_choice: { type: "sometimes" } }, "tool_choice.type"],
     [{ tool_choice: { type: "any" } }, "tool_choice"],
+    [{ tools: TOOLS, tool_choice: { type: "any" }, max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 } },
+      "thinking"],
   ];
   for (const [fields, param] of bad) {
     test(`${JSON.stringify(fields)} is a 400 invalid_request_error naming ${param}`, async () => {
