@@ -174,6 +174,23 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   if (options.read_every < 1) {
     throw ValueError("read_every must be at least 1, got " + std::to_string(options.read_every));
   }
+  if (options.constraint) {
+    if (options.ignore_eos) {
+      throw ValueError("ignore_eos cannot be combined with a constraint: the grammar decides where "
+                       "the output ends");
+    }
+    // Each step's mask follows from every token before it, so a constrained request reads every
+    // token back to the host as it is sampled, whatever read_every the caller chose.
+    if (options.read_every != 1) {
+      DecodeOptions every_token = options;
+      every_token.read_every = 1;
+      return decode(prompt, every_token, on_tokens, on_logits);
+    }
+  }
+  // Logits with -inf wherever the constraint (if any) forbids the next token.
+  auto constrained = [&](const at::Tensor& logits) {
+    return options.constraint ? options.constraint->mask(logits) : logits;
+  };
   c10::InferenceMode inference;
   const auto& stops = options.stop_ids.empty() ? config().eos_token_ids : options.stop_ids;
   const auto n = static_cast<int64_t>(prompt.size());
@@ -188,7 +205,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   auto start = Clock::now();
   auto logits = read_prompt(prompt);
   if (on_logits) on_logits(logits);
-  auto token = sampler.next(logits).view({1, 1});
+  auto token = sampler.next(constrained(logits)).view({1, 1});
   auto position = at::full({1, 1}, n, at::TensorOptions().dtype(at::kLong).device(options_.device));
   // Tokens not yet read wait in a device buffer, one slot per step of the read window. The slot
   // index is computed on the device from the position, so every step runs the same ops with the
@@ -215,6 +232,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
         stopped = true;
         break;
       }
+      if (options.constraint) options.constraint->commit(data[i]);
       batch.push_back(data[i]);
     }
     result.tokens.insert(result.tokens.end(), batch.begin(), batch.end());
@@ -239,7 +257,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
     if (on_logits) on_logits(logits);
     {
       RECORD_USER_SCOPE("engine::sample");
-      token = sampler.next(logits).view({1, 1});
+      token = sampler.next(constrained(logits)).view({1, 1});
     }
     position = position + 1;
     keep();

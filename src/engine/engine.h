@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "grammar/constraint.h"
 #include "model/gemma4.h"
 #include "model/rings.h"
 #include "model/sampling.h"
@@ -49,6 +50,10 @@ struct DecodeOptions {
   int64_t read_every = 1;         // steps between host reads (1 streams)
   bool ignore_eos = false;        // decode exactly max_new tokens
   SamplingParams sampling;        // greedy by default
+  // Grammar the output must follow: each step's logits are masked to the tokens it allows before
+  // sampling, and every sampled token is committed to it (so decoding reads every token back:
+  // read_every is taken as 1). Single-use: the constraint advances through one decode.
+  std::shared_ptr<Constraint> constraint;
 };
 
 struct DecodeResult {

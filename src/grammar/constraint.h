@@ -83,7 +83,7 @@ class Constraint {
   Phase phase_ = Phase::kGrammar;
   LlgMatcher* matcher_ = nullptr;
   std::vector<uint32_t> words_;
-  at::Tensor shifts_;  // 0..31 on the device of the last mask() call
+  std::vector<uint8_t> forbidden_;  // mask() unpacks the bits here: 1 for a forbidden token
 };
 
 }  // namespace torchtpu

@@ -151,8 +151,18 @@ TEST(Constraint, JsonObjectAllowsAnyObjectAndNothingElse) {
   EXPECT_EQ(first.count(byte_id('[')), 0);
   EXPECT_EQ(first.count(byte_id('"')), 0);
   EXPECT_EQ(first.count(kEndOfTurn), 0);
-  commit_text(c, R"({"k": [1, "a\"b", {}]})");
+  commit_text(c, R"({"k":[1,"a\"b",{}]})");
   EXPECT_TRUE(c.complete());
+}
+
+TEST(Constraint, JsonIsCompactUnlessTheSchemaAsksForWhitespace) {
+  Constraint compact(vocabulary(), {GrammarKind::kJsonObject, ""});
+  compact.commit(byte_id('{'));
+  EXPECT_EQ(allowed(compact), (std::set<int64_t>{byte_id('"'), byte_id('}')}));
+  Constraint flexible(vocabulary(),
+                      schema(R"({"type": "object", "x-guidance": {"whitespace_flexible": true}})"));
+  flexible.commit(byte_id('{'));
+  EXPECT_EQ(allowed(flexible).count(byte_id(' ')), 1);
 }
 
 TEST(Constraint, RequiredPropertiesMustBeWrittenBeforeTheObjectCloses) {
