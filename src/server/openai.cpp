@@ -2,6 +2,8 @@
 
 #include <random>
 
+#include "server/structured.h"
+
 namespace torchtpu::server {
 
 const char* type_name(const ojson& v) {
@@ -153,6 +155,7 @@ void parse_common(const ojson& body, GenerationRequest& r) {
     }
   }
   r.ignore_eos = get_bool(body, "ignore_eos", false);
+  r.response_format = parse_response_format(body);
 }
 
 void parse_chat_logprobs(const ojson& body, GenerationRequest& r) {

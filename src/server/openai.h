@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/json_depth.h"
+#include "grammar/grammar.h"
 
 namespace torchtpu::server {
 
@@ -94,6 +95,9 @@ struct GenerationRequest {
   // allowed in tool_choice_function.
   std::string tool_choice = "auto";
   std::string tool_choice_function;
+  // response_format json_object or json_schema: the grammar the output must follow
+  // (server/structured.h); none for text.
+  std::optional<Grammar> response_format;
 };
 
 // ApiError 400 naming the field for anything malformed; n other than 1 is 400 too. Chat: a role

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -23,6 +24,7 @@
 #include "build_info.h"
 #include "common/errors.h"
 #include "engine/report.h"
+#include "grammar/constraint.h"
 #include "server/anthropic.h"
 #include "server/auth.h"
 #include "server/connection.h"
@@ -32,6 +34,7 @@
 #include "server/openai.h"
 #include "server/responses.h"
 #include "server/stop_strings.h"
+#include "server/structured.h"
 #include "server/web/web.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
@@ -299,6 +302,10 @@ class Server {
   // The chat prompt: the template's rendering, then for tool_choice "required" or a named
   // function the call's opening (parser_prefix), which the model continues.
   std::string render_chat(const GenerationRequest& r, std::string& parser_prefix) const;
+  // The grammar a request's output must follow, ready to step: a forced tool call's (tool_choice
+  // "required" or a named function), else response_format's; none for free text. ApiError 400
+  // naming the field whose grammar cannot be enforced.
+  std::shared_ptr<Constraint> constraint_for(const GenerationRequest& r, bool chat) const;
   // Builds the job of a chat (or text completion) request, its prompt checked against the
   // context, and queues it.
   std::shared_ptr<Job> start_job(const httplib::Request& req, const GenerationRequest& r, bool chat,
@@ -349,6 +356,11 @@ class Server {
   std::vector<bool> special_;         // hidden from completions
   std::set<int64_t> parser_markers_;  // special tokens the output parser reads
   ojson engine_report_;
+  // Constrained decoding over the tokenizer's vocabulary, and the special tokens of Gemma 4's
+  // tool calls and thinking block that its grammars name (none for a tokenizer without them).
+  std::shared_ptr<const GrammarVocabulary> grammar_vocabulary_;
+  std::optional<ToolCallTokens> tool_call_tokens_;
+  std::optional<ThinkingMarkers> thinking_markers_;
   SamplingRequest generation_defaults_;
   std::vector<ForcedOutput> forced_outputs_;
   ResponseStore responses_;  // for previous_response_id and GET /v1/responses/{id}
@@ -397,6 +409,25 @@ void Server::load() {
   for (const char* marker :
        {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", "<|\"|>"}) {
     if (auto id = tokenizer_->token_to_id(marker)) parser_markers_.insert(*id);
+  }
+  {
+    // End of turn first: the token llguidance offers once a grammar is complete.
+    std::vector<int64_t> ends = engine_->config().eos_token_ids;
+    const auto turn_end = tokenizer_->token_to_id("<turn|>");
+    if (turn_end) {
+      ends.erase(std::remove(ends.begin(), ends.end(), *turn_end), ends.end());
+      ends.insert(ends.begin(), *turn_end);
+    }
+    grammar_vocabulary_ = std::make_shared<const GrammarVocabulary>(*tokenizer_, ends);
+    const auto open = tokenizer_->token_to_id("<|tool_call>");
+    const auto close = tokenizer_->token_to_id("<tool_call|>");
+    const auto quote = tokenizer_->token_to_id("<|\"|>");
+    if (open && close && quote) tool_call_tokens_ = ToolCallTokens{*open, *close, *quote};
+    const auto channel_open = tokenizer_->token_to_id("<|channel>");
+    const auto channel_close = tokenizer_->token_to_id("<channel|>");
+    if (channel_open && channel_close) {
+      thinking_markers_ = ThinkingMarkers{*channel_open, *channel_close};
+    }
   }
   engine_report_ = engine_report(*engine_);
   // The demo's random weights decode greedily unless asked, so its answers are reproducible.
@@ -902,6 +933,40 @@ std::string Server::render_chat(const GenerationRequest& r, std::string& parser_
          parser_prefix;
 }
 
+std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, bool chat) const {
+  std::optional<Grammar> grammar;
+  std::string param;
+  const bool forced_call = r.tool_choice == "required" || r.tool_choice == "function";
+  if (chat && forced_call && tool_call_tokens_) {
+    grammar = Grammar{GrammarKind::kLark,
+                      tool_call_grammar(r.tools, *tool_call_tokens_, r.tool_choice == "function")};
+    param = "tools";
+  } else if (r.response_format) {
+    grammar = r.response_format;
+    param = grammar->kind == GrammarKind::kJsonSchema ? "response_format.json_schema.schema"
+                                                      : "response_format";
+  }
+  if (!grammar) return nullptr;
+  if (r.ignore_eos) {
+    throw ApiError(400,
+                   "'ignore_eos' cannot be combined with '" + param +
+                       "': the grammar decides where the output ends",
+                   "invalid_request_error", "ignore_eos", "invalid_value");
+  }
+  // The reply may think first when thinking is on; a forced call's prompt skips thinking.
+  std::optional<ThinkingMarkers> thinking;
+  const auto enable = r.template_kwargs.find("enable_thinking");
+  if (chat && !forced_call && enable != r.template_kwargs.end() && *enable == true) {
+    thinking = thinking_markers_;
+  }
+  try {
+    return std::make_shared<Constraint>(grammar_vocabulary_, *grammar, thinking);
+  } catch (const ValueError& e) {
+    throw ApiError(400, "'" + param + "' cannot be enforced: " + e.what(), "invalid_request_error",
+                   param, "unsupported_schema");
+  }
+}
+
 void Server::handle_generation(const httplib::Request& req, httplib::Response& res, bool chat) {
   auto active = admit();
   const ojson body = parse_body(req.body);
@@ -941,6 +1006,7 @@ std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const Genera
   job->decode.max_new = r.max_tokens.value_or(options_.context);
   job->decode.read_every = options_.read_every;
   job->decode.ignore_eos = r.ignore_eos;
+  job->decode.constraint = constraint_for(r, chat);
   job->decode.sampling =
       sampling_params(r.sampling, generation_defaults_, engine_->config().vocab_size);
   job->stop = r.stop;
@@ -954,6 +1020,7 @@ std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const Genera
     if (job->forced->empty()) throw ApiError(500, "TORCHTPU_TEST_FORCED_OUTPUT: empty output");
     job->decode.max_new = std::min<int64_t>(job->decode.max_new, job->forced->size());
     job->decode.ignore_eos = true;
+    job->decode.constraint.reset();  // the rule's output replaces whatever the grammar allowed
     break;
   }
   job->fd =

@@ -1,0 +1,38 @@
+// Structured output on the wire: OpenAI's `response_format` read into a grammar, and the grammar
+// that makes a forced tool call name a declared tool with arguments valid for its parameters, in
+// Gemma 4's own call syntax (the one the output parser reads). The engine enforces either one
+// token by token (grammar/constraint.h).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "grammar/grammar.h"
+#include "server/openai.h"
+
+namespace torchtpu::server {
+
+// {"type": "text"} or absent: none. {"type": "json_object"}: any JSON object. {"type":
+// "json_schema", "json_schema": {"name", "schema", "strict", "description"}}: the schema (enforced
+// whether strict is true or false). ApiError 400 naming the field for anything else, unknown keys
+// included. Whether llguidance supports every keyword of the schema is decided where it compiles.
+std::optional<Grammar> parse_response_format(const ojson& body);
+
+// The special tokens of Gemma 4's tool-call syntax: <|tool_call>, <tool_call|>, <|"|>.
+struct ToolCallTokens {
+  int64_t open = -1;
+  int64_t close = -1;
+  int64_t quote = -1;
+};
+
+// A Lark grammar (llguidance's dialect) for what follows "<|tool_call>call:" in the prompt: one or
+// more calls "NAME{key:value,...}<tool_call|>" to the given tools (each next call opened with
+// "<|tool_call>call:"), arguments following each tool's `parameters` schema, properties in the
+// schema's order. With `opened`, the prompt already holds "call:NAME{" for the only tool, and the
+// grammar starts inside its arguments. Values are written as the chat template writes them:
+// strings between <|"|> delimiters, numbers, true/false/null bare, {key:value} and [a,b].
+// ApiError 400 naming the schema's path (tools[i].function.parameters...) for a keyword the
+// grammar cannot enforce.
+std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, bool opened);
+
+}  // namespace torchtpu::server
