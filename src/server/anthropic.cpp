@@ -282,9 +282,38 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
   if (const ojson* metadata = field(body, "metadata"); metadata && !metadata->is_object()) {
     throw wrong_type("metadata", "an object", *metadata);
   }
-  out.generation = parse_chat_request(chat);
+  if (const ojson* config = field(body, "output_config")) {
+    if (!config->is_object()) throw wrong_type("output_config", "an object", *config);
+    if (field(*config, "effort")) {
+      throw unsupported("output_config.effort",
+                        "is not supported: this model has no effort setting (thinking on or off "
+                        "is its one knob)");
+    }
+    if (const ojson* format = field(*config, "format")) {
+      if (!format->is_object()) throw wrong_type("output_config.format", "an object", *format);
+      const std::string& type = required_string(*format, "type", "output_config.format");
+      if (type != "json_schema") {
+        throw invalid("output_config.format.type", "must be \"json_schema\", got \"" + type + "\"");
+      }
+      const ojson* schema = field(*format, "schema");
+      if (!schema) throw missing("output_config.format.schema");
+      // Chat's response_format, whose parser and grammar enforce it.
+      chat["response_format"] = {{"type", "json_schema"},
+                                 {"json_schema", {{"name", "output"}, {"schema", *schema}}}};
+    }
+  }
+  try {
+    out.generation = parse_chat_request(chat);
+  } catch (const ApiError& e) {
+    throw as_messages_error(e);
+  }
   out.generation.stop = std::move(stops);
   return out;
+}
+
+ApiError as_messages_error(const ApiError& error) {
+  return renamed(error, {{"response_format.json_schema", "output_config.format"},
+                         {"response_format", "output_config.format"}});
 }
 
 ojson anthropic_error_body(const ApiError& error) {

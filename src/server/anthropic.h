@@ -16,8 +16,13 @@ struct MessagesRequest {
 };
 
 // ApiError 400 naming the field ("messages.1.content.0.tool_use_id") for anything malformed or
-// unsupported. count_tokens (for_count) takes the same body without max_tokens.
+// unsupported. output_config.format (a JSON schema) is enforced as chat's response_format is.
+// count_tokens (for_count) takes the same body without max_tokens.
 MessagesRequest parse_messages_request(const ojson& body, bool for_count = false);
+
+// An error about a chat field that a Messages field became, renamed to that field
+// ("response_format.json_schema.schema" is "output_config.format.schema"); others as they are.
+ApiError as_messages_error(const ApiError& error);
 
 // {"type":"error","error":{"type","message"}}, the type being Anthropic's word for the status
 // (invalid_request_error, authentication_error, permission_error, not_found_error,

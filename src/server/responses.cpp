@@ -245,26 +245,23 @@ void refuse_unsupported(const ojson& body) {
   }
 }
 
-// text.format: plain text is what the chat path makes; a JSON format needs constrained
-// decoding, which this endpoint does not offer yet, so it is refused rather than ignored.
-void check_text(const ojson& body) {
+// text.format in the shape of chat's response_format, whose parser (and the grammar it
+// compiles) then enforces it: a json_schema format's name, schema, strict and description sit
+// beside its type here, inside json_schema there. Null for plain text.
+ojson chat_response_format(const ojson& body) {
   const ojson* text = field(body, "text");
-  if (!text) return;
+  if (!text) return nullptr;
   if (!text->is_object()) throw wrong_type("text", "an object", *text);
   const ojson* format = field(*text, "format");
-  if (!format) return;
+  if (!format) return nullptr;
   if (!format->is_object()) throw wrong_type("text.format", "an object", *format);
   const std::string& type = required_string(*format, "type", "text.format");
-  if (type == "text") return;
-  if (type == "json_schema" || type == "json_object") {
-    throw unsupported("text.format.type",
-                      "\"" + type +
-                          "\" is not supported by /v1/responses yet: structured output is not "
-                          "enforced on this endpoint (issue #18), and an unenforced format "
-                          "would be a promise the reply may break");
+  if (type != "json_schema") return *format;
+  ojson spec = ojson::object();
+  for (const auto& [key, value] : format->items()) {
+    if (key != "type") spec[key] = value;
   }
-  throw invalid("text.format.type",
-                "must be \"text\", \"json_schema\" or \"json_object\", got \"" + type + "\"");
+  return {{"type", "json_schema"}, {"json_schema", std::move(spec)}};
 }
 
 int64_t unix_seconds() {
@@ -276,6 +273,11 @@ int64_t unix_seconds() {
 ojson or_null(const ojson* v) { return v ? *v : ojson(nullptr); }
 
 }  // namespace
+
+ApiError as_responses_error(const ApiError& error) {
+  return renamed(
+      error, {{"response_format.json_schema", "text.format"}, {"response_format", "text.format"}});
+}
 
 ResponseStore::ResponseStore(size_t capacity) : capacity_(capacity) {}
 
@@ -313,7 +315,6 @@ bool ResponseStore::erase(const std::string& id) {
 ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store) {
   ResponsesRequest out;
   refuse_unsupported(body);
-  check_text(body);
 
   ojson earlier = ojson::array();
   const ojson* previous = field(body, "previous_response_id");
@@ -397,7 +398,13 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   bool sealed_reasoning = false;
   if (const ojson* include = field(body, "include")) sealed_reasoning = !include->empty();
 
-  out.generation = parse_chat_request(chat);
+  const ojson response_format = chat_response_format(body);
+  if (!response_format.is_null()) chat["response_format"] = response_format;
+  try {
+    out.generation = parse_chat_request(chat);
+  } catch (const ApiError& e) {
+    throw as_responses_error(e);
+  }
   const ojson* choice = field(body, "tool_choice");
   out.echo = {{"instructions", or_null(instructions)},
               {"max_output_tokens", or_null(field(body, "max_output_tokens"))},
@@ -407,7 +414,9 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
               {"reasoning", {{"effort", effort}, {"summary", nullptr}}},
               {"store", out.store},
               {"temperature", or_null(field(body, "temperature"))},
-              {"text", {{"format", {{"type", "text"}}}}},
+              {"text",
+               {{"format", response_format.is_null() ? ojson{{"type", "text"}}
+                                                     : (*field(body, "text"))["format"]}}},
               {"tool_choice", choice ? *choice : ojson("auto")},
               {"tools", field(body, "tools") ? *field(body, "tools") : ojson::array()},
               {"top_p", or_null(field(body, "top_p"))},

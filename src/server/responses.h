@@ -56,6 +56,10 @@ struct ResponsesRequest {
 // for a previous_response_id the store does not hold.
 ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store);
 
+// An error about a chat field that a Responses field became, renamed to that field
+// ("response_format.json_schema.schema" is "text.format.schema"); others as they are.
+ApiError as_responses_error(const ApiError& error);
+
 // One response, streamed or whole. With a store, finish() keeps the response there.
 class ResponsesRenderer : public Renderer {
  public:

@@ -1099,7 +1099,12 @@ void Server::answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
 void Server::handle_responses(const httplib::Request& req, httplib::Response& res) {
   auto active = admit();
   const ResponsesRequest r = parse_responses_request(parse_body(req.body), responses_);
-  auto job = start_job(req, r.generation, true, "input");
+  std::shared_ptr<Job> job;
+  try {
+    job = start_job(req, r.generation, true, "input");
+  } catch (const ApiError& e) {
+    throw as_responses_error(e);  // a text.format schema the grammar cannot enforce
+  }
   answer_rendered(res, job, std::make_shared<ResponsesRenderer>(model_id_, r, &responses_),
                   r.generation.stream, std::move(active));
 }
@@ -1107,7 +1112,12 @@ void Server::handle_responses(const httplib::Request& req, httplib::Response& re
 void Server::handle_messages(const httplib::Request& req, httplib::Response& res) {
   auto active = admit();
   const MessagesRequest r = parse_messages_request(parse_body(req.body));
-  auto job = start_job(req, r.generation, true, "messages");
+  std::shared_ptr<Job> job;
+  try {
+    job = start_job(req, r.generation, true, "messages");
+  } catch (const ApiError& e) {
+    throw as_messages_error(e);  // an output_config.format schema the grammar cannot enforce
+  }
   const auto prompt_tokens = static_cast<int64_t>(job->prompt.size());
   answer_rendered(res, job,
                   std::make_shared<MessagesRenderer>(model_id_, prompt_tokens, r.one_call),

@@ -25,4 +25,19 @@ ojson parse_arguments(const std::string& arguments, const std::string& param) {
   return parsed;
 }
 
+ApiError renamed(const ApiError& error,
+                 const std::vector<std::pair<std::string, std::string>>& prefixes) {
+  for (const auto& [chat, own] : prefixes) {
+    if (error.param.rfind(chat, 0) != 0) continue;
+    std::string message = error.what();
+    for (size_t at = message.find(chat); at != std::string::npos;
+         at = message.find(chat, at + own.size())) {
+      message.replace(at, chat.size(), own);
+    }
+    return ApiError(error.status, message, error.type, own + error.param.substr(chat.size()),
+                    error.code);
+  }
+  return error;
+}
+
 }  // namespace torchtpu::server

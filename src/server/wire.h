@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "server/openai.h"
 #include "text/output_parser.h"
@@ -41,5 +43,13 @@ std::string sse_event(const std::string& name, const ojson& data);
 // Parses a tool call's arguments string (OpenAI's wire form) into the object the chat template
 // reads; ApiError 400 naming `param` when it is not a JSON object.
 ojson parse_arguments(const std::string& arguments, const std::string& param);
+
+// The error with chat's field names replaced by those of the wire format whose fields became
+// them: each pair is {chat's prefix, the format's}, longest chat prefix first (an error naming
+// "response_format.json_schema.schema" renamed by {"response_format.json_schema", "text.format"}
+// names "text.format.schema"), in `param` and in the message. Other errors are returned as they
+// are.
+ApiError renamed(const ApiError& error,
+                 const std::vector<std::pair<std::string, std::string>>& prefixes);
 
 }  // namespace torchtpu::server

@@ -202,6 +202,18 @@ TEST(MessagesRenderer, StopSequenceAndToolUseBecomeTheirStopReasons) {
   EXPECT_EQ(calls.body()["content"][0]["input"], ojson::parse(R"({"x": 1})"));
 }
 
+TEST(Renamed, ChatsFieldNamesBecomeTheWireFormatsInParamAndMessage) {
+  const ApiError chat(400, "'response_format.json_schema.schema' must be a JSON Schema object",
+                      "invalid_request_error", "response_format.json_schema.schema", "x");
+  const ApiError e = as_responses_error(chat);
+  EXPECT_EQ(e.param, "text.format.schema");
+  EXPECT_STREQ(e.what(), "'text.format.schema' must be a JSON Schema object");
+  EXPECT_EQ(e.code, "x");
+  EXPECT_EQ(as_messages_error(chat).param, "output_config.format.schema");
+  EXPECT_EQ(as_responses_error(ApiError(400, "m", "invalid_request_error", "temperature")).param,
+            "temperature");
+}
+
 TEST(StopStrings, SaysWhichSequenceMatchedFirstInTheText) {
   StopStrings stops({"b", "ab"});
   EXPECT_EQ(stops.push("xab"), "x");

@@ -11,6 +11,8 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import Anthropic from "@anthropic-ai/sdk";
+import { zodOutputFormat } from "@anthropic-ai/sdk/helpers/zod";
+import { z } from "zod";
 import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
@@ -161,6 +163,34 @@ describe("whole answers", () => {
     const m = await create({ messages: ask("Say hello"), max_tokens: 2 });
     assert.equal(m.stop_reason, "max_tokens");
     assert.equal(m.usage.output_tokens, 2);
+  });
+});
+
+describe("structured output", () => {
+  // Bounded values only, so that the random-weight model cannot write past max_tokens.
+  const Verdict = z.object({ kind: z.enum(["cat", "dog", "bird"]), ok: z.boolean() });
+
+  test("output_config.format is enforced: messages.parse() gets a valid parsed_output", async () => {
+    for (let i = 0; i < 4; i++) {
+      const m = await client.messages.parse({
+        model: MODEL, max_tokens: 100, temperature: 1, messages: ask(`Pick an animal, try ${i}`),
+        output_config: { format: zodOutputFormat(Verdict) },
+      });
+      assert.equal(m.stop_reason, "end_turn");
+      assert.deepEqual(Verdict.parse(JSON.parse(m.content[0].text)), m.parsed_output);
+    }
+  });
+
+  test("a format other than json_schema, or effort, is refused naming the field", async () => {
+    const refused = (output_config, field) =>
+      assert.rejects(
+        create({ messages: ask("hi"), output_config }),
+        (e) => e instanceof Anthropic.BadRequestError && e.error.error.message.startsWith(`'${field}'`),
+      );
+    await refused({ format: { type: "xml" } }, "output_config.format.type");
+    await refused({ format: { type: "json_schema" } }, "output_config.format.schema");
+    await refused({ format: { type: "json_schema", schema: 5 } }, "output_config.format.schema");
+    await refused({ effort: "high" }, "output_config.effort");
   });
 });
 

@@ -10,6 +10,8 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
+import { zodTextFormat } from "openai/helpers/zod";
+import { z } from "zod";
 import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
@@ -215,6 +217,36 @@ describe("whole answers", () => {
   });
 });
 
+describe("structured output", () => {
+  // Bounded values only, so that the random-weight model cannot write past max_output_tokens.
+  const Verdict = z.object({ kind: z.enum(["cat", "dog", "bird"]), ok: z.boolean() });
+
+  test("text.format json_schema is enforced: responses.parse() gets valid output_parsed", async () => {
+    for (let i = 0; i < 4; i++) {
+      const r = await client.responses.parse({
+        model: MODEL, input: `Pick an animal, try ${i}`, temperature: 1, max_output_tokens: 100,
+        text: { format: zodTextFormat(Verdict, "verdict") },
+      });
+      assert.equal(r.status, "completed");
+      assert.deepEqual(Verdict.parse(JSON.parse(r.output_text)), r.output_parsed);
+      assert.equal(r.text.format.type, "json_schema");
+      assert.equal(r.text.format.name, "verdict");
+    }
+  });
+
+  test("streamed, the deltas make the same valid JSON", async () => {
+    const stream = client.responses.stream({
+      model: MODEL, input: "Pick an animal", max_output_tokens: 100,
+      text: { format: zodTextFormat(Verdict, "verdict") },
+    });
+    let text = "";
+    for await (const e of stream) if (e.type === "response.output_text.delta") text += e.delta;
+    const final = await stream.finalResponse();
+    assert.equal(final.output_text, text);
+    Verdict.parse(JSON.parse(text));
+  });
+});
+
 describe("streaming", () => {
   const kinds = (events) => events.map((e) => e.type);
 
@@ -344,9 +376,10 @@ describe("errors", () => {
     [{ input: "hi", temperature: 3 }, "temperature"],
     [{ input: "hi", top_p: 2 }, "top_p"],
     [{ input: "hi", store: "yes" }, "store"],
-    [{ input: "hi", text: { format: { type: "json_object" } } }, "text.format.type"],
-    [{ input: "hi", text: { format: { type: "json_schema", name: "x", schema: { type: "object" } } } },
-      "text.format.type"],
+    [{ input: "hi", text: { format: { type: "xml" } } }, "text.format.type"],
+    [{ input: "hi", text: { format: { type: "json_schema", name: "x" } } }, "text.format.schema"],
+    [{ input: "hi", text: { format: { type: "json_schema", name: "x", schema: 5 } } }, "text.format.schema"],
+    [{ input: "hi", text: { format: { type: "json_schema", name: 5, schema: {} } } }, "text.format.name"],
     [{ input: "hi", include: ["message.output_text.logprobs"] }, "include[0]"],
     [{ input: "hi", truncation: "auto" }, "truncation"],
     [{ input: "hi", background: true }, "background"],
