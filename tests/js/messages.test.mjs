@@ -13,6 +13,7 @@ import { after, before, describe, test } from "node:test";
 import Anthropic from "@anthropic-ai/sdk";
 import { zodOutputFormat } from "@anthropic-ai/sdk/helpers/zod";
 import { z } from "zod";
+import Ajv from "ajv";
 import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
@@ -49,6 +50,7 @@ const RENDERED = {
   thinking: "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n",
 };
 
+const ajv = new Ajv();
 let server;
 let client;
 
@@ -178,6 +180,32 @@ describe("structured output", () => {
       });
       assert.equal(m.stop_reason, "end_turn");
       assert.deepEqual(Verdict.parse(JSON.parse(m.content[0].text)), m.parsed_output);
+    }
+  });
+
+  test("a forced tool call on random weights names a declared tool with valid input", async () => {
+    const tools = [
+      {
+        name: "set_mode",
+        input_schema: {
+          type: "object",
+          properties: { mode: { enum: ["fast", "slow"] }, loud: { type: "boolean" } },
+          required: ["mode", "loud"],
+          additionalProperties: false,
+        },
+      },
+      { name: "stop", input_schema: { type: "object", properties: {}, additionalProperties: false } },
+    ];
+    const validate = Object.fromEntries(tools.map((t) => [t.name, ajv.compile(t.input_schema)]));
+    for (let i = 0; i < 4; i++) {
+      const m = await create({
+        messages: ask(`Choose, round ${i}`), tools, tool_choice: { type: "any" }, temperature: 1, max_tokens: 100,
+      });
+      assert.equal(m.stop_reason, "tool_use");
+      for (const block of m.content.filter((b) => b.type === "tool_use")) {
+        assert.ok(validate[block.name], `declared: ${block.name}`);
+        assert.ok(validate[block.name](block.input), JSON.stringify(block.input));
+      }
     }
   });
 

@@ -12,6 +12,7 @@ import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
 import { zodTextFormat } from "openai/helpers/zod";
 import { z } from "zod";
+import Ajv from "ajv";
 import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
@@ -44,6 +45,7 @@ const TOOLS = [
   { type: "function", name: "get_time", description: "The time", parameters: { type: "object" }, strict: false },
 ];
 
+const ajv = new Ajv();
 let server;
 let client;
 
@@ -231,6 +233,34 @@ describe("structured output", () => {
       assert.deepEqual(Verdict.parse(JSON.parse(r.output_text)), r.output_parsed);
       assert.equal(r.text.format.type, "json_schema");
       assert.equal(r.text.format.name, "verdict");
+    }
+  });
+
+  test("a forced function call on random weights names a declared tool with valid arguments", async () => {
+    const tools = [
+      {
+        type: "function", name: "set_mode", strict: true,
+        parameters: {
+          type: "object",
+          properties: { mode: { enum: ["fast", "slow"] }, loud: { type: "boolean" } },
+          required: ["mode", "loud"],
+          additionalProperties: false,
+        },
+      },
+      { type: "function", name: "stop", strict: true, parameters: { type: "object", properties: {}, additionalProperties: false } },
+    ];
+    const validate = Object.fromEntries(tools.map((t) => [t.name, ajv.compile(t.parameters)]));
+    for (let i = 0; i < 4; i++) {
+      const r = await client.responses.create({
+        model: MODEL, input: `Choose, round ${i}`, tools, tool_choice: "required", temperature: 1, max_output_tokens: 100,
+      });
+      assert.equal(r.status, "completed");
+      const calls = r.output.filter((o) => o.type === "function_call");
+      assert.ok(calls.length >= 1);
+      for (const call of calls) {
+        assert.ok(validate[call.name], `declared: ${call.name}`);
+        assert.ok(validate[call.name](JSON.parse(call.arguments)), call.arguments);
+      }
     }
   });
 
