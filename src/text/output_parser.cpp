@@ -7,7 +7,8 @@
 
 namespace torchtpu {
 
-using nlohmann::json;
+// Arguments keep the order the model wrote their keys in (nlohmann::json would sort them).
+using json = nlohmann::ordered_json;
 
 namespace {
 

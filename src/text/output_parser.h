@@ -15,7 +15,7 @@ namespace torchtpu {
 
 struct ToolCall {
   std::string name;
-  nlohmann::json arguments;  // always an object
+  nlohmann::ordered_json arguments;  // always an object, keys in the order the model wrote them
 };
 
 // What one push() or finish() added to each part of the output.

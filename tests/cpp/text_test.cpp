@@ -381,6 +381,11 @@ TEST(OutputParser, ParseToolCallExplainsWhatIsWrong) {
   EXPECT_THROW(parse_tool_call("call:{a:1}"), ValueError);
 }
 
+TEST(OutputParser, ArgumentsKeepTheKeyOrderTheModelWrote) {
+  EXPECT_EQ(parse_tool_call("call:f{zeta:1,alpha:{y:2,b:3},mid:4}").arguments.dump(),
+            R"({"zeta":1,"alpha":{"y":2,"b":3},"mid":4})");
+}
+
 // Arguments nested a hundred thousand deep overflowed the stack (found by feeding
 // tests/fuzz/output_parser_fuzz such a call); past 64 levels a call is malformed instead.
 TEST(OutputParser, ArgumentsNestedTooDeepAreMalformedNotACrash) {
