@@ -159,6 +159,7 @@ bool is_hop_header(const std::string& name) { return kHopHeaders.count(lowercase
 bool is_header(const std::string& name, const char* lower) { return lowercase(name) == lower; }
 
 // `authorization`: the Authorization header to send upstream, or nullopt to pass the client's on.
+// With one, the client's x-api-key (Anthropic clients' way to send the proxy's key) stays here too.
 std::shared_ptr<Exchange> start_exchange(const std::string& url, const httplib::Request& in,
                                          int timeout_s,
                                          const std::optional<std::string>& authorization) {
@@ -171,7 +172,10 @@ std::shared_ptr<Exchange> start_exchange(const std::string& url, const httplib::
   req->method = in.method;
   req->path = in.target.empty() ? in.path : in.target;
   for (const auto& [name, value] : in.headers) {
-    if (is_hop_header(name) || (authorization && is_header(name, "authorization"))) continue;
+    if (is_hop_header(name) ||
+        (authorization && (is_header(name, "authorization") || is_header(name, "x-api-key")))) {
+      continue;
+    }
     req->headers.emplace(name, value);
   }
   if (authorization && !authorization->empty())
@@ -248,12 +252,19 @@ bool Proxy::authorized(const httplib::Request& req, httplib::Response& res) cons
     return false;
   }
   if (options_.api_key.empty()) return true;
+  // OpenAI clients send the key as a bearer token, Anthropic clients as x-api-key.
   const std::string given = req.get_header_value("Authorization");
-  if (bearer_matches(given, options_.api_key)) return true;
+  const bool has_x_api_key = req.has_header("x-api-key");
+  if (bearer_matches(given, options_.api_key) ||
+      (has_x_api_key && key_matches(req.get_header_value("x-api-key"), options_.api_key))) {
+    return true;
+  }
   res.set_header("WWW-Authenticate", "Bearer");
   send_error(res, 401,
-             given.empty() ? "missing API key for the proxy: send 'Authorization: Bearer <key>'"
-                           : "incorrect API key for the proxy",
+             given.empty() && !has_x_api_key
+                 ? "missing API key for the proxy: send 'Authorization: Bearer <key>' or "
+                   "'x-api-key: <key>'"
+                 : "incorrect API key for the proxy",
              "invalid_api_key", "authentication_error");
   return false;
 }

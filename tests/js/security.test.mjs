@@ -32,6 +32,9 @@ const guarded = [
   ["POST", "/tokenize", { content: "Hi." }],
   ["POST", "/detokenize", { tokens: [2] }],
   ["POST", "/mcp", { jsonrpc: "2.0", id: 1, method: "tools/list" }],
+  ["POST", "/v1/responses", { input: "Hi.", max_output_tokens: 2, store: false }],
+  ["POST", "/v1/messages", { max_tokens: 2, messages: [{ role: "user", content: "Hi." }] }],
+  ["POST", "/v1/messages/count_tokens", { messages: [{ role: "user", content: "Hi." }] }],
   // An unknown route does not tell a client without the key whether it exists.
   ["GET", "/no/such/route"],
 ];
@@ -97,7 +100,13 @@ describe("the server", () => {
         const res = await call(server.url, route, headers);
         assert.equal(res.status, 401, `${route[0]} ${route[1]} with ${JSON.stringify(headers)}`);
         assert.equal(res.headers.get("www-authenticate"), "Bearer");
-        assert.equal((await res.json()).error.code, "invalid_api_key");
+        // Anthropic's routes answer in Anthropic's error shape, which has a type and no code.
+        const { error } = await res.json();
+        if (route[1].startsWith("/v1/messages")) {
+          assert.equal(error.type, "authentication_error");
+        } else {
+          assert.equal(error.code, "invalid_api_key");
+        }
       }
       const res = await call(server.url, route, { Authorization: `Bearer ${KEY}` });
       const expected = route[1] === "/no/such/route" ? 404 : 200;
@@ -160,14 +169,16 @@ describe("the server", () => {
 });
 
 describe("the proxy", () => {
-  // A stand-in upstream that answers every request with the Authorization header it received.
+  // A stand-in upstream that answers every request with the Authorization header it received (and
+  // the x-api-key header, when it received one).
   let upstream;
   let upstreamUrl;
   const started = [];
   before(async () => {
     upstream = http.createServer((req, res) => {
       res.setHeader("Content-Type", "application/json");
-      res.end(JSON.stringify({ authorization: req.headers.authorization ?? null }));
+      const apiKey = req.headers["x-api-key"];
+      res.end(JSON.stringify({ authorization: req.headers.authorization ?? null, ...(apiKey ? { apiKey } : {}) }));
     });
     await new Promise((resolve) => upstream.listen(0, "127.0.0.1", resolve));
     upstreamUrl = `http://127.0.0.1:${upstream.address().port}`;
@@ -210,6 +221,22 @@ describe("the proxy", () => {
     const url = await proxy(["--api-key", "sk-proxy"]);
     const res = await call(url, ["GET", "/v1/models"], { Authorization: "Bearer sk-proxy" });
     assert.deepEqual(await res.json(), { authorization: null });
+  });
+
+  test("takes its key as x-api-key too (Anthropic clients), and passes it upstream in no header", async () => {
+    const url = await proxy(["--api-key", "sk-proxy", "--upstream-api-key", KEY]);
+    const messages = ["POST", "/v1/messages", { max_tokens: 5, messages: [{ role: "user", content: "hi" }] }];
+    const res = await call(url, messages, { "x-api-key": "sk-proxy" });
+    assert.deepEqual(await res.json(), { authorization: `Bearer ${KEY}` });
+    const own = await proxy(["--api-key", "sk-proxy"]);
+    const alone = await call(own, ["GET", "/v1/models"], { "x-api-key": "sk-proxy" });
+    assert.deepEqual(await alone.json(), { authorization: null });
+    const wrong = await call(url, messages, { "x-api-key": "sk-wrong" });
+    assert.equal(wrong.status, 401);
+    // Without a key of its own, the proxy is not the one checking: the client's header goes on.
+    const open = await proxy([]);
+    const passed = await call(open, ["GET", "/v1/models"], { "x-api-key": KEY });
+    assert.deepEqual(await passed.json(), { authorization: null, apiKey: KEY });
   });
 
   test("refuses an upstream key without a key of its own", async () => {
