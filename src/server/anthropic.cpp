@@ -246,17 +246,27 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
             "thinking.budget_tokens",
             "must be less than max_tokens (" + max_tokens->dump() + "), got " + budget->dump());
       }
-    } else if (type != "disabled") {
-      throw invalid("thinking.type", "must be \"enabled\" or \"disabled\", got \"" + type + "\"");
+    } else if (type != "disabled" && type != "adaptive") {
+      throw invalid("thinking.type",
+                    "must be \"enabled\", \"adaptive\" or \"disabled\", got \"" + type + "\"");
+    }
+    // adaptive: the model decides when and how much to think, which Gemma does once thinking is on.
+    const bool on = type != "disabled";
+    if (const ojson* display = field(*thinking, "display"); display && on) {
+      if (*display != "summarized" && *display != "omitted") {
+        throw invalid("thinking.display",
+                      "must be \"summarized\" or \"omitted\", got " + display->dump());
+      }
+      out.omit_thinking = *display == "omitted";
     }
     // As Anthropic: a forced tool call's prompt opens the call, which leaves no room to think.
-    if (type == "enabled" && chat.contains("tool_choice") && chat["tool_choice"] != "auto" &&
+    if (on && chat.contains("tool_choice") && chat["tool_choice"] != "auto" &&
         chat["tool_choice"] != "none") {
       throw invalid("thinking", "cannot be enabled when tool_choice forces a tool call (type \"" +
                                     (*field(body, "tool_choice"))["type"].get<std::string>() +
                                     "\"); use tool_choice auto");
     }
-    chat["chat_template_kwargs"] = {{"enable_thinking", type == "enabled"}};
+    chat["chat_template_kwargs"] = {{"enable_thinking", on}};
   }
   for (const char* name : {"model", "stream"}) {
     if (const ojson* v = field(body, name)) chat[name] = *v;
@@ -332,8 +342,9 @@ ojson anthropic_error_body(const ApiError& error) {
   return {{"type", "error"}, {"error", {{"type", type}, {"message", error.what()}}}};
 }
 
-MessagesRenderer::MessagesRenderer(std::string model, int64_t prompt_tokens, bool one_call)
-    : one_call_(one_call) {
+MessagesRenderer::MessagesRenderer(std::string model, int64_t prompt_tokens,
+                                   const MessagesRequest& request)
+    : one_call_(request.one_call), omit_thinking_(request.omit_thinking) {
   message_ = {{"id", new_completion_id("msg_")},
               {"type", "message"},
               {"role", "assistant"},
@@ -385,8 +396,11 @@ std::string MessagesRenderer::add(const OutputDelta& delta) {
   };
   if (!delta.reasoning.empty()) {
     out += open(Open::kThinking);
-    text_ += delta.reasoning;
-    block_delta({{"type", "thinking_delta"}, {"thinking", delta.reasoning}});
+    // display "omitted": the block is there, its text is not.
+    if (!omit_thinking_) {
+      text_ += delta.reasoning;
+      block_delta({{"type", "thinking_delta"}, {"thinking", delta.reasoning}});
+    }
   }
   if (!delta.content.empty()) {
     out += open(Open::kText);

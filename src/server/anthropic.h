@@ -12,7 +12,8 @@ namespace torchtpu::server {
 
 struct MessagesRequest {
   GenerationRequest generation;
-  bool one_call = false;  // tool_choice.disable_parallel_tool_use
+  bool one_call = false;       // tool_choice.disable_parallel_tool_use
+  bool omit_thinking = false;  // thinking.display "omitted"
 };
 
 // ApiError 400 naming the field ("messages.1.content.0.tool_use_id") for anything malformed or
@@ -32,7 +33,7 @@ ojson anthropic_error_body(const ApiError& error);
 // One message, streamed or whole.
 class MessagesRenderer : public Renderer {
  public:
-  MessagesRenderer(std::string model, int64_t prompt_tokens, bool one_call);
+  MessagesRenderer(std::string model, int64_t prompt_tokens, const MessagesRequest& request);
   std::string start() override;
   std::string add(const OutputDelta& delta) override;
   std::string finish(const GenerationOutcome& outcome) override;
@@ -46,6 +47,7 @@ class MessagesRenderer : public Renderer {
 
   ojson message_;
   bool one_call_;
+  bool omit_thinking_;
   int64_t calls_ = 0;
   Open open_ = Open::kNone;
   std::string text_;  // of the open block

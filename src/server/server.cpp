@@ -1119,8 +1119,7 @@ void Server::handle_messages(const httplib::Request& req, httplib::Response& res
     throw as_messages_error(e);  // an output_config.format schema the grammar cannot enforce
   }
   const auto prompt_tokens = static_cast<int64_t>(job->prompt.size());
-  answer_rendered(res, job,
-                  std::make_shared<MessagesRenderer>(model_id_, prompt_tokens, r.one_call),
+  answer_rendered(res, job, std::make_shared<MessagesRenderer>(model_id_, prompt_tokens, r),
                   r.generation.stream, std::move(active));
 }
 

@@ -181,7 +181,7 @@ TEST(AnthropicErrorBody, NamesTheKindByStatus) {
 }
 
 TEST(MessagesRenderer, StopSequenceAndToolUseBecomeTheirStopReasons) {
-  MessagesRenderer text("m", 4, false);
+  MessagesRenderer text("m", 4, MessagesRequest{});
   std::string sse = text.start();
   sse += text.add({"Hi", "", {}});
   sse += text.finish({"stop", "END", 4, 2, 0});
@@ -193,13 +193,30 @@ TEST(MessagesRenderer, StopSequenceAndToolUseBecomeTheirStopReasons) {
   EXPECT_EQ(text.body()["stop_sequence"], "END");
 
   // disable_parallel_tool_use: the first call is the answer.
-  MessagesRenderer calls("m", 4, true);
+  MessagesRequest one_call;
+  one_call.one_call = true;
+  MessagesRenderer calls("m", 4, one_call);
   calls.start();
   calls.add({"", "", {ToolCall{"f", {{"x", 1}}}, ToolCall{"g", nlohmann::json::object()}}});
   calls.finish({"tool_calls", "", 4, 9, 0});
   EXPECT_EQ(calls.body()["stop_reason"], "tool_use");
   ASSERT_EQ(calls.body()["content"].size(), 1u);
   EXPECT_EQ(calls.body()["content"][0]["input"], ojson::parse(R"({"x": 1})"));
+}
+
+TEST(MessagesRequest, AdaptiveThinkingIsOnAndDisplayOmittedKeepsTheTextBack) {
+  const auto r = parse_messages_request(ojson::parse(R"({"max_tokens": 9,
+      "thinking": {"type": "adaptive", "display": "omitted"},
+      "messages": [{"role": "user", "content": "x"}]})"));
+  EXPECT_EQ(r.generation.template_kwargs["enable_thinking"], true);
+  EXPECT_TRUE(r.omit_thinking);
+  MessagesRenderer renderer("m", 4, r);
+  renderer.start();
+  const std::string sse = renderer.add({"", "secret", {}});
+  EXPECT_EQ(sse.find("secret"), std::string::npos);
+  renderer.finish({"stop", "", 4, 1, 1});
+  EXPECT_EQ(renderer.body()["content"][0],
+            ojson::parse(R"({"type": "thinking", "thinking": "", "signature": ""})"));
 }
 
 TEST(Renamed, ChatsFieldNamesBecomeTheWireFormatsInParamAndMessage) {

@@ -116,6 +116,10 @@ describe("whole answers", () => {
     assert.deepEqual(m.content.map((b) => b.type), ["thinking", "text"]);
     assert.equal(m.content[0].thinking, "Two and two.");
     assert.equal(m.content[1].text, "It is 4.");
+    const adaptive = await create({ messages: ask("What is 2+2?"), thinking: { type: "adaptive" } });
+    assert.deepEqual(adaptive.content, m.content);
+    const omitted = await create({ messages: ask("What is 2+2?"), thinking: { type: "adaptive", display: "omitted" } });
+    assert.deepEqual(omitted.content, [{ type: "thinking", thinking: "", signature: "" }, m.content[1]]);
   });
 
   test("tool_use, then tool_result: the round trip", async () => {
@@ -344,6 +348,8 @@ describe("errors", () => {
     [{ thinking: { type: "enabled", budget_tokens: 100 } }, "thinking.budget_tokens"],
     [{ thinking: { type: "enabled" } }, "thinking.budget_tokens"],
     [{ thinking: { type: "sometimes" } }, "thinking.type"],
+    [{ thinking: { type: "between_tools" } }, "thinking.type"],
+    [{ thinking: { type: "adaptive", display: "verbose" } }, "thinking.display"],
     [{ tools: [{ name: "x" }] }, "tools.0.input_schema"],
     [{ tools: [{ input_schema: { type: "object" } }] }, "tools.0.name"],
     [{ tools: [{ type: "web_search_20250305", name: "web_search" }] }, "tools.0.type"],
