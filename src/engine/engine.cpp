@@ -176,8 +176,9 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   }
   if (options.constraint) {
     if (options.ignore_eos) {
-      throw ValueError("ignore_eos cannot be combined with a constraint: the grammar decides where "
-                       "the output ends");
+      throw ValueError(
+          "ignore_eos cannot be combined with a constraint: the grammar decides where "
+          "the output ends");
     }
     // Each step's mask follows from every token before it, so a constrained request reads every
     // token back to the host as it is sampled, whatever read_every the caller chose.
@@ -206,18 +207,18 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   auto logits = read_prompt(prompt);
   if (on_logits) on_logits(logits);
   auto token = sampler.next(constrained(logits)).view({1, 1});
-  auto position = at::full({1, 1}, n, at::TensorOptions().dtype(at::kLong).device(options_.device));
+  const auto on_device = at::TensorOptions().dtype(at::kLong).device(options_.device);
+  auto position = at::full({1, 1}, n, on_device);
   // Tokens not yet read wait in a device buffer, one slot per step of the read window. The slot
-  // index is computed on the device from the position, so every step runs the same ops with the
-  // same shapes and constants, and the step that ends a window differs from the others only by
-  // the one device->host copy: one step program on a compiling device.
-  auto window =
-      at::empty({options.read_every}, at::TensorOptions().dtype(at::kLong).device(options_.device));
+  // index lives on the device too, so every step runs the same ops with the same shapes and
+  // constants (none depends on the request), and the step that ends a window differs from the
+  // others only by the one device->host copy: one step program on a compiling device.
+  auto window = at::empty({options.read_every}, on_device);
+  auto slot = at::zeros({1}, on_device);
   int64_t pending = 0;
-  // Step s (position n + s) writes slot (s - 1) mod read_every.
   auto keep = [&] {
-    window.index_copy_(0, at::remainder(position.view({1}) - (n + 1), options.read_every),
-                       token.view({1}));
+    window.index_copy_(0, slot, token.view({1}));
+    slot = at::remainder(slot + 1, options.read_every);
     ++pending;
   };
 

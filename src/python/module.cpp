@@ -137,4 +137,5 @@ PYBIND11_MODULE(_torchtpu_cpp, m) {
   bind_text(m);
   bind_tensor_functions(m);
   bind_serve(m);
+  bind_checkpoints(m);
 }

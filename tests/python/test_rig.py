@@ -892,6 +892,8 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
         ).stdout.strip()
         assert f"'git_revision': '{revision}'" in logs["build"]
         assert "torchtpu_cpp matmul_sum 64.0 on cpu" in logs["smoke"]
+        # torchtpu_cpp.device_check ran (on the cpu, the device-only checks are skipped).
+        assert "ok   tokens: float32 greedy tokens equal the CPU's on 3 of 3" in logs["smoke"]
         check = subprocess.run(
             [
                 str(root / "venv" / "bin" / "python3"),

@@ -11,14 +11,14 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 import time
 import types
 import urllib.request
 
+import hf_tiny  # conftest puts tests/python on sys.path
 import pytest
 import torch
-
-import hf_tiny  # conftest puts tests/python on sys.path
 import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does not
 
 MAX_NEW = 24
@@ -182,3 +182,82 @@ def test_serve_on_standin_answers_as_on_the_cpu(cli, library, tmp_path_factory):
         _serve_completion(cli, model, ["--device-library", library], "standin", body)
         == expected
     )
+
+
+# torchtpu_cpp.device_check: the checks the rig's smoke stage runs on a real TPU, proven here on
+# the stand-in (where the C++ suite measures the same things from inside the backend), and shown
+# able to fail on records that break each promise.
+
+
+def test_device_check_passes_on_the_standin(library):
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchtpu_cpp.device_check", "--device", "standin"]
+        + ["--library", library, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["tokens"] == {"ok": True, "mismatched": []}
+    assert figures["host reads"]["prompt_reads"] <= 4  # 3 chunks + the first token
+    assert figures["host reads"]["reads_per_window"] == [1] * 8
+    assert figures["programs"]["distinct_programs"] == 1
+    assert figures["programs"]["steps"] == 255 + 19  # every step after the first token, of both requests
+
+
+def test_device_check_refuses_an_unknown_device():
+    proc = subprocess.run(
+        [sys.executable, "-m", "torchtpu_cpp.device_check", "--device", "nosuchdevice"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert "unknown device 'nosuchdevice'" in proc.stderr
+
+
+STEP = [
+    "aten.mm.default(float32[1, 64], float32[64, 64])",
+    "aten.add.Tensor(float32[1, 64], 1)",
+]
+READ = "read aten.to.dtype_layout(int64[8], device=device(type='cpu'))"
+
+
+def test_device_check_program_rule_catches_a_changing_step():
+    from torchtpu_cpp import device_check as dc
+
+    good = dc.check_programs([STEP + [READ]] * 3, [STEP * 8 + [READ]] * 2, 8)
+    assert good.ok and good.figures["distinct_programs"] == 1
+    grown = [STEP[0].replace("[1, 64]", "[2, 64]"), STEP[1], READ]
+    assert (
+        dc.check_programs([STEP + [READ], grown], [STEP * 8 + [READ]], 8).figures[
+            "distinct_programs"
+        ]
+        == 2
+    )
+    assert not dc.check_programs([STEP + [READ], grown], [STEP * 8 + [READ]], 8).ok
+    upload = STEP + [
+        "upload aten._to_copy.default(int64[1]@cpu, device=device(type='tpu'))"
+    ]
+    assert not dc.check_programs([upload + [READ]] * 2, [upload * 8 + [READ]], 8).ok
+    odd_window = STEP * 7 + [STEP[0], READ]
+    assert not dc.check_programs([STEP + [READ]] * 2, [odd_window], 8).ok
+    assert not dc.check_programs([STEP + [READ]] * 2, [STEP * 8 + [READ, READ]], 8).ok
+
+
+def test_device_check_read_rule_catches_a_read_per_token():
+    from torchtpu_cpp import device_check as dc
+
+    assert dc.check_reads([[READ], [READ], [READ], []], chunks=1, read_every=8).ok
+    assert not dc.check_reads(
+        [[READ], [READ, READ], [READ], []], chunks=1, read_every=8
+    ).ok
+    assert not dc.check_reads(
+        [[READ] * 3, [READ], [READ], []], chunks=1, read_every=8
+    ).ok
+    assert not dc.check_reads(
+        [[READ], [READ], [READ], [READ]], chunks=1, read_every=8
+    ).ok

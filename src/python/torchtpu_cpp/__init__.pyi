@@ -133,6 +133,9 @@ def render_chat(
 def matmul_sum(x: torch.Tensor) -> torch.Tensor:
     """(x @ x.T).sum() by ATen in C++: a 0-d tensor on x's device."""
 
+def make_tiny(out: str, *, preset: str = "tiny", seed: int = 0, dtype: str = "f32") -> None:
+    """A Gemma 4 checkpoint with random weights in `out` (preset "tiny" or "e2b"), as make-tiny."""
+
 def ramp(n: int, like: torch.Tensor | None = None, dtype: _DType = "bfloat16") -> torch.Tensor:
     """[0, ..., n-1] built in C++ and moved to like's device."""
 
