@@ -127,7 +127,12 @@ ojson tool_list() {
           {"description", "The most tokens to generate."}}},
         {"temperature",
          {{"type", "number"}, {"minimum", 0}, {"description", "0 (the default) is greedy."}}},
-        {"seed", {{"type", "integer"}, {"description", "Seed for sampling."}}}}},
+        {"seed", {{"type", "integer"}, {"description", "Seed for sampling."}}},
+        {"schema",
+         {{"type", "object"},
+          {"description",
+           "A JSON Schema the answer must follow: the server enforces it while decoding "
+           "(response_format json_schema), so the answer is JSON valid for it."}}}}},
       {"required", {"prompt"}},
       {"additionalProperties", false}};
   const ojson no_args = {{"type", "object"}, {"additionalProperties", false}};
@@ -168,6 +173,7 @@ struct GenerationArgs {
   int64_t max_tokens = 256;
   std::optional<double> temperature;
   std::optional<int64_t> seed;
+  std::optional<ojson> schema;
 };
 
 GenerationArgs parse_generation_args(const ojson& args) {
@@ -191,9 +197,13 @@ GenerationArgs parse_generation_args(const ojson& args) {
         throw ToolError("'temperature' must be a number >= 0");
       }
       g.temperature = value.get<double>();
+    } else if (key == "schema") {
+      if (!value.is_object()) throw ToolError("'schema' must be a JSON Schema object");
+      g.schema = value;
     } else {
       throw ToolError("unknown argument '" + key +
-                      "' (ask and stream take prompt, system, max_tokens, temperature, seed)");
+                      "' (ask and stream take prompt, system, max_tokens, temperature, seed, "
+                      "schema)");
     }
   }
   if (g.prompt.empty()) throw ToolError("'prompt' is required and must not be empty");
@@ -207,6 +217,11 @@ ojson chat_body(const GenerationArgs& g, bool stream) {
   ojson body = {{"messages", messages}, {"max_tokens", g.max_tokens}, {"stream", stream}};
   if (g.temperature) body["temperature"] = *g.temperature;
   if (g.seed) body["seed"] = *g.seed;
+  if (g.schema) {
+    body["response_format"] = {
+        {"type", "json_schema"},
+        {"json_schema", {{"name", "answer"}, {"schema", *g.schema}, {"strict", true}}}};
+  }
   if (stream) body["stream_options"] = {{"include_usage", true}};
   return body;
 }

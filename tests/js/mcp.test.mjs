@@ -3,6 +3,7 @@
 // checkpoint (greedy, so the tools' answers must equal the server's own /v1 answers).
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
+import Ajv from "ajv";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -82,6 +83,38 @@ for (const [name, makeTransport] of Object.entries(transports)) {
       assert.ok(pieces.length >= 2, `${pieces.length} progress notifications`);
       assert.equal(pieces.map((p) => p.message).join(""), expected);
       assert.deepEqual(pieces.map((p) => p.progress), pieces.map((_, i) => i + 1));
+    });
+
+    test("ask with a schema answers JSON valid for it; a schema it cannot enforce is a tool error", async () => {
+      // Only bounded values: random weights end them without help (issue #18's structured output).
+      const schema = {
+        type: "object",
+        properties: {
+          ok: { type: "boolean" },
+          level: { enum: ["low", "mid", "high"] },
+          n: { type: "integer", minimum: 0, maximum: 9 },
+        },
+        required: ["ok", "level", "n"],
+        additionalProperties: false,
+      };
+      const validate = new Ajv().compile(schema);
+      for (const seed of [1, 2, 3]) {
+        const result = await client.callTool({
+          name: "ask", arguments: { prompt: PROMPT, max_tokens: 64, temperature: 1, seed, schema },
+        });
+        assert.equal(result.isError, false);
+        assert.equal(result.structuredContent.finish_reason, "stop");
+        const answer = JSON.parse(result.structuredContent.answer);
+        assert.ok(validate(answer), JSON.stringify(answer));
+      }
+      const unenforceable = await client.callTool({
+        name: "ask", arguments: { prompt: PROMPT, schema: { type: "array", uniqueItems: true } },
+      });
+      assert.equal(unenforceable.isError, true);
+      assert.match(unenforceable.content[0].text, /HTTP 400.*uniqueItems/);
+      const notObject = await client.callTool({ name: "ask", arguments: { prompt: PROMPT, schema: "json" } });
+      assert.equal(notObject.isError, true);
+      assert.match(notObject.content[0].text, /'schema' must be a JSON Schema object/);
     });
 
     test("engine_info, endpoint_status and serving_metrics report the server", async () => {

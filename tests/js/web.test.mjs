@@ -190,3 +190,23 @@ test("markup in a reply is shown as text, never run", async () => {
   assert.equal(await page.evaluate(() => window.__pwned), undefined);
   await page.screenshot({ path: path.join(ARTIFACTS, "chat_page_markup.png") });
 });
+
+test("the JSON output switch asks for a JSON object, and the reply is one", async () => {
+  await page.click("#clear");
+  await page.check("#json-output");
+  try {
+    const request = page.waitForRequest("**/v1/chat/completions");
+    await send("Describe the sea as JSON.", 24);
+    const sent = JSON.parse((await request).postData());
+    await waitForState("done");
+    assert.deepEqual(sent.response_format, { type: "json_object" });
+    // Random weights never close the first key in 24 tokens, but the grammar decides how it opens.
+    assert.match(await lastReply().locator(".content").textContent(), /^\{"/);
+  } finally {
+    await page.uncheck("#json-output");
+  }
+  const request = page.waitForRequest("**/v1/chat/completions");
+  await send("Again, as text.", 4);
+  assert.equal(JSON.parse((await request).postData()).response_format, undefined);
+  await waitForState("done");
+});

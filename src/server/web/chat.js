@@ -98,6 +98,8 @@ async function send(text) {
     temperature: Number($("temperature").value),
     chat_template_kwargs: { enable_thinking: $("thinking").checked },
   };
+  // The server enforces it while decoding: the reply is one JSON object.
+  if ($("json-output").checked) body.response_format = { type: "json_object" };
   const maxTokens = Number($("max-tokens").value);
   if (maxTokens > 0) body.max_tokens = maxTokens;
   controller = new AbortController();
