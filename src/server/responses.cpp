@@ -384,10 +384,9 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   for (const char* name : {"model", "temperature", "top_p", "stream"}) {
     if (const ojson* v = field(body, name)) chat[name] = *v;
   }
-  bool parallel_tool_calls = true;
   if (const ojson* p = field(body, "parallel_tool_calls")) {
     if (!p->is_boolean()) throw wrong_type("parallel_tool_calls", "a boolean", *p);
-    parallel_tool_calls = p->get<bool>();
+    out.one_call = !p->get<bool>();
   }
   if (const ojson* s = field(body, "store")) {
     if (!s->is_boolean()) throw wrong_type("store", "a boolean", *s);
@@ -395,8 +394,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   }
   const ojson* metadata = field(body, "metadata");
   if (metadata && !metadata->is_object()) throw wrong_type("metadata", "an object", *metadata);
-  bool sealed_reasoning = false;
-  if (const ojson* include = field(body, "include")) sealed_reasoning = !include->empty();
+  if (const ojson* include = field(body, "include")) out.sealed_reasoning = !include->empty();
 
   const ojson response_format = chat_response_format(body);
   if (!response_format.is_null()) chat["response_format"] = response_format;
@@ -409,7 +407,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   out.echo = {{"instructions", or_null(instructions)},
               {"max_output_tokens", or_null(field(body, "max_output_tokens"))},
               {"metadata", metadata ? *metadata : ojson::object()},
-              {"parallel_tool_calls", parallel_tool_calls},
+              {"parallel_tool_calls", !out.one_call},
               {"previous_response_id", or_null(previous)},
               {"reasoning", {{"effort", effort}, {"summary", nullptr}}},
               {"store", out.store},
@@ -420,26 +418,26 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
               {"tool_choice", choice ? *choice : ojson("auto")},
               {"tools", field(body, "tools") ? *field(body, "tools") : ojson::array()},
               {"top_p", or_null(field(body, "top_p"))},
-              {"truncation", "disabled"},
-              {"include_sealed_reasoning", sealed_reasoning}};
+              {"truncation", "disabled"}};
   return out;
 }
 
 ResponsesRenderer::ResponsesRenderer(std::string model, const ResponsesRequest& request,
                                      ResponseStore* store)
-    : conversation_(request.conversation), store_(request.store ? store : nullptr) {
+    : conversation_(request.conversation),
+      store_(request.store ? store : nullptr),
+      one_call_(request.one_call),
+      sealed_reasoning_(request.sealed_reasoning) {
   response_ = {
       {"id", new_completion_id("resp_")}, {"object", "response"}, {"created_at", unix_seconds()},
       {"status", "in_progress"},          {"background", false},  {"error", nullptr},
       {"incomplete_details", nullptr}};
   for (const auto& [key, value] : request.echo.items()) {
-    if (key != "include_sealed_reasoning") response_[key] = value;
+    response_[key] = value;
   }
   response_["model"] = std::move(model);
   response_["output"] = ojson::array();
   response_["usage"] = nullptr;
-  one_call_ = !request.echo["parallel_tool_calls"].get<bool>();
-  sealed_reasoning_ = request.echo["include_sealed_reasoning"].get<bool>();
   assistant_ = {{"role", "assistant"}, {"content", nullptr}};
 }
 

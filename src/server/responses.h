@@ -48,6 +48,8 @@ struct ResponsesRequest {
   // what a later previous_response_id continues.
   ojson conversation;
   bool store = true;
+  bool one_call = false;          // parallel_tool_calls: false keeps the first call only
+  bool sealed_reasoning = false;  // include: ["reasoning.encrypted_content"]
   // Request fields the response object repeats (instructions, tools, temperature, ...).
   ojson echo;
 };
@@ -79,8 +81,8 @@ class ResponsesRenderer : public Renderer {
   ojson response_;
   ojson conversation_;
   ResponseStore* store_;
-  bool one_call_ = false;          // parallel_tool_calls: false
-  bool sealed_reasoning_ = false;  // include: ["reasoning.encrypted_content"]
+  bool one_call_;
+  bool sealed_reasoning_;
   int64_t sequence_ = 0;
   int64_t calls_ = 0;
   Open open_ = Open::kNone;

@@ -28,6 +28,10 @@ const RULES = [
   { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
   { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
   { prompt_contains: "Say hello", output: "Hello there, friend." },
+  {
+    prompt_contains: "Two calls",
+    output: `<|tool_call>call:get_time{}<tool_call|><|tool_call>call:get_weather{city:${Q}Rome${Q}}<tool_call|>`,
+  },
   { prompt_contains: "Tell a long story", output: "Once upon a time there was a story. ".repeat(100) },
 ];
 const TOOLS = [
@@ -203,6 +207,38 @@ describe("whole answers", () => {
     assert.deepEqual(r.incomplete_details, { reason: "max_output_tokens" });
     assert.equal(r.usage.output_tokens, 2);
     assert.equal(r.max_output_tokens, 2);
+  });
+
+  test("parallel_tool_calls false keeps the first call only", async () => {
+    const both = await client.responses.create({ model: MODEL, input: "Two calls", tools: TOOLS });
+    assert.deepEqual(both.output.map((o) => o.name), ["get_time", "get_weather"]);
+    const one = await client.responses.create({
+      model: MODEL, input: "Two calls", tools: TOOLS, parallel_tool_calls: false,
+    });
+    assert.deepEqual(one.output.map((o) => o.name), ["get_time"]);
+    assert.equal(one.parallel_tool_calls, false);
+  });
+
+  test("include reasoning.encrypted_content: stateless clients send the thought back", async () => {
+    const r = await client.responses.create({
+      model: MODEL, input: "What is 2+2?", reasoning: { effort: "low" }, store: false,
+      include: ["reasoning.encrypted_content"],
+    });
+    assert.equal(r.output[0].encrypted_content, "Two and two.");
+    // A thought inside the current turn (after the last user message) is rendered: sent back as
+    // encrypted_content alone, it makes the prompt longer than the same items without it.
+    const turn = (reasoning) => client.responses.create({
+      model: MODEL, tools: TOOLS, store: false,
+      input: [
+        { role: "user", content: "Weather in Paris?" },
+        ...reasoning,
+        { type: "function_call", call_id: "call_1", name: "get_weather", arguments: '{"city":"Paris"}' },
+        { type: "function_call_output", call_id: "call_1", output: "SUNNY-21C" },
+      ],
+    });
+    const sealed = { type: "reasoning", id: "rs_1", summary: [], encrypted_content: "Checking the weather." };
+    const [withThought, without] = [await turn([sealed]), await turn([])];
+    assert.ok(withThought.usage.input_tokens > without.usage.input_tokens);
   });
 
   test("tool_choice required and a named function are honoured", async () => {
