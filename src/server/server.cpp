@@ -356,9 +356,13 @@ class Server {
   std::vector<bool> special_;         // hidden from completions
   std::set<int64_t> parser_markers_;  // special tokens the output parser reads
   ojson engine_report_;
-  // Constrained decoding over the tokenizer's vocabulary, and the special tokens of Gemma 4's
-  // tool calls and thinking block that its grammars name (none for a tokenizer without them).
-  std::shared_ptr<const GrammarVocabulary> grammar_vocabulary_;
+  // Constrained decoding over the tokenizer's vocabulary, built by the first constrained request
+  // (about 2 s for 262,144 tokens, which servers that never constrain should not pay at load); the
+  // end tokens it offers, end of turn first; and the special tokens of Gemma 4's tool calls and
+  // thinking block that its grammars name (none for a tokenizer without them).
+  mutable std::once_flag grammar_vocabulary_once_;
+  mutable std::shared_ptr<const GrammarVocabulary> grammar_vocabulary_;
+  std::vector<int64_t> grammar_end_ids_;
   std::optional<ToolCallTokens> tool_call_tokens_;
   std::optional<ThinkingMarkers> thinking_markers_;
   SamplingRequest generation_defaults_;
@@ -412,13 +416,11 @@ void Server::load() {
   }
   {
     // End of turn first: the token llguidance offers once a grammar is complete.
-    std::vector<int64_t> ends = engine_->config().eos_token_ids;
-    const auto turn_end = tokenizer_->token_to_id("<turn|>");
-    if (turn_end) {
-      ends.erase(std::remove(ends.begin(), ends.end(), *turn_end), ends.end());
-      ends.insert(ends.begin(), *turn_end);
+    grammar_end_ids_ = engine_->config().eos_token_ids;
+    if (const auto turn_end = tokenizer_->token_to_id("<turn|>")) {
+      std::erase(grammar_end_ids_, *turn_end);
+      grammar_end_ids_.insert(grammar_end_ids_.begin(), *turn_end);
     }
-    grammar_vocabulary_ = std::make_shared<const GrammarVocabulary>(*tokenizer_, ends);
     const auto open = tokenizer_->token_to_id("<|tool_call>");
     const auto close = tokenizer_->token_to_id("<tool_call|>");
     const auto quote = tokenizer_->token_to_id("<|\"|>");
@@ -960,6 +962,10 @@ std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, b
     thinking = thinking_markers_;
   }
   try {
+    std::call_once(grammar_vocabulary_once_, [&] {
+      grammar_vocabulary_ =
+          std::make_shared<const GrammarVocabulary>(*tokenizer_, grammar_end_ids_);
+    });
     return std::make_shared<Constraint>(grammar_vocabulary_, *grammar, thinking);
   } catch (const ValueError& e) {
     throw ApiError(400, "'" + param + "' cannot be enforced: " + e.what(), "invalid_request_error",
