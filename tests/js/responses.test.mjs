@@ -379,6 +379,17 @@ describe("streaming", () => {
     assert.equal(done.item_id, call.id);
   });
 
+  test("a stream cut by max_output_tokens ends with response.incomplete", async () => {
+    const stream = client.responses.stream({ model: MODEL, input: "Say hello", max_output_tokens: 2 });
+    const events = [];
+    for await (const event of stream) events.push(event);
+    assert.equal(events.at(-1).type, "response.incomplete");
+    const final = await stream.finalResponse();
+    assert.equal(final.status, "incomplete");
+    assert.deepEqual(final.incomplete_details, { reason: "max_output_tokens" });
+    assert.equal(final.usage.output_tokens, 2);
+  });
+
   test("create({stream: true}): every SSE event's name is its data's type", async () => {
     const res = await fetch(`${server.baseURL}/responses`, {
       method: "POST",
