@@ -623,3 +623,45 @@ def test_render_chat_keeps_key_order_and_rejects_non_json():
         tt.render_chat([{"role": "user", "content": float("nan")}], template=template)
     with pytest.raises(TypeError, match="template must be"):
         tt.render_chat(messages, template=3)
+
+
+def test_decode_follows_a_grammar(cli, tmp_path, test_tokenizer_dir):
+    """grammar_kind + grammar constrain the tokens (issue #18): on random weights every sampled
+    reply is valid for the schema (checked with jsonschema), and what llguidance cannot enforce
+    is a ValueError naming it."""
+    import json
+
+    import jsonschema
+
+    model = cli.make_tiny(
+        tmp_path / "tok", seed=2, dtype="f32", vocab=262144, tokenizer=test_tokenizer_dir
+    )
+    engine = tt.Engine(model, context=256, dtype="float32")
+    tokenizer = tt.Tokenizer(str(test_tokenizer_dir / "tokenizer.json"))
+    prompt = tokenizer.encode("<bos>JSON:")
+    schema = {
+        "type": "object",
+        "properties": {
+            "ok": {"type": "boolean"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+            "level": {"enum": ["low", "mid", "high"]},
+        },
+        "required": ["ok", "n", "level"],
+        "additionalProperties": False,
+    }
+    for seed in range(3):
+        r = engine.decode(
+            prompt, 64, temperature=1.0, seed=seed,
+            grammar_kind="json_schema", grammar=json.dumps(schema),
+        )
+        assert r.finish == "stop"
+        jsonschema.validate(json.loads(tokenizer.decode(r.tokens)), schema)
+    digits = engine.decode(prompt, 16, grammar_kind="regex", grammar="[0-9]{3}")
+    assert digits.finish == "stop"
+    assert len(tokenizer.decode(digits.tokens)) == 3 and tokenizer.decode(digits.tokens).isdigit()
+    with pytest.raises(ValueError, match="uniqueItems"):
+        engine.decode(prompt, 4, grammar_kind="json_schema", grammar='{"uniqueItems": true}')
+    with pytest.raises(ValueError, match="grammar_kind 'xml'"):
+        engine.decode(prompt, 4, grammar_kind="xml")
+    with pytest.raises(ValueError, match="ignore_eos"):
+        engine.decode(prompt, 4, stop=(), grammar_kind="json_object")

@@ -90,9 +90,24 @@ class Engine:
         stop: Iterable[SupportsIndex] | None = (1, 106, 50),
         read_every: int = 1,
         on_tokens: Callable[[list[int]], object] | None = None,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: dict[int, float] = {},
+        seed: int | None = None,
+        grammar_kind: str | None = None,
+        grammar: str = "",
     ) -> DecodeResult:
-        """Greedy decode ending at a stop id (None: the checkpoint's eos ids; empty: none),
-        max_new tokens, or a falsy on_tokens return ("cancelled")."""
+        """Decode (greedy unless temperature > 0) ending at a stop id (None: the checkpoint's eos
+        ids; empty: none), max_new tokens, or a falsy on_tokens return ("cancelled").
+        grammar_kind "json_schema", "json_object", "regex" or "lark" with `grammar` constrains
+        every token to the grammar (llguidance; the checkpoint's tokenizer.json gives the
+        vocabulary); ValueError for a grammar it cannot enforce."""
 
 class Tokenizer:
     def __init__(self, path: str) -> None: ...
