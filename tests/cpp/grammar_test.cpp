@@ -1,78 +1,23 @@
 // Specifications of src/grammar: the token masks llguidance computes over a tokenizer's vocabulary,
 // committing tokens, the thinking block before the grammar, and errors for grammars it refuses.
-// The vocabulary is a small Gemma-shaped tokenizer whose 256 byte-fallback tokens spell any text,
-// so every expected mask can be written down.
+// The vocabulary is byte_tokenizer.h's, whose 256 byte-fallback tokens spell any text, so every
+// expected mask can be written down.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "byte_tokenizer.h"
 #include "common/errors.h"
 #include "grammar/constraint.h"
 
 namespace torchtpu {
 namespace {
 
-using nlohmann::json;
-
-constexpr int64_t kEos = 1;
-constexpr int64_t kEndOfTurn = 2;
-constexpr int64_t kChannelOpen = 3;
-constexpr int64_t kChannelClose = 4;
-constexpr int64_t kFirstByte = 5;  // <0x00> .. <0xFF> at 5 .. 260
-constexpr int64_t kTrue = 261;     // "true"
-constexpr int64_t kSpaceA = 262;   // "▁a", text " a"
-
-int64_t byte_id(char c) { return kFirstByte + static_cast<unsigned char>(c); }
-
-Tokenizer tiny_tokenizer() {
-  json vocab = {{"<pad>", 0}, {"<eos>", 1}, {"<turn|>", 2}, {"<|channel>", 3}, {"<channel|>", 4}};
-  for (int b = 0; b < 256; ++b) {
-    char name[8];
-    std::snprintf(name, sizeof(name), "<0x%02X>", b);
-    vocab[name] = kFirstByte + b;
-  }
-  vocab["true"] = kTrue;
-  vocab["\u2581a"] = kSpaceA;
-  json added = json::array();
-  for (const char* special : {"<pad>", "<eos>", "<turn|>", "<|channel>", "<channel|>"}) {
-    added.push_back({{"id", vocab[special]},
-                     {"content", special},
-                     {"special", true},
-                     {"normalized", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"single_word", false}});
-  }
-  const json j = {
-      {"version", "1.0"},
-      {"added_tokens", added},
-      {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}}},
-      {"pre_tokenizer", nullptr},
-      {"post_processor", nullptr},
-      {"decoder",
-       {{"type", "Sequence"},
-        {"decoders",
-         {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
-          {{"type", "ByteFallback"}},
-          {{"type", "Fuse"}}}}}},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", true},
-        {"ignore_merges", false},
-        {"vocab", vocab},
-        {"merges", json::array()}}}};
-  return Tokenizer::from_json_string(j.dump(), "grammar_test tokenizer");
-}
-
 std::shared_ptr<const GrammarVocabulary> vocabulary() {
   static const auto v = std::make_shared<const GrammarVocabulary>(
-      tiny_tokenizer(), std::vector<int64_t>{kEndOfTurn, kEos});
+      byte_tokenizer(), std::vector<int64_t>{kEndOfTurn, kEos});
   return v;
 }
 
@@ -102,8 +47,8 @@ std::string error_of(const Grammar& grammar) {
 
 TEST(GrammarVocabulary, SpansTheTokenizerAndRefusesEndTokensOutsideIt) {
   EXPECT_EQ(vocabulary()->size(), 263);
-  EXPECT_THROW(GrammarVocabulary(tiny_tokenizer(), {263}), ValueError);
-  EXPECT_THROW(GrammarVocabulary(tiny_tokenizer(), {}), ValueError);
+  EXPECT_THROW(GrammarVocabulary(byte_tokenizer(), {263}), ValueError);
+  EXPECT_THROW(GrammarVocabulary(byte_tokenizer(), {}), ValueError);
 }
 
 TEST(Constraint, EnumAllowsOnlyTheBytesOfItsValuesThenOnlyTheEndOfTurn) {

@@ -1,0 +1,145 @@
+// Specifications of src/server/structured: response_format read into a grammar (and the 400s),
+// and the Lark grammar of Gemma 4's tool-call syntax compiled by llguidance and walked token by
+// token over byte_tokenizer.h's vocabulary: which calls it lets through and where it stops others.
+#include "server/structured.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "byte_tokenizer.h"
+#include "grammar/constraint.h"
+
+namespace torchtpu::server {
+namespace {
+
+constexpr int64_t kCallOpen = kFirstExtraSpecial;
+constexpr int64_t kCallClose = kFirstExtraSpecial + 1;
+constexpr int64_t kQuote = kFirstExtraSpecial + 2;
+const ToolCallTokens kTokens{kCallOpen, kCallClose, kQuote};
+
+std::shared_ptr<const GrammarVocabulary> vocabulary() {
+  static const auto v = std::make_shared<const GrammarVocabulary>(
+      byte_tokenizer({"<|tool_call>", "<tool_call|>", "<|\"|>"}), std::vector<int64_t>{kEndOfTurn});
+  return v;
+}
+
+const ojson kTools = ojson::parse(R"([
+  {"type": "function", "function": {"name": "book", "parameters": {"type": "object",
+    "properties": {"zeta": {"type": "string"}, "alpha": {"type": "integer"},
+                   "mode": {"enum": ["fast", "slow"]}, "tags": {"type": "array", "items": {"type": "boolean"}}},
+    "required": ["alpha"]}}},
+  {"type": "function", "function": {"name": "ping"}}
+])");
+
+// Commits `call`, where '"' stands for the <|"|> delimiter and '^' / '$' for <|tool_call> and
+// <tool_call|>; returns how many characters the grammar took before refusing one (all: -1).
+int64_t walk(Constraint& c, const std::string& call) {
+  for (size_t i = 0; i < call.size(); ++i) {
+    const char ch = call[i];
+    const int64_t token = ch == '"'   ? kQuote
+                          : ch == '^' ? kCallOpen
+                          : ch == '$' ? kCallClose
+                                      : byte_id(ch);
+    try {
+      c.commit(token);
+    } catch (const std::logic_error&) {
+      return static_cast<int64_t>(i);
+    }
+  }
+  return -1;
+}
+
+Constraint tool_constraint(bool opened, const ojson& tools = kTools) {
+  return Constraint(vocabulary(), {GrammarKind::kLark, tool_call_grammar(tools, kTokens, opened)});
+}
+
+TEST(ToolCallGrammar, AcceptsCallsToDeclaredToolsWithArgumentsInSchemaOrder) {
+  Constraint c = tool_constraint(false);
+  EXPECT_EQ(walk(c, R"(book{zeta:"x, y",alpha:-12,mode:"slow",tags:[true,false]}$)"), -1);
+  EXPECT_TRUE(c.allowed()[kEndOfTurn / 32] >> (kEndOfTurn % 32) & 1);
+  EXPECT_EQ(walk(c, "^call:ping{}$"), -1);
+}
+
+TEST(ToolCallGrammar, RefusesUndeclaredToolsOrderAndMissingRequiredKeys) {
+  Constraint undeclared = tool_constraint(false);
+  EXPECT_EQ(walk(undeclared, "bake{"), 1);  // only "book" and "ping" begin a call
+  Constraint order = tool_constraint(false);
+  EXPECT_EQ(walk(order, "book{alpha:1,zeta:"), 13);  // zeta is declared before alpha
+  Constraint required = tool_constraint(false);
+  EXPECT_EQ(walk(required, "book{zeta:\"a\"}"), 13);  // '}' before the required alpha
+  Constraint extra = tool_constraint(false);
+  EXPECT_EQ(walk(extra, "book{alpha:1,other"), 13);  // undeclared keys are refused
+}
+
+TEST(ToolCallGrammar, StringsCannotHoldTheDelimitersOpening) {
+  Constraint c = tool_constraint(false);
+  EXPECT_EQ(walk(c, "book{zeta:\"a<|"), 13);
+}
+
+TEST(ToolCallGrammar, AnOpenedCallStartsInsideTheArguments) {
+  const ojson only_book = ojson::array({kTools[0]});
+  Constraint c = tool_constraint(true, only_book);
+  EXPECT_EQ(walk(c, "alpha:3}$"), -1);
+}
+
+TEST(ToolCallGrammar, KeywordsItCannotEnforceAre400sNamingTheirPath) {
+  ojson tools = kTools;
+  tools[0]["function"]["parameters"]["properties"]["zeta"]["minLength"] = 3;
+  try {
+    tool_call_grammar(tools, kTokens, false);
+    FAIL() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_EQ(e.param, "tools[0].function.parameters.properties.zeta.minLength");
+  }
+  tools = kTools;
+  tools[1]["function"]["parameters"] = {{"type", "array"}};
+  try {
+    tool_call_grammar(tools, kTokens, false);
+    FAIL() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tools[1].function.parameters");
+  }
+}
+
+std::string format_error(const ojson& format) {
+  try {
+    parse_response_format({{"response_format", format}});
+  } catch (const ApiError& e) {
+    return e.param;
+  }
+  return "no error";
+}
+
+TEST(ResponseFormat, TextIsNoGrammarJsonObjectAndJsonSchemaAre) {
+  EXPECT_FALSE(parse_response_format(ojson::object()));
+  EXPECT_FALSE(parse_response_format({{"response_format", {{"type", "text"}}}}));
+  EXPECT_EQ(parse_response_format({{"response_format", {{"type", "json_object"}}}})->kind,
+            GrammarKind::kJsonObject);
+  const auto schema = parse_response_format(ojson::parse(
+      R"({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "strict": true,
+          "schema": {"type": "object", "properties": {"b": {}, "a": {}}}}}})"));
+  EXPECT_EQ(schema->kind, GrammarKind::kJsonSchema);
+  EXPECT_EQ(schema->source, R"({"type":"object","properties":{"b":{},"a":{}}})");
+}
+
+TEST(ResponseFormat, MalformedFieldsAre400sNamingThem) {
+  EXPECT_EQ(format_error("json"), "response_format");
+  EXPECT_EQ(format_error(ojson::object()), "response_format.type");
+  EXPECT_EQ(format_error({{"type", "yaml"}}), "response_format.type");
+  EXPECT_EQ(format_error({{"type", "text"}, {"json_schema", ojson::object()}}),
+            "response_format.json_schema");
+  EXPECT_EQ(format_error({{"type", "json_schema"}}), "response_format.json_schema");
+  EXPECT_EQ(format_error({{"type", "json_schema"}, {"json_schema", {{"name", "n"}}}}),
+            "response_format.json_schema.schema");
+  EXPECT_EQ(format_error({{"type", "json_schema"}, {"json_schema", {{"schema", true}}}}),
+            "response_format.json_schema.schema");
+  EXPECT_EQ(format_error({{"type", "json_schema"},
+                          {"json_schema", {{"schema", ojson::object()}, {"extra", 1}}}}),
+            "response_format.json_schema.extra");
+}
+
+}  // namespace
+}  // namespace torchtpu::server
