@@ -38,6 +38,9 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--read-every", options->read_every, "Decode steps between host reads")
       ->capture_default_str();
+  cmd->add_flag("--constrain-tools", options->constrain_tools,
+                "Hold tool calls to the declared tools' schemas with tool_choice auto too "
+                "(required and named functions always are)");
   cmd->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body accepted")
       ->capture_default_str();
   cmd->callback([options] {

@@ -941,12 +941,19 @@ std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, b
   const bool forced_call = r.tool_choice == "required" || r.tool_choice == "function";
   if (chat && forced_call && tool_call_tokens_) {
     grammar = Grammar{GrammarKind::kLark,
-                      tool_call_grammar(r.tools, *tool_call_tokens_, r.tool_choice == "function")};
+                      tool_call_grammar(r.tools, *tool_call_tokens_,
+                                        r.tool_choice == "function" ? CallStart::kInsideArguments
+                                                                    : CallStart::kAfterCallPrefix)};
     param = "tools";
   } else if (r.response_format) {
     grammar = r.response_format;
     param = grammar->kind == GrammarKind::kJsonSchema ? "response_format.json_schema.schema"
                                                       : "response_format";
+  } else if (chat && options_.constrain_tools && r.tool_choice == "auto" && r.tools.is_array() &&
+             !r.tools.empty() && tool_call_tokens_) {
+    grammar = Grammar{GrammarKind::kLark,
+                      tool_call_grammar(r.tools, *tool_call_tokens_, CallStart::kReply)};
+    param = "tools";
   }
   if (!grammar) return nullptr;
   if (r.ignore_eos) {

@@ -26,6 +26,9 @@ struct ServeOptions {
   std::string api_key;            // non-empty: Bearer auth on everything but /health
   int max_queue = 16;             // waiting requests beyond this get 429
   int64_t read_every = 1;         // decode steps per host read
+  // tool_choice "auto" with tools: calls the model writes are held to the declared tools and
+  // their parameters too (as tool_choice "required" always is), text around them is free.
+  bool constrain_tools = false;
   std::string hosted_by = "torchtpu-cpp";  // "python" when hosted by torchtpu_cpp.serve
   int64_t max_body_bytes = 8 << 20;        // larger request bodies get 413
   // SIGINT/SIGTERM call request_stop(). A host that owns its signals (Python) sets this false and

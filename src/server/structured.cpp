@@ -48,7 +48,7 @@ class ToolGrammarWriter {
         open_("<[" + std::to_string(tokens.open) + "]>"),
         close_("<[" + std::to_string(tokens.close) + "]>") {}
 
-  std::string grammar(const ojson& tools, bool opened) {
+  std::string grammar(const ojson& tools, CallStart start) {
     std::vector<std::string> calls;
     std::string first;
     for (size_t i = 0; i < tools.size(); ++i) {
@@ -69,8 +69,18 @@ class ToolGrammarWriter {
     }
     std::string call = calls[0];
     for (size_t i = 1; i < calls.size(); ++i) call += " | " + calls[i];
-    std::string out = "start: " + (opened ? first : std::string("call")) + " " + close_ + " (" +
-                      open_ + " \"call:\" call " + close_ + ")*\n";
+    const std::string more = "(" + open_ + " \"call:\" call " + close_ + ")*";
+    std::string out;
+    switch (start) {
+      case CallStart::kAfterCallPrefix: out = "start: call " + close_ + " " + more + "\n"; break;
+      case CallStart::kInsideArguments:
+        out = "start: " + first + " " + close_ + " " + more + "\n";
+        break;
+      case CallStart::kReply:
+        // Text never holds a special token, so every <|tool_call> opens a call the parser reads.
+        out = "start: FREE_TEXT? (" + open_ + " \"call:\" call " + close_ + " FREE_TEXT?)*\n";
+        break;
+    }
     out += "call: " + call + "\n";
     for (const auto& r : rules_) out += r + "\n";
     out += kCommonRules(quote_);
@@ -88,6 +98,7 @@ class ToolGrammarWriter {
            "any_member: KEY \":\" any_value\n"
            "any_array: \"[\" (any_value (\",\" any_value)*)? \"]\"\n"
            "KEY: /[A-Za-z_][A-Za-z0-9_]*/\n"
+           "FREE_TEXT: /(.|\\n)+/\n"
            "TEXT: /(([^<]|<+[^<|])+<*)|<+/\n"
            "NUMBER: /-?(0|[1-9][0-9]{0,15})(\\.[0-9]{1,15})?([eE][+-]?[0-9]{1,2})?/\n"
            "INTEGER: /-?(0|[1-9][0-9]{0,15})/\n";
@@ -290,8 +301,8 @@ std::optional<Grammar> parse_response_format(const ojson& body) {
   return Grammar{GrammarKind::kJsonSchema, schema->dump()};
 }
 
-std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, bool opened) {
-  return ToolGrammarWriter(tokens).grammar(tools, opened);
+std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, CallStart start) {
+  return ToolGrammarWriter(tokens).grammar(tools, start);
 }
 
 }  // namespace torchtpu::server

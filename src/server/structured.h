@@ -25,14 +25,18 @@ struct ToolCallTokens {
   int64_t quote = -1;
 };
 
-// A Lark grammar (llguidance's dialect) for what follows "<|tool_call>call:" in the prompt: one or
-// more calls "NAME{key:value,...}<tool_call|>" to the given tools (each next call opened with
-// "<|tool_call>call:"), arguments following each tool's `parameters` schema, properties in the
-// schema's order. With `opened`, the prompt already holds "call:NAME{" for the only tool, and the
-// grammar starts inside its arguments. Values are written as the chat template writes them:
-// strings between <|"|> delimiters, numbers, true/false/null bare, {key:value} and [a,b].
-// ApiError 400 naming the schema's path (tools[i].function.parameters...) for a keyword the
-// grammar cannot enforce.
-std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, bool opened);
+// Where a tool-call grammar starts: after "<|tool_call>call:" in the prompt (tool_choice
+// "required"), inside the arguments after "<|tool_call>call:NAME{" (a named function), or at the
+// start of a reply that may be text, calls, or both (tool_choice "auto" under --constrain-tools).
+enum class CallStart { kAfterCallPrefix, kInsideArguments, kReply };
+
+// A Lark grammar (llguidance's dialect) of Gemma 4's calls "<|tool_call>call:NAME{key:value,...}
+// <tool_call|>" to the given tools, from `start` on: one or more calls (kReply: text and any number
+// of calls), arguments following each tool's `parameters` schema, properties in the schema's
+// order. With kInsideArguments the first call is to the only tool. Values are written as the chat
+// template writes them: strings between <|"|> delimiters, numbers, true/false/null bare,
+// {key:value} and [a,b]. ApiError 400 naming the schema's path (tools[i].function.parameters...)
+// for a keyword the grammar cannot enforce.
+std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, CallStart start);
 
 }  // namespace torchtpu::server

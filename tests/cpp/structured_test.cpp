@@ -51,44 +51,52 @@ int64_t walk(Constraint& c, const std::string& call) {
   return -1;
 }
 
-Constraint tool_constraint(bool opened, const ojson& tools = kTools) {
-  return Constraint(vocabulary(), {GrammarKind::kLark, tool_call_grammar(tools, kTokens, opened)});
+Constraint tool_constraint(CallStart start, const ojson& tools = kTools) {
+  return Constraint(vocabulary(), {GrammarKind::kLark, tool_call_grammar(tools, kTokens, start)});
 }
 
 TEST(ToolCallGrammar, AcceptsCallsToDeclaredToolsWithArgumentsInSchemaOrder) {
-  Constraint c = tool_constraint(false);
+  Constraint c = tool_constraint(CallStart::kAfterCallPrefix);
   EXPECT_EQ(walk(c, R"(book{zeta:"x, y",alpha:-12,mode:"slow",tags:[true,false]}$)"), -1);
   EXPECT_TRUE(c.allowed()[kEndOfTurn / 32] >> (kEndOfTurn % 32) & 1);
   EXPECT_EQ(walk(c, "^call:ping{}$"), -1);
 }
 
 TEST(ToolCallGrammar, RefusesUndeclaredToolsOrderAndMissingRequiredKeys) {
-  Constraint undeclared = tool_constraint(false);
+  Constraint undeclared = tool_constraint(CallStart::kAfterCallPrefix);
   EXPECT_EQ(walk(undeclared, "bake{"), 1);  // only "book" and "ping" begin a call
-  Constraint order = tool_constraint(false);
+  Constraint order = tool_constraint(CallStart::kAfterCallPrefix);
   EXPECT_EQ(walk(order, "book{alpha:1,zeta:"), 13);  // zeta is declared before alpha
-  Constraint required = tool_constraint(false);
+  Constraint required = tool_constraint(CallStart::kAfterCallPrefix);
   EXPECT_EQ(walk(required, "book{zeta:\"a\"}"), 13);  // '}' before the required alpha
-  Constraint extra = tool_constraint(false);
+  Constraint extra = tool_constraint(CallStart::kAfterCallPrefix);
   EXPECT_EQ(walk(extra, "book{alpha:1,other"), 13);  // undeclared keys are refused
 }
 
 TEST(ToolCallGrammar, StringsCannotHoldTheDelimitersOpening) {
-  Constraint c = tool_constraint(false);
+  Constraint c = tool_constraint(CallStart::kAfterCallPrefix);
   EXPECT_EQ(walk(c, "book{zeta:\"a<|"), 13);
 }
 
 TEST(ToolCallGrammar, AnOpenedCallStartsInsideTheArguments) {
   const ojson only_book = ojson::array({kTools[0]});
-  Constraint c = tool_constraint(true, only_book);
+  Constraint c = tool_constraint(CallStart::kInsideArguments, only_book);
   EXPECT_EQ(walk(c, "alpha:3}$"), -1);
+}
+
+TEST(ToolCallGrammar, AReplyMayBeTextCallsOrBothButEveryCallIsValid) {
+  Constraint text = tool_constraint(CallStart::kReply);
+  EXPECT_EQ(walk(text, "Let me look: {not a call}."), -1);
+  EXPECT_EQ(walk(text, "^call:ping{}$ and then ^call:book{alpha:1}$"), -1);
+  Constraint bad = tool_constraint(CallStart::kReply);
+  EXPECT_EQ(walk(bad, "ok ^call:book{zeta:1"), 19);  // zeta is a string
 }
 
 TEST(ToolCallGrammar, KeywordsItCannotEnforceAre400sNamingTheirPath) {
   ojson tools = kTools;
   tools[0]["function"]["parameters"]["properties"]["zeta"]["minLength"] = 3;
   try {
-    tool_call_grammar(tools, kTokens, false);
+    tool_call_grammar(tools, kTokens, CallStart::kAfterCallPrefix);
     FAIL() << "no error";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status, 400);
@@ -97,7 +105,7 @@ TEST(ToolCallGrammar, KeywordsItCannotEnforceAre400sNamingTheirPath) {
   tools = kTools;
   tools[1]["function"]["parameters"] = {{"type", "array"}};
   try {
-    tool_call_grammar(tools, kTokens, false);
+    tool_call_grammar(tools, kTokens, CallStart::kAfterCallPrefix);
     FAIL() << "no error";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.param, "tools[1].function.parameters");

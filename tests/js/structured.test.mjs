@@ -283,3 +283,44 @@ describe("errors name the field", () => {
     );
   });
 });
+
+describe("--constrain-tools: tool_choice auto", () => {
+  let constrained;
+  let constrainedClient;
+  before(async () => {
+    constrained = await startServer(["--context", "1024", "--threads", "1", "--constrain-tools"]);
+    constrainedClient = new OpenAI({ apiKey: "none", baseURL: constrained.baseURL, maxRetries: 0 });
+  });
+  after(async () => {
+    if (constrained) await constrained.stop();
+  });
+
+  // Biased towards opening calls, so that random weights write some.
+  const request = async (to, seed) =>
+    to.chat.completions.create({
+      model: MODEL, messages: ask("Anything to do?"), tools: TOOLS, temperature: 1.0, seed,
+      logit_bias: { ...callBias, [(await ids("<|tool_call>"))[0]]: 30 }, max_tokens: 80,
+    });
+
+  test("every call the model writes is valid; without the flag some are not", async () => {
+    let calls = 0;
+    let brokenWithout = 0;
+    for (let seed = 0; seed < 10; ++seed) {
+      const choice = (await request(constrainedClient, seed)).choices[0];
+      // Free text on random weights runs to max_tokens, which may cut a call short: that is the
+      // one warning allowed.
+      const cut = choice.finish_reason === "length" && /ended inside a tool call/.test(choice.warning);
+      assert.ok(choice.warning === undefined || cut, JSON.stringify(choice));
+      for (const call of choice.message.tool_calls ?? []) {
+        ++calls;
+        const spec = TOOLS.find((t) => t.function.name === call.function.name);
+        assert.ok(spec, call.function.name);
+        const validate = ajv.compile(spec.function.parameters ?? { type: "object", maxProperties: 0 });
+        assert.ok(validate(JSON.parse(call.function.arguments)), call.function.arguments);
+      }
+      if ((await request(client, seed)).choices[0].warning) ++brokenWithout;
+    }
+    assert.ok(calls >= 3, `only ${calls} calls`);
+    assert.ok(brokenWithout >= 3, `only ${brokenWithout} broken calls without the flag`);
+  });
+});
