@@ -21,7 +21,7 @@ if ((${#missing[@]})); then
 fi
 
 if ! command -v cargo >/dev/null; then
-  echo "setup: cargo (Rust) is needed to build the chat-template renderer" >&2
+  echo "setup: cargo (Rust) is needed to build the chat-template renderer and llguidance" >&2
   exit 1
 fi
 
