@@ -67,7 +67,9 @@ class Constraint {
   // The tokens allowed next, one bit each: bit (id % 32) of word (id / 32). Only end tokens once
   // the grammar is complete; inside a thinking block everything but the end tokens.
   const std::vector<uint32_t>& allowed();
-  // `logits` [vocab] with -inf at every token not allowed next (ATen ops on the logits' device).
+  // `logits` [vocab] with -inf at every token not allowed next: the bits are unpacked on the host
+  // and applied with one masked_fill on the logits' device. Ids past the grammar's vocabulary (a
+  // padded model vocabulary) are never allowed.
   at::Tensor mask(const at::Tensor& logits);
   // Advances past `token`, which allowed() must have contained: std::logic_error otherwise.
   void commit(int64_t token);
