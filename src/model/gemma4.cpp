@@ -83,6 +83,34 @@ at::Tensor load_dense(const TensorView& view, const at::Device& device, at::Scal
 
 }  // namespace
 
+LinearGroup LinearGroup::of(std::vector<Linear> parts) {
+  LinearGroup group;
+  std::vector<ops::Int4Weight> int4;
+  for (const auto& part : parts) {
+    if (part.int4) int4.push_back(*part.int4);
+  }
+  auto fused = int4.size() == parts.size() ? ops::fuse_cpu_blocks(int4) : std::nullopt;
+  if (!fused) {
+    group.parts = std::move(parts);
+    return group;
+  }
+  group.whole.int4 = std::move(fused->whole);
+  group.offsets = std::move(fused->offsets);
+  for (const auto& part : int4) group.sizes.push_back(part.out_features);
+  return group;
+}
+
+std::vector<at::Tensor> LinearGroup::operator()(const at::Tensor& x) const {
+  std::vector<at::Tensor> out;
+  if (!parts.empty()) {
+    for (const auto& part : parts) out.push_back(part(x));
+    return out;
+  }
+  const auto y = whole(x);
+  for (size_t i = 0; i < sizes.size(); ++i) out.push_back(y.narrow(-1, offsets[i], sizes[i]));
+  return out;
+}
+
 VocabTable VocabTable::dense(at::Tensor weight) {
   VocabTable t;
   t.dtype_ = weight.scalar_type();
@@ -205,18 +233,18 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
         norm("layers." + std::to_string(l) + ".pre_feedforward_layernorm.weight", H);
     w.post_feedforward_layernorm =
         norm("layers." + std::to_string(l) + ".post_feedforward_layernorm.weight", H);
-    w.q_proj = lin("self_attn.q_proj", {q_out, H});
+    std::vector<Linear> qkv{lin("self_attn.q_proj", {q_out, H})};
     w.q_norm = norm("layers." + std::to_string(l) + ".self_attn.q_norm.weight", d);
     // Shared layers read their source's K/V; their own k/v/k_norm, present in the published
     // checkpoint and absent from re-saved ones, are dead weights (research note §5.9).
     if (!c.is_shared(l)) {
-      w.k_proj = lin("self_attn.k_proj", {kv_out, H});
-      w.v_proj = lin("self_attn.v_proj", {kv_out, H});
+      qkv.push_back(lin("self_attn.k_proj", {kv_out, H}));
+      qkv.push_back(lin("self_attn.v_proj", {kv_out, H}));
       w.k_norm = norm("layers." + std::to_string(l) + ".self_attn.k_norm.weight", d);
     }
+    w.qkv = LinearGroup::of(std::move(qkv));
     w.o_proj = lin("self_attn.o_proj", {H, q_out});
-    w.gate_proj = lin("mlp.gate_proj", {F, H});
-    w.up_proj = lin("mlp.up_proj", {F, H});
+    w.gate_up = LinearGroup::of({lin("mlp.gate_proj", {F, H}), lin("mlp.up_proj", {F, H})});
     w.down_proj = lin("mlp.down_proj", {H, F});
     if (P > 0) {
       w.per_layer_input_gate = lin("per_layer_input_gate", {P, H});
@@ -356,7 +384,8 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
   const int64_t group = heads / kv_heads;
   const bool sliding = c.layer_types[l] == LayerType::kSliding;
 
-  auto q = rms_norm(w.q_proj(x).view({B, T, heads, d}), w.q_norm, c.rms_norm_eps);
+  const auto projected = w.qkv(x);
+  auto q = rms_norm(projected[0].view({B, T, heads, d}), w.q_norm, c.rms_norm_eps);
   q = ops::rope(q, cos, sin).transpose(1, 2);  // [B, heads, T, d]
 
   at::Tensor k, v, kpos;
@@ -366,9 +395,9 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
     v = kv_views[3 * source + 1];
     kpos = kv_views[3 * source + 2];
   } else {
-    k = rms_norm(w.k_proj(x).view({B, T, kv_heads, d}), w.k_norm, c.rms_norm_eps);
+    k = rms_norm(projected[1].view({B, T, kv_heads, d}), w.k_norm, c.rms_norm_eps);
     k = ops::rope(k, cos, sin).transpose(1, 2);  // [B, kv_heads, T, d]
-    v = rms_norm(w.v_proj(x).view({B, T, kv_heads, d}), at::Tensor(), c.rms_norm_eps)
+    v = rms_norm(projected[2].view({B, T, kv_heads, d}), at::Tensor(), c.rms_norm_eps)
             .transpose(1, 2);
     kpos = positions;
     if (rings) {
@@ -476,7 +505,8 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     {
       RECORD_USER_SCOPE("gemma4::mlp");
       auto f = rms_norm(h, w.pre_feedforward_layernorm, c.rms_norm_eps);
-      auto m = w.down_proj(ops::gelu_tanh_mul(w.gate_proj(f), w.up_proj(f)));
+      const auto gate_up = w.gate_up(f);
+      auto m = w.down_proj(ops::gelu_tanh_mul(gate_up[0], gate_up[1]));
       h = h + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
     }
     if (ple.defined()) {

@@ -50,12 +50,26 @@ struct Linear {
   int64_t nbytes() const { return int4 ? int4->nbytes() : dense.nbytes(); }
 };
 
+// Linears that read the same input (q/k/v, gate/up), called together. On the CPU kernel's blocks
+// they are fused into one call (ops::fuse_cpu_blocks: decode's cost is per call as well as per
+// byte); on every other form each part runs on its own. Either way, the parts' outputs in order.
+struct LinearGroup {
+  std::vector<Linear> parts;  // empty when fused
+  Linear whole;               // defined when fused
+  std::vector<int64_t> offsets, sizes;
+
+  static LinearGroup of(std::vector<Linear> parts);
+  std::vector<at::Tensor> operator()(const at::Tensor& x) const;
+};
+
 struct LayerWeights {
   at::Tensor input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
       post_feedforward_layernorm, post_per_layer_input_norm;  // f32, via the compute dtype
-  Linear q_proj, k_proj, v_proj, o_proj;                      // k/v undefined when shared
-  at::Tensor q_norm, k_norm;                                  // k_norm undefined when shared
-  Linear gate_proj, up_proj, down_proj;
+  LinearGroup qkv;  // q_proj, k_proj, v_proj; q_proj alone when shared
+  Linear o_proj;
+  at::Tensor q_norm, k_norm;  // k_norm undefined when shared
+  LinearGroup gate_up;        // gate_proj, up_proj
+  Linear down_proj;
   Linear per_layer_input_gate, per_layer_projection;
   at::Tensor layer_scalar;  // [1], compute dtype
 };

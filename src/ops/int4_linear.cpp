@@ -284,6 +284,40 @@ at::Tensor streamed_bytes(at::IntArrayRef shape) {
 
 }  // namespace
 
+std::optional<FusedInt4> fuse_cpu_blocks(const std::vector<Int4Weight>& parts) {
+  if (parts.size() < 2) return std::nullopt;
+  const auto& first = parts.front();
+  for (const auto& p : parts) {
+    if (!p.cpu_blocks() || p.in_features != first.in_features || p.group_size != first.group_size ||
+        p.scale.scalar_type() != first.scale.scalar_type() ||
+        p.zero_point.defined() != first.zero_point.defined()) {
+      return std::nullopt;
+    }
+  }
+  FusedInt4 fused;
+  std::vector<at::Tensor> scales, zeros;
+  int64_t blocks = 0;
+  for (const auto& p : parts) {
+    fused.offsets.push_back(blocks * kBlockRows);
+    blocks += p.weight.size(0);
+    scales.push_back(p.scale);
+    if (p.zero_point.defined()) zeros.push_back(p.zero_point);
+  }
+  auto& w = fused.whole;
+  w.group_size = first.group_size;
+  w.in_features = first.in_features;
+  // The last part's padding rows fall past out_features, as in any single weight.
+  w.out_features = fused.offsets.back() + parts.back().out_features;
+  w.weight = streamed_bytes({blocks, first.weight.size(1), kSubBytes});
+  for (size_t i = 0; i < parts.size(); ++i) {
+    w.weight.narrow(0, fused.offsets[i] / kBlockRows, parts[i].weight.size(0))
+        .copy_(parts[i].weight);
+  }
+  w.scale = at::cat(scales, 0);
+  if (!zeros.empty()) w.zero_point = at::cat(zeros, 0);
+  return fused;
+}
+
 Int4Weight repack_for_cpu(const PackedInt4& p) {
   TORCH_CHECK(cpu_blocks_supported(p), "repack_for_cpu: ", p.module, " has no CPU block layout");
   const int64_t blocks = ceil_div(p.out, kBlockRows), kb_count = p.in / kSubK;

@@ -20,7 +20,9 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "quant/pack_quantized.h"
 
@@ -51,6 +53,17 @@ bool cpu_blocks_supported(const PackedInt4& packed);
 
 // The CPU kernel's layout of `packed` (host tensors; cpu_blocks_supported must hold).
 Int4Weight repack_for_cpu(const PackedInt4& packed);
+
+// Int4 linears that read the same input, as one whose outputs lie side by side: one call then
+// streams all their weights with one dispatch, one quantization of the input and one fork/join
+// instead of one each. Part i's outputs are columns [offsets[i], offsets[i] + its out_features);
+// each part keeps its padding rows, so offsets are multiples of the block's 64 rows. Only for the
+// CPU kernel's blocks of one in_features, group size, scale dtype and symmetry; nullopt otherwise.
+struct FusedInt4 {
+  Int4Weight whole;
+  std::vector<int64_t> offsets;
+};
+std::optional<FusedInt4> fuse_cpu_blocks(const std::vector<Int4Weight>& parts);
 
 // The ISA the CPU kernel runs with here ("avx512-vnni" or "portable").
 const char* int4_cpu_isa();

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -120,6 +121,43 @@ TEST(Int4Linear, PaddingRowsAndZeroBlocksContributeNothing) {
   EXPECT_EQ(y.sizes(), (at::IntArrayRef{1, 17}));
   const auto exact = at::linear(x.to(at::kDouble), dequantize(packed, at::kDouble));
   EXPECT_LT(rms(y.to(at::kDouble) - exact), 1e-2 * rms(exact));
+}
+
+TEST(Int4Linear, FusedPartsGiveEachPartsOwnBits) {
+  // Parts of 200, 16 and 64 rows: the first two end in padding rows inside the fused weight.
+  for (const bool symmetric : {true, false}) {
+    std::vector<Int4Weight> parts;
+    for (const int64_t out : {200, 16, 64}) {
+      parts.push_back(repack_for_cpu(random_int4({96, out, 32, symmetric, at::kBFloat16}, out)));
+    }
+    const auto fused = fuse_cpu_blocks(parts);
+    ASSERT_TRUE(fused.has_value());
+    EXPECT_EQ(fused->offsets, (std::vector<int64_t>{0, 256, 320}));
+    for (const int64_t rows : {1, 3, 20}) {  // streamed rows, and a chunk through oneDNN
+      const auto x = random_input(rows, 96, rows);
+      const auto y = int4_linear(x, fused->whole);
+      EXPECT_EQ(y.size(1), 384);
+      for (size_t i = 0; i < parts.size(); ++i) {
+        EXPECT_TRUE(at::equal(y.narrow(1, fused->offsets[i], parts[i].out_features),
+                              int4_linear(x, parts[i])))
+            << "part " << i << ", " << rows << " rows, symmetric " << symmetric;
+      }
+    }
+  }
+}
+
+TEST(Int4Linear, OnlyCpuBlocksOfOneShapeAndFormatFuse) {
+  const auto a = repack_for_cpu(random_int4({64, 64, 32, true, at::kBFloat16}, 1));
+  EXPECT_FALSE(fuse_cpu_blocks({a}).has_value()) << "one part is nothing to fuse";
+  for (const Case& other :
+       {Case{96, 64, 32, true, at::kBFloat16}, Case{64, 64, 64, true, at::kBFloat16},
+        Case{64, 64, 32, false, at::kBFloat16}, Case{64, 64, 32, true, at::kHalf}}) {
+    const auto b = repack_for_cpu(random_int4(other, 2));
+    EXPECT_FALSE(fuse_cpu_blocks({a, b}).has_value())
+        << "in " << other.in << ", group " << other.group << ", symmetric " << other.symmetric;
+  }
+  const auto layout = int4_weight(random_int4({64, 64, 32, true, at::kBFloat16}, 3));
+  EXPECT_FALSE(fuse_cpu_blocks({a, layout}).has_value()) << "compressed-tensors' layout";
 }
 
 TEST(Int4Linear, MetaTensorsGiveTheShapeOnly) {
