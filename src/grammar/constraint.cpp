@@ -109,7 +109,6 @@ GrammarVocabulary::GrammarVocabulary(const Tokenizer& tokenizer, std::vector<int
     lens[id] = static_cast<uint32_t>(b.size());
     bytes += b;
   }
-  std::vector<uint32_t> extra_ends(end_ids_.begin() + 1, end_ids_.end());
   LlgTokenizerInitV2 init{};
   init.struct_size = sizeof(init);
   init.vocab_size = static_cast<uint32_t>(size_);
@@ -119,8 +118,6 @@ GrammarVocabulary::GrammarVocabulary(const Tokenizer& tokenizer, std::vector<int
   init.tokenize_assumes_string = true;
   init.tokenize_fn = tokenize;
   init.tokenize_user_data = &tokenizer_;
-  init.tok_eos_extra = extra_ends.data();
-  init.tok_eos_extra_count = static_cast<uint32_t>(extra_ends.size());
   char error[1024] = {};
   handle_ = llg_new_tokenizer_v2(&init, error, sizeof(error));
   if (!handle_) throw FormatError(std::string("llguidance refused the vocabulary: ") + error);

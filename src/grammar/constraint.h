@@ -29,11 +29,12 @@ struct ThinkingMarkers {
 
 // Every token's bytes as llguidance needs them (model pieces with "▁" read as a space and byte
 // fallbacks as their byte; special tokens as 0xFF + their name, so text never matches them), and
-// the end-of-turn tokens: the ones a finished grammar allows. Immutable and shareable.
+// the tokens that end the output. Immutable and shareable.
 class GrammarVocabulary {
  public:
-  // `end_ids`: the tokens that end the output (the first is the one llguidance offers when the
-  // grammar is complete, the others are equivalent). ValueError if one is outside the vocabulary.
+  // `end_ids`: the tokens that end the output. The first (end of turn) is the only token allowed
+  // once the grammar is complete, and where it could end; none of them is allowed inside a
+  // thinking block. ValueError if one is outside the vocabulary.
   GrammarVocabulary(const Tokenizer& tokenizer, std::vector<int64_t> end_ids);
   ~GrammarVocabulary();
   GrammarVocabulary(const GrammarVocabulary&) = delete;
