@@ -26,9 +26,27 @@ ApiError missing(const std::string& param) {
                   "missing_required_parameter");
 }
 
+ApiError unsupported(const std::string& param, const std::string& why) {
+  return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param,
+                  "unsupported_value");
+}
+
+ApiError invalid(const std::string& param, const std::string& why) {
+  return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param, "invalid_value");
+}
+
 const ojson* field(const ojson& body, const char* name) {
   auto it = body.find(name);
   return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+const std::string& required_string(const ojson& object, const char* name,
+                                   const std::string& parent) {
+  const std::string param = parent + "." + name;
+  const ojson* v = field(object, name);
+  if (!v) throw missing(param);
+  if (!v->is_string()) throw wrong_type(param, "a string", *v);
+  return v->get_ref<const std::string&>();
 }
 
 namespace {

@@ -52,8 +52,16 @@ inline ojson parse_json(const std::string& text) {
 const char* type_name(const ojson& v);
 ApiError wrong_type(const std::string& param, const std::string& expected, const ojson& got);
 ApiError missing(const std::string& param);
+// 400 "'PARAM' WHY" with code unsupported_value (a value this server does not implement) or
+// invalid_value (a value outside the field's rules).
+ApiError unsupported(const std::string& param, const std::string& why);
+ApiError invalid(const std::string& param, const std::string& why);
 // The member `name` of the object `body` if present and not null, else nullptr.
 const ojson* field(const ojson& body, const char* name);
+// The string member `name` of `object`, named "PARENT.NAME" in the error when it is missing or
+// not a string.
+const std::string& required_string(const ojson& object, const char* name,
+                                   const std::string& parent);
 
 // The body as a JSON object, keys in the client's order (templates may print them). ApiError 400 if
 // it is not JSON, nests deeper than kMaxJsonDepth, or is not an object.

@@ -8,24 +8,6 @@ namespace {
 
 std::string at(const std::string& param, size_t i) { return param + "[" + std::to_string(i) + "]"; }
 
-ApiError unsupported(const std::string& param, const std::string& why) {
-  return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param,
-                  "unsupported_value");
-}
-
-ApiError invalid(const std::string& param, const std::string& why) {
-  return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param, "invalid_value");
-}
-
-const std::string& required_string(const ojson& object, const char* name,
-                                   const std::string& parent) {
-  const std::string param = parent + "." + name;
-  const ojson* v = field(object, name);
-  if (!v) throw missing(param);
-  if (!v->is_string()) throw wrong_type(param, "a string", *v);
-  return v->get_ref<const std::string&>();
-}
-
 // The text of a message's content: a string, or text parts (input_text, output_text).
 std::string content_text(const ojson& content, const std::string& param) {
   if (content.is_string()) return content.get<std::string>();

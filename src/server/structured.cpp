@@ -13,7 +13,7 @@ ApiError unknown_key(const std::string& param, const std::string& allowed) {
                   "invalid_request_error", param, "unknown_parameter");
 }
 
-ApiError unsupported(const std::string& param, const std::string& why) {
+ApiError unsupported_schema(const std::string& param, const std::string& why) {
   return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param,
                   "unsupported_schema");
 }
@@ -60,9 +60,9 @@ class ToolGrammarWriter {
                                   : rule(*parameters, path);
       if (arguments == "any_value") arguments = "any_object";
       if (arguments != "any_object" && after_brace_.count(arguments) == 0) {
-        throw unsupported(path,
-                          "must describe an object (\"type\": \"object\"): a call's "
-                          "arguments are one");
+        throw unsupported_schema(path,
+                                 "must describe an object (\"type\": \"object\"): a call's "
+                                 "arguments are one");
       }
       calls.push_back(add(literal(function["name"].get<std::string>()) + " " + arguments));
       if (i == 0) first = arguments == "any_object" ? "any_object_rest" : after_brace_[arguments];
@@ -115,13 +115,13 @@ class ToolGrammarWriter {
     if (v.is_string()) {
       const auto text = v.get<std::string>();
       if (text.find("<|") != std::string::npos) {
-        throw unsupported(path,
-                          "holds \"<|\", which Gemma 4's call syntax cannot carry in a string");
+        throw unsupported_schema(
+            path, "holds \"<|\", which Gemma 4's call syntax cannot carry in a string");
       }
       return text.empty() ? quote_ + " " + quote_ : quote_ + " " + literal(text) + " " + quote_;
     }
     if (v.is_structured())
-      throw unsupported(path, "lists an array or object; only scalars are supported here");
+      throw unsupported_schema(path, "lists an array or object; only scalars are supported here");
     return literal(v.dump());
   }
 
@@ -133,10 +133,11 @@ class ToolGrammarWriter {
           "type",  "properties", "required", "additionalProperties",
           "items", "enum",       "const",    "anyOf"};
       if (kEnforced.count(key) == 0 && !is_annotation(key)) {
-        throw unsupported(path + "." + key,
-                          "is not supported in constrained tool calls (supported: type, "
-                          "properties, required, additionalProperties, items, enum, const, anyOf "
-                          "and annotations such as description)");
+        throw unsupported_schema(
+            path + "." + key,
+            "is not supported in constrained tool calls (supported: type, "
+            "properties, required, additionalProperties, items, enum, const, anyOf "
+            "and annotations such as description)");
       }
     }
     if (const ojson* c = field(schema, "const")) return add(value_literal(*c, path + ".const"));
@@ -213,7 +214,8 @@ class ToolGrammarWriter {
         const std::string p = path + ".required[" + std::to_string(i) + "]";
         if (!(*r)[i].is_string()) throw wrong_type(p, "a string", (*r)[i]);
         if (!properties->contains((*r)[i].get<std::string>())) {
-          throw unsupported(p, "names " + (*r)[i].dump() + ", which 'properties' does not declare");
+          throw unsupported_schema(
+              p, "names " + (*r)[i].dump() + ", which 'properties' does not declare");
         }
         required.insert((*r)[i].get<std::string>());
       }
