@@ -30,9 +30,10 @@ target_compile_definitions(chat_template_fuzz PRIVATE
 add_executable(output_parser_fuzz ${_fuzz_dir}/output_parser_fuzz.cpp)
 target_link_libraries(output_parser_fuzz PRIVATE torchtpu_text)
 
-# The server's parsers are compiled in directly: torchtpu_server links the engine and libtorch,
-# which these two files do not use.
-add_executable(request_fuzz ${_fuzz_dir}/request_fuzz.cpp ${CMAKE_SOURCE_DIR}/src/server/openai.cpp)
+# The server's parsers are compiled in directly (openai.cpp with structured.cpp, which parses
+# response_format; mcp.cpp): torchtpu_server links the engine and libtorch, which they do not use.
+add_executable(request_fuzz ${_fuzz_dir}/request_fuzz.cpp ${CMAKE_SOURCE_DIR}/src/server/openai.cpp
+                            ${CMAKE_SOURCE_DIR}/src/server/structured.cpp)
 target_link_libraries(request_fuzz PRIVATE torchtpu_common nlohmann_json::nlohmann_json)
 
 find_package(PkgConfig REQUIRED)
