@@ -103,6 +103,8 @@ struct GenerationRequest {
   // allowed in tool_choice_function.
   std::string tool_choice = "auto";
   std::string tool_choice_function;
+  // false: a forced call is exactly one call (Responses' parallel_tool_calls).
+  bool parallel_tool_calls = true;
   // response_format json_object or json_schema: the grammar the output must follow
   // (server/structured.h); none for text.
   std::optional<Grammar> response_format;

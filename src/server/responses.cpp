@@ -385,6 +385,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   } catch (const ApiError& e) {
     throw as_responses_error(e);
   }
+  out.generation.parallel_tool_calls = !out.one_call;
   const ojson* choice = field(body, "tool_choice");
   out.echo = {{"instructions", or_null(instructions)},
               {"max_output_tokens", or_null(field(body, "max_output_tokens"))},

@@ -943,7 +943,8 @@ std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, b
     grammar = Grammar{GrammarKind::kLark,
                       tool_call_grammar(r.tools, *tool_call_tokens_,
                                         r.tool_choice == "function" ? CallStart::kInsideArguments
-                                                                    : CallStart::kAfterCallPrefix)};
+                                                                    : CallStart::kAfterCallPrefix,
+                                        !r.parallel_tool_calls)};
     param = "tools";
   } else if (r.response_format) {
     grammar = r.response_format;

@@ -48,7 +48,7 @@ class ToolGrammarWriter {
         open_("<[" + std::to_string(tokens.open) + "]>"),
         close_("<[" + std::to_string(tokens.close) + "]>") {}
 
-  std::string grammar(const ojson& tools, CallStart start) {
+  std::string grammar(const ojson& tools, CallStart start, bool one_call) {
     std::vector<std::string> calls;
     std::string first;
     for (size_t i = 0; i < tools.size(); ++i) {
@@ -69,7 +69,7 @@ class ToolGrammarWriter {
     }
     std::string call = calls[0];
     for (size_t i = 1; i < calls.size(); ++i) call += " | " + calls[i];
-    const std::string more = "(" + open_ + " \"call:\" call " + close_ + ")*";
+    const std::string more = one_call ? "" : "(" + open_ + " \"call:\" call " + close_ + ")*";
     std::string out;
     switch (start) {
       case CallStart::kAfterCallPrefix: out = "start: call " + close_ + " " + more + "\n"; break;
@@ -303,8 +303,9 @@ std::optional<Grammar> parse_response_format(const ojson& body) {
   return Grammar{GrammarKind::kJsonSchema, schema->dump()};
 }
 
-std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, CallStart start) {
-  return ToolGrammarWriter(tokens).grammar(tools, start);
+std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, CallStart start,
+                              bool one_call) {
+  return ToolGrammarWriter(tokens).grammar(tools, start, one_call);
 }
 
 }  // namespace torchtpu::server

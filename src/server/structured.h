@@ -37,6 +37,8 @@ enum class CallStart { kAfterCallPrefix, kInsideArguments, kReply };
 // template writes them: strings between <|"|> delimiters, numbers, true/false/null bare,
 // {key:value} and [a,b]. ApiError 400 naming the schema's path (tools[i].function.parameters...)
 // for a keyword the grammar cannot enforce.
-std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, CallStart start);
+// `one_call`: a forced call (kAfterCallPrefix, kInsideArguments) is exactly one call.
+std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, CallStart start,
+                              bool one_call = false);
 
 }  // namespace torchtpu::server
