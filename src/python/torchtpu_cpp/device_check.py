@@ -50,6 +50,13 @@ def _device_of(value) -> str | None:
     return value.device.type if isinstance(value, torch.Tensor) else None
 
 
+def _direction(source: str | None, target: str | None) -> str | None:
+    """ "read" for a copy to the host from elsewhere, "upload" for the reverse, else None."""
+    if source == target:
+        return None
+    return "read" if target == "cpu" else ("upload" if source == "cpu" else None)
+
+
 def _transfer(func, args, kwargs) -> str | None:
     """ "read" for a device->host copy or scalar read, "upload" for host->device, else None."""
     name = func._schema.name
@@ -59,17 +66,11 @@ def _transfer(func, args, kwargs) -> str | None:
         source = _device_of(args[0])
         target = kwargs.get("device")
         target = next((a for a in args[1:] if isinstance(a, torch.device)), target)
-        target = torch.device(target).type if target is not None else source
-        if source != target:
-            return (
-                "read" if target == "cpu" else ("upload" if source == "cpu" else None)
-            )
+        return _direction(
+            source, torch.device(target).type if target is not None else source
+        )
     if name in ("aten::copy_", "aten::_copy_from"):
-        source, target = _device_of(args[1]), _device_of(args[0])
-        if source != target:
-            return (
-                "read" if target == "cpu" else ("upload" if source == "cpu" else None)
-            )
+        return _direction(_device_of(args[1]), _device_of(args[0]))
     return None
 
 
