@@ -300,6 +300,9 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
     throw as_messages_error(e);
   }
   out.generation.stop = std::move(stops);
+  // A forced call with parallel use disabled is exactly one call in the grammar, not just in the
+  // answer: otherwise the model may go on calling until max_tokens.
+  out.generation.parallel_tool_calls = !out.one_call;
   return out;
 }
 

@@ -187,7 +187,7 @@ describe("structured output", () => {
     }
   });
 
-  test("a forced tool call on random weights names a declared tool with valid input", async () => {
+  test("a forced single tool call on random weights is one declared tool with valid input", async () => {
     const tools = [
       {
         name: "set_mode",
@@ -203,10 +203,16 @@ describe("structured output", () => {
     const validate = Object.fromEntries(tools.map((t) => [t.name, ajv.compile(t.input_schema)]));
     for (let i = 0; i < 4; i++) {
       const m = await create({
-        messages: ask(`Choose, round ${i}`), tools, tool_choice: { type: "any" }, temperature: 1, max_tokens: 100,
+        messages: ask(`Choose, round ${i}`),
+        tools,
+        tool_choice: { type: "any", disable_parallel_tool_use: true },
+        temperature: 1,
+        max_tokens: 100,
       });
       assert.equal(m.stop_reason, "tool_use");
-      for (const block of m.content.filter((b) => b.type === "tool_use")) {
+      const calls = m.content.filter((b) => b.type === "tool_use");
+      assert.equal(calls.length, 1, JSON.stringify(m.content));
+      for (const block of calls) {
         assert.ok(validate[block.name], `declared: ${block.name}`);
         assert.ok(validate[block.name](block.input), JSON.stringify(block.input));
       }
