@@ -33,6 +33,7 @@ FAKE_BIN = REPO / "tests" / "rig" / "bin"
 FAKE_VM_BIN = REPO / "tests" / "rig" / "vm-bin"
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 METADATA_VALUE_LIMIT = 256 * 1024  # Compute Engine: one metadata value is at most 256 KiB
+METADATA_TOTAL_LIMIT = 512_000  # all keys and values "less than 512 KB"
 STAGES = ["python", "torch", "toolchain", "build", "weights", "smoke", "unit", "serving"]
 
 
@@ -51,10 +52,10 @@ class FakeCloud:
         env.pop("RIG_ENV", None)
         return env
 
-    def rig(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def rig(self, *args: str, check: bool = True, rig: Path = RIG) -> subprocess.CompletedProcess:
         self.state_file.write_text(json.dumps(self.state))
         proc = subprocess.run(
-            [sys.executable, str(RIG), *args],
+            [sys.executable, str(rig), *args],
             env=self.env(),
             capture_output=True,
             text=True,
@@ -75,10 +76,14 @@ def cloud(tmp_path) -> FakeCloud:
     return FakeCloud(tmp_path)
 
 
-def payload_of(script: str) -> dict[str, bytes]:
-    m = re.search(r"<<'RIG_PAYLOAD'\n(.*?)\nRIG_PAYLOAD\n", script, re.S)
-    assert m, "no payload heredoc in the startup script"
-    tar_bytes = lzma.decompress(base64.b64decode(m.group(1)))
+def source_keys(script: str) -> list[str]:
+    return bash_values(script, ["RIG_SOURCE_KEYS"])["RIG_SOURCE_KEYS"]
+
+
+def payload_of(metadata: dict[str, str]) -> dict[str, bytes]:
+    """The files of the source tarball carried in the metadata values the script names."""
+    keys = source_keys(metadata["startup-script"])
+    tar_bytes = lzma.decompress(base64.b64decode("".join(metadata[k] for k in keys)))
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
@@ -106,7 +111,8 @@ def test_create_requests_flex_start_queued_resource_with_the_rendered_script(clo
     (call,) = cloud.calls()
     argv = call["argv"]
     script_arg = next(a for a in argv if a.startswith("--metadata-from-file="))
-    assert re.fullmatch(r"--metadata-from-file=startup-script=/\S+/startup-script\.sh", script_arg)
+    keys = [pair.split("=", 1)[0] for pair in script_arg.split("=", 1)[1].split(",")]
+    assert keys == sorted(call["files"]) and "startup-script" in keys
     assert argv == [
         "alpha",
         "compute",
@@ -130,7 +136,11 @@ def test_create_requests_flex_start_queued_resource_with_the_rendered_script(clo
     ]
     script = call["files"]["startup-script"]
     assert script.startswith("#!/bin/bash\n")
-    assert len(script.encode()) <= METADATA_VALUE_LIMIT
+    assert sorted(source_keys(script) + ["startup-script"]) == keys
+    sizes = {k: len(v.encode()) for k, v in call["files"].items()}
+    assert max(sizes.values()) <= METADATA_VALUE_LIMIT
+    total = sum(sizes.values()) + sum(len(k) for k in sizes) + len("enable-guest-attributesTRUE")
+    assert total < METADATA_TOTAL_LIMIT
 
     # The payload is HEAD's tree minus PACK_EXCLUDE's default patterns, byte for byte.
     def git(*args: str) -> bytes:
@@ -146,7 +156,7 @@ def test_create_requests_flex_start_queued_resource_with_the_rendered_script(clo
         if meta.split(" ")[0] in ("100644", "100755") and not path.startswith(left_out):
             expected.append(path)
     expected.sort()
-    packed = payload_of(script)
+    packed = payload_of(call["files"])
     assert sorted(packed) == expected
     assert all(packed[p] == git("show", f"{head}:{p}") for p in expected)
     assert "pyproject.toml" in packed and "CMakeLists.txt" in packed
@@ -168,9 +178,9 @@ def test_spot_uses_the_ga_track_and_no_project_flag_when_unset(cloud):
 
 
 def test_rendered_script_is_valid_bash_and_passes_shellcheck(tmp_path, cloud):
-    out = tmp_path / "startup-script.sh"
-    proc = cloud.rig("render", "--out", str(out))
-    assert str(METADATA_VALUE_LIMIT) in proc.stdout
+    out = tmp_path / "metadata" / "startup-script"
+    proc = cloud.rig("render", "--out", str(out.parent))
+    assert str(METADATA_TOTAL_LIMIT) in proc.stdout
     subprocess.run(["bash", "-n", str(out)], check=True)
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck is part of the toolchain (scripts/setup.sh installs it)"
@@ -181,16 +191,22 @@ def test_rendered_script_is_valid_bash_and_passes_shellcheck(tmp_path, cloud):
     assert cloud.calls() == []
 
 
-def test_oversized_source_is_refused_before_any_gcloud_call(tmp_path, cloud):
+def repo_with_random_file(tmp_path: Path, size: int) -> Path:
+    """A git checkout of rig/ plus big.bin, `size` random bytes (which do not compress)."""
     repo = tmp_path / "repo"
     shutil.copytree(REPO / "rig", repo / "rig", ignore=shutil.ignore_patterns("__pycache__"))
-    (repo / "big.bin").write_bytes(os.urandom(300 * 1024))  # random bytes do not compress
+    (repo / "big.bin").write_bytes(os.urandom(size))
     for cmd in (
         ["init", "-q"],
         ["add", "-A"],
         ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "x"],
     ):
         subprocess.run(["git", *cmd], cwd=repo, check=True)
+    return repo
+
+
+def test_oversized_source_is_refused_before_any_gcloud_call(tmp_path, cloud):
+    repo = repo_with_random_file(tmp_path, 400 * 1024)  # base64: about 546 KB
     proc = subprocess.run(
         [sys.executable, str(repo / "rig" / "rig"), "create"],
         env=cloud.env(),
@@ -198,10 +214,43 @@ def test_oversized_source_is_refused_before_any_gcloud_call(tmp_path, cloud):
         text=True,
     )
     assert proc.returncode == 1
-    assert "262144-byte (256 KiB) limit" in proc.stderr
-    assert "big.bin (307200 B)" in proc.stderr
+    assert f"not under Compute Engine's limit of {METADATA_TOTAL_LIMIT} bytes" in proc.stderr
+    assert "big.bin (409600 B)" in proc.stderr
     assert "PACK_EXCLUDE" in proc.stderr
     assert cloud.calls() == []
+
+
+def test_a_source_over_one_value_is_split_and_reassembled_by_the_script(tmp_path, cloud):
+    repo = repo_with_random_file(tmp_path, 250 * 1024)  # base64: about 347 KB, two values
+    big = (repo / "big.bin").read_bytes()
+    cloud.rig("create", rig=repo / "rig" / "rig")
+    (call,) = cloud.calls()
+    files = call["files"]
+    assert source_keys(files["startup-script"]) == ["rig-source-0", "rig-source-1"]
+    assert all(len(v.encode()) <= METADATA_VALUE_LIMIT for v in files.values())
+    assert payload_of(files)["big.bin"] == big
+
+    # The script's own reader, over the values as files (RIG_METADATA_DIR), gives the tarball
+    # whose SHA-256 the script names.
+    metadata = tmp_path / "metadata"
+    metadata.mkdir()
+    for key, value in files.items():
+        (metadata / key).write_text(value)
+    script = files["startup-script"]
+    assert script.endswith('\nmain "$@"\n')
+    functions = script[: -len('main "$@"\n')]
+    out = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f'{functions}\nrig_payload | sha256sum -c <(echo "$RIG_PAYLOAD_SHA256  -")',
+        ],
+        env=dict(os.environ, RIG_METADATA_DIR=str(metadata)),
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "-: OK"
 
 
 def test_values_with_spaces_and_quotes_stay_single_arguments(tmp_path, cloud):
@@ -255,8 +304,8 @@ def test_values_reaching_the_vm_shell_are_never_run(tmp_path, cloud):
             ]
         ),
     )
-    script = tmp_path / "startup-script.sh"
-    cloud.rig("--env", env, "render", "--out", str(script))
+    script = tmp_path / "metadata" / "startup-script"
+    cloud.rig("--env", env, "render", "--out", str(script.parent))
     cloud.rig("--env", env, "create")
     names = ["TORCH_PIP_SPEC", "UNIT_PYTEST_ARGS", "PIP_INDEX_ARGS"]
     assert bash_values(script.read_text(), names) == {
@@ -471,8 +520,8 @@ def test_startup_script_reports_done_then_failed_and_stops(tmp_path, cloud):
             ]
         ),
     )
-    script = tmp_path / "startup-script.sh"
-    cloud.rig("--env", env_file, "render", "--out", str(script))
+    script = tmp_path / "metadata" / "startup-script"
+    cloud.rig("--env", env_file, "render", "--out", str(script.parent))
     attrs = tmp_path / "attrs"
     env = dict(
         os.environ,
@@ -503,8 +552,8 @@ def test_startup_script_reports_done_then_failed_and_stops(tmp_path, cloud):
 
 
 def test_unit_stage_without_tests_is_reported_skipped_not_done(tmp_path, cloud):
-    script = tmp_path / "startup-script.sh"
-    cloud.rig("render", "--out", str(script))
+    script = tmp_path / "metadata" / "startup-script"
+    cloud.rig("render", "--out", str(script.parent))
     attrs = tmp_path / "attrs"
     env = dict(
         os.environ,
@@ -668,11 +717,11 @@ def test_serving_stage_installs_the_unit_and_waits_for_health(
     systemctl starts an HTTP server that answers /health, or reports the unit failed. With
     SERVE_API_KEY, serve.env (root's alone) hands it to the server."""
     port = _free_port()
-    script = tmp_path / "startup-script.sh"
+    script = tmp_path / "metadata" / "startup-script"
     cloud.rig(
         *("--set", f"PORT={port}", "--set", "HEALTH_TIMEOUT=60"),
         *(("--set", f"SERVE_API_KEY={api_key}") if api_key else ()),
-        *("render", "--out", str(script)),
+        *("render", "--out", str(script.parent)),
     )
     root, etc, attrs = tmp_path / "root", tmp_path / "etc", tmp_path / "attrs"
     (root / "venv" / "bin").mkdir(parents=True)
@@ -825,8 +874,8 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
             ]
         ),
     )
-    script = tmp_path / "startup-script.sh"
-    print(cloud.rig("--env", env_file, "render", "--out", str(script)).stdout)
+    script = tmp_path / "metadata" / "startup-script"
+    print(cloud.rig("--env", env_file, "render", "--out", str(script.parent)).stdout)
     # A fixed root, emptied first: the venv is fresh, and the paths the compiler sees are the same
     # from run to run, so the build's ccache (see CMakeLists.txt) can answer a rerun. A second
     # boot test running meanwhile gets a root of its own (slower, never clobbered).
@@ -851,6 +900,7 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
         os.environ,
         RIG_ROOT=str(root),
         RIG_GUEST_ATTR_DIR=str(attrs),
+        RIG_METADATA_DIR=str(script.parent),
         RIG_DEVICE="cpu",
         RIG_STAGES="python torch toolchain build weights smoke",
         HF_ENDPOINT=hub.url,
