@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "engine/sequence.h"
 
 namespace torchtpu {
 namespace {
@@ -149,24 +150,26 @@ at::Tensor Engine::logits(const std::vector<int64_t>& ids) {
       .squeeze(0);
 }
 
-at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt) {
-  const auto n = static_cast<int64_t>(prompt.size());
-  const int64_t chunk = options_.prefill_chunk;
-  at::Tensor last_logits;
-  for (int64_t begin = 0; begin < n; begin += chunk) {
-    const int64_t end = std::min(n, begin + chunk);
-    std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
-    auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
-    const bool final_chunk = end == n;
-    last_logits =
-        model_->forward(id_tensor(part, options_.device), positions.to(options_.device), &rings_,
-                        /*last_only=*/true, /*no_logits=*/!final_chunk);
-  }
-  return last_logits.view({-1});
+at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
+                              int64_t end) const {
+  std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
+  auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+  const bool final_chunk = end == static_cast<int64_t>(prompt.size());
+  auto logits = model_->forward(id_tensor(part, options_.device), positions.to(options_.device),
+                                &rings, /*last_only=*/true, /*no_logits=*/!final_chunk);
+  return final_chunk ? logits.view({-1}) : logits;
 }
 
-DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                            const OnTokens& on_tokens, const OnLogits& on_logits) {
+at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt) {
+  const auto n = static_cast<int64_t>(prompt.size());
+  at::Tensor last_logits;
+  for (int64_t begin = 0; begin < n; begin += options_.prefill_chunk) {
+    last_logits = read_chunk(rings_, prompt, begin, std::min(n, begin + options_.prefill_chunk));
+  }
+  return last_logits;
+}
+
+void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOptions& options) const {
   check_prompt(prompt);
   if (options.max_new < 1) {
     throw ValueError("max_new must be at least 1, got " + std::to_string(options.max_new));
@@ -174,39 +177,40 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   if (options.read_every < 1) {
     throw ValueError("read_every must be at least 1, got " + std::to_string(options.read_every));
   }
-  if (options.constraint) {
-    if (options.ignore_eos) {
-      throw ValueError(
-          "ignore_eos cannot be combined with a constraint: the grammar decides where "
-          "the output ends");
-    }
-    // Each step's mask follows from every token before it, so a constrained request reads every
-    // token back to the host as it is sampled, whatever read_every the caller chose.
-    if (options.read_every != 1) {
-      DecodeOptions every_token = options;
-      every_token.read_every = 1;
-      return decode(prompt, every_token, on_tokens, on_logits);
-    }
+  if (options.constraint && options.ignore_eos) {
+    throw ValueError(
+        "ignore_eos cannot be combined with a constraint: the grammar decides where "
+        "the output ends");
   }
-  // Logits with -inf wherever the constraint (if any) forbids the next token.
-  auto constrained = [&](const at::Tensor& logits) {
-    return options.constraint ? options.constraint->mask(logits) : logits;
-  };
-  c10::InferenceMode inference;
-  const auto& stops = options.stop_ids.empty() ? config().eos_token_ids : options.stop_ids;
-  const auto n = static_cast<int64_t>(prompt.size());
-  // Positions past the context have no slot in the full rings: generation ends there.
-  const int64_t budget = std::min(options.max_new, options_.context - n + 1);
+  options.sampling.validate(config().vocab_size);
+}
 
-  DecodeResult result;
-  result.prompt_tokens = n;
+int64_t Engine::token_budget(int64_t prompt_tokens, int64_t max_new) const {
+  // Positions past the context have no slot in the full rings: generation ends there.
+  return std::min(max_new, options_.context - prompt_tokens + 1);
+}
+
+DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
+                            const OnTokens& on_tokens, const OnLogits& on_logits) {
+  check_decode(prompt, options);
+  // Each step's mask follows from every token before it, so a constrained request reads every
+  // token back to the host as it is sampled, whatever read_every the caller chose.
+  if (options.constraint && options.read_every != 1) {
+    DecodeOptions every_token = options;
+    every_token.read_every = 1;
+    return decode(prompt, every_token, on_tokens, on_logits);
+  }
+  c10::InferenceMode inference;
+  const auto n = static_cast<int64_t>(prompt.size());
+  const int64_t budget = token_budget(n, options.max_new);
+
   Sampler sampler(options.sampling, at::tensor(prompt, at::kLong), config().vocab_size,
                   options_.device);
   rings_.reset();
-  auto start = Clock::now();
+  SequenceOutput output(options, config().eos_token_ids, n, on_tokens);
   auto logits = read_prompt(prompt);
   if (on_logits) on_logits(logits);
-  auto token = sampler.next(constrained(logits)).view({1, 1});
+  auto token = sampler.next(output.constrain(logits)).view({1, 1});
   const auto on_device = at::TensorOptions().dtype(at::kLong).device(options_.device);
   auto position = at::full({1, 1}, n, on_device);
   // Tokens not yet read wait in a device buffer, one slot per step of the read window. The slot
@@ -221,32 +225,8 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
     slot = at::remainder(slot + 1, options.read_every);
     ++pending;
   };
-
-  // Moves `count` tokens from `host` into the result; returns false when decoding must end.
   auto take = [&](const at::Tensor& host, int64_t count) {
-    const auto* data = host.data_ptr<int64_t>();
-    std::vector<int64_t> batch;
-    bool stopped = false;
-    for (int64_t i = 0; i < count; ++i) {
-      if (!options.ignore_eos && std::find(stops.begin(), stops.end(), data[i]) != stops.end()) {
-        result.stop_id = data[i];
-        stopped = true;
-        break;
-      }
-      if (options.constraint) options.constraint->commit(data[i]);
-      batch.push_back(data[i]);
-    }
-    result.tokens.insert(result.tokens.end(), batch.begin(), batch.end());
-    if (result.read_s == 0) {
-      result.read_s = seconds_since(start);
-      start = Clock::now();
-    }
-    if (stopped) result.finish = "stop";
-    if (on_tokens && !batch.empty() && !on_tokens(batch)) {
-      result.finish = "cancelled";
-      return false;
-    }
-    return !stopped;
+    return output.take(host.data_ptr<int64_t>(), count);
   };
 
   // Every window of read_every steps is read whole: a view of part of it would be one more op.
@@ -258,16 +238,14 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
     if (on_logits) on_logits(logits);
     {
       RECORD_USER_SCOPE("engine::sample");
-      token = sampler.next(constrained(logits)).view({1, 1});
+      token = sampler.next(output.constrain(logits)).view({1, 1});
     }
     position = position + 1;
     keep();
     if (pending == options.read_every) go_on = read_window();
   }
   if (go_on && pending > 0) go_on = read_window();
-  if (result.finish.empty()) result.finish = "length";
-  result.decode_s = seconds_since(start);
-  return result;
+  return output.done("length");
 }
 
 }  // namespace torchtpu

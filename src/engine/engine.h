@@ -91,9 +91,21 @@ class Engine {
 
   // The checks decode and logits apply to caller input (ValueError naming the value and limit).
   void check_prompt(const std::vector<int64_t>& ids) const;
+  // check_prompt plus the decode options' own checks (ValueError).
+  void check_decode(const std::vector<int64_t>& prompt, const DecodeOptions& options) const;
+  // Tokens a sequence after a prompt of `prompt_tokens` may generate: max_new, or fewer where the
+  // context ends first.
+  int64_t token_budget(int64_t prompt_tokens, int64_t max_new) const;
+
+  // The model, for whoever drives its forward pass with rings of their own (Batch).
+  const Gemma4& model() const { return *model_; }
+  // Reads prompt[begin, end) into `rings` (one row) after the positions before `begin`; returns
+  // the float32 logits [vocab] of its last token when `end` is the prompt's end, else undefined.
+  at::Tensor read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
+                        int64_t end) const;
 
  private:
-  at::Tensor read_prompt(const std::vector<int64_t>& prompt);
+  at::Tensor read_prompt(const std::vector<int64_t>& prompt);  // in chunks, into rings_
 
   EngineOptions options_;
   std::unique_ptr<Gemma4> model_;

@@ -36,4 +36,18 @@ void Rings::reset() {
   for (auto& ring : rings_) ring.kpos.fill_(-1);
 }
 
+void Rings::reset_row(int64_t row) {
+  for (auto& ring : rings_) ring.kpos.select(0, row).fill_(-1);
+}
+
+Rings Rings::rows(int64_t begin, int64_t count) const {
+  Rings view = *this;
+  for (auto& ring : view.rings_) {
+    ring.k = ring.k.narrow(0, begin, count);
+    ring.v = ring.v.narrow(0, begin, count);
+    ring.kpos = ring.kpos.narrow(0, begin, count);
+  }
+  return view;
+}
+
 }  // namespace torchtpu

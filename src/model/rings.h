@@ -37,6 +37,12 @@ class Rings {
   Ring& for_layer(int64_t layer) { return rings_[owner_[layer]]; }
   // Empties every ring (kpos = -1); contents need not be cleared.
   void reset();
+  // Empties one batch row of every ring.
+  void reset_row(int64_t row);
+  // Rows [begin, begin + count) of every ring as views: a forward pass over them reads and writes
+  // these rings' storage, and the other rows are untouched.
+  Rings rows(int64_t begin, int64_t count) const;
+  int64_t batch() const { return rings_.empty() ? 0 : rings_.front().kpos.size(0); }
   Layout layout() const { return layout_; }
   int64_t context() const { return layout_.context; }
 

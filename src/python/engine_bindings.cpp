@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "engine/batch.h"
 #include "engine/engine.h"
 #include "engine/report.h"
 #include "grammar/constraint.h"
@@ -35,16 +36,16 @@ class PyEngine {
 
   // The engine, after the owner check and, for calls that run the model (`exclusive`), the check
   // that no decode is in progress; RuntimeError if either fails.
-  Engine& begin(const char* method, bool exclusive = false) {
+  // `method` is qualified ("Engine.decode", "Batch.step"): a Batch is the engine's too.
+  Engine& begin(const std::string& method, bool exclusive = false) {
     if (std::this_thread::get_id() != owner_) {
-      throw std::runtime_error(std::string("Engine.") + method + "() called from thread '" +
-                               current_thread_name() + "', but this Engine belongs to thread '" +
-                               owner_name_ +
+      throw std::runtime_error(method + "() called from thread '" + current_thread_name() +
+                               "', but this Engine belongs to thread '" + owner_name_ +
                                "' that created it; send work to that thread (a "
                                "queue) instead of sharing the engine");
     }
     if (exclusive && busy_) {
-      throw std::runtime_error(std::string("Engine.") + method +
+      throw std::runtime_error(method +
                                "() called while this engine is decoding (from inside an "
                                "on_tokens callback); one call at a time");
     }
@@ -121,39 +122,190 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
   return options;
 }
 
-// Runs the engine's decode with the GIL released. Each read batch takes the GIL back to run
-// `on_tokens` and to let Python handle signals (Ctrl-C ends the decode with KeyboardInterrupt); a
-// Python error raised there stops the decode and is raised again once the GIL is held.
-DecodeResult run_decode(PyEngine& self, const char* method, const std::vector<int64_t>& ids,
-                        const DecodeOptions& options, py::handle on_tokens) {
-  Engine& engine = self.begin(method, /*exclusive=*/true);
+void check_callable(py::handle on_tokens) {
   if (!on_tokens.is_none() && !PyCallable_Check(on_tokens.ptr())) {
     throw py::type_error("on_tokens must be callable or None, got " +
                          std::string(py::str(py::type::handle_of(on_tokens).attr("__name__"))));
   }
-  std::optional<py::error_already_set> failure;
-  auto relay = [&](const std::vector<int64_t>& batch) -> bool {
+}
+
+// The OnTokens of one sequence, called without the GIL: it takes the GIL back to run `on_tokens`
+// (None: no call) and to let Python handle signals (Ctrl-C ends the sequence with
+// KeyboardInterrupt). A Python error raised there ends the sequence and waits in `failure` for the
+// caller to raise once the GIL is held. Holds no Python reference: the caller keeps `on_tokens`
+// alive while the sequence runs, so the relay may be destroyed without the GIL.
+OnTokens relay(py::handle on_tokens, std::optional<py::error_already_set>& failure) {
+  return [on_tokens, &failure](const std::vector<int64_t>& batch) -> bool {
     py::gil_scoped_acquire acquired;
     try {
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       if (on_tokens.is_none()) return true;
-      const py::object go_on = py::reinterpret_borrow<py::object>(on_tokens)(to_list(batch));
+      const py::object go_on = on_tokens(to_list(batch));
       const int truth = PyObject_IsTrue(go_on.ptr());
       if (truth < 0) throw py::error_already_set();
       return truth == 1;
     } catch (py::error_already_set& e) {
-      failure.emplace(std::move(e));
+      if (!failure) failure.emplace(std::move(e));
       return false;
     }
   };
+}
+
+// Runs the engine's decode with the GIL released; on_tokens runs once per read batch (relay).
+DecodeResult run_decode(PyEngine& self, const char* method, const std::vector<int64_t>& ids,
+                        const DecodeOptions& options, py::handle on_tokens) {
+  Engine& engine = self.begin(method, /*exclusive=*/true);
+  check_callable(on_tokens);
+  std::optional<py::error_already_set> failure;
   PyEngine::Busy busy(self);
   DecodeResult result;
   {
     py::gil_scoped_release released;
-    result = engine.decode(ids, options, relay);
+    result = engine.decode(ids, options, relay(on_tokens, failure));
   }
   if (failure) throw std::move(*failure);
   return result;
+}
+
+// The sampling and stopping arguments Engine.decode, Batch.submit and Engine.decode_many share.
+struct DecodeArgs {
+  int64_t max_new;
+  py::object stop;
+  int64_t read_every;
+  double temperature;
+  int64_t top_k;
+  double top_p;
+  double min_p;
+  double repetition_penalty;
+  double presence_penalty;
+  double frequency_penalty;
+  std::map<int64_t, double> logit_bias;
+  std::optional<uint64_t> seed;
+  std::optional<std::string> grammar_kind;
+  std::string grammar;
+};
+
+// The DecodeOptions for `args`; a grammar becomes a fresh constraint (one per sequence: it
+// advances through that sequence's tokens).
+DecodeOptions decode_options(PyEngine& self, const std::string& method, const DecodeArgs& args) {
+  DecodeOptions options;
+  options.max_new = args.max_new;
+  options.read_every = args.read_every;
+  if (!args.stop.is_none()) {
+    options.stop_ids = to_ids(args.stop, "stop");
+    options.ignore_eos = options.stop_ids.empty();
+  }
+  SamplingParams& s = options.sampling;
+  s.temperature = args.temperature;
+  s.top_k = args.top_k;
+  s.top_p = args.top_p;
+  s.min_p = args.min_p;
+  s.repetition_penalty = args.repetition_penalty;
+  s.presence_penalty = args.presence_penalty;
+  s.frequency_penalty = args.frequency_penalty;
+  s.logit_bias = args.logit_bias;
+  s.seed = args.seed;
+  if (args.grammar_kind) {
+    self.begin(method, /*exclusive=*/true);
+    auto vocabulary = [&] {
+      py::gil_scoped_release released;
+      return self.grammar_vocabulary();
+    }();
+    options.constraint =
+        std::make_shared<Constraint>(vocabulary, to_grammar(*args.grammar_kind, args.grammar));
+  }
+  return options;
+}
+
+// Binds `f(self, first, on_tokens, DecodeArgs)` as method `name` taking `first` (named by
+// `first_name`) and then DecodeArgs' fields as arguments: every method that decodes takes the
+// same names and defaults.
+template <typename Class, typename F>
+void def_decoding(Class& cls, const char* name, const char* first_name, const char* doc, F f) {
+  cls.def(
+      name,
+      [f](typename Class::type& self, py::handle first, int64_t max_new, py::object stop,
+          int64_t read_every, py::handle on_tokens, double temperature, int64_t top_k, double top_p,
+          double min_p, double repetition_penalty, double presence_penalty,
+          double frequency_penalty, const std::map<int64_t, double>& logit_bias,
+          std::optional<uint64_t> seed, std::optional<std::string> grammar_kind,
+          const std::string& grammar) {
+        return f(self, first, on_tokens,
+                 DecodeArgs{max_new, std::move(stop), read_every, temperature, top_k, top_p, min_p,
+                            repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
+                            seed, std::move(grammar_kind), grammar});
+      },
+      doc, py::arg(first_name), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
+      py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
+      py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
+      py::arg("min_p") = 0.0, py::arg("repetition_penalty") = 1.0,
+      py::arg("presence_penalty") = 0.0, py::arg("frequency_penalty") = 0.0,
+      py::arg("logit_bias") = std::map<int64_t, double>{}, py::arg("seed") = py::none(),
+      py::arg("grammar_kind") = py::none(), py::arg("grammar") = "");
+}
+
+// torchtpu_cpp.Batch: a Batch over the engine's model, owned by the engine's owner thread (every
+// method checks it). It keeps the Python Engine alive, and each queued or running sequence's
+// on_tokens callable until the step that finishes the sequence.
+class PyBatch {
+ public:
+  PyBatch(py::object engine, const BatchOptions& options)
+      : engine_object_(std::move(engine)), engine_(engine_object_.cast<PyEngine&>()) {
+    Engine& engine_ref = engine_.begin("Engine.batch", /*exclusive=*/true);
+    py::gil_scoped_release released;
+    batch_ = std::make_unique<Batch>(engine_ref, options);
+  }
+
+  int64_t submit(const char* method, const std::vector<int64_t>& ids, DecodeOptions options,
+                 py::handle on_tokens) {
+    engine_.begin(method, /*exclusive=*/true);
+    check_callable(on_tokens);
+    const int64_t id = batch_->submit(ids, options, relay(on_tokens, failure_));
+    callbacks_[id] = py::reinterpret_borrow<py::object>(on_tokens);
+    return id;
+  }
+
+  // One step of the batch with the GIL released; the finished ids. A Python error from an
+  // on_tokens callable (its sequence ended, cancelled) is raised here after the step.
+  std::vector<int64_t> step(const char* method) {
+    engine_.begin(method, /*exclusive=*/true);
+    std::vector<int64_t> finished;
+    {
+      PyEngine::Busy busy(engine_);
+      py::gil_scoped_release released;
+      finished = batch_->step();
+    }
+    for (const int64_t id : finished) callbacks_.erase(id);
+    if (failure_) {
+      auto failure = std::move(*failure_);
+      failure_.reset();
+      throw failure;
+    }
+    return finished;
+  }
+
+  Batch& batch(const char* method) {
+    engine_.begin(method);
+    return *batch_;
+  }
+  PyEngine& engine() { return engine_; }
+
+ private:
+  py::object engine_object_;
+  PyEngine& engine_;
+  std::map<int64_t, py::object> callbacks_;
+  std::optional<py::error_already_set> failure_;
+  std::unique_ptr<Batch> batch_;
+};
+
+py::dict stats_dict(const BatchStats& stats) {
+  py::dict d;
+  d["rows"] = stats.rows;
+  d["queued"] = stats.queued;
+  d["reading"] = stats.reading;
+  d["decoding"] = stats.decoding;
+  d["steps"] = stats.steps;
+  return d;
 }
 
 py::dict layout_dict(const Layout& layout) {
@@ -183,10 +335,16 @@ void bind_engine(py::module_& m) {
                ", decode_s=" + std::to_string(r.decode_s) + ")";
       });
 
-  py::class_<PyEngine>(m, "Engine",
-                       "Gemma 4 weights and ring KV cache on one device, used "
-                       "by the thread that "
-                       "created it.")
+  py::class_<PyBatch> batch(
+      m, "Batch",
+      "Sequences decoded together over one Engine's weights (Engine.batch): submit queues, step "
+      "advances every sequence by one scheduler step, result hands a finished one over. Used by "
+      "the engine's owner thread.");
+  py::class_<PyEngine> engine(
+      m, "Engine",
+      "Gemma 4 weights and ring KV cache on one device, used by the thread that "
+      "created it.");
+  engine
       .def(py::init([](const std::string& model_dir, const std::optional<std::string>& emb4_dir,
                        py::handle like, int64_t context, py::handle device, py::handle dtype,
                        int64_t prefill_chunk, int64_t threads, const std::string& int4,
@@ -199,29 +357,35 @@ void bind_engine(py::module_& m) {
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
            py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512, py::arg("threads") = 0,
            py::arg("int4") = "auto", py::arg("quantize") = py::none())
-      .def("layout", [](PyEngine& self) { return layout_dict(self.begin("layout").layout()); })
+      .def("layout",
+           [](PyEngine& self) { return layout_dict(self.begin("Engine.layout").layout()); })
       .def("report",
            [](PyEngine& self) {
-             const std::string text = engine_report(self.begin("report")).dump();
+             const std::string text = engine_report(self.begin("Engine.report")).dump();
              return py::module_::import("json").attr("loads")(text);
            })
       .def_property_readonly(
-          "vocab_size", [](PyEngine& self) { return self.begin("vocab_size").config().vocab_size; })
-      .def_property_readonly("eos_token_ids",
-                             [](PyEngine& self) {
-                               return to_list(self.begin("eos_token_ids").config().eos_token_ids);
-                             })
+          "vocab_size",
+          [](PyEngine& self) { return self.begin("Engine.vocab_size").config().vocab_size; })
       .def_property_readonly(
-          "device", [](PyEngine& self) { return self.begin("device").options().device.str(); })
+          "eos_token_ids",
+          [](PyEngine& self) {
+            return to_list(self.begin("Engine.eos_token_ids").config().eos_token_ids);
+          })
       .def_property_readonly(
-          "dtype", [](PyEngine& self) { return dtype_name(self.begin("dtype").options().dtype); })
+          "device",
+          [](PyEngine& self) { return self.begin("Engine.device").options().device.str(); })
       .def_property_readonly(
-          "load_seconds", [](PyEngine& self) { return self.begin("load_seconds").load_seconds(); })
+          "dtype",
+          [](PyEngine& self) { return dtype_name(self.begin("Engine.dtype").options().dtype); })
+      .def_property_readonly(
+          "load_seconds",
+          [](PyEngine& self) { return self.begin("Engine.load_seconds").load_seconds(); })
       .def_property_readonly("owner_thread", &PyEngine::owner_name)
       .def(
           "logits",
           [](PyEngine& self, py::handle ids) {
-            Engine& engine = self.begin("logits", /*exclusive=*/true);
+            Engine& engine = self.begin("Engine.logits", /*exclusive=*/true);
             const auto tokens = to_ids(ids, "ids");
             at::Tensor logits;
             {
@@ -238,57 +402,95 @@ void bind_engine(py::module_& m) {
             options.max_new = max_new;
             options.read_every = read_every;
             options.ignore_eos = true;
-            const auto r = run_decode(self, "generate", to_ids(ids, "ids"), options, py::none());
+            const auto r =
+                run_decode(self, "Engine.generate", to_ids(ids, "ids"), options, py::none());
             return py::make_tuple(to_list(r.tokens), r.read_s, r.decode_s);
           },
           py::arg("ids"), py::arg("max_new"), py::arg("read_every") = 1)
       .def(
-          "decode",
-          [](PyEngine& self, py::handle ids, int64_t max_new, py::handle stop, int64_t read_every,
-             py::handle on_tokens, double temperature, int64_t top_k, double top_p, double min_p,
-             double repetition_penalty, double presence_penalty, double frequency_penalty,
-             const std::map<int64_t, double>& logit_bias, std::optional<uint64_t> seed,
-             std::optional<std::string> grammar_kind, const std::string& grammar) {
-            DecodeOptions options;
-            options.max_new = max_new;
-            options.read_every = read_every;
-            if (!stop.is_none()) {
-              options.stop_ids = to_ids(stop, "stop");
-              options.ignore_eos = options.stop_ids.empty();
-            }
-            SamplingParams& s = options.sampling;
-            s.temperature = temperature;
-            s.top_k = top_k;
-            s.top_p = top_p;
-            s.min_p = min_p;
-            s.repetition_penalty = repetition_penalty;
-            s.presence_penalty = presence_penalty;
-            s.frequency_penalty = frequency_penalty;
-            s.logit_bias = logit_bias;
-            s.seed = seed;
-            if (grammar_kind) {
-              self.begin("decode", /*exclusive=*/true);
-              auto vocabulary = [&] {
-                py::gil_scoped_release released;
-                return self.grammar_vocabulary();
-              }();
-              options.constraint =
-                  std::make_shared<Constraint>(vocabulary, to_grammar(*grammar_kind, grammar));
-            }
-            return run_decode(self, "decode", to_ids(ids, "ids"), options, on_tokens);
+          "batch",
+          [](py::object self, int64_t rows, int64_t step_tokens) {
+            return std::make_unique<PyBatch>(std::move(self), BatchOptions{rows, step_tokens});
           },
-          "Decodes after `ids`: greedy unless temperature > 0, else sampled after logit_bias, "
-          "penalties, temperature, top_k, top_p and min_p, in that order; a seed reproduces the "
-          "tokens. Sampling values out of range raise ValueError. grammar_kind (json_schema, "
-          "json_object, regex, lark) with `grammar` constrains the output to it (every token read "
-          "back, as with read_every=1; ValueError naming what llguidance cannot enforce).",
-          py::arg("ids"), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
-          py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
-          py::arg("temperature") = 0.0, py::arg("top_k") = 0, py::arg("top_p") = 1.0,
-          py::arg("min_p") = 0.0, py::arg("repetition_penalty") = 1.0,
-          py::arg("presence_penalty") = 0.0, py::arg("frequency_penalty") = 0.0,
-          py::arg("logit_bias") = std::map<int64_t, double>{}, py::arg("seed") = py::none(),
-          py::arg("grammar_kind") = py::none(), py::arg("grammar") = "");
+          "A Batch of `rows` sequences decoded together over this engine's weights (rings of its "
+          "own, each row as large as the engine's context). step_tokens: tokens one step may "
+          "put through the model (one per decoding row, the rest for prompt chunks); 0: "
+          "prefill_chunk + rows. ValueError for rows < 1 or step_tokens <= rows.",
+          py::arg("rows") = 4, py::arg("step_tokens") = 0);
+  def_decoding(
+      engine, "decode", "ids",
+      "Decodes after `ids`: greedy unless temperature > 0, else sampled after logit_bias, "
+      "penalties, temperature, top_k, top_p and min_p, in that order; a seed reproduces the "
+      "tokens. Sampling values out of range raise ValueError. grammar_kind (json_schema, "
+      "json_object, regex, lark) with `grammar` constrains the output to it (every token read "
+      "back, as with read_every=1; ValueError naming what llguidance cannot enforce).",
+      [](PyEngine& self, py::handle ids, py::handle on_tokens, const DecodeArgs& args) {
+        return run_decode(self, "Engine.decode", to_ids(ids, "ids"),
+                          decode_options(self, "Engine.decode", args), on_tokens);
+      });
+
+  def_decoding(
+      batch, "submit", "ids",
+      "Queues a sequence with Engine.decode's arguments (read_every is taken as 1: every step "
+      "reads each row's token back) and returns its id; on_tokens sees its tokens. ValueError "
+      "for what Engine.decode refuses.",
+      [](PyBatch& self, py::handle ids, py::handle on_tokens, const DecodeArgs& args) {
+        return self.submit("Batch.submit", to_ids(ids, "ids"),
+                           decode_options(self.engine(), "Batch.submit", args), on_tokens);
+      });
+  def_decoding(
+      batch, "decode_many", "prompts",
+      "Decodes every prompt in `prompts` (a sequence of id sequences) with the same arguments, "
+      "together in this batch, and returns their DecodeResults in order: each the result "
+      "Engine.decode gives for that prompt alone. on_tokens(index, tokens) sees the tokens of "
+      "prompt `index`; a falsy return cancels that sequence alone. The GIL is released during "
+      "each step.",
+      [](PyBatch& self, py::handle prompts, py::handle on_tokens, const DecodeArgs& args) {
+        check_callable(on_tokens);
+        if (PyUnicode_Check(prompts.ptr()) || !py::isinstance<py::iterable>(prompts)) {
+          throw ValueError("prompts must be a sequence of token id sequences, got " +
+                           std::string(py::str(py::type::handle_of(prompts).attr("__name__"))));
+        }
+        const auto partial = py::module_::import("functools").attr("partial");
+        std::vector<int64_t> ids;
+        for (py::handle prompt : prompts) {
+          const std::string what = "prompts[" + std::to_string(ids.size()) + "]";
+          const py::object callback =
+              on_tokens.is_none() ? py::none() : partial(on_tokens, ids.size());
+          ids.push_back(self.submit("Batch.decode_many", to_ids(prompt, what.c_str()),
+                                    decode_options(self.engine(), "Batch.decode_many", args),
+                                    callback));
+        }
+        std::map<int64_t, DecodeResult> results;
+        while (results.size() < ids.size()) {
+          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+          for (const int64_t id : self.step("Batch.decode_many")) {
+            results[id] = self.batch("Batch.decode_many").take_result(id);
+          }
+        }
+        std::vector<DecodeResult> ordered;
+        for (const int64_t id : ids) ordered.push_back(std::move(results.at(id)));
+        return ordered;
+      });
+  batch
+      .def(
+          "step", [](PyBatch& self) { return to_list(self.step("Batch.step")); },
+          "One step: admits queued sequences into free rows, reads prompt chunks within the "
+          "token budget, decodes one token for every row past its prompt. Returns the ids that "
+          "finished (their results wait in result()). GIL released; on_tokens callables run "
+          "with it, and an exception from one ends its sequence and is raised here.")
+      .def(
+          "cancel", [](PyBatch& self, int64_t id) { self.batch("Batch.cancel").cancel(id); },
+          "Ends a queued or running sequence at the next step (finish 'cancelled'). ValueError "
+          "for an id that is neither.",
+          py::arg("id"))
+      .def(
+          "result",
+          [](PyBatch& self, int64_t id) { return self.batch("Batch.result").take_result(id); },
+          "The DecodeResult of a finished sequence, handed over once. ValueError otherwise.",
+          py::arg("id"))
+      .def_property_readonly("idle", [](PyBatch& self) { return self.batch("Batch.idle").idle(); })
+      .def("stats", [](PyBatch& self) { return stats_dict(self.batch("Batch.stats").stats()); });
 }
 
 }  // namespace torchtpu::python

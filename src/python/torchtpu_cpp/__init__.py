@@ -17,6 +17,7 @@ if str(torch.__version__) != _BUILT_AGAINST:
 
 from ._torchtpu_cpp import (
     BUILD,
+    Batch,
     ChatTemplate,
     DecodeResult,
     Engine,
@@ -31,6 +32,7 @@ from ._torchtpu_cpp import (
 
 __all__ = [
     "BUILD",
+    "Batch",
     "ChatTemplate",
     "DecodeResult",
     "Engine",

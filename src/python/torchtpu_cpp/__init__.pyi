@@ -42,6 +42,69 @@ class DecodeResult:
     @property
     def decode_s(self) -> float: ...
 
+class _BatchStats(TypedDict):
+    rows: int
+    queued: int
+    reading: int
+    decoding: int
+    steps: int
+
+class Batch:
+    """Sequences decoded together over one Engine's weights (Engine.batch). The engine's owner
+    thread only; step and decode_many release the GIL."""
+
+    def submit(
+        self,
+        ids: _Ids,
+        max_new: int,
+        stop: Iterable[SupportsIndex] | None = (1, 106, 50),
+        read_every: int = 1,
+        on_tokens: Callable[[list[int]], object] | None = None,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: dict[int, float] = {},
+        seed: int | None = None,
+        grammar_kind: str | None = None,
+        grammar: str = "",
+    ) -> int:
+        """Queues a sequence with Engine.decode's arguments (read_every taken as 1); its id."""
+    def decode_many(
+        self,
+        prompts: Iterable[_Ids],
+        max_new: int,
+        stop: Iterable[SupportsIndex] | None = (1, 106, 50),
+        read_every: int = 1,
+        on_tokens: Callable[[int, list[int]], object] | None = None,
+        *,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        logit_bias: dict[int, float] = {},
+        seed: int | None = None,
+        grammar_kind: str | None = None,
+        grammar: str = "",
+    ) -> list[DecodeResult]:
+        """Every prompt decoded together with the same arguments; results in order, each what
+        Engine.decode gives that prompt alone. on_tokens(index, tokens); falsy cancels one."""
+    def step(self) -> list[int]:
+        """One scheduler step; the ids that finished (their results wait in result())."""
+    def cancel(self, id: int) -> None: ...
+    def result(self, id: int) -> DecodeResult:
+        """A finished sequence's result, handed over once."""
+    @property
+    def idle(self) -> bool: ...
+    def stats(self) -> _BatchStats: ...
+
 class Engine:
     """Weights and ring KV cache on one device. Only the creating thread may use it
     (RuntimeError from any other); load, logits and decode release the GIL."""
@@ -79,6 +142,9 @@ class Engine:
     def owner_thread(self) -> str: ...
     def logits(self, ids: _Ids) -> torch.Tensor:
         """float32 [len(ids), vocab] of one causal pass; the KV cache is untouched."""
+    def batch(self, rows: int = 4, step_tokens: int = 0) -> Batch:
+        """A Batch of `rows` sequences over these weights (rings of its own); step_tokens bounds
+        the tokens of one step (0: prefill_chunk + rows)."""
     def generate(
         self, ids: _Ids, max_new: int, read_every: int = 1
     ) -> tuple[list[int], float, float]:

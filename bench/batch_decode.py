@@ -1,0 +1,138 @@
+"""Aggregate decode speed of several streams in one Batch (issue #17), and the longest gap between
+two tokens of a running stream while a long prompt is read beside it.
+
+    python bench/batch_decode.py --model DIR [--emb4 DIR] [--streams 1,2,4,8] [--new 64]
+        [--prompt 32] [--context 8192] [--dtype bfloat16] [--threads 0]
+        [--long-prompt 4096] [--step-tokens 0]
+
+Each stream count runs `streams` prompts of `--prompt` tokens through Batch.decode_many (greedy,
+no stop ids, `--new` tokens each); the decode rate counts tokens after every stream's first one,
+over the time from the last first token to the last token. `Engine.decode` alone gives the
+single-stream baseline. With --long-prompt N, one stream decodes while an N-token prompt is read
+in chunks within --step-tokens; the longest gap between the running stream's tokens is reported
+beside its median gap. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+import time
+
+import torchtpu_cpp as tt
+
+
+def prompt(length: int, seed: int, vocab: int) -> list[int]:
+    """BOS and then ordinary ids spread over the vocabulary (synthetic weights: content is moot)."""
+    return [2] + [
+        4 + (seed * 7919 + i * 104729) % (vocab - 4) for i in range(length - 1)
+    ]
+
+
+def aggregate(engine, streams: int, args) -> dict:
+    vocab = engine.vocab_size
+    prompts = [prompt(args.prompt, s, vocab) for s in range(streams)]
+    firsts, lasts = {}, {}
+
+    def on_tokens(index, tokens):
+        now = time.perf_counter()
+        firsts.setdefault(index, now)
+        lasts[index] = now
+        return True
+
+    batch = engine.batch(rows=streams, step_tokens=args.step_tokens)
+    start = time.perf_counter()
+    results = batch.decode_many(prompts, args.new, stop=(), on_tokens=on_tokens)
+    end = time.perf_counter()
+    after_first = sum(len(r.tokens) - 1 for r in results)
+    span = max(lasts.values()) - max(firsts.values())
+    return {
+        "streams": streams,
+        "tokens": sum(len(r.tokens) for r in results),
+        "wall_s": end - start,
+        "aggregate_tok_s": after_first / span if span > 0 else None,
+        "per_stream_tok_s": after_first / span / streams if span > 0 else None,
+    }
+
+
+def long_prompt_gap(engine, args) -> dict:
+    vocab = engine.vocab_size
+    batch = engine.batch(rows=2, step_tokens=args.step_tokens)
+    stamps = []
+    running = batch.submit(
+        prompt(args.prompt, 0, vocab),
+        args.new + 4096,
+        stop=(),
+        on_tokens=lambda tokens: stamps.append(time.perf_counter()) or True,
+    )
+    for _ in range(4):
+        batch.step()
+    before = len(stamps)
+    reader = batch.submit(prompt(args.long_prompt, 1, vocab), 1, stop=())
+    read_start = time.perf_counter()
+    while True:
+        finished = batch.step()
+        if reader in finished:
+            break
+    read_s = time.perf_counter() - read_start
+    batch.cancel(running)
+    while not batch.idle:
+        batch.step()
+    during = stamps[before - 1 :]
+    gaps = [b - a for a, b in itertools.pairwise(during)]
+    return {
+        "long_prompt_tokens": args.long_prompt,
+        "read_s_beside_a_stream": read_s,
+        "running_stream_tokens_meanwhile": len(gaps),
+        "longest_gap_s": max(gaps) if gaps else None,
+        "median_gap_s": statistics.median(gaps) if gaps else None,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--emb4")
+    parser.add_argument("--streams", default="1,2,4,8")
+    parser.add_argument("--new", type=int, default=64)
+    parser.add_argument("--prompt", type=int, default=32)
+    parser.add_argument("--context", type=int, default=8192)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--prefill-chunk", type=int, default=512)
+    parser.add_argument("--step-tokens", type=int, default=0)
+    parser.add_argument("--long-prompt", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    engine = tt.Engine(
+        args.model,
+        args.emb4,
+        context=args.context,
+        dtype=args.dtype,
+        threads=args.threads,
+        prefill_chunk=args.prefill_chunk,
+    )
+    alone = engine.decode(prompt(args.prompt, 0, engine.vocab_size), args.new, stop=())
+    out = {
+        "model": args.model,
+        "emb4": args.emb4,
+        "dtype": args.dtype,
+        "context": args.context,
+        "report": engine.report(),
+        "alone_tok_s": (len(alone.tokens) - 1) / alone.decode_s,
+        "batches": [],
+    }
+    for streams in (int(s) for s in args.streams.split(",")):
+        out["batches"].append(aggregate(engine, streams, args))
+        print(json.dumps(out["batches"][-1]), file=sys.stderr)
+    if args.long_prompt:
+        out["long_prompt"] = long_prompt_gap(engine, args)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

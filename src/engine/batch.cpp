@@ -1,0 +1,217 @@
+#include "engine/batch.h"
+
+#include <ATen/record_function.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "common/errors.h"
+
+namespace torchtpu {
+
+// A row that is not decoding still takes part in a decode step when it lies below the last
+// decoding row (or always, with fixed shapes): a padding row. It feeds pad_token_ at its next
+// position (0 when free), so the step writes one entry into its own ring row at that position,
+// which no later read sees: a prompt chunk starting there replaces entries at or after its first
+// position (Gemma4::attention), a new sequence resets the row, and the slot it overwrites in a
+// sliding ring holds a position the window has already left. Its query sees that entry, so the
+// attention of every row has a key.
+
+Batch::Batch(Engine& engine, const BatchOptions& options) : engine_(engine), options_(options) {
+  if (options_.rows < 1) {
+    throw ValueError("a batch needs at least 1 row, got " + std::to_string(options_.rows));
+  }
+  if (options_.step_tokens == 0) {
+    options_.step_tokens = engine.options().prefill_chunk + options_.rows;
+  }
+  if (options_.step_tokens <= options_.rows) {
+    throw ValueError("step_tokens (" + std::to_string(options_.step_tokens) +
+                     ") must exceed rows (" + std::to_string(options_.rows) +
+                     "), so that a prompt being read always advances");
+  }
+  fixed_shape_ = !engine.model_options().attend_filled_slots;
+  c10::InferenceMode inference;
+  const auto& o = engine.options();
+  rings_ = Rings(engine.config(), o.context, options_.rows, o.dtype, o.device);
+  rows_.resize(options_.rows);
+  pad_token_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(o.device));
+}
+
+int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
+                      OnTokens on_tokens) {
+  engine_.check_decode(prompt, options);
+  DecodeOptions every_step = options;
+  every_step.read_every = 1;
+  const int64_t id = next_id_++;
+  queue_.push_back({id, prompt, std::move(every_step), std::move(on_tokens)});
+  return id;
+}
+
+void Batch::cancel(int64_t id) {
+  const bool queued =
+      std::any_of(queue_.begin(), queue_.end(), [&](const Request& r) { return r.id == id; });
+  const bool running = std::any_of(rows_.begin(), rows_.end(), [&](const Row& row) {
+    return row.request && row.request->id == id;
+  });
+  if (!queued && !running) {
+    throw ValueError("sequence " + std::to_string(id) +
+                     " is not queued or running in this batch (finished, or never submitted)");
+  }
+  cancels_.insert(id);
+}
+
+DecodeResult Batch::take_result(int64_t id) {
+  const auto it = results_.find(id);
+  if (it == results_.end()) {
+    throw ValueError("sequence " + std::to_string(id) +
+                     " has no result to take (still running, already taken, or never submitted)");
+  }
+  DecodeResult result = std::move(it->second);
+  results_.erase(it);
+  return result;
+}
+
+bool Batch::idle() const {
+  return queue_.empty() &&
+         std::none_of(rows_.begin(), rows_.end(), [](const Row& row) { return row.request; });
+}
+
+BatchStats Batch::stats() const {
+  BatchStats s;
+  s.rows = options_.rows;
+  s.queued = static_cast<int64_t>(queue_.size());
+  for (const auto& row : rows_) {
+    if (row.request) (row.decoding() ? s.decoding : s.reading)++;
+  }
+  s.steps = steps_;
+  return s;
+}
+
+void Batch::admit(Row& row, int64_t index, Request request) {
+  const auto& o = engine_.options();
+  const auto n = static_cast<int64_t>(request.prompt.size());
+  row.sampler.emplace(request.options.sampling, at::tensor(request.prompt, at::kLong),
+                      engine_.config().vocab_size, o.device);
+  row.output.emplace(request.options, engine_.config().eos_token_ids, n,
+                     std::move(request.on_tokens));
+  row.read = 0;
+  row.position = 0;
+  row.budget = engine_.token_budget(n, request.options.max_new);
+  row.sampled = 0;
+  row.request = std::move(request);
+  rings_.reset_row(index);
+}
+
+void Batch::finish(Row& row, const char* reason, std::vector<int64_t>& finished) {
+  const int64_t id = row.request->id;
+  results_[id] = row.output->done(reason);
+  finished.push_back(id);
+  row = Row{};
+}
+
+void Batch::accept(Row& row, int64_t token, std::vector<int64_t>& finished) {
+  if (!row.output->take(&token, 1)) {
+    finish(row, "stop", finished);  // the output has said why: a stop id or a cancel
+  } else if (row.sampled == row.budget) {
+    finish(row, "length", finished);
+  }
+}
+
+int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished) {
+  const auto& prompt = row.request->prompt;
+  const auto n = static_cast<int64_t>(prompt.size());
+  const int64_t count = std::min({n - row.read, engine_.options().prefill_chunk, limit});
+  auto row_rings = rings_.rows(index, 1);
+  const auto logits = engine_.read_chunk(row_rings, prompt, row.read, row.read + count);
+  row.read += count;
+  row.position = row.read;
+  if (row.read == n) {
+    row.token = row.sampler->next(row.output->constrain(logits));
+    ++row.sampled;
+    accept(row, row.token.item<int64_t>(), finished);
+  }
+  return count;
+}
+
+void Batch::decode_rows(std::vector<int64_t>& finished) {
+  int64_t last = -1;
+  for (int64_t i = 0; i < options_.rows; ++i) {
+    if (rows_[i].decoding()) last = i;
+  }
+  if (last < 0) return;
+  const int64_t n = fixed_shape_ ? options_.rows : last + 1;
+  std::vector<at::Tensor> tokens;
+  std::vector<int64_t> positions, decoding;
+  for (int64_t i = 0; i < n; ++i) {
+    const Row& row = rows_[i];
+    if (row.decoding()) decoding.push_back(i);
+    tokens.push_back(row.decoding() ? row.token : pad_token_);
+    positions.push_back(row.position);
+  }
+  const auto ids = at::cat(tokens).view({n, 1});
+  const auto at_positions = at::tensor(positions).view({n, 1}).to(engine_.options().device);
+  auto rings = rings_.rows(0, n);
+  const auto logits = engine_.model().forward(ids, at_positions, &rings).view({n, -1});
+  std::vector<at::Tensor> next;
+  {
+    RECORD_USER_SCOPE("engine::sample");
+    for (const int64_t i : decoding) {
+      Row& row = rows_[i];
+      row.token = row.sampler->next(row.output->constrain(logits[i]));
+      ++row.sampled;
+      ++row.position;
+      next.push_back(row.token);
+    }
+  }
+  const auto host = at::cat(next).to(at::kCPU);
+  for (size_t k = 0; k < decoding.size(); ++k) {
+    accept(rows_[decoding[k]], host.data_ptr<int64_t>()[k], finished);
+  }
+}
+
+std::vector<int64_t> Batch::step() {
+  c10::InferenceMode inference;
+  ++steps_;
+  std::vector<int64_t> finished;
+  for (const int64_t id : std::exchange(cancels_, {})) {
+    for (auto& row : rows_) {
+      if (row.request && row.request->id == id) finish(row, "cancelled", finished);
+    }
+    const auto queued =
+        std::find_if(queue_.begin(), queue_.end(), [&](const Request& r) { return r.id == id; });
+    if (queued != queue_.end()) {
+      DecodeResult result;
+      result.finish = "cancelled";
+      result.prompt_tokens = static_cast<int64_t>(queued->prompt.size());
+      results_[id] = std::move(result);
+      finished.push_back(id);
+      queue_.erase(queued);
+    }
+  }
+  for (int64_t i = 0; i < options_.rows && !queue_.empty(); ++i) {
+    if (rows_[i].request) continue;
+    admit(rows_[i], i, std::move(queue_.front()));
+    queue_.pop_front();
+  }
+
+  // Prompt chunks take what the decoding rows leave of the budget, the oldest sequence first.
+  const auto decoding =
+      std::count_if(rows_.begin(), rows_.end(), [](const Row& r) { return r.decoding(); });
+  int64_t budget = options_.step_tokens - decoding;
+  std::vector<int64_t> reading;
+  for (int64_t i = 0; i < options_.rows; ++i) {
+    if (rows_[i].request && !rows_[i].decoding()) reading.push_back(i);
+  }
+  std::sort(reading.begin(), reading.end(),
+            [&](int64_t a, int64_t b) { return rows_[a].request->id < rows_[b].request->id; });
+  for (const int64_t i : reading) {
+    while (budget > 0 && rows_[i].request && !rows_[i].decoding()) {
+      budget -= read_chunk(rows_[i], i, budget, finished);
+    }
+  }
+  decode_rows(finished);
+  return finished;
+}
+
+}  // namespace torchtpu

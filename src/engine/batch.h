@@ -1,0 +1,116 @@
+// Several sequences decoded together (continuous batching, DESIGN principle 3). A Batch holds
+// rings of `rows` rows beside its engine's and schedules sequences onto them: each row has its own
+// positions, ring slots, sampler, stop ids, cancel flag and output; sequences join and leave
+// between steps; one step reads prompt chunks within a token budget and then decodes one token
+// for every row past its prompt in a single forward pass. It belongs to the engine's owner thread
+// and nothing here knows about HTTP, Python or threads: a server puts requests on its own queue
+// to that thread and calls submit, cancel and step there.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/sequence.h"
+#include "model/rings.h"
+#include "model/sampling.h"
+
+namespace torchtpu {
+
+struct BatchOptions {
+  int64_t rows = 4;  // sequences in the rings at once; more submissions wait in a queue
+  // Tokens one step may put through the model: one per decoding row, the rest for prompt chunks
+  // (each at most the engine's prefill_chunk). It bounds how long a prompt being read delays the
+  // other rows' next token. Must exceed `rows`, so a prompt always advances. 0: prefill_chunk +
+  // rows.
+  int64_t step_tokens = 0;
+};
+
+// What a Batch holds at the moment (a server's /metrics and /v1/engine).
+struct BatchStats {
+  int64_t rows = 0;      // rows in the rings
+  int64_t queued = 0;    // submitted, waiting for a row
+  int64_t reading = 0;   // rows reading their prompt
+  int64_t decoding = 0;  // rows past their prompt
+  int64_t steps = 0;     // steps run so far
+};
+
+class Batch {
+ public:
+  // Rings for `options.rows` sequences on the engine's device (each as large as the engine's
+  // own). The engine must outlive the batch. ValueError for rows < 1 or a step_tokens of rows or
+  // fewer.
+  Batch(Engine& engine, const BatchOptions& options);
+
+  // Queues a sequence and returns its id (0, 1, 2, ... per batch). The checks of Engine::decode
+  // (ValueError); read_every is taken as 1 (every step reads each row's token back, to see stops
+  // and free rows). on_tokens sees this sequence's tokens as they reach the host.
+  int64_t submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
+                 OnTokens on_tokens = {});
+  // Ends a queued or running sequence at the start of the next step, with finish "cancelled" and
+  // the tokens it has. ValueError for an id that is not queued or running.
+  void cancel(int64_t id);
+  // One step: cancels, admits queued sequences into free rows (lowest first), reads prompt chunks
+  // within the token budget (oldest sequence first), then decodes one token for every row past
+  // its prompt. Returns the ids that finished in this step, whose results take_result hands over.
+  std::vector<int64_t> step();
+  // The result of a finished sequence, once. ValueError if `id` has not finished or was taken.
+  DecodeResult take_result(int64_t id);
+
+  // Nothing queued or in a row (results may still wait to be taken).
+  bool idle() const;
+  BatchStats stats() const;
+  const BatchOptions& options() const { return options_; }
+
+ private:
+  struct Request {
+    int64_t id;
+    std::vector<int64_t> prompt;
+    DecodeOptions options;
+    OnTokens on_tokens;
+  };
+  struct Row {
+    std::optional<Request> request;  // none: the row is free
+    std::optional<Sampler> sampler;
+    std::optional<SequenceOutput> output;
+    int64_t read = 0;      // prompt tokens in the rings
+    int64_t position = 0;  // where the row's next token goes (its prompt length once decoding)
+    int64_t budget = 0;    // tokens it may generate
+    int64_t sampled = 0;   // tokens sampled so far
+    at::Tensor token;      // [1] on the device: the token the next decode step feeds
+    bool decoding() const {
+      return request && read == static_cast<int64_t>(request->prompt.size());
+    }
+  };
+
+  void admit(Row& row, int64_t index, Request request);
+  // Reads up to `limit` more prompt tokens of a row; samples its first token after the last.
+  // Returns the tokens read.
+  int64_t read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished);
+  void decode_rows(std::vector<int64_t>& finished);
+  // Reads a row's new token back: ends the row when the output or its budget says so.
+  void accept(Row& row, int64_t token, std::vector<int64_t>& finished);
+  void finish(Row& row, const char* reason, std::vector<int64_t>& finished);
+
+  Engine& engine_;
+  BatchOptions options_;
+  // Whether each step's shapes stay fixed (all rows, padding included) or follow the rows in use:
+  // the model's host-side shortcut switch (ModelOptions::attend_filled_slots, the CPU's).
+  bool fixed_shape_ = false;
+  Rings rings_;
+  std::vector<Row> rows_;
+  std::deque<Request> queue_;
+  std::set<int64_t> cancels_;
+  std::map<int64_t, DecodeResult> results_;
+  int64_t next_id_ = 0;
+  int64_t steps_ = 0;
+  at::Tensor pad_token_;  // [1] on the device: what a padding row feeds
+};
+
+}  // namespace torchtpu

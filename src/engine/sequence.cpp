@@ -1,0 +1,53 @@
+#include "engine/sequence.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace torchtpu {
+
+SequenceOutput::SequenceOutput(const DecodeOptions& options, const std::vector<int64_t>& eos_ids,
+                               int64_t prompt_tokens, OnTokens on_tokens)
+    : stops_(options.stop_ids.empty() ? eos_ids : options.stop_ids),
+      ignore_eos_(options.ignore_eos),
+      constraint_(options.constraint),
+      on_tokens_(std::move(on_tokens)),
+      start_(Clock::now()) {
+  result_.prompt_tokens = prompt_tokens;
+}
+
+at::Tensor SequenceOutput::constrain(const at::Tensor& logits) const {
+  return constraint_ ? constraint_->mask(logits) : logits;
+}
+
+bool SequenceOutput::take(const int64_t* tokens, int64_t count) {
+  std::vector<int64_t> batch;
+  bool stopped = false;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!ignore_eos_ && std::find(stops_.begin(), stops_.end(), tokens[i]) != stops_.end()) {
+      result_.stop_id = tokens[i];
+      stopped = true;
+      break;
+    }
+    if (constraint_) constraint_->commit(tokens[i]);
+    batch.push_back(tokens[i]);
+  }
+  result_.tokens.insert(result_.tokens.end(), batch.begin(), batch.end());
+  if (result_.read_s == 0) {
+    result_.read_s = std::chrono::duration<double>(Clock::now() - start_).count();
+    start_ = Clock::now();
+  }
+  if (stopped) result_.finish = "stop";
+  if (on_tokens_ && !batch.empty() && !on_tokens_(batch)) {
+    result_.finish = "cancelled";
+    return false;
+  }
+  return !stopped;
+}
+
+DecodeResult SequenceOutput::done(const char* finish) {
+  if (result_.finish.empty()) result_.finish = finish;
+  result_.decode_s = std::chrono::duration<double>(Clock::now() - start_).count();
+  return std::move(result_);
+}
+
+}  // namespace torchtpu

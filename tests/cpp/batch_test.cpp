@@ -1,0 +1,288 @@
+// Sequences decoded together in a Batch give the tokens each gives decoded alone (issue #17):
+// greedy and seeded sampling at float32, with rows joining, leaving and cancelled at random
+// steps, prompts read in chunks between other rows' tokens, and, on the stand-in device, a fixed
+// number of rows with padding.
+#include "engine/batch.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/engine.h"
+#include "model/make_tiny.h"
+#include "standin_device.h"
+
+namespace torchtpu {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The tiny preset (7 layers, sliding window 8: prompts and decodes wrap the sliding rings),
+// random f32 weights, written once per process.
+fs::path tiny_dir_path() {
+  return fs::temp_directory_path() / ("batch-tiny-" + std::to_string(::getpid()));
+}
+
+std::string tiny_dir() {
+  const auto path = tiny_dir_path();
+  if (!fs::exists(path / "config.json")) {
+    auto spec = tiny_preset("tiny");
+    spec.seed = 3;
+    make_tiny(path.string(), spec);
+  }
+  return path.string();
+}
+
+class RemoveCheckpoint : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(tiny_dir_path()); }
+};
+
+const auto* const remove_checkpoint = ::testing::AddGlobalTestEnvironment(new RemoveCheckpoint);
+
+Engine make_engine(const std::string& device = "cpu", int64_t chunk = 16) {
+  EngineOptions o;
+  o.model_dir = tiny_dir();
+  o.device = parse_device(device);
+  o.dtype = at::kFloat;
+  o.context = 256;
+  o.prefill_chunk = chunk;
+  o.threads = 1;
+  return Engine(o);
+}
+
+std::vector<int64_t> prompt_of(int64_t n, int64_t salt = 0) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(2 + (i * 37 + salt * 101) % 500);
+  return ids;
+}
+
+DecodeOptions greedy(int64_t max_new) {
+  DecodeOptions o;
+  o.max_new = max_new;
+  o.ignore_eos = true;
+  return o;
+}
+
+DecodeOptions sampled(int64_t max_new, uint64_t seed) {
+  auto o = greedy(max_new);
+  o.sampling.temperature = 0.9;
+  o.sampling.top_k = 50;
+  o.sampling.top_p = 0.95;
+  o.sampling.repetition_penalty = 1.1;
+  o.sampling.frequency_penalty = 0.2;
+  o.sampling.seed = seed;
+  return o;
+}
+
+struct Job {
+  std::vector<int64_t> prompt;
+  DecodeOptions options;
+};
+
+// Runs the batch until idle; returns each finished sequence's result by id.
+std::map<int64_t, DecodeResult> run(Batch& batch) {
+  std::map<int64_t, DecodeResult> results;
+  while (!batch.idle()) {
+    for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
+  }
+  return results;
+}
+
+TEST(Batch, GreedyRowsGiveTheTokensEachGivesAlone) {
+  auto engine = make_engine();
+  // More sequences than rows (the rest queue), prompts from 1 token to several chunks and
+  // windows, budgets that end rows at different steps.
+  std::vector<Job> jobs;
+  for (int64_t i = 0; i < 7; ++i) jobs.push_back({prompt_of(1 + i * 9, i), greedy(5 + i * 7)});
+  Batch batch(engine, {.rows = 3});
+  for (const auto& job : jobs) batch.submit(job.prompt, job.options);
+  const auto results = run(batch);
+  ASSERT_EQ(results.size(), jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const auto alone = engine.decode(jobs[i].prompt, jobs[i].options);
+    EXPECT_EQ(results.at(i).tokens, alone.tokens) << "sequence " << i;
+    EXPECT_EQ(results.at(i).finish, "length");
+    EXPECT_EQ(results.at(i).prompt_tokens, static_cast<int64_t>(jobs[i].prompt.size()));
+  }
+}
+
+TEST(Batch, SampledRowsWithASeedGiveTheTokensEachGivesAlone) {
+  auto engine = make_engine();
+  std::vector<Job> jobs;
+  for (int64_t i = 0; i < 5; ++i) jobs.push_back({prompt_of(3 + i * 11, i), sampled(30, 100 + i)});
+  jobs.push_back({prompt_of(12, 9), greedy(30)});  // a greedy row among sampled ones
+  Batch batch(engine, {.rows = 4});
+  for (const auto& job : jobs) batch.submit(job.prompt, job.options);
+  const auto results = run(batch);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(results.at(i).tokens, engine.decode(jobs[i].prompt, jobs[i].options).tokens)
+        << "sequence " << i;
+  }
+}
+
+TEST(Batch, RowsJoiningLeavingAndCancelledAtRandomStepsKeepTheirTokens) {
+  auto engine = make_engine();
+  std::mt19937 random(17);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(random);
+  };
+  Batch batch(engine, {.rows = 4, .step_tokens = 12});
+  std::map<int64_t, Job> jobs;
+  std::map<int64_t, DecodeResult> results;
+  std::vector<int64_t> cancelled;
+  int64_t submitted = 0;
+  while (submitted < 14 || !batch.idle()) {
+    if (submitted < 14 && pick(0, 2) == 0) {
+      Job job{prompt_of(pick(1, 40), submitted),
+              pick(0, 1) ? greedy(pick(1, 40)) : sampled(pick(1, 40), submitted)};
+      jobs[batch.submit(job.prompt, job.options)] = job;
+      ++submitted;
+    }
+    if (pick(0, 9) == 0) {
+      const auto stats = batch.stats();
+      if (stats.queued + stats.reading + stats.decoding > 0) {
+        // A random live sequence: the newest ones not finished yet.
+        for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {
+          if (!results.count(it->first) &&
+              std::find(cancelled.begin(), cancelled.end(), it->first) == cancelled.end()) {
+            batch.cancel(it->first);
+            cancelled.push_back(it->first);
+            break;
+          }
+        }
+      }
+    }
+    for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
+  }
+  ASSERT_EQ(results.size(), jobs.size());
+  EXPECT_FALSE(cancelled.empty());
+  for (const auto& [id, job] : jobs) {
+    const auto alone = engine.decode(job.prompt, job.options).tokens;
+    const auto& got = results.at(id);
+    if (got.finish == "cancelled") {
+      ASSERT_LE(got.tokens.size(), alone.size());
+      EXPECT_TRUE(std::equal(got.tokens.begin(), got.tokens.end(), alone.begin()))
+          << "cancelled sequence " << id << " is a prefix of its tokens alone";
+    } else {
+      EXPECT_EQ(got.tokens, alone) << "sequence " << id;
+    }
+  }
+}
+
+TEST(Batch, StopIdsAndOnTokensEndARowAndFreeItForTheQueue) {
+  auto engine = make_engine();
+  const auto prompt = prompt_of(10);
+  const auto alone = engine.decode(prompt, greedy(20)).tokens;
+  auto stopping = greedy(20);
+  stopping.ignore_eos = false;
+  stopping.stop_ids = {alone[6]};
+  const auto first_stop =
+      std::find(alone.begin(), alone.end(), alone[6]) - alone.begin();  // may repeat earlier
+
+  Batch batch(engine, {.rows = 1});
+  const int64_t stopped = batch.submit(prompt, stopping);
+  int64_t seen = 0;
+  const int64_t cancelled = batch.submit(prompt, greedy(20), [&](const std::vector<int64_t>& t) {
+    seen += static_cast<int64_t>(t.size());
+    return seen < 4;
+  });
+  const int64_t last = batch.submit(prompt, greedy(3));
+  auto results = run(batch);
+  EXPECT_EQ(results.at(stopped).finish, "stop");
+  EXPECT_EQ(results.at(stopped).stop_id, alone[6]);
+  EXPECT_EQ(results.at(stopped).tokens,
+            std::vector<int64_t>(alone.begin(), alone.begin() + first_stop));
+  EXPECT_EQ(results.at(cancelled).finish, "cancelled");
+  EXPECT_EQ(results.at(cancelled).tokens, std::vector<int64_t>(alone.begin(), alone.begin() + 4));
+  EXPECT_EQ(results.at(last).tokens, std::vector<int64_t>(alone.begin(), alone.begin() + 3));
+}
+
+TEST(Batch, ALongPromptIsReadInChunksWhileOtherRowsGetATokenEveryStep) {
+  auto engine = make_engine("cpu", /*chunk=*/16);
+  Batch batch(engine, {.rows = 3, .step_tokens = 10});
+  const auto short_prompt = prompt_of(4, 1);
+  std::vector<int64_t> steps_with_token;
+  int64_t step = 0;
+  const int64_t running = batch.submit(short_prompt, greedy(40), [&](const std::vector<int64_t>&) {
+    steps_with_token.push_back(step);
+    return true;
+  });
+  for (; step < 3; ++step) batch.step();
+  const auto long_prompt = prompt_of(100, 2);
+  const int64_t reader = batch.submit(long_prompt, greedy(8));
+  int64_t reading_steps = 0;
+  std::map<int64_t, DecodeResult> results;
+  for (; !batch.idle(); ++step) {
+    for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
+    if (batch.stats().reading > 0) ++reading_steps;
+  }
+  // 100 prompt tokens at most 9 per step beside the one decoding row: 12 steps of reading, each
+  // of which also gave the running sequence its next token.
+  EXPECT_GE(reading_steps, 11);
+  // Its first step gives two tokens (the prompt's and the decode step's), every later one one.
+  ASSERT_EQ(steps_with_token.size(), 40u);
+  for (size_t i = 2; i < steps_with_token.size(); ++i) {
+    EXPECT_EQ(steps_with_token[i], steps_with_token[i - 1] + 1) << "a step without a token";
+  }
+  EXPECT_EQ(results.at(running).tokens, engine.decode(short_prompt, greedy(40)).tokens);
+  EXPECT_EQ(results.at(reader).tokens, engine.decode(long_prompt, greedy(8)).tokens);
+}
+
+TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
+  auto engine = make_engine();
+  EXPECT_THROW(Batch(engine, {.rows = 0}), ValueError);
+  try {
+    Batch(engine, {.rows = 4, .step_tokens = 4});
+    FAIL() << "step_tokens equal to rows was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("step_tokens (4) must exceed rows (4)"), std::string::npos)
+        << e.what();
+  }
+  Batch batch(engine, {.rows = 2});
+  EXPECT_THROW(batch.submit({}, greedy(4)), ValueError);
+  EXPECT_THROW(batch.submit({2, 100000}, greedy(4)), ValueError);
+  EXPECT_THROW(batch.submit({2, 3}, greedy(0)), ValueError);
+  EXPECT_THROW(batch.cancel(5), ValueError);
+  EXPECT_THROW(batch.take_result(0), ValueError);
+  const int64_t id = batch.submit({2, 3}, greedy(2));
+  while (batch.step().empty()) {
+  }
+  EXPECT_EQ(batch.take_result(id).tokens.size(), 2u);
+  EXPECT_THROW(batch.take_result(id), ValueError);  // taken once
+  EXPECT_THROW(batch.cancel(id), ValueError);       // finished
+}
+
+TEST(Batch, OnTheStandinDeviceEveryStepRunsAllRowsWithPaddingAndMatchesTheCpu) {
+  auto cpu = make_engine("cpu");
+  auto standin = make_engine(standin::kName);
+  Batch batch(standin, {.rows = 4});
+  std::vector<Job> jobs{{prompt_of(5, 1), greedy(24)}, {prompt_of(30, 2), sampled(12, 5)}};
+  for (const auto& job : jobs) batch.submit(job.prompt, job.options);
+  standin::start_recording();
+  const auto results = run(batch);
+  const auto record = standin::stop_recording();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    EXPECT_EQ(results.at(i).tokens, cpu.decode(jobs[i].prompt, jobs[i].options).tokens)
+        << "sequence " << i;
+  }
+  // Every decode step embeds all four rows' tokens, whatever the number of live ones; the prompt
+  // chunks (5 tokens, then 15 and 15 within the step budget of 20) are the only other lookups.
+  std::map<std::string, int64_t> lookups;
+  for (const auto& line : record) {
+    if (line.rfind("aten::index_select(Float[512, 64], 0, ", 0) == 0) ++lookups[line];
+  }
+  const std::string step = "aten::index_select(Float[512, 64], 0, Long[4])";
+  EXPECT_EQ(lookups[step], 23) << "one per token of the longer sequence after its first";
+  EXPECT_EQ(lookups.size(), 3u);
+}
+
+}  // namespace
+}  // namespace torchtpu

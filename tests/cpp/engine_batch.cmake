@@ -1,0 +1,10 @@
+# src/engine's Batch (issue #17): sequences decoded together give the tokens each gives alone, on
+# the CPU and, with fixed shapes and padding rows, on the stand-in device of tests/device.
+if(TARGET torchtpu_engine AND TARGET torchtpu_standin)
+  add_executable(batch_test ${CMAKE_CURRENT_LIST_DIR}/batch_test.cpp)
+  target_include_directories(batch_test PRIVATE ${CMAKE_SOURCE_DIR}/tests/device)
+  target_link_libraries(batch_test PRIVATE torchtpu_engine torchtpu_standin GTest::gtest_main)
+  gtest_discover_tests(batch_test TEST_PREFIX "engine_batch." DISCOVERY_TIMEOUT 60
+                       PROPERTIES LABELS engine TIMEOUT 900
+                       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endif()

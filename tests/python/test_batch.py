@@ -1,0 +1,210 @@
+"""Engine.batch from Python (issue #17): Batch.decode_many and submit/step give each sequence the
+tokens Engine.decode gives it alone; bad input is ValueError; the GIL is released during a step;
+the owner-thread rule covers the batch; a callback's exception ends its sequence and is raised."""
+
+import random
+import threading
+import time
+
+import hf_tiny  # conftest puts tests/python on sys.path
+import pytest
+import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does not
+
+CONTEXT = 128
+
+
+@pytest.fixture(scope="module")
+def tiny(cli, tmp_path_factory):
+    """The `tiny` preset at f32: 7 layers, sliding window 8, the last 3 KV-shared."""
+    return cli.make_tiny(tmp_path_factory.mktemp("tiny"), seed=7, dtype="f32")
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    return tt.Engine(
+        tiny, context=CONTEXT, dtype="float32", prefill_chunk=16, threads=1
+    )
+
+
+def _prompt(n, seed=1):
+    return hf_tiny.prompt(512, n, seed)
+
+
+def test_decode_many_gives_each_prompt_its_tokens_alone(engine):
+    prompts = [_prompt(n, seed) for seed, n in enumerate([1, 9, 30, 4, 45, 17])]
+    batch = engine.batch(rows=4)
+    for kwargs in ({}, {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 11}):
+        results = batch.decode_many(prompts, 24, stop=(), **kwargs)
+        assert [r.finish for r in results] == ["length"] * len(prompts)
+        for prompt, result in zip(prompts, results):
+            alone = engine.decode(prompt, 24, stop=(), **kwargs)
+            assert result.tokens == alone.tokens
+            assert result.prompt_tokens == len(prompt)
+    assert batch.idle
+
+
+def test_submit_and_step_with_joins_and_cancels_at_random_steps(engine):
+    rng = random.Random(3)
+    batch = engine.batch(rows=3, step_tokens=12)
+    jobs, results, cancelled = {}, {}, set()
+    while len(jobs) < 10 or not batch.idle:
+        if len(jobs) < 10 and rng.random() < 0.4:
+            prompt = _prompt(rng.randint(1, 40), seed=len(jobs))
+            kwargs = {
+                "stop": (),
+                "seed": len(jobs),
+                "temperature": rng.choice([0.0, 0.7]),
+            }
+            max_new = rng.randint(1, 30)
+            jobs[batch.submit(prompt, max_new, **kwargs)] = (prompt, max_new, kwargs)
+        live = [i for i in jobs if i not in results and i not in cancelled]
+        if live and rng.random() < 0.08:
+            victim = rng.choice(live)
+            batch.cancel(victim)
+            cancelled.add(victim)
+        for done in batch.step():
+            results[done] = batch.result(done)
+    assert cancelled
+    for seq, (prompt, max_new, kwargs) in jobs.items():
+        alone = engine.decode(prompt, max_new, **kwargs).tokens
+        got = results[seq]
+        if got.finish == "cancelled":
+            assert got.tokens == alone[: len(got.tokens)]
+        else:
+            assert got.tokens == alone, seq
+
+
+def test_on_tokens_streams_each_sequence_and_a_falsy_return_cancels_it(engine):
+    prompts = [_prompt(5, 1), _prompt(7, 2)]
+    seen = {0: [], 1: []}
+
+    def on_tokens(index, tokens):
+        seen[index].extend(tokens)
+        return index == 0 or len(seen[1]) < 3
+
+    results = engine.batch(rows=2).decode_many(
+        prompts, 10, stop=(), on_tokens=on_tokens
+    )
+    assert seen[0] == results[0].tokens and len(seen[0]) == 10
+    assert results[1].finish == "cancelled" and seen[1] == results[1].tokens
+    assert len(results[1].tokens) == 3
+
+
+@pytest.mark.parametrize(
+    "call,words",
+    [
+        (lambda e: e.batch(rows=0), ["at least 1 row", "0"]),
+        (lambda e: e.batch(rows=4, step_tokens=3), ["step_tokens (3)", "rows (4)"]),
+        (lambda e: e.batch().submit([], 4), ["empty"]),
+        (lambda e: e.batch().submit([2, 512], 4), ["512", "vocabulary"]),
+        (lambda e: e.batch().submit([2, 5], 0), ["max_new", "0"]),
+        (lambda e: e.batch().submit([2, 5], 4, temperature=-1), ["temperature"]),
+        (lambda e: e.batch().cancel(3), ["sequence 3", "not queued or running"]),
+        (lambda e: e.batch().result(0), ["sequence 0", "no result"]),
+        (lambda e: e.batch().decode_many("abc", 4), ["prompts", "str"]),
+        (
+            lambda e: e.batch().decode_many([[2, 5], [2, "x"]], 4),
+            ["prompts[1][1]", "'x'"],
+        ),
+    ],
+)
+def test_bad_input_is_value_error(engine, call, words):
+    with pytest.raises(ValueError) as info:
+        call(engine)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_a_callback_exception_ends_its_sequence_and_is_raised_from_step(engine):
+    batch = engine.batch(rows=2)
+
+    def boom(tokens):
+        raise KeyError("from the callback")
+
+    failing = batch.submit(_prompt(4), 8, stop=(), on_tokens=boom)
+    other = batch.submit(_prompt(6), 8, stop=())
+    with pytest.raises(KeyError, match="from the callback"):
+        while not batch.idle:
+            batch.step()
+    while not batch.idle:
+        batch.step()
+    assert batch.result(failing).finish == "cancelled"
+    assert batch.result(other).tokens == engine.decode(_prompt(6), 8, stop=()).tokens
+
+
+def _in_thread(fn, name="intruder"):
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 (the test inspects what crossed)
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name=name)
+    thread.start()
+    thread.join()
+    return box
+
+
+def test_the_batch_belongs_to_the_engines_owner_thread(engine):
+    batch = engine.batch(rows=2)
+    batch.submit(_prompt(4), 3)
+    for call in (batch.step, lambda: batch.submit([2, 5], 3), batch.stats):
+        box = _in_thread(call)
+        assert type(box.get("error")) is RuntimeError, box
+        assert "intruder" in str(box["error"]) and "Batch." in str(box["error"])
+
+    def reenter(tokens):
+        engine.decode([2, 5], 2)
+
+    batch.submit(_prompt(4), 3, on_tokens=reenter)
+    with pytest.raises(RuntimeError, match="decoding"):
+        while not batch.idle:
+            batch.step()
+
+
+def test_stats_count_queued_reading_and_decoding_rows(engine):
+    batch = engine.batch(rows=2, step_tokens=6)
+    for n in (3, 40, 5):
+        batch.submit(_prompt(n), 4, stop=())
+    assert batch.stats() == {
+        "rows": 2,
+        "queued": 3,
+        "reading": 0,
+        "decoding": 0,
+        "steps": 0,
+    }
+    batch.step()
+    # Row 0 read its 3 tokens and decodes; row 1 read 3 of its 40; the third waits.
+    assert batch.stats() == {
+        "rows": 2,
+        "queued": 1,
+        "reading": 1,
+        "decoding": 1,
+        "steps": 1,
+    }
+
+
+def test_gil_released_during_steps(tiny):
+    engine = tt.Engine(tiny, context=512, dtype="float32", threads=1)
+    batch = engine.batch(rows=4)
+    ticks = []
+    done = threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+
+    thread = threading.Thread(target=ticker)
+    thread.start()
+    try:
+        time.sleep(0.05)
+        start = time.perf_counter()
+        batch.decode_many([_prompt(8, s) for s in range(4)], 200, stop=())
+        end = time.perf_counter()
+    finally:
+        done.set()
+        thread.join()
+    during = [t for t in ticks if start < t < end]
+    assert len(during) > 1000
