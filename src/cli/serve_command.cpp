@@ -15,7 +15,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--model", options->model_dir, "Checkpoint directory");
   cmd->add_option("--emb4", options->emb4_dir, "Directory with int4 vocabulary tables");
   cmd->add_option("--model-id", options->model_id,
-                  "Id the model is served under (default: the directory's name)");
+                  "Id the model is served under (default: the first --served-model-name, else "
+                  "the directory's name)");
+  cmd->add_option("--served-model-name", options->served_model_names,
+                  "Another name requests may use for the model; repeatable, all listed by "
+                  "/v1/models");
   cmd->add_option("--host", options->host, "Address to bind")->capture_default_str();
   cmd->add_option("--port", options->port, "Port (0: any free port)")->capture_default_str();
   cmd->add_option("--context", options->context, "Context length")->capture_default_str();
@@ -32,8 +36,16 @@ void add_serve_command(CLI::App& app) {
                   "int4: quantize a dense checkpoint's linears and head at load | none")
       ->capture_default_str();
   cmd->add_option("--api-key", options->api_key,
-                  "Require 'Authorization: Bearer KEY' on everything but /health "
-                  "(default: $TORCHTPU_API_KEY)");
+                  "Require 'Authorization: Bearer KEY' on everything but /health, /livez and "
+                  "/metrics (default: $TORCHTPU_API_KEY)");
+  cmd->add_flag("--metrics-auth", options->metrics_auth, "/metrics needs the API key too");
+  cmd->add_option("--metrics-compat", options->metrics_compat,
+                  "none | vllm: also export the load gauges under vLLM's names")
+      ->capture_default_str();
+  cmd->add_option("--drain-grace", options->drain_grace_s,
+                  "Seconds after SIGTERM during which /health answers 503 while requests are "
+                  "still served")
+      ->capture_default_str();
   cmd->add_option("--max-queue", options->max_queue, "Requests that may wait for the engine")
       ->capture_default_str();
   cmd->add_option("--read-every", options->read_every, "Decode steps between host reads")

@@ -1,6 +1,9 @@
 #include "server/metrics.h"
 
 #include <charconv>
+#include <chrono>
+
+#include "common/errors.h"
 
 namespace torchtpu::server {
 namespace {
@@ -12,7 +15,23 @@ std::string number(double v) {
   return std::string(buffer, end);
 }
 
+// A label value in the text format's escaping: backslash, double quote and newline.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    out += c == '\n' ? std::string("\\n") : std::string(1, c);
+  }
+  return out;
+}
+
 }  // namespace
+
+MetricsCompat parse_metrics_compat(const std::string& name) {
+  if (name == "none") return MetricsCompat::kNone;
+  if (name == "vllm") return MetricsCompat::kVllm;
+  throw ValueError("--metrics-compat must be none or vllm, got '" + name + "'");
+}
 
 Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
@@ -38,8 +57,10 @@ std::string Histogram::render(const std::string& name) const {
   return out;
 }
 
-Metrics::Metrics()
-    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
+Metrics::Metrics(MetricsCompat compat, std::string model_name)
+    : compat_(compat),
+      model_name_(std::move(model_name)),
+      ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
       decode_rate_({1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000}) {}
 
 void Metrics::count_request(const std::string& endpoint, int status) {
@@ -73,7 +94,7 @@ void Metrics::add_busy_seconds(double seconds) {
   busy_seconds_ += seconds;
 }
 
-std::string Metrics::render(int64_t queue_depth) const {
+std::string Metrics::render(const EngineLoad& load) const {
   std::lock_guard lock(mutex_);
   std::string out;
   auto header = [&](const char* name, const char* type, const char* help) {
@@ -91,8 +112,18 @@ std::string Metrics::render(int64_t queue_depth) const {
   header("torchtpu_requests_cancelled_total", "counter",
          "Requests whose client went away before the answer was complete.");
   out += "torchtpu_requests_cancelled_total " + std::to_string(cancelled_) + "\n";
-  header("torchtpu_queue_depth", "gauge", "Requests waiting for the engine.");
-  out += "torchtpu_queue_depth " + std::to_string(queue_depth) + "\n";
+  header("torchtpu_queue_depth", "gauge", "Requests waiting for the engine, not yet decoding.");
+  out += "torchtpu_queue_depth " + std::to_string(load.waiting) + "\n";
+  header("torchtpu_running_requests", "gauge", "Requests the engine is decoding.");
+  out += "torchtpu_running_requests " + std::to_string(load.running) + "\n";
+  header("torchtpu_kv_cache_usage_ratio", "gauge",
+         "KV cache positions held by running requests over the cache's positions, 0 to 1.");
+  out += "torchtpu_kv_cache_usage_ratio " + number(load.kv_cache_usage) + "\n";
+  const std::string cache_labels = "block_size=\"" + std::to_string(load.block_size) +
+                                   "\",num_gpu_blocks=\"" + std::to_string(load.blocks) + "\"";
+  header("torchtpu_cache_config_info", "gauge",
+         "The KV cache's shape: tokens per block and blocks, in labels; the value is 1.");
+  if (load.blocks > 0) out += "torchtpu_cache_config_info{" + cache_labels + "} 1\n";
   header("torchtpu_time_to_first_token_seconds", "histogram",
          "From a request entering the queue to its first token on the host.");
   out += ttft_.render("torchtpu_time_to_first_token_seconds");
@@ -103,6 +134,37 @@ std::string Metrics::render(int64_t queue_depth) const {
   header("torchtpu_engine_busy_seconds_total", "counter",
          "Seconds the engine thread spent decoding requests.");
   out += "torchtpu_engine_busy_seconds_total " + number(busy_seconds_) + "\n";
+  if (compat_ == MetricsCompat::kVllm) {
+    // The same figures under vLLM's names and its model_name label, for router, autoscaler and
+    // KServe configurations written for vLLM (docs/SCALING.md).
+    const std::string model = "model_name=\"" + label_value(model_name_) + "\"";
+    auto sample = [&](const char* name, const std::string& labels, const std::string& value) {
+      out += std::string(name) + "{" + labels + "} " + value + "\n";
+    };
+    header("vllm:num_requests_waiting", "gauge", "Requests waiting to be processed.");
+    sample("vllm:num_requests_waiting", model, std::to_string(load.waiting));
+    header("vllm:num_requests_running", "gauge", "Requests being decoded.");
+    sample("vllm:num_requests_running", model, std::to_string(load.running));
+    header("vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 1 means 100 percent usage.");
+    sample("vllm:kv_cache_usage_perc", model, number(load.kv_cache_usage));
+    header("vllm:gpu_cache_usage_perc", "gauge",
+           "KV cache usage, 1 means 100 percent usage (vLLM's name before 0.10).");
+    sample("vllm:gpu_cache_usage_perc", model, number(load.kv_cache_usage));
+    header("vllm:cache_config_info", "gauge", "Information of the KV cache's configuration.");
+    if (load.blocks > 0) sample("vllm:cache_config_info", cache_labels, "1");
+    // The picker's default (vLLM) configuration also reads the LoRA adapters: none here. Its
+    // value is the time of the sample, as vLLM's is the time of its last update.
+    header("vllm:lora_requests_info", "gauge", "LoRA adapters: none are served (max_lora 0).");
+    sample("vllm:lora_requests_info",
+           "max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"",
+           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count()));
+    header("vllm:prompt_tokens_total", "counter", "Prefill tokens processed.");
+    sample("vllm:prompt_tokens_total", model, std::to_string(prompt_tokens_));
+    header("vllm:generation_tokens_total", "counter", "Generation tokens processed.");
+    sample("vllm:generation_tokens_total", model, std::to_string(generated_tokens_));
+  }
   return out;
 }
 

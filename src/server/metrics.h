@@ -1,5 +1,6 @@
-// Counters and histograms of the server, rendered in the Prometheus text format (version 0.0.4) at
-// /metrics. Every method is safe to call from any thread.
+// Counters, histograms and load gauges of the server, rendered in the Prometheus text format
+// (version 0.0.4) at /metrics, where routers (the Gateway API Inference Extension's endpoint
+// picker, docs/SCALING.md) and autoscalers read them. Every method is safe to call from any thread.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +26,28 @@ class Histogram {
   int64_t count_ = 0;
 };
 
+// What the engine holds at the moment of a scrape: the signals a router balances replicas by.
+struct EngineLoad {
+  int64_t waiting = 0;  // requests queued for the engine, not yet decoding
+  int64_t running = 0;  // sequences the engine is decoding
+  // Cache positions held by running sequences over the positions the cache has, 0..1.
+  double kv_cache_usage = 0;
+  // The cache's shape in blocks; 0 blocks: not known yet (the engine is loading), and the info
+  // gauge is left out.
+  int64_t block_size = 0;  // tokens per block
+  int64_t blocks = 0;
+};
+
+// Which other engine's names the load gauges are also exported under.
+enum class MetricsCompat { kNone, kVllm };
+
+// "none" or "vllm"; ValueError naming the flag otherwise.
+MetricsCompat parse_metrics_compat(const std::string& name);
+
 class Metrics {
  public:
-  Metrics();
+  // `model_name` labels the vLLM-named series, as vLLM labels them.
+  explicit Metrics(MetricsCompat compat = MetricsCompat::kNone, std::string model_name = "");
 
   void count_request(const std::string& endpoint, int status);
   void count_tokens(int64_t prompt, int64_t generated);
@@ -36,9 +56,11 @@ class Metrics {
   void observe_decode_rate(double tokens_per_second);
   void add_busy_seconds(double seconds);
 
-  std::string render(int64_t queue_depth) const;
+  std::string render(const EngineLoad& load) const;
 
  private:
+  MetricsCompat compat_;
+  std::string model_name_;
   mutable std::mutex mutex_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
   int64_t prompt_tokens_ = 0;

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "build_info.h"
@@ -260,28 +261,75 @@ class Active {
   int64_t& count_;
 };
 
+// Idle keep-alive connections hold shutdown back for at most this long.
+constexpr int kKeepAliveSeconds = 2;
+
 // Which API's error object a route answers with.
 enum class ErrorShape { kOpenAI, kAnthropic };
+
+// The names the model is served under: the id (--model-id, else the first --served-model-name,
+// else the demo's id or the checkpoint directory's name), then the other aliases, each once.
+std::vector<std::string> model_names(const ServeOptions& options) {
+  std::vector<std::string> names;
+  if (!options.model_id.empty()) names.push_back(options.model_id);
+  for (const auto& name : options.served_model_names) {
+    if (name.empty()) throw ValueError("--served-model-name must not be empty");
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  if (names.empty()) {
+    if (options.model_dir.empty()) {
+      names.push_back(kDemoModelId);
+    } else {
+      auto path = std::filesystem::path(options.model_dir).lexically_normal();
+      if (!path.has_filename()) path = path.parent_path();
+      names.push_back(path.filename().string());
+    }
+  }
+  return names;
+}
+
+// httplib's thread pool, counting the connections it holds, queued or being served. httplib's
+// stop() closes a connection whose request it has not started to read, and the client, whose
+// request was accepted, sees a reset; shutdown waits for this count to reach 0 first.
+class CountingPool : public httplib::TaskQueue {
+ public:
+  CountingPool(size_t threads, std::atomic<int64_t>& open) : pool_(threads), open_(open) {}
+
+  void enqueue(std::function<void()> fn) override {
+    ++open_;
+    pool_.enqueue([this, fn = std::move(fn)] {
+      struct Closed {
+        std::atomic<int64_t>& open;
+        ~Closed() { --open; }
+      } closed{open_};
+      fn();
+    });
+  }
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  httplib::ThreadPool pool_;
+  std::atomic<int64_t>& open_;
+};
 
 class Server {
  public:
   Server(const ServeOptions& options, EngineFactory make_engine)
-      : options_(options), make_engine_(std::move(make_engine)) {
+      : options_(options),
+        make_engine_(std::move(make_engine)),
+        model_names_(model_names(options)),
+        model_id_(model_names_.front()),
+        metrics_(parse_metrics_compat(options.metrics_compat), model_id_) {
     demo_ = options.model_dir.empty();
-    model_id_ = options.model_id;
-    if (model_id_.empty() && demo_) model_id_ = kDemoModelId;
-    if (model_id_.empty()) {
-      auto path = std::filesystem::path(options.model_dir).lexically_normal();
-      if (!path.has_filename()) path = path.parent_path();
-      model_id_ = path.filename().string();
-    }
     fingerprint_ = std::string("fp_torchtpu_cpp_") + TORCHTPU_GIT_REVISION;
   }
 
   int run();
 
  private:
-  enum class State { kLoading, kWarmingUp, kReady, kFailed, kStopping };
+  // kDraining: stopping was asked, /health answers 503 and requests are still served, for the
+  // drain grace; kStopping: new generation requests get 503 until the in-flight ones are answered.
+  enum class State { kLoading, kWarmingUp, kReady, kDraining, kFailed, kStopping };
 
   // Engine thread.
   void worker_main();
@@ -329,7 +377,11 @@ class Server {
   void abandon(Job& job);
   void wait_done(Job& job);
   ojson engine_json() const;
-  ojson model_json() const;
+  // The load gauges' figures at this moment.
+  EngineLoad engine_load();
+  // 404 model_not_found unless `name` is empty or one of the model's names.
+  void check_model(const std::string& name) const;
+  ojson model_json(const std::string& name) const;
   ojson timings_json(const Job& job) const;
   // The envelope every response and stream chunk of one completion shares around its choice.
   ojson completion_json(const std::string& id, const char* object, int64_t created,
@@ -342,6 +394,7 @@ class Server {
   ServeOptions options_;
   EngineFactory make_engine_;
   bool demo_ = false;
+  std::vector<std::string> model_names_;  // the model's id first, then its aliases
   std::string model_id_;
   std::string fingerprint_;
   int64_t created_ = unix_seconds();
@@ -381,7 +434,14 @@ class Server {
   std::mutex queue_mutex_;
   std::condition_variable queue_changed_;
   std::deque<std::shared_ptr<Job>> queue_;
+  int64_t running_ = 0;  // jobs the engine thread took from queue_ and is serving
   bool worker_stop_ = false;
+  // Cache positions the running job holds (its prompt and the tokens decoded so far), and the
+  // cache's positions: the engine decodes one sequence at a time, in rings of `context` slots.
+  std::atomic<int64_t> cache_positions_{0};
+  std::atomic<int64_t> cache_capacity_{0};  // 0 until the engine is loaded
+
+  std::atomic<int64_t> open_connections_{0};  // counted by CountingPool
 };
 
 void Server::load() {
@@ -432,6 +492,7 @@ void Server::load() {
     }
   }
   engine_report_ = engine_report(*engine_);
+  cache_capacity_ = engine_->layout().context;
   // The demo's random weights decode greedily unless asked, so its answers are reproducible.
   if (!demo_) generation_defaults_ = read_generation_defaults(model_dir_);
   forced_outputs_ = read_forced_outputs();
@@ -465,7 +526,9 @@ void Server::worker_main() {
       if (queue_.empty()) break;
       job = std::move(queue_.front());
       queue_.pop_front();
+      running_ = 1;
     }
+    cache_positions_ = static_cast<int64_t>(job->prompt.size());
     serve(*job);
   }
   // The engine ends on the thread that owns it.
@@ -483,6 +546,13 @@ void Server::deliver(Job& job, Piece&& delta) {
 
 void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiError> error) {
   if (finish == "cancelled") metrics_.count_cancelled();
+  // The engine is done with the job before its client can see the answer end, so a scrape after
+  // the answer never counts it as running.
+  cache_positions_ = 0;
+  {
+    std::lock_guard lock(queue_mutex_);
+    running_ = 0;
+  }
   {
     std::lock_guard lock(job.mutex);
     job.finish = finish;
@@ -562,6 +632,7 @@ void Server::serve(Job& job) {
   auto on_tokens = [&](const std::vector<int64_t>& batch) {
     std::string text;
     std::vector<TokenLogprob> logprobs;
+    cache_positions_ += static_cast<int64_t>(batch.size());
     for (int64_t id : batch) {
       if (job.forced) id = (*job.forced)[position];
       ++position;
@@ -917,7 +988,8 @@ SamplingParams sampling_params(const SamplingRequest& r, const SamplingRequest& 
 std::shared_ptr<Active> Server::admit() {
   auto active = std::make_shared<Active>(active_mutex_, active_changed_, active_);
   // Counted before this check, so shutdown either sees this request or it sees the shutdown.
-  if (state_ != State::kReady) {
+  const State state = state_;
+  if (state != State::kReady && state != State::kDraining) {
     throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
   }
   return active;
@@ -995,11 +1067,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
 
 std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const GenerationRequest& r,
                                        bool chat, const std::string& prompt_param) {
-  if (!r.model.empty() && r.model != model_id_) {
-    throw ApiError(
-        404, "the model '" + r.model + "' does not exist; this server serves '" + model_id_ + "'",
-        "invalid_request_error", "model", "model_not_found");
-  }
+  check_model(r.model);
   auto job = std::make_shared<Job>();
   std::string rendered = r.prompt;
   try {
@@ -1139,12 +1207,7 @@ void Server::handle_messages(const httplib::Request& req, httplib::Response& res
 
 void Server::handle_count_tokens(const httplib::Request& req, httplib::Response& res) {
   const MessagesRequest r = parse_messages_request(parse_body(req.body), /*for_count=*/true);
-  if (!r.generation.model.empty() && r.generation.model != model_id_) {
-    throw ApiError(404,
-                   "the model '" + r.generation.model + "' does not exist; this server serves '" +
-                       model_id_ + "'",
-                   "invalid_request_error", "model", "model_not_found");
-  }
+  check_model(r.generation.model);
   std::string prefix;
   std::string rendered;
   try {
@@ -1156,8 +1219,19 @@ void Server::handle_count_tokens(const httplib::Request& req, httplib::Response&
   res.set_content(dump({{"input_tokens", ids.size()}}), "application/json");
 }
 
-ojson Server::model_json() const {
-  return {{"id", model_id_},
+void Server::check_model(const std::string& name) const {
+  if (name.empty() ||
+      std::find(model_names_.begin(), model_names_.end(), name) != model_names_.end()) {
+    return;
+  }
+  std::string served;
+  for (const auto& n : model_names_) served += (served.empty() ? "'" : ", '") + n + "'";
+  throw ApiError(404, "the model '" + name + "' does not exist; this server serves " + served,
+                 "invalid_request_error", "model", "model_not_found");
+}
+
+ojson Server::model_json(const std::string& name) const {
+  return {{"id", name},
           {"object", "model"},
           {"created", created_},
           {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"}};
@@ -1202,18 +1276,30 @@ ojson Server::engine_json() const {
   return out;
 }
 
+EngineLoad Server::engine_load() {
+  EngineLoad load;
+  {
+    std::lock_guard lock(queue_mutex_);
+    load.waiting = static_cast<int64_t>(queue_.size());
+    load.running = running_;
+  }
+  // A position is the unit the rings hold a sequence's cache in, so a block is one token.
+  const int64_t capacity = cache_capacity_;
+  if (capacity > 0) {
+    load.kv_cache_usage =
+        std::clamp(static_cast<double>(cache_positions_) / static_cast<double>(capacity), 0.0, 1.0);
+    load.block_size = 1;
+    load.blocks = capacity;
+  }
+  return load;
+}
+
 std::string Server::endpoint_label(const std::string& path) const {
-  static const std::set<std::string> known = {"/health",
-                                              "/metrics",
-                                              "/v1/models",
-                                              "/v1/engine",
-                                              "/v1/chat/completions",
-                                              "/v1/completions",
-                                              "/tokenize",
-                                              "/detokenize",
-                                              "/v1/responses",
-                                              "/v1/messages",
-                                              "/v1/messages/count_tokens"};
+  static const std::set<std::string> known = {
+      "/health",         "/livez",       "/metrics",
+      "/v1/models",      "/v1/engine",   "/v1/chat/completions",
+      "/v1/completions", "/tokenize",    "/detokenize",
+      "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens"};
   if (known.count(path)) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -1224,6 +1310,9 @@ void Server::authorize(const httplib::Request& req) const {
   const std::string refusal = browser_refusal(req, is_loopback(options_.host));
   if (!refusal.empty()) throw ApiError(403, refusal, "invalid_request_error", "", "forbidden");
   if (options_.api_key.empty()) return;
+  // Routers and Prometheus scrape without credentials (docs/SCALING.md); --metrics-auth asks for
+  // the key here too.
+  if (req.path == "/metrics" && !options_.metrics_auth) return;
   // OpenAI clients send the key as a bearer token, Anthropic clients as x-api-key.
   const std::string given = req.get_header_value("Authorization");
   const bool has_x_api_key = req.has_header("x-api-key");
@@ -1257,7 +1346,7 @@ httplib::Server::Handler Server::guarded(
     try {
       authorize(req);
       const State state = state_;
-      if (needs_engine && state != State::kReady) {
+      if (needs_engine && state != State::kReady && state != State::kDraining) {
         throw ApiError(503,
                        state == State::kStopping ? "the server is shutting down"
                                                  : "the model is loading; retry when /health "
@@ -1278,43 +1367,54 @@ httplib::Server::Handler Server::guarded(
 }
 
 void Server::set_up_routes(httplib::Server& http) {
+  // Readiness: 200 only while the engine takes requests and no stop has been asked, so a
+  // router or Kubernetes sends traffic elsewhere from the first moment of a drain.
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const State state = state_;
     const char* status = state == State::kReady       ? "ok"
                          : state == State::kLoading   ? "loading"
                          : state == State::kWarmingUp ? "warming up"
+                         : state == State::kDraining  ? "draining"
                          : state == State::kStopping  ? "stopping"
                                                       : "failed";
     res.status = state == State::kReady ? 200 : 503;
     res.set_content(dump({{"status", status}}), "application/json");
   });
+  // Liveness: 200 while the process serves HTTP and its engine has not failed, loading and
+  // draining included, so a liveness probe restarts neither a slow load nor a drain.
+  http.Get("/livez", [this](const httplib::Request&, httplib::Response& res) {
+    const bool failed = state_ == State::kFailed;
+    res.status = failed ? 503 : 200;
+    res.set_content(dump({{"status", failed ? "failed" : "alive"}}), "application/json");
+  });
   http.Get("/metrics", guarded(
                            [this](const httplib::Request&, httplib::Response& res) {
-                             int64_t depth;
-                             {
-                               std::lock_guard lock(queue_mutex_);
-                               depth = static_cast<int64_t>(queue_.size());
-                             }
-                             res.set_content(metrics_.render(depth),
+                             res.set_content(metrics_.render(engine_load()),
                                              "text/plain; version=0.0.4; charset=utf-8");
                            },
                            false));
-  http.Get("/v1/models", guarded(
-                             [this](const httplib::Request&, httplib::Response& res) {
-                               res.set_content(dump({{"object", "list"}, {"data", {model_json()}}}),
-                                               "application/json");
-                             },
-                             false));
-  http.Get(R"(/v1/models/(.+))",
+  http.Get("/v1/models",
            guarded(
-               [this](const httplib::Request& req, httplib::Response& res) {
-                 if (req.matches[1] != model_id_) {
-                   throw ApiError(404, "the model '" + req.matches[1].str() + "' does not exist",
-                                  "invalid_request_error", "model", "model_not_found");
+               [this](const httplib::Request&, httplib::Response& res) {
+                 ojson data = ojson::array();
+                 for (const auto& name : model_names_) {
+                   data.push_back(model_json(name));
                  }
-                 res.set_content(dump(model_json()), "application/json");
+                 res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
                },
                false));
+  http.Get(
+      R"(/v1/models/(.+))",
+      guarded(
+          [this](const httplib::Request& req, httplib::Response& res) {
+            const std::string name = req.matches[1];
+            if (std::find(model_names_.begin(), model_names_.end(), name) == model_names_.end()) {
+              throw ApiError(404, "the model '" + name + "' does not exist",
+                             "invalid_request_error", "model", "model_not_found");
+            }
+            res.set_content(dump(model_json(name)), "application/json");
+          },
+          false));
   http.Get("/v1/engine", guarded(
                              [this](const httplib::Request&, httplib::Response& res) {
                                res.set_content(dump(engine_json()), "application/json");
@@ -1400,17 +1500,12 @@ void Server::set_up_routes(httplib::Server& http) {
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         static const std::map<std::string, std::string> allowed = {
-            {"/health", "GET"},
-            {"/metrics", "GET"},
-            {"/v1/models", "GET"},
-            {"/v1/engine", "GET"},
-            {"/v1/chat/completions", "POST"},
-            {"/v1/completions", "POST"},
-            {"/tokenize", "POST"},
-            {"/detokenize", "POST"},
-            {"/v1/responses", "POST"},
-            {"/v1/messages", "POST"},
-            {"/v1/messages/count_tokens", "POST"}};
+            {"/health", "GET"},          {"/livez", "GET"},
+            {"/metrics", "GET"},         {"/v1/models", "GET"},
+            {"/v1/engine", "GET"},       {"/v1/chat/completions", "POST"},
+            {"/v1/completions", "POST"}, {"/tokenize", "POST"},
+            {"/detokenize", "POST"},     {"/v1/responses", "POST"},
+            {"/v1/messages", "POST"},    {"/v1/messages/count_tokens", "POST"}};
         try {
           if (res.status == 413) {
             throw ApiError(413,
@@ -1419,7 +1514,7 @@ void Server::set_up_routes(httplib::Server& http) {
                            "invalid_request_error", "", "request_too_large");
           }
           if (res.status == 404) {
-            if (req.path != "/health") authorize(req);
+            if (req.path != "/health" && req.path != "/livez") authorize(req);
             auto it = allowed.find(req.path);
             if (it == allowed.end() && req.path.rfind("/v1/models/", 0) == 0) {
               it = allowed.find("/v1/models");
@@ -1485,11 +1580,10 @@ int Server::run() {
   SignalHandlers signals(options_.install_signal_handlers);
   httplib::Server http;
   const size_t threads = static_cast<size_t>(std::max(0, options_.max_queue)) + 8;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  http.new_task_queue = [this, threads] { return new CountingPool(threads, open_connections_); };
   http.set_tcp_nodelay(true);
   http.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
-  // Idle keep-alive connections hold shutdown back for at most this long.
-  http.set_keep_alive_timeout(2);
+  http.set_keep_alive_timeout(kKeepAliveSeconds);
   set_up_routes(http);
 
   int port = options_.port;
@@ -1514,20 +1608,42 @@ int Server::run() {
   std::cout << "serving " << model_id_ << " on http://" << options_.host << ":" << port
             << std::endl;
 
-  pollfd wait{stop_pipe.read_fd, POLLIN, 0};
-  while (poll(&wait, 1, -1) < 0 && errno == EINTR) {
-  }
-  char drain[64];
-  while (read(stop_pipe.read_fd, drain, sizeof(drain)) > 0) {
-  }
+  // Waits up to `timeout_ms` (-1: for ever) for a stop, and takes it.
+  auto wait_for_stop = [](int timeout_ms) {
+    pollfd wait{stop_pipe.read_fd, POLLIN, 0};
+    int ready;
+    while ((ready = poll(&wait, 1, timeout_ms)) < 0 && errno == EINTR) {
+    }
+    char taken[64];
+    while (read(stop_pipe.read_fd, taken, sizeof(taken)) > 0) {
+    }
+    return ready > 0;
+  };
+  wait_for_stop(-1);
 
+  // The drain: /health answers 503 while requests are still served, for as long as routers need
+  // to notice (their endpoint lists and health checks lag by seconds); a second stop ends it.
+  State ready = State::kReady;
+  if (state_.compare_exchange_strong(ready, State::kDraining) && options_.drain_grace_s > 0) {
+    std::cerr << "torchtpu-cpp serve: draining: /health answers 503, requests are served for "
+              << options_.drain_grace_s << " s more\n";
+    wait_for_stop(static_cast<int>(options_.drain_grace_s * 1000));
+  }
   // New generation requests get 503 from here on; those already in (queued, decoding or being
   // written) are answered in full before the listener closes.
-  State ready = State::kReady;
-  state_.compare_exchange_strong(ready, State::kStopping);
+  State draining = State::kDraining;
+  state_.compare_exchange_strong(draining, State::kStopping);
   {
     std::unique_lock lock(active_mutex_);
     active_changed_.wait(lock, [&] { return active_ == 0; });
+  }
+  // Connections accepted but not read yet hold requests too (they get their 503 now). Idle
+  // keep-alive connections close within the keep-alive timeout and slow senders within the read
+  // timeout; a client connecting after that is refused by the closed listener.
+  const auto connections_deadline =
+      Clock::now() + std::chrono::seconds(kKeepAliveSeconds + CPPHTTPLIB_READ_TIMEOUT_SECOND);
+  while (open_connections_ > 0 && Clock::now() < connections_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   // httplib's stop() does nothing until listen_after_bind() has marked the server running, and
   // after that it accepts until stopped: a stop that comes first (a load failure or a signal
@@ -1547,8 +1663,7 @@ int Server::run() {
   worker.join();
   // Stops that came after the wake-up (a signal during shutdown, the engine thread's own stop
   // after a load failure) were for this run, not the next one.
-  while (read(stop_pipe.read_fd, drain, sizeof(drain)) > 0) {
-  }
+  wait_for_stop(0);
   if (load_error_) std::rethrow_exception(load_error_);
   return 0;
 }
@@ -1561,6 +1676,11 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   }
   if (options.read_every < 1) {
     throw ValueError("read_every must be at least 1, got " + std::to_string(options.read_every));
+  }
+  if (!(options.drain_grace_s >= 0 && options.drain_grace_s <= 3600)) {
+    std::ostringstream given;
+    given << options.drain_grace_s;
+    throw ValueError("--drain-grace must be between 0 and 3600 seconds, got " + given.str());
   }
   Server server(options, std::move(make_engine));
   return server.run();

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 
@@ -15,6 +16,9 @@ struct ServeOptions {
   std::string model_dir;  // empty: the built-in demo checkpoint (random weights)
   std::string emb4_dir;
   std::string model_id;  // reported by /v1/models; default: the directory's name
+  // More names requests may use for the model (aliases, a router's rewrites); /v1/models lists
+  // them all after model_id. Without model_id, the first of them is the model's id.
+  std::vector<std::string> served_model_names;
   std::string host = "127.0.0.1";
   int port = 8000;
   int64_t context = 8192;
@@ -23,9 +27,15 @@ struct ServeOptions {
   int64_t threads = 0;            // intra-op threads; 0: the physical cores
   std::string int4 = "auto";      // auto | packed | composite | dequantized (EngineOptions::int4)
   std::string quantize = "none";  // int4: quantize a dense checkpoint at load
-  std::string api_key;            // non-empty: Bearer auth on everything but /health
-  int max_queue = 16;             // waiting requests beyond this get 429
-  int64_t read_every = 1;         // decode steps per host read
+  std::string api_key;        // non-empty: Bearer auth on everything but the probes and /metrics
+  bool metrics_auth = false;  // /metrics needs the API key too
+  // "vllm": the load gauges also under vLLM's names (vllm:num_requests_waiting, ...).
+  std::string metrics_compat = "none";
+  // After SIGINT/SIGTERM: seconds during which /health answers 503 while requests are still
+  // served, so routers take the replica out before it refuses anything.
+  double drain_grace_s = 0;
+  int max_queue = 16;      // waiting requests beyond this get 429
+  int64_t read_every = 1;  // decode steps per host read
   // tool_choice "auto" with tools: calls the model writes are held to the declared tools and
   // their parameters too (as tool_choice "required" always is), text around them is free.
   bool constrain_tools = false;
@@ -42,12 +52,15 @@ struct ServeOptions {
 using EngineFactory = std::function<std::unique_ptr<Engine>(const EngineOptions&)>;
 
 // Serves until SIGINT/SIGTERM or request_stop(); returns the process exit code (0 on a clean stop).
+// The stop drains: /health turns 503 at once while requests are served for drain_grace_s more
+// seconds (a second stop ends that early), then new generation requests get 503, and the server
+// returns once every accepted request is answered (docs/RELIABILITY.md, "Lifecycle").
 // May be called from any thread; one server runs per process at a time. Port 0 picks a free port.
 // Prints one line "serving MODEL on http://HOST:PORT" to stdout once it listens. Throws what
 // building the engine threw (after the listener is closed), and std::runtime_error if the
 // address cannot be bound.
 int run(const ServeOptions& options, EngineFactory make_engine = {});
-// Asks a running server to stop accepting, finish in-flight requests and return from run().
+// Asks a running server to drain, finish in-flight requests and return from run().
 // Async-signal-safe. Called before run() starts, it makes the next run() return at once.
 void request_stop();
 

@@ -20,6 +20,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/errors.h"
 #include "server/connection.h"
 #include "server/demo.h"
 #include "server/metrics.h"
@@ -317,7 +318,8 @@ TEST(Metrics, RendersPrometheusText) {
   m.observe_time_to_first_token(7);
   m.observe_decode_rate(30);
   m.add_busy_seconds(1.5);
-  const std::string text = m.render(3);
+  const std::string text = m.render(
+      {.waiting = 3, .running = 1, .kv_cache_usage = 0.25, .block_size = 1, .blocks = 4096});
   auto has = [&](const std::string& line) {
     return text.find("\n" + line + "\n") != std::string::npos;
   };
@@ -327,6 +329,11 @@ TEST(Metrics, RendersPrometheusText) {
   EXPECT_TRUE(has("torchtpu_generated_tokens_total 5"));
   EXPECT_TRUE(has("torchtpu_requests_cancelled_total 1"));
   EXPECT_TRUE(has("torchtpu_queue_depth 3"));
+  EXPECT_TRUE(has("torchtpu_running_requests 1"));
+  EXPECT_TRUE(has("torchtpu_kv_cache_usage_ratio 0.25"));
+  EXPECT_TRUE(has(R"(torchtpu_cache_config_info{block_size="1",num_gpu_blocks="4096"} 1)"));
+  // vLLM's names only when asked for.
+  EXPECT_EQ(text.find("vllm:"), std::string::npos);
   EXPECT_TRUE(has(R"(torchtpu_time_to_first_token_seconds_bucket{le="0.01"} 0)"));
   EXPECT_TRUE(has(R"(torchtpu_time_to_first_token_seconds_bucket{le="0.025"} 1)"));
   EXPECT_TRUE(has(R"(torchtpu_time_to_first_token_seconds_bucket{le="10"} 2)"));
@@ -344,6 +351,45 @@ TEST(Metrics, RendersPrometheusText) {
     } else if (line[0] != '#') {
       EXPECT_EQ(line.rfind(declared, 0), 0u) << line;
     }
+  }
+}
+
+TEST(Metrics, VllmNamesCarryTheSameFiguresAndTheModelName) {
+  Metrics m(MetricsCompat::kVllm, "gemma \"4\"");
+  m.count_tokens(10, 5);
+  const std::string text =
+      m.render({.waiting = 2, .running = 1, .kv_cache_usage = 0.5, .block_size = 1, .blocks = 8});
+  auto has = [&](const std::string& line) {
+    return text.find("\n" + line + "\n") != std::string::npos;
+  };
+  const std::string model = R"({model_name="gemma \"4\""})";
+  EXPECT_TRUE(has("torchtpu_queue_depth 2"));
+  EXPECT_TRUE(has("vllm:num_requests_waiting" + model + " 2"));
+  EXPECT_TRUE(has("vllm:num_requests_running" + model + " 1"));
+  EXPECT_TRUE(has("vllm:kv_cache_usage_perc" + model + " 0.5"));
+  EXPECT_TRUE(has("vllm:gpu_cache_usage_perc" + model + " 0.5"));
+  EXPECT_TRUE(has(R"(vllm:cache_config_info{block_size="1",num_gpu_blocks="8"} 1)"));
+  EXPECT_TRUE(has("# TYPE vllm:num_requests_waiting gauge"));
+  EXPECT_NE(text.find("\nvllm:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\","
+                      "waiting_lora_adapters=\"\"} "),
+            std::string::npos);
+  EXPECT_TRUE(has("vllm:prompt_tokens_total" + model + " 10"));
+  EXPECT_TRUE(has("vllm:generation_tokens_total" + model + " 5"));
+}
+
+TEST(Metrics, CacheInfoWaitsForTheEngineAndCompatIsChecked) {
+  // Before the engine is loaded the cache's shape is unknown: declared, no sample.
+  const std::string text = Metrics(MetricsCompat::kVllm, "m").render({});
+  EXPECT_NE(text.find("# TYPE torchtpu_cache_config_info gauge"), std::string::npos);
+  EXPECT_EQ(text.find("torchtpu_cache_config_info{"), std::string::npos);
+  EXPECT_EQ(text.find("vllm:cache_config_info{"), std::string::npos);
+  EXPECT_EQ(parse_metrics_compat("vllm"), MetricsCompat::kVllm);
+  EXPECT_EQ(parse_metrics_compat("none"), MetricsCompat::kNone);
+  try {
+    parse_metrics_compat("sglang");
+    FAIL() << "sglang was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(), "--metrics-compat must be none or vllm, got 'sglang'");
   }
 }
 

@@ -43,9 +43,10 @@ describe("models, engine, health", () => {
     assert.equal((await client.models.retrieve(MODEL)).id, MODEL);
   });
 
-  test("/health answers without the key, everything else needs it", async () => {
+  test("/health, /livez and /metrics answer without the key, everything else needs it", async () => {
     assert.equal((await fetch(`${server.url}/health`)).status, 200);
-    assert.equal((await fetch(`${server.url}/metrics`)).status, 401);
+    assert.equal((await fetch(`${server.url}/livez`)).status, 200);
+    assert.equal((await fetch(`${server.url}/metrics`)).status, 200);
     assert.equal((await fetch(`${server.url}/v1/engine`)).status, 401);
     await assert.rejects(
       new OpenAI({ apiKey: "wrong", baseURL: server.baseURL, maxRetries: 0 }).models.list(),

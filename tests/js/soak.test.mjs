@@ -319,33 +319,91 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
   });
 });
 
+// The drain (issue #21): SIGTERM turns /health to 503 at once while requests are still served for
+// --drain-grace seconds (routers need that long to stop sending); after the grace new requests
+// get 503 shutting_down, every request accepted before is answered whole, and the exit status is
+// 0. Timing margins cover only the trip of a request over loopback on a busy machine.
 describe("SIGTERM under load", () => {
-  test("in-flight requests are answered whole, new ones get 503, exit 0", async () => {
-    const server = await startServer(["--context", "1024", "--max-queue", "32", "--threads", "1"]);
-    const inFlight = Array.from({ length: 12 }, (_, i) =>
-      request(i, { chat: i % 3 !== 0, stream: i % 2 === 0, maxTokens: 48 }));
-    const answers = inFlight.map((p) => send(server.url, p));
-    // Signal once the engine is decoding and requests wait behind it.
-    await eventually(async () => {
-      const m = await metrics(server.url);
-      return metric(m, "torchtpu_queue_depth") >= 4 &&
-        metric(m, "torchtpu_generated_tokens_total") > 8;
-    }, "a busy engine with a queue");
-    server.child.kill("SIGTERM");
-    const refused = [];
-    for (const p of inFlight.slice(0, 4)) {
-      refused.push(await send(server.url, p));
-    }
-    const health = await fetch(`${server.url}/health`);
-    for (const r of refused) {
-      assert.equal(r.status, 503, r.text);
-      assert.equal(JSON.parse(r.text).error.code, "shutting_down");
-    }
-    assert.equal(health.status, 503);
-    assert.equal((await health.json()).status, "stopping");
-    for (const [i, r] of (await Promise.all(answers)).entries()) checkWhole(inFlight[i], r);
-    const { code, signal } = await server.exited;
-    assert.deepEqual({ code, signal }, { code: 0, signal: null });
-    await assert.rejects(fetch(`${server.url}/health`), /fetch failed/);
-  });
+  test("readiness 503 first, requests served through the grace, 503 after it, none lost, exit 0",
+    async () => {
+      const GRACE_MS = 2000;
+      const MARGIN_MS = 300;
+      const server = await startServer(["--context", "1024", "--max-queue", "64", "--threads", "1",
+        "--drain-grace", String(GRACE_MS / 1000)]);
+      const inFlight = Array.from({ length: 12 }, (_, i) =>
+        request(i, { chat: i % 3 !== 0, stream: i % 2 === 0, maxTokens: 48 }));
+      let answered = 0;
+      const track = (promise) => promise.then((r) => {
+        answered++;
+        return r;
+      });
+      const answers = inFlight.map((p) => track(send(server.url, p)));
+      // Signal once all twelve are in (one decoding, the rest waiting) and tokens flow.
+      const admitted = async (count) => {
+        const m = await metrics(server.url);
+        return metric(m, "torchtpu_running_requests") + metric(m, "torchtpu_queue_depth") +
+          answered === count && metric(m, "torchtpu_generated_tokens_total") > 8;
+      };
+      await eventually(() => admitted(inFlight.length), "every in-flight request admitted");
+      // Last in the queue, one long request keeps the engine busy past the grace, so requests
+      // after it meet a server that is still up.
+      const anchor = request(12, { chat: false, stream: true, maxTokens: 900 });
+      inFlight.push(anchor);
+      answers.push(track(send(server.url, anchor)));
+      await eventually(() => admitted(inFlight.length), "the long request admitted");
+
+      server.child.kill("SIGTERM");
+      const t0 = Date.now();
+      let ready;
+      await eventually(async () => {
+        ready = await fetch(`${server.url}/health`);
+        return ready.status === 503;
+      }, "readiness to turn 503", 2000);
+      const tReady = Date.now() - t0;
+      assert.equal((await ready.json()).status, "draining");
+
+      // Requests every 100 ms through the grace and well past it, until three have been refused.
+      const probes = [];
+      let refused = 0;
+      let anchorDone = false;
+      answers.at(-1).then(() => (anchorDone = true), () => (anchorDone = true));
+      const past = tReady + GRACE_MS + MARGIN_MS;
+      for (let i = 0; refused < 3 || Date.now() - t0 < past + 300; i++) {
+        assert.ok(!anchorDone, "the engine finished everything before the grace ended: raise the " +
+          "long request's max_tokens");
+        const p = request(100 + i, { chat: i % 2 === 0, stream: i % 3 === 0, maxTokens: 4 });
+        const sentAt = Date.now() - t0;
+        probes.push({ p, sentAt, answer: send(server.url, p).then((r) => {
+          if (r.status === 503) refused++;
+          return r;
+        }) });
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      const stopping = await fetch(`${server.url}/health`);
+      assert.deepEqual([stopping.status, (await stopping.json()).status], [503, "stopping"]);
+
+      let during = 0;
+      let after = 0;
+      for (const { p, sentAt, answer } of probes) {
+        const r = await answer;
+        const what = `a request sent ${sentAt} ms after SIGTERM (readiness 503 at ${tReady} ms)`;
+        if (r.status === 200) checkWhole(p, r);
+        if (sentAt < GRACE_MS - MARGIN_MS) {
+          assert.equal(r.status, 200, `${what} was refused during the grace: ${r.text}`);
+          during++;
+        } else if (sentAt > past) {
+          assert.equal(r.status, 503, `${what} was accepted after the grace`);
+          assert.equal(JSON.parse(r.text).error.code, "shutting_down");
+          after++;
+        } else {
+          assert.ok(r.status === 200 || r.status === 503, `${what}: ${r.status} ${r.text}`);
+        }
+      }
+      assert.ok(during >= 10, `only ${during} requests were sent during the grace`);
+      assert.ok(after >= 2, `only ${after} requests were sent well after the grace`);
+      for (const [i, r] of (await Promise.all(answers)).entries()) checkWhole(inFlight[i], r);
+      const { code, signal } = await server.exited;
+      assert.deepEqual({ code, signal }, { code: 0, signal: null });
+      await assert.rejects(fetch(`${server.url}/health`), /fetch failed/);
+    });
 });

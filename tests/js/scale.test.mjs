@@ -1,0 +1,213 @@
+// What a router in front of many replicas needs from one (issue #21, docs/SCALING.md): /metrics
+// readable without the API key (unless --metrics-auth) with the load gauges, under vLLM's names
+// too with --metrics-compat vllm; readiness (/health) apart from liveness (/livez); the model's
+// aliases (--served-model-name) accepted by every generation route; precise errors for bad
+// values of the new flags; and a second signal ending the drain's grace early. The drain under
+// load is in soak.test.mjs.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { after, before, describe, test } from "node:test";
+import { cliPath, eventually, metric, startServer } from "./server_helpers.mjs";
+
+const KEY = "sk-scale-test";
+const auth = { Authorization: `Bearer ${KEY}`, "Content-Type": "application/json" };
+const NAMES = ["gemma-4-e2b", "publishers/ns/models/gemma-4-e2b", "gemma"];
+
+// Every sample line of a Prometheus text exposition: name{labels} value, the name declared by
+// the # TYPE line before it (the strict parser's rules that matter here; tests/go runs the real one).
+function samples(text) {
+  const out = [];
+  let declared = null;
+  for (const line of text.split("\n")) {
+    if (line === "") continue;
+    const type = line.match(/^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram)$/);
+    if (type) {
+      declared = type[1];
+      continue;
+    }
+    if (line.startsWith("# HELP ")) continue;
+    const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*",?)*\})? (\S+)$/);
+    assert.ok(m, `not a sample line: ${line}`);
+    assert.ok(declared && m[1].startsWith(declared), `${m[1]} is not declared by a # TYPE before it`);
+    assert.ok(!Number.isNaN(Number(m[3])), line);
+    out.push({ name: m[1], labels: m[2] ?? "", value: Number(m[3]) });
+  }
+  return out;
+}
+
+function sample(list, name) {
+  const found = list.filter((s) => s.name === name);
+  assert.equal(found.length, 1, `${name}: ${JSON.stringify(found)}`);
+  return found[0];
+}
+
+async function post(url, path, body, headers = auth) {
+  const res = await fetch(`${url}${path}`, { method: "POST", headers, body: JSON.stringify(body) });
+  return { status: res.status, body: await res.json() };
+}
+
+// `torchtpu-cpp serve ARGS`, which must exit at once: {code, stderr}.
+function refused(args) {
+  return new Promise((resolve) => {
+    const child = spawn(cliPath(), ["serve", "--port", "0", ...args], { stdio: "pipe" });
+    let stderr = "";
+    child.stderr.on("data", (d) => (stderr += d));
+    child.on("exit", (code) => resolve({ code, stderr }));
+  });
+}
+
+describe("a replica behind a router", () => {
+  let server;
+  before(async () => {
+    server = await startServer(["--api-key", KEY, "--context", "1024", "--threads", "1",
+      "--metrics-compat", "vllm", ...NAMES.flatMap((n) => ["--served-model-name", n])]);
+  });
+  after(async () => {
+    if (server) await server.stop();
+  });
+
+  test("/metrics answers without the key, with the load gauges under both sets of names",
+    async () => {
+      const res = await fetch(`${server.url}/metrics`);
+      assert.equal(res.status, 200);
+      assert.match(res.headers.get("content-type"), /^text\/plain; version=0\.0\.4/);
+      const list = samples(await res.text());
+      const model = `{model_name="${NAMES[0]}"}`;
+      for (const [native, vllm] of [["torchtpu_queue_depth", "vllm:num_requests_waiting"],
+        ["torchtpu_running_requests", "vllm:num_requests_running"],
+        ["torchtpu_kv_cache_usage_ratio", "vllm:kv_cache_usage_perc"],
+        ["torchtpu_kv_cache_usage_ratio", "vllm:gpu_cache_usage_perc"]]) {
+        assert.equal(sample(list, native).value, 0, native);
+        assert.deepEqual(sample(list, vllm), { name: vllm, labels: model, value: 0 });
+      }
+      // A block is one position of the rings; there are --context of them.
+      const info = '{block_size="1",num_gpu_blocks="1024"}';
+      assert.deepEqual(sample(list, "torchtpu_cache_config_info"),
+        { name: "torchtpu_cache_config_info", labels: info, value: 1 });
+      assert.deepEqual(sample(list, "vllm:cache_config_info"),
+        { name: "vllm:cache_config_info", labels: info, value: 1 });
+    });
+
+  test("a running request shows as running, holding its positions of the cache", async () => {
+    const maxTokens = 400;
+    const answer = post(server.url, "/v1/completions",
+      { prompt: "Write about rain.", max_tokens: maxTokens, ignore_eos: true });
+    let seen;
+    await eventually(async () => {
+      const list = samples(await (await fetch(`${server.url}/metrics`)).text());
+      seen = {
+        running: sample(list, "torchtpu_running_requests").value,
+        usage: sample(list, "torchtpu_kv_cache_usage_ratio").value,
+        generated: sample(list, "torchtpu_generated_tokens_total").value,
+      };
+      return seen.running === 1 && seen.usage > 0;
+    }, "the request decoding", 60_000);
+    const { status, body } = await answer;
+    assert.equal(status, 200);
+    const held = seen.usage * 1024;
+    assert.ok(held >= body.usage.prompt_tokens && held <= body.usage.total_tokens,
+      `${held} positions held, the request had ${body.usage.prompt_tokens} + ${maxTokens}`);
+    // Once the answer is whole, the engine holds nothing for it.
+    const list = samples(await (await fetch(`${server.url}/metrics`)).text());
+    assert.equal(sample(list, "torchtpu_running_requests").value, 0);
+    assert.equal(sample(list, "torchtpu_kv_cache_usage_ratio").value, 0);
+  });
+
+  test("/health is readiness, /livez liveness; both answer without the key", async () => {
+    for (const path of ["/health", "/livez"]) {
+      const res = await fetch(`${server.url}${path}`);
+      assert.equal(res.status, 200, path);
+    }
+    assert.deepEqual(await (await fetch(`${server.url}/livez`)).json(), { status: "alive" });
+    assert.deepEqual(await (await fetch(`${server.url}/health`)).json(), { status: "ok" });
+  });
+
+  test("/v1/models lists every name, and each is a model of its own", async () => {
+    const list = await (await fetch(`${server.url}/v1/models`, { headers: auth })).json();
+    assert.deepEqual(list.data.map((m) => m.id), NAMES);
+    for (const name of NAMES) {
+      const res = await fetch(`${server.url}/v1/models/${name}`, { headers: auth });
+      assert.equal(res.status, 200, name);
+      assert.equal((await res.json()).id, name);
+    }
+    const other = await fetch(`${server.url}/v1/models/torchtpu-demo-random-weights`,
+      { headers: auth });
+    assert.equal(other.status, 404);
+  });
+
+  test("every generation route accepts every name and refuses others, naming them all",
+    async () => {
+      const routes = [
+        ["/v1/chat/completions", { messages: [{ role: "user", content: "Hi." }], max_tokens: 2 }],
+        ["/v1/completions", { prompt: "Hi.", max_tokens: 2 }],
+        ["/v1/responses", { input: "Hi.", max_output_tokens: 2, store: false }],
+        ["/v1/messages", { messages: [{ role: "user", content: "Hi." }], max_tokens: 2 }],
+        ["/v1/messages/count_tokens", { messages: [{ role: "user", content: "Hi." }] }],
+      ];
+      for (const [path, body] of routes) {
+        for (const model of NAMES) {
+          const r = await post(server.url, path, { ...body, model });
+          assert.equal(r.status, 200, `${path} with ${model}: ${JSON.stringify(r.body)}`);
+        }
+        const r = await post(server.url, path, { ...body, model: "gpt-4o" });
+        assert.equal(r.status, 404, path);
+        assert.equal(r.body.error.message, "the model 'gpt-4o' does not exist; this server " +
+          `serves ${NAMES.map((n) => `'${n}'`).join(", ")}`, path);
+      }
+    });
+});
+
+describe("--metrics-auth", () => {
+  test("puts /metrics behind the key again; the probes stay open", async () => {
+    const server = await startServer(["--api-key", KEY, "--metrics-auth", "--context", "512",
+      "--threads", "1"]);
+    try {
+      assert.equal((await fetch(`${server.url}/metrics`)).status, 401);
+      const res = await fetch(`${server.url}/metrics`, { headers: auth });
+      assert.equal(res.status, 200);
+      assert.equal(metric(await res.text(), "torchtpu_running_requests"), 0);
+      // Without --metrics-compat, no vLLM names.
+      assert.doesNotMatch(await (await fetch(`${server.url}/metrics`, { headers: auth })).text(),
+        /vllm:/);
+      assert.equal((await fetch(`${server.url}/health`)).status, 200);
+      assert.equal((await fetch(`${server.url}/livez`)).status, 200);
+    } finally {
+      await server.stop();
+    }
+  });
+});
+
+describe("the drain", () => {
+  test("a second signal ends the grace; /livez stays 200 while /health is 503", async () => {
+    const server = await startServer(["--context", "512", "--threads", "1", "--drain-grace", "600"]);
+    server.child.kill("SIGTERM");
+    await eventually(async () => (await fetch(`${server.url}/health`)).status === 503,
+      "readiness 503", 5000);
+    assert.deepEqual(await (await fetch(`${server.url}/health`)).json(), { status: "draining" });
+    assert.equal((await fetch(`${server.url}/livez`)).status, 200);
+    // Still serving during the grace.
+    const r = await post(server.url, "/v1/completions", { prompt: "Hi.", max_tokens: 2 },
+      { "Content-Type": "application/json" });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    const start = Date.now();
+    server.child.kill("SIGTERM");
+    const { code, signal } = await server.exited;
+    assert.deepEqual({ code, signal }, { code: 0, signal: null });
+    assert.ok(Date.now() - start < 30_000, "the second signal did not end the grace");
+  });
+});
+
+describe("bad values of the new flags", () => {
+  test("are refused at start with a message naming the flag", async () => {
+    for (const [args, message] of [
+      [["--drain-grace", "-1"], "error: --drain-grace must be between 0 and 3600 seconds, got -1"],
+      [["--drain-grace", "7200"], "error: --drain-grace must be between 0 and 3600 seconds, got 7200"],
+      [["--metrics-compat", "sglang"], "error: --metrics-compat must be none or vllm, got 'sglang'"],
+      [["--served-model-name", ""], "error: --served-model-name must not be empty"],
+    ]) {
+      const { code, stderr } = await refused(args);
+      assert.equal(code, 2, `${args.join(" ")}: ${stderr}`);
+      assert.equal(stderr.trim(), message, args.join(" "));
+    }
+  });
+});
