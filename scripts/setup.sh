@@ -24,6 +24,10 @@ if ! command -v cargo >/dev/null; then
   echo "setup: cargo (Rust) is needed to build the chat-template renderer and llguidance" >&2
   exit 1
 fi
+if ! command -v go >/dev/null; then
+  echo "setup: go is needed to build helm and the endpoint-picker test (tests/go)" >&2
+  exit 1
+fi
 
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
@@ -47,6 +51,14 @@ if [ ! -f .cache/gemma4-test-tokenizer/tokenizer.json ] ||
    [ scripts/make_test_tokenizer.py -nt .cache/gemma4-test-tokenizer/tokenizer.json ]; then
   .venv/bin/python scripts/make_test_tokenizer.py >/dev/null
 fi
+
+# The Helm chart's offline checks (tests/python/test_helm_chart.py): helm from the Go module proxy,
+# built once into .cache/tools (about a minute). The endpoint-picker test's modules (tests/go).
+helm_version=v3.22.0
+if [ ! -x ".cache/tools/helm-$helm_version/helm" ]; then
+  GOBIN="$root/.cache/tools/helm-$helm_version" go install "helm.sh/helm/v3/cmd/helm@$helm_version"
+fi
+(cd tests/go && go mod download)
 
 cmake -S . -B build -G Ninja -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
 cmake --build build -j "$(nproc)"
