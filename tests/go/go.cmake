@@ -1,0 +1,12 @@
+# The endpoint picker's own code over a real server's /metrics (issue #21): the Gateway API
+# Inference Extension v1.5.0 scrape and core metrics extractor, configured as the Helm chart
+# configures them, and Prometheus' strict text parser. scripts/setup.sh downloads the modules.
+find_program(GO_EXECUTABLE go)
+if(GO_EXECUTABLE AND TARGET torchtpu-cpp)
+  add_test(NAME go_epp_metrics
+           COMMAND ${GO_EXECUTABLE} test -count=1 -v ./...
+           WORKING_DIRECTORY ${CMAKE_CURRENT_LIST_DIR})
+  set_tests_properties(go_epp_metrics PROPERTIES
+    ENVIRONMENT "TORCHTPU_CLI=$<TARGET_FILE:torchtpu-cpp>;XDG_CACHE_HOME=${CMAKE_BINARY_DIR}/js-cache;TORCHTPU_HELM=${CMAKE_SOURCE_DIR}/.cache/tools/helm-v3.22.0/helm"
+    TIMEOUT 900 LABELS "server;deploy")
+endif()
