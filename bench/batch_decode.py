@@ -3,14 +3,16 @@ two tokens of a running stream while a long prompt is read beside it.
 
     python bench/batch_decode.py --model DIR [--emb4 DIR] [--streams 1,2,4,8] [--new 64]
         [--prompt 32] [--context 8192] [--dtype bfloat16] [--threads 0]
-        [--long-prompt 4096] [--step-tokens 0]
+        [--long-prompt 4096] [--step-tokens 0] [--turn-prompt 4000] [--cache-mb 1024]
 
 Each stream count runs `streams` prompts of `--prompt` tokens through Batch.decode_many (greedy,
 no stop ids, `--new` tokens each); the decode rate counts tokens after every stream's first one,
 over the time from the last first token to the last token. `Engine.decode` alone gives the
 single-stream baseline. With --long-prompt N, one stream decodes while an N-token prompt is read
 in chunks within --step-tokens; the longest gap between the running stream's tokens is reported
-beside its median gap. Prints one JSON object.
+beside its median gap. With --turn-prompt N, a first turn of N prompt tokens and then a second
+turn that repeats it, its reply and 19 more tokens run through a prefix cache of --cache-mb MiB;
+their times to first token are reported side by side. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -92,6 +94,26 @@ def long_prompt_gap(engine, args) -> dict:
     }
 
 
+def second_turn(engine, args) -> dict:
+    """A conversation's second turn through the prefix cache: its time to first token against
+    the first turn's."""
+    vocab = engine.vocab_size
+    batch = engine.batch(rows=1, step_tokens=args.step_tokens, cache_mb=args.cache_mb)
+    first_prompt = prompt(args.turn_prompt, 2, vocab)
+    first = batch.decode_many([first_prompt], args.new, stop=())[0]
+    second_prompt = first_prompt + first.tokens + prompt(20, 3, vocab)[1:]
+    second = batch.decode_many([second_prompt], args.new, stop=())[0]
+    return {
+        "first_turn_prompt_tokens": len(first_prompt),
+        "first_turn_ttft_s": first.read_s,
+        "second_turn_prompt_tokens": len(second_prompt),
+        "second_turn_cached_tokens": second.cached_tokens,
+        "second_turn_ttft_s": second.read_s,
+        "ttft_ratio": second.read_s / first.read_s,
+        "cache": batch.stats()["cache"],
+    }
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
@@ -105,6 +127,8 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--step-tokens", type=int, default=0)
     parser.add_argument("--long-prompt", type=int, default=0)
+    parser.add_argument("--turn-prompt", type=int, default=0)
+    parser.add_argument("--cache-mb", type=float, default=1024)
     args = parser.parse_args(argv)
 
     engine = tt.Engine(
@@ -130,6 +154,8 @@ def main(argv=None) -> int:
         print(json.dumps(out["batches"][-1]), file=sys.stderr)
     if args.long_prompt:
         out["long_prompt"] = long_prompt_gap(engine, args)
+    if args.turn_prompt:
+        out["second_turn"] = second_turn(engine, args)
     print(json.dumps(out))
     return 0
 

@@ -36,15 +36,16 @@ Batch::Batch(Engine& engine, const BatchOptions& options) : engine_(engine), opt
   rings_ = Rings(engine.config(), o.context, options_.rows, o.dtype, o.device);
   rows_.resize(options_.rows);
   pad_token_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(o.device));
+  if (options_.cache_bytes > 0) cache_.emplace(options_.cache_bytes, options_.cache_block);
 }
 
 int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                      OnTokens on_tokens) {
+                      OnTokens on_tokens, OnLogits on_logits) {
   engine_.check_decode(prompt, options);
   DecodeOptions every_step = options;
   every_step.read_every = 1;
   const int64_t id = next_id_++;
-  queue_.push_back({id, prompt, std::move(every_step), std::move(on_tokens)});
+  queue_.push_back({id, prompt, std::move(every_step), std::move(on_tokens), std::move(on_logits)});
   return id;
 }
 
@@ -85,6 +86,7 @@ BatchStats Batch::stats() const {
     if (row.request) (row.decoding() ? s.decoding : s.reading)++;
   }
   s.steps = steps_;
+  if (cache_) s.cache = cache_->stats();
   return s;
 }
 
@@ -95,41 +97,61 @@ void Batch::admit(Row& row, int64_t index, Request request) {
                       engine_.config().vocab_size, o.device);
   row.output.emplace(request.options, engine_.config().eos_token_ids, n,
                      std::move(request.on_tokens));
-  row.read = 0;
-  row.position = 0;
   row.budget = engine_.token_budget(n, request.options.max_new);
-  row.sampled = 0;
   row.request = std::move(request);
   rings_.reset_row(index);
+  row.cached = cache_ ? cache_->restore(row.request->prompt, rings_, index) : 0;
+  row.read = row.position = row.cached;
 }
 
-void Batch::finish(Row& row, const char* reason, std::vector<int64_t>& finished) {
+void Batch::finish(Row& row, int64_t index, const char* reason, std::vector<int64_t>& finished) {
   const int64_t id = row.request->id;
-  results_[id] = row.output->done(reason);
+  if (cache_) {
+    std::vector<int64_t> held(row.request->prompt.begin(), row.request->prompt.begin() + row.read);
+    held.insert(held.end(), row.fed.begin(), row.fed.end());
+    cache_->save(held, rings_, index);
+  }
+  auto& result = results_[id] = row.output->done(reason);
+  result.cached_tokens = row.cached;
   finished.push_back(id);
   row = Row{};
 }
 
-void Batch::accept(Row& row, int64_t token, std::vector<int64_t>& finished) {
+void Batch::accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>& finished) {
+  row.token_id = token;
   if (!row.output->take(&token, 1)) {
-    finish(row, "stop", finished);  // the output has said why: a stop id or a cancel
+    finish(row, index, "stop", finished);  // the output has said why: a stop id or a cancel
   } else if (row.sampled == row.budget) {
-    finish(row, "length", finished);
+    finish(row, index, "length", finished);
   }
+}
+
+at::Tensor Batch::row_logits(Row& row, const at::Tensor& logits) const {
+  if (row.request->on_logits) row.request->on_logits(logits);
+  return row.output->constrain(logits);
 }
 
 int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished) {
   const auto& prompt = row.request->prompt;
   const auto n = static_cast<int64_t>(prompt.size());
-  const int64_t count = std::min({n - row.read, engine_.options().prefill_chunk, limit});
+  int64_t count = std::min({n - row.read, engine_.options().prefill_chunk, limit});
+  // With a prefix cache, a chunk that crosses a multiple of the block ends there, so the state
+  // at that point can be saved for prompts that share only the tokens up to it.
+  const int64_t block = cache_ ? cache_->block() : 0;
+  if (block > 0 && (row.read + count) / block > row.read / block && (row.read + count) % block) {
+    count = (row.read + count) / block * block - row.read;
+  }
   auto row_rings = rings_.rows(index, 1);
   const auto logits = engine_.read_chunk(row_rings, prompt, row.read, row.read + count);
   row.read += count;
   row.position = row.read;
+  if (block > 0 && row.read % block == 0) {
+    cache_->save({prompt.begin(), prompt.begin() + row.read}, rings_, index);
+  }
   if (row.read == n) {
-    row.token = row.sampler->next(row.output->constrain(logits));
+    row.token = row.sampler->next(row_logits(row, logits));
     ++row.sampled;
-    accept(row, row.token.item<int64_t>(), finished);
+    accept(row, index, row.token.item<int64_t>(), finished);
   }
   return count;
 }
@@ -158,7 +180,8 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
     RECORD_USER_SCOPE("engine::sample");
     for (const int64_t i : decoding) {
       Row& row = rows_[i];
-      row.token = row.sampler->next(row.output->constrain(logits[i]));
+      row.fed.push_back(row.token_id);
+      row.token = row.sampler->next(row_logits(row, logits[i]));
       ++row.sampled;
       ++row.position;
       next.push_back(row.token);
@@ -166,7 +189,7 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
   }
   const auto host = at::cat(next).to(at::kCPU);
   for (size_t k = 0; k < decoding.size(); ++k) {
-    accept(rows_[decoding[k]], host.data_ptr<int64_t>()[k], finished);
+    accept(rows_[decoding[k]], decoding[k], host.data_ptr<int64_t>()[k], finished);
   }
 }
 
@@ -176,7 +199,9 @@ std::vector<int64_t> Batch::step() {
   std::vector<int64_t> finished;
   for (const int64_t id : std::exchange(cancels_, {})) {
     for (auto& row : rows_) {
-      if (row.request && row.request->id == id) finish(row, "cancelled", finished);
+      if (row.request && row.request->id == id) {
+        finish(row, &row - rows_.data(), "cancelled", finished);
+      }
     }
     const auto queued =
         std::find_if(queue_.begin(), queue_.end(), [&](const Request& r) { return r.id == id; });

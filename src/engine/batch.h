@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/prefix_cache.h"
 #include "engine/sequence.h"
 #include "model/rings.h"
 #include "model/sampling.h"
@@ -30,6 +31,11 @@ struct BatchOptions {
   // other rows' next token. Must exceed `rows`, so a prompt always advances. 0: prefill_chunk +
   // rows.
   int64_t step_tokens = 0;
+  // The prefix cache's budget (engine/prefix_cache.h): 0 keeps none. A sequence leaving its row
+  // saves the state after every token in its rings; a prompt chunk ending at a multiple of
+  // `cache_block` saves the state there (chunks that cross such a multiple end at it).
+  int64_t cache_bytes = 0;
+  int64_t cache_block = 256;
 };
 
 // What a Batch holds at the moment (a server's /metrics and /v1/engine).
@@ -39,6 +45,7 @@ struct BatchStats {
   int64_t reading = 0;   // rows reading their prompt
   int64_t decoding = 0;  // rows past their prompt
   int64_t steps = 0;     // steps run so far
+  PrefixCacheStats cache;
 };
 
 class Batch {
@@ -50,9 +57,10 @@ class Batch {
 
   // Queues a sequence and returns its id (0, 1, 2, ... per batch). The checks of Engine::decode
   // (ValueError); read_every is taken as 1 (every step reads each row's token back, to see stops
-  // and free rows). on_tokens sees this sequence's tokens as they reach the host.
+  // and free rows). on_tokens sees this sequence's tokens as they reach the host, on_logits the
+  // float32 logits [vocab] each was chosen from.
   int64_t submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                 OnTokens on_tokens = {});
+                 OnTokens on_tokens = {}, OnLogits on_logits = {});
   // Ends a queued or running sequence at the start of the next step, with finish "cancelled" and
   // the tokens it has. ValueError for an id that is not queued or running.
   void cancel(int64_t id);
@@ -74,16 +82,20 @@ class Batch {
     std::vector<int64_t> prompt;
     DecodeOptions options;
     OnTokens on_tokens;
+    OnLogits on_logits;
   };
   struct Row {
     std::optional<Request> request;  // none: the row is free
     std::optional<Sampler> sampler;
     std::optional<SequenceOutput> output;
-    int64_t read = 0;      // prompt tokens in the rings
-    int64_t position = 0;  // where the row's next token goes (its prompt length once decoding)
-    int64_t budget = 0;    // tokens it may generate
-    int64_t sampled = 0;   // tokens sampled so far
-    at::Tensor token;      // [1] on the device: the token the next decode step feeds
+    std::vector<int64_t> fed;  // tokens fed to decode steps: the rings hold prompt[0, read) + fed
+    int64_t read = 0;          // prompt tokens in the rings
+    int64_t position = 0;      // where the row's next token goes (its prompt length once decoding)
+    int64_t budget = 0;        // tokens it may generate
+    int64_t sampled = 0;       // tokens sampled so far
+    int64_t cached = 0;        // prompt tokens restored from the prefix cache
+    at::Tensor token;          // [1] on the device: the token the next decode step feeds
+    int64_t token_id = 0;      // its value, as read back
     bool decoding() const {
       return request && read == static_cast<int64_t>(request->prompt.size());
     }
@@ -95,8 +107,10 @@ class Batch {
   int64_t read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished);
   void decode_rows(std::vector<int64_t>& finished);
   // Reads a row's new token back: ends the row when the output or its budget says so.
-  void accept(Row& row, int64_t token, std::vector<int64_t>& finished);
-  void finish(Row& row, const char* reason, std::vector<int64_t>& finished);
+  void accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>& finished);
+  void finish(Row& row, int64_t index, const char* reason, std::vector<int64_t>& finished);
+  // Logits a row's token is chosen from: seen by on_logits, masked by the grammar.
+  at::Tensor row_logits(Row& row, const at::Tensor& logits) const;
 
   Engine& engine_;
   BatchOptions options_;
@@ -111,6 +125,7 @@ class Batch {
   int64_t next_id_ = 0;
   int64_t steps_ = 0;
   at::Tensor pad_token_;  // [1] on the device: what a padding row feeds
+  std::optional<PrefixCache> cache_;
 };
 
 }  // namespace torchtpu

@@ -61,8 +61,9 @@ struct DecodeResult {
   std::string finish;           // "stop" | "length" | "cancelled"
   std::optional<int64_t> stop_id;
   int64_t prompt_tokens = 0;
-  double read_s = 0;    // reading the prompt, until the first token is known on the host
-  double decode_s = 0;  // the remaining steps
+  int64_t cached_tokens = 0;  // prompt tokens a prefix cache gave instead of reading them
+  double read_s = 0;          // reading the prompt, until the first token is known on the host
+  double decode_s = 0;        // the remaining steps
 };
 
 // Called with each batch of new tokens as they reach the host; returning false cancels.

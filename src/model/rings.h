@@ -42,6 +42,8 @@ class Rings {
   // Rows [begin, begin + count) of every ring as views: a forward pass over them reads and writes
   // these rings' storage, and the other rows are untouched.
   Rings rows(int64_t begin, int64_t count) const;
+  // Every ring (one per non-shared layer, in layer order), for whoever copies ring states.
+  std::vector<Ring>& all() { return rings_; }
   int64_t batch() const { return rings_.empty() ? 0 : rings_.front().kpos.size(0); }
   Layout layout() const { return layout_; }
   int64_t context() const { return layout_.context; }

@@ -305,6 +305,16 @@ py::dict stats_dict(const BatchStats& stats) {
   d["reading"] = stats.reading;
   d["decoding"] = stats.decoding;
   d["steps"] = stats.steps;
+  const auto& c = stats.cache;
+  py::dict cache;
+  cache["hits"] = c.hits;
+  cache["misses"] = c.misses;
+  cache["reused_tokens"] = c.reused_tokens;
+  cache["saves"] = c.saves;
+  cache["evictions"] = c.evictions;
+  cache["states"] = c.states;
+  cache["bytes"] = c.bytes;
+  d["cache"] = cache;
   return d;
 }
 
@@ -327,6 +337,7 @@ void bind_engine(py::module_& m) {
       .def_readonly("finish", &DecodeResult::finish)
       .def_readonly("stop_id", &DecodeResult::stop_id)
       .def_readonly("prompt_tokens", &DecodeResult::prompt_tokens)
+      .def_readonly("cached_tokens", &DecodeResult::cached_tokens)
       .def_readonly("read_s", &DecodeResult::read_s)
       .def_readonly("decode_s", &DecodeResult::decode_s)
       .def("__repr__", [](const DecodeResult& r) {
@@ -409,14 +420,23 @@ void bind_engine(py::module_& m) {
           py::arg("ids"), py::arg("max_new"), py::arg("read_every") = 1)
       .def(
           "batch",
-          [](py::object self, int64_t rows, int64_t step_tokens) {
-            return std::make_unique<PyBatch>(std::move(self), BatchOptions{rows, step_tokens});
+          [](py::object self, int64_t rows, int64_t step_tokens, double cache_mb,
+             int64_t cache_block) {
+            if (!(cache_mb >= 0)) {
+              throw ValueError("cache_mb must be at least 0, got " + std::to_string(cache_mb));
+            }
+            const auto cache_bytes = static_cast<int64_t>(cache_mb * (1 << 20));
+            return std::make_unique<PyBatch>(
+                std::move(self), BatchOptions{rows, step_tokens, cache_bytes, cache_block});
           },
           "A Batch of `rows` sequences decoded together over this engine's weights (rings of its "
           "own, each row as large as the engine's context). step_tokens: tokens one step may "
           "put through the model (one per decoding row, the rest for prompt chunks); 0: "
-          "prefill_chunk + rows. ValueError for rows < 1 or step_tokens <= rows.",
-          py::arg("rows") = 4, py::arg("step_tokens") = 0);
+          "prefill_chunk + rows. cache_mb: the prefix cache's budget in MiB (0: none), "
+          "cache_block its block of positions. ValueError for rows < 1, step_tokens <= rows, a "
+          "negative cache_mb or a cache_block below 1.",
+          py::arg("rows") = 4, py::arg("step_tokens") = 0, py::arg("cache_mb") = 0.0,
+          py::arg("cache_block") = 256);
   def_decoding(
       engine, "decode", "ids",
       "Decodes after `ids`: greedy unless temperature > 0, else sampled after logit_bias, "

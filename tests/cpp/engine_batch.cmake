@@ -8,3 +8,11 @@ if(TARGET torchtpu_engine AND TARGET torchtpu_standin)
                        PROPERTIES LABELS engine TIMEOUT 900
                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endif()
+# The Batch's prefix cache: hits give the tokens and logits (1e-4 at f32) of a fresh read.
+if(TARGET torchtpu_engine)
+  add_executable(prefix_cache_test ${CMAKE_CURRENT_LIST_DIR}/prefix_cache_test.cpp)
+  target_link_libraries(prefix_cache_test PRIVATE torchtpu_engine GTest::gtest_main)
+  gtest_discover_tests(prefix_cache_test TEST_PREFIX "engine_prefix_cache." DISCOVERY_TIMEOUT 60
+                       PROPERTIES LABELS engine TIMEOUT 900
+                       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endif()

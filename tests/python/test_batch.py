@@ -164,6 +164,11 @@ def test_the_batch_belongs_to_the_engines_owner_thread(engine):
             batch.step()
 
 
+NO_CACHE = dict.fromkeys(
+    ("hits", "misses", "reused_tokens", "saves", "evictions", "states", "bytes"), 0
+)
+
+
 def test_stats_count_queued_reading_and_decoding_rows(engine):
     batch = engine.batch(rows=2, step_tokens=6)
     for n in (3, 40, 5):
@@ -174,6 +179,7 @@ def test_stats_count_queued_reading_and_decoding_rows(engine):
         "reading": 0,
         "decoding": 0,
         "steps": 0,
+        "cache": NO_CACHE,
     }
     batch.step()
     # Row 0 read its 3 tokens and decodes; row 1 read 3 of its 40; the third waits.
@@ -183,6 +189,7 @@ def test_stats_count_queued_reading_and_decoding_rows(engine):
         "reading": 1,
         "decoding": 1,
         "steps": 1,
+        "cache": NO_CACHE,
     }
 
 
@@ -208,3 +215,22 @@ def test_gil_released_during_steps(tiny):
         thread.join()
     during = [t for t in ticks if start < t < end]
     assert len(during) > 1000
+
+
+def test_a_second_turn_reuses_the_first_from_the_prefix_cache(engine):
+    batch = engine.batch(rows=2, cache_mb=16, cache_block=16)
+    first_prompt = _prompt(37, 4)
+    first = batch.decode_many([first_prompt], 10, stop=())[0]
+    assert first.cached_tokens == 0
+    second_prompt = first_prompt + first.tokens + _prompt(6, 5)[1:]
+    second = batch.decode_many([second_prompt], 12, stop=())[0]
+    # The reply's last token was sampled but not fed: the rings held the prompt and 9 tokens.
+    assert second.cached_tokens == 37 + 9
+    assert second.tokens == engine.decode(second_prompt, 12, stop=()).tokens
+    cache = batch.stats()["cache"]
+    assert cache["hits"] == 1 and cache["reused_tokens"] == 46
+    assert cache["states"] >= 2 and cache["bytes"] > 0
+    with pytest.raises(ValueError, match="cache_mb"):
+        engine.batch(cache_mb=-1)
+    with pytest.raises(ValueError, match="block"):
+        engine.batch(cache_mb=1, cache_block=0)

@@ -38,9 +38,20 @@ class DecodeResult:
     @property
     def prompt_tokens(self) -> int: ...
     @property
+    def cached_tokens(self) -> int: ...
+    @property
     def read_s(self) -> float: ...
     @property
     def decode_s(self) -> float: ...
+
+class _CacheStats(TypedDict):
+    hits: int
+    misses: int
+    reused_tokens: int
+    saves: int
+    evictions: int
+    states: int
+    bytes: int
 
 class _BatchStats(TypedDict):
     rows: int
@@ -48,6 +59,7 @@ class _BatchStats(TypedDict):
     reading: int
     decoding: int
     steps: int
+    cache: _CacheStats
 
 class Batch:
     """Sequences decoded together over one Engine's weights (Engine.batch). The engine's owner
@@ -142,9 +154,16 @@ class Engine:
     def owner_thread(self) -> str: ...
     def logits(self, ids: _Ids) -> torch.Tensor:
         """float32 [len(ids), vocab] of one causal pass; the KV cache is untouched."""
-    def batch(self, rows: int = 4, step_tokens: int = 0) -> Batch:
+    def batch(
+        self,
+        rows: int = 4,
+        step_tokens: int = 0,
+        cache_mb: float = 0.0,
+        cache_block: int = 256,
+    ) -> Batch:
         """A Batch of `rows` sequences over these weights (rings of its own); step_tokens bounds
-        the tokens of one step (0: prefill_chunk + rows)."""
+        the tokens of one step (0: prefill_chunk + rows); cache_mb > 0 keeps a prefix cache of
+        that many MiB in blocks of cache_block positions."""
     def generate(
         self, ids: _Ids, max_new: int, read_every: int = 1
     ) -> tuple[list[int], float, float]:

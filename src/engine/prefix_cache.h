@@ -1,0 +1,74 @@
+// Ring states of finished or partly read sequences, kept so that a new sequence whose tokens start
+// with one of them skips reading those tokens again (issue #17). What Gemma 4 needs at a reuse
+// point p: the full-attention rings' entries for positions [0, p), kept in blocks of `block`
+// positions shared by every state with the same tokens up to the block's end; the sliding rings as
+// they stand at p (the window before p, which only p itself can reuse); and nothing for the
+// KV-shared layers, which own no ring. A byte budget bounds it, evicting the least recently used
+// state first.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "model/rings.h"
+
+namespace torchtpu {
+
+struct PrefixCacheStats {
+  int64_t hits = 0;           // sequences that started from a saved state
+  int64_t misses = 0;         // sequences that found none
+  int64_t reused_tokens = 0;  // prompt tokens not read again, over all hits
+  int64_t saves = 0;          // states saved
+  int64_t evictions = 0;      // states evicted for the budget
+  int64_t states = 0;         // states held now
+  int64_t bytes = 0;          // bytes held now (shared blocks counted once)
+};
+
+class PrefixCache {
+ public:
+  // budget_bytes: the most it holds (a state larger than that alone is not saved); block: the
+  // positions of one shared block of the full rings. ValueError for a negative budget or a block
+  // below 1.
+  PrefixCache(int64_t budget_bytes, int64_t block);
+
+  // Saves row `row` of `rings` as the state after `tokens` (the ring holds exactly their entries,
+  // at positions 0..tokens.size()-1). A state already held for the same tokens is only touched.
+  void save(const std::vector<int64_t>& tokens, Rings& rings, int64_t row);
+  // Finds the longest saved state whose tokens are a proper prefix of `prompt` (at least one
+  // prompt token is left to read, for the logits) and writes it into row `row` of `rings`, which
+  // must be empty (reset). Returns the tokens it covers (0: none, the row untouched).
+  int64_t restore(const std::vector<int64_t>& prompt, Rings& rings, int64_t row);
+
+  const PrefixCacheStats& stats() const { return stats_; }
+  int64_t block() const { return block_; }
+
+ private:
+  // Positions [b · block, b · block + size) of every full ring: k and v [kv_heads, size, d].
+  struct Block {
+    std::vector<at::Tensor> k, v;
+    int64_t nbytes = 0;
+  };
+  struct State {
+    std::vector<int64_t> tokens;
+    std::vector<std::shared_ptr<Block>> blocks;
+    std::vector<at::Tensor> sliding_k, sliding_v, sliding_kpos;  // each sliding ring's row
+    int64_t sliding_nbytes = 0;
+  };
+  using Key = std::vector<int64_t>;  // the tokens up to a block's end, or a state's tokens
+
+  void evict_to(int64_t budget);
+  int64_t held_bytes() const;
+
+  int64_t budget_;
+  int64_t block_;
+  std::list<State> states_;  // most recently used first
+  std::map<Key, std::weak_ptr<Block>> blocks_;
+  PrefixCacheStats stats_;
+};
+
+}  // namespace torchtpu

@@ -1,0 +1,190 @@
+// The prefix cache of a Batch (issue #17): a sequence that starts from a saved state gives the
+// tokens and, within 1e-4 at float32, the logits it gives read from scratch: after a previous
+// turn and its reply, at a block boundary inside a shared prompt, past the sliding window's edge,
+// and after evictions; the budget, LRU order and counters say what happened.
+#include "engine/prefix_cache.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/batch.h"
+#include "engine/engine.h"
+#include "model/make_tiny.h"
+
+namespace torchtpu {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path tiny_dir_path() {
+  return fs::temp_directory_path() / ("prefix-cache-tiny-" + std::to_string(::getpid()));
+}
+
+// The tiny preset: sliding window 8, so every reuse point here is past the window's edge.
+std::string tiny_dir() {
+  const auto path = tiny_dir_path();
+  if (!fs::exists(path / "config.json")) {
+    auto spec = tiny_preset("tiny");
+    spec.seed = 4;
+    make_tiny(path.string(), spec);
+  }
+  return path.string();
+}
+
+class RemoveCheckpoint : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(tiny_dir_path()); }
+};
+
+const auto* const remove_checkpoint = ::testing::AddGlobalTestEnvironment(new RemoveCheckpoint);
+
+Engine make_engine() {
+  EngineOptions o;
+  o.model_dir = tiny_dir();
+  o.dtype = at::kFloat;
+  o.context = 256;
+  o.prefill_chunk = 24;
+  o.threads = 1;
+  return Engine(o);
+}
+
+std::vector<int64_t> tokens_of(int64_t n, int64_t salt) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(4 + (i * 37 + salt * 101) % 500);
+  return ids;
+}
+
+std::vector<int64_t> operator+(std::vector<int64_t> a, const std::vector<int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+DecodeOptions greedy(int64_t max_new) {
+  DecodeOptions o;
+  o.max_new = max_new;
+  o.ignore_eos = true;
+  return o;
+}
+
+struct Run {
+  DecodeResult result;
+  std::vector<at::Tensor> logits;
+};
+
+// One sequence through the batch, with the logits of each of its tokens.
+Run through(Batch& batch, const std::vector<int64_t>& prompt, int64_t max_new) {
+  Run run;
+  const int64_t id = batch.submit(prompt, greedy(max_new), {}, [&](const at::Tensor& logits) {
+    run.logits.push_back(logits.clone());
+  });
+  while (!batch.idle()) batch.step();
+  run.result = batch.take_result(id);
+  return run;
+}
+
+// The same sequence read from scratch by the engine alone.
+Run alone(Engine& engine, const std::vector<int64_t>& prompt, int64_t max_new) {
+  Run run;
+  run.result = engine.decode(prompt, greedy(max_new), {}, [&](const at::Tensor& logits) {
+    run.logits.push_back(logits.clone());
+  });
+  return run;
+}
+
+void expect_same(const Run& got, const Run& expected) {
+  EXPECT_EQ(got.result.tokens, expected.result.tokens);
+  ASSERT_EQ(got.logits.size(), expected.logits.size());
+  for (size_t i = 0; i < got.logits.size(); ++i) {
+    const double diff = (got.logits[i] - expected.logits[i]).abs().max().item<double>();
+    EXPECT_LE(diff, 1e-4) << "logits of token " << i;
+  }
+}
+
+TEST(PrefixCache, ASecondTurnStartsFromTheFirstTurnAndItsReply) {
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 2, .cache_bytes = 64 << 20, .cache_block = 16});
+  const auto first_prompt = tokens_of(37, 1);
+  const auto first = through(batch, first_prompt, 10);
+  EXPECT_EQ(first.result.cached_tokens, 0);
+  // The reply's last token was sampled but never fed: the rings hold the prompt and 9 tokens.
+  const auto second_prompt = first_prompt + first.result.tokens + tokens_of(6, 2);
+  const auto second = through(batch, second_prompt, 12);
+  EXPECT_EQ(second.result.cached_tokens, 37 + 9);
+  expect_same(second, alone(engine, second_prompt, 12));
+  const auto stats = batch.stats().cache;
+  EXPECT_EQ(stats.hits, 1);
+  EXPECT_EQ(stats.misses, 1);
+  EXPECT_EQ(stats.reused_tokens, 46);
+}
+
+TEST(PrefixCache, PromptsSharingTheirStartReuseItFromTheLastBlockBoundary) {
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 2, .cache_bytes = 64 << 20, .cache_block = 16});
+  const auto system = tokens_of(40, 3);
+  through(batch, system + tokens_of(5, 4), 4);
+  // Saved while reading: after 16 and 32 tokens (and the whole sequence when it left).
+  const auto other = system + tokens_of(9, 5);
+  const auto run = through(batch, other, 8);
+  EXPECT_EQ(run.result.cached_tokens, 32);
+  expect_same(run, alone(engine, other, 8));
+}
+
+TEST(PrefixCache, EvictionKeepsTheBudgetAndAMissAfterItReadsFromScratch) {
+  auto engine = make_engine();
+  // Room for about one sequence's state of ~50 positions: each new one evicts the older.
+  Batch probe(engine, {.rows = 1, .cache_bytes = 64 << 20, .cache_block = 16});
+  through(probe, tokens_of(45, 6), 6);
+  const int64_t one_state = probe.stats().cache.bytes;
+  ASSERT_GT(one_state, 0);
+
+  Batch batch(engine, {.rows = 1, .cache_bytes = one_state + one_state / 2, .cache_block = 16});
+  const auto a = tokens_of(45, 7), b = tokens_of(45, 8);
+  const auto first_a = through(batch, a, 6);
+  through(batch, b, 6);
+  const auto stats = batch.stats().cache;
+  EXPECT_GT(stats.evictions, 0);
+  EXPECT_LE(stats.bytes, one_state + one_state / 2);
+
+  const auto again_a = a + first_a.result.tokens;
+  const auto miss = through(batch, again_a, 6);
+  EXPECT_LT(miss.result.cached_tokens, 45) << "a's states were evicted for b's";
+  expect_same(miss, alone(engine, again_a, 6));
+  // b's blocks went for a's second turn; its states were the least recently used.
+  const auto after = through(batch, b + tokens_of(3, 9), 6);
+  expect_same(after, alone(engine, b + tokens_of(3, 9), 6));
+}
+
+TEST(PrefixCache, RowsOfABatchShareItWhileDecodingTogether) {
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 3, .cache_bytes = 64 << 20, .cache_block = 8});
+  const auto system = tokens_of(30, 10);
+  through(batch, system + tokens_of(2, 11), 2);
+  std::vector<std::vector<int64_t>> prompts;
+  std::map<int64_t, std::vector<int64_t>> by_id;
+  for (int64_t i = 0; i < 5; ++i) {
+    prompts.push_back(system + tokens_of(3 + i * 5, 12 + i));
+    by_id[batch.submit(prompts.back(), greedy(10))] = prompts.back();
+  }
+  std::map<int64_t, DecodeResult> results;
+  while (!batch.idle()) {
+    for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
+  }
+  for (const auto& [id, prompt] : by_id) {
+    EXPECT_GE(results.at(id).cached_tokens, 24) << "sequence " << id;
+    EXPECT_EQ(results.at(id).tokens, engine.decode(prompt, greedy(10)).tokens) << "sequence " << id;
+  }
+}
+
+TEST(PrefixCache, BadBudgetsAreValueErrors) {
+  EXPECT_THROW(PrefixCache(-1, 16), ValueError);
+  EXPECT_THROW(PrefixCache(1 << 20, 0), ValueError);
+}
+
+}  // namespace
+}  // namespace torchtpu
