@@ -5,10 +5,8 @@
 #include "engine/batch.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <map>
 #include <random>
 #include <string>
@@ -16,36 +14,13 @@
 
 #include "common/errors.h"
 #include "engine/engine.h"
-#include "model/make_tiny.h"
 #include "standin_device.h"
+#include "tiny_checkpoint.h"
 
 namespace torchtpu {
 namespace {
 
-namespace fs = std::filesystem;
-
-// The tiny preset (7 layers, sliding window 8: prompts and decodes wrap the sliding rings),
-// random f32 weights, written once per process.
-fs::path tiny_dir_path() {
-  return fs::temp_directory_path() / ("batch-tiny-" + std::to_string(::getpid()));
-}
-
-std::string tiny_dir() {
-  const auto path = tiny_dir_path();
-  if (!fs::exists(path / "config.json")) {
-    auto spec = tiny_preset("tiny");
-    spec.seed = 3;
-    make_tiny(path.string(), spec);
-  }
-  return path.string();
-}
-
-class RemoveCheckpoint : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(tiny_dir_path()); }
-};
-
-const auto* const remove_checkpoint = ::testing::AddGlobalTestEnvironment(new RemoveCheckpoint);
+std::string tiny_dir() { return testing::tiny_checkpoint("batch-tiny", 3); }
 
 Engine make_engine(const std::string& device = "cpu", int64_t chunk = 16) {
   EngineOptions o;

@@ -5,7 +5,8 @@ if(TARGET torchtpu_engine)
   add_library(torchtpu_standin SHARED ${CMAKE_SOURCE_DIR}/tests/device/standin_device.cpp)
   target_link_libraries(torchtpu_standin PUBLIC ${TORCH_LIBRARIES})
   add_executable(device_test ${CMAKE_SOURCE_DIR}/tests/device/device_test.cpp)
-  target_include_directories(device_test PRIVATE ${CMAKE_SOURCE_DIR}/tests/device)
+  target_include_directories(device_test PRIVATE ${CMAKE_SOURCE_DIR}/tests/device
+                                               ${CMAKE_SOURCE_DIR}/tests/cpp)
   target_link_libraries(device_test PRIVATE torchtpu_engine torchtpu_standin GTest::gtest_main)
   add_test(NAME device_test COMMAND device_test)
   set_tests_properties(device_test PROPERTIES LABELS device TIMEOUT 900

@@ -5,9 +5,7 @@
 #include "engine/prefix_cache.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,34 +13,13 @@
 #include "common/errors.h"
 #include "engine/batch.h"
 #include "engine/engine.h"
-#include "model/make_tiny.h"
+#include "tiny_checkpoint.h"
 
 namespace torchtpu {
 namespace {
 
-namespace fs = std::filesystem;
-
-fs::path tiny_dir_path() {
-  return fs::temp_directory_path() / ("prefix-cache-tiny-" + std::to_string(::getpid()));
-}
-
-// The tiny preset: sliding window 8, so every reuse point here is past the window's edge.
-std::string tiny_dir() {
-  const auto path = tiny_dir_path();
-  if (!fs::exists(path / "config.json")) {
-    auto spec = tiny_preset("tiny");
-    spec.seed = 4;
-    make_tiny(path.string(), spec);
-  }
-  return path.string();
-}
-
-class RemoveCheckpoint : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(tiny_dir_path()); }
-};
-
-const auto* const remove_checkpoint = ::testing::AddGlobalTestEnvironment(new RemoveCheckpoint);
+// Sliding window 8: every reuse point here is past the window's edge.
+std::string tiny_dir() { return testing::tiny_checkpoint("prefix-cache-tiny", 4); }
 
 Engine make_engine() {
   EngineOptions o;

@@ -1,52 +1,23 @@
 // The engine on the stand-in out-of-tree device (issue #20): the same tokens as the CPU at
 // float32, host reads bounded by the read batches, and one op sequence per decode step.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <iterator>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
-#include "model/make_tiny.h"
 #include "standin_device.h"
+#include "tiny_checkpoint.h"
 
 namespace torchtpu {
 namespace {
 
-namespace fs = std::filesystem;
-
-// The tiny preset: 7 layers (sliding window 8, so a decode wraps the sliding rings many times),
-// random f32 weights, written once per process. `ple` 32 makes every linear's input a whole
-// number of int4 groups, so the checkpoint can be quantized at load.
-fs::path tiny_dir_path(int64_t ple) {
-  return fs::temp_directory_path() /
-         ("standin-tiny-" + std::to_string(::getpid()) + "-" + std::to_string(ple));
-}
-
-std::string tiny_dir(int64_t ple = 16) {
-  const auto path = tiny_dir_path(ple);
-  if (!fs::exists(path / "config.json")) {
-    auto spec = tiny_preset("tiny");
-    spec.seed = 1;
-    spec.ple = ple;
-    make_tiny(path.string(), spec);
-  }
-  return path.string();
-}
-
-// Removes the checkpoints when the suite ends.
-class RemoveCheckpoints : public ::testing::Environment {
- public:
-  void TearDown() override {
-    for (int64_t ple : {16, 32}) fs::remove_all(tiny_dir_path(ple));
-  }
-};
-
-const auto* const remove_checkpoints = ::testing::AddGlobalTestEnvironment(new RemoveCheckpoints);
+// `ple` 32 makes every linear's input a whole number of int4 groups, so the checkpoint can be
+// quantized at load.
+std::string tiny_dir(int64_t ple = 16) { return testing::tiny_checkpoint("standin-tiny", 1, ple); }
 
 Engine make_engine(const std::string& device, int64_t chunk = 16,
                    Int4Weights int4 = Int4Weights::kAuto) {

@@ -195,8 +195,14 @@ type completion struct {
 	} `json:"usage"`
 }
 
-func post(s *server, body string) (*completion, error) {
-	res, err := http.Post(s.url+"/v1/completions", "application/json", strings.NewReader(body))
+// A completion request, with `Authorization: Bearer key` unless key is empty.
+func post(s *server, body, key string) (*completion, error) {
+	req, _ := http.NewRequest("POST", s.url+"/v1/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	res, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -223,26 +229,11 @@ func TestExtractorReadsTheServerAsMeant(t *testing.T) {
 
 	const prompt = "Write about the sea."
 	// The prompt's length in tokens, from a request of its own.
-	probe, err := post(s, `{"prompt":"Write about the sea.","max_tokens":1}`)
+	probe, err := post(s, `{"prompt":"Write about the sea.","max_tokens":1}`, "")
 	if err == nil {
 		t.Fatalf("a request without the key was answered: %+v", probe)
 	}
-	authorized := func(body string) (*completion, error) {
-		req, _ := http.NewRequest("POST", s.url+"/v1/completions", strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer not-sent-by-the-picker")
-		req.Header.Set("Content-Type", "application/json")
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return nil, err
-		}
-		defer res.Body.Close()
-		text, _ := io.ReadAll(res.Body)
-		if res.StatusCode != 200 {
-			return nil, fmt.Errorf("%d: %s", res.StatusCode, text)
-		}
-		var c completion
-		return &c, json.Unmarshal(text, &c)
-	}
+	authorized := func(body string) (*completion, error) { return post(s, body, "not-sent-by-the-picker") }
 	one, err := authorized(completionBody(prompt, 1))
 	if err != nil {
 		t.Fatal(err)

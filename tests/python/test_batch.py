@@ -3,12 +3,11 @@ tokens Engine.decode gives it alone; bad input is ValueError; the GIL is release
 the owner-thread rule covers the batch; a callback's exception ends its sequence and is raised."""
 
 import random
-import threading
-import time
 
 import hf_tiny  # conftest puts tests/python on sys.path
 import pytest
 import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does not
+from threads import in_thread, ticks_while
 
 CONTEXT = 128
 
@@ -132,26 +131,11 @@ def test_a_callback_exception_ends_its_sequence_and_is_raised_from_step(engine):
     assert batch.result(other).tokens == engine.decode(_prompt(6), 8, stop=()).tokens
 
 
-def _in_thread(fn, name="intruder"):
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 (the test inspects what crossed)
-            box["error"] = e
-
-    thread = threading.Thread(target=run, name=name)
-    thread.start()
-    thread.join()
-    return box
-
-
 def test_the_batch_belongs_to_the_engines_owner_thread(engine):
     batch = engine.batch(rows=2)
     batch.submit(_prompt(4), 3)
     for call in (batch.step, lambda: batch.submit([2, 5], 3), batch.stats):
-        box = _in_thread(call)
+        box = in_thread(call)
         assert type(box.get("error")) is RuntimeError, box
         assert "intruder" in str(box["error"]) and "Batch." in str(box["error"])
 
@@ -196,24 +180,9 @@ def test_stats_count_queued_reading_and_decoding_rows(engine):
 def test_gil_released_during_steps(tiny):
     engine = tt.Engine(tiny, context=512, dtype="float32", threads=1)
     batch = engine.batch(rows=4)
-    ticks = []
-    done = threading.Event()
-
-    def ticker():
-        while not done.is_set():
-            ticks.append(time.perf_counter())
-
-    thread = threading.Thread(target=ticker)
-    thread.start()
-    try:
-        time.sleep(0.05)
-        start = time.perf_counter()
-        batch.decode_many([_prompt(8, s) for s in range(4)], 200, stop=())
-        end = time.perf_counter()
-    finally:
-        done.set()
-        thread.join()
-    during = [t for t in ticks if start < t < end]
+    _, during, _, _ = ticks_while(
+        lambda: batch.decode_many([_prompt(8, s) for s in range(4)], 200, stop=())
+    )
     assert len(during) > 1000
 
 

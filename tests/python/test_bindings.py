@@ -9,7 +9,6 @@ import pathlib
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does 
 
 import hf_tiny  # conftest puts tests/python on sys.path
 from reference import Reference
+from threads import in_thread, ticks_while
 
 CONTEXT = 64
 
@@ -271,26 +271,11 @@ def test_decode_stops_and_streams(engine):
 
 def test_gil_released_during_decode(tiny):
     engine = tt.Engine(tiny, context=512, dtype="float32")
-    ticks = []
-    done = threading.Event()
-
-    def ticker():
-        while not done.is_set():
-            ticks.append(time.perf_counter())
-
-    thread = threading.Thread(target=ticker)
-    thread.start()
-    try:
-        time.sleep(0.05)
-        start = time.perf_counter()
-        # One host read at the very end: the GIL is taken back once, after the work.
-        tokens, _, _ = engine.generate(_prompt(8), 400, read_every=400)
-        end = time.perf_counter()
-    finally:
-        done.set()
-        thread.join()
+    # One host read at the very end: the GIL is taken back once, after the work.
+    (tokens, _, _), during, start, end = ticks_while(
+        lambda: engine.generate(_prompt(8), 400, read_every=400)
+    )
     assert len(tokens) == 400
-    during = [t for t in ticks if start < t < end]
     gaps = [b - a for a, b in zip([start] + during, during + [end])]
     # Holding the GIL would leave the ticker one gap as long as the whole call.
     assert len(during) > 1000
@@ -425,21 +410,6 @@ def test_logits_share_storage_with_the_aten_result(engine):
 # --- 8. one owner thread ----------------------------------------------------------------------------
 
 
-def _in_thread(fn, name="intruder"):
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 (the test inspects what crossed)
-            box["error"] = e
-
-    t = threading.Thread(target=run, name=name)
-    t.start()
-    t.join()
-    return box
-
-
 def test_owner_thread_rule(engine, tiny):
     for call in (
         lambda: engine.decode([2, 5], 3),
@@ -447,7 +417,7 @@ def test_owner_thread_rule(engine, tiny):
         lambda: engine.logits([2, 5]),
         lambda: engine.layout(),
     ):
-        box = _in_thread(call)
+        box = in_thread(call)
         assert type(box.get("error")) is RuntimeError, box
         message = str(box["error"])
         assert "intruder" in message and threading.current_thread().name in message
@@ -455,7 +425,7 @@ def test_owner_thread_rule(engine, tiny):
     assert len(engine.generate([2, 5], 3)[0]) == 3  # the owner is unaffected
 
     # An engine made on another thread belongs to that thread.
-    box = _in_thread(lambda: tt.Engine(tiny, context=16, dtype="float32"), name="owner")
+    box = in_thread(lambda: tt.Engine(tiny, context=16, dtype="float32"), name="owner")
     other = box["value"]
     with pytest.raises(RuntimeError, match="owner"):
         other.layout()
