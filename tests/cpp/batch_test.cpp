@@ -7,9 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iostream>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
@@ -257,6 +260,56 @@ TEST(Batch, OnTheStandinDeviceEveryStepRunsAllRowsWithPaddingAndMatchesTheCpu) {
   const std::string step = "aten::index_select(Float[512, 64], 0, Long[4])";
   EXPECT_EQ(lookups[step], 23) << "one per token of the longer sequence after its first";
   EXPECT_EQ(lookups.size(), 3u);
+}
+
+// Issue #20's one program per decode step, with rows joining and leaving: the forward pass of
+// every step that reads no prompt (nothing queued or reading when it starts) runs the same
+// device ops, whatever the number of live rows, greedy and sampled. The sampling after it runs
+// per live row (the count of whole-step programs is printed: one per mix of live rows).
+TEST(Batch, OnTheStandinDeviceEveryDecodeForwardIsOneProgramAsRowsJoinAndLeave) {
+  auto standin = make_engine(standin::kName);
+  Batch batch(standin, {.rows = 3});
+  std::mt19937 rng(11);
+  int64_t submitted = 0, decode_steps = 0;
+  bool marked = false;
+  // The first row's logits of a step mark the end of its forward pass in the record.
+  const OnLogits mark_forward_end = [&](const at::Tensor&) {
+    if (!std::exchange(marked, true)) standin::mark();
+  };
+  std::set<std::vector<std::string>> forwards, steps;
+  std::set<int64_t> live_rows_seen;
+  for (int64_t step = 0; step < 120 && (submitted < 8 || !batch.idle()); ++step) {
+    if (submitted < 8 && rng() % 5 == 0) {
+      const auto options =
+          submitted % 2 ? sampled(4 + rng() % 12, 20 + submitted) : greedy(4 + rng() % 12);
+      batch.submit(prompt_of(3 + rng() % 9, 40 + submitted), options, {}, mark_forward_end);
+      ++submitted;
+    }
+    const auto before = batch.stats();
+    marked = false;
+    standin::start_recording();
+    for (const int64_t id : batch.step()) batch.take_result(id);
+    const auto record = standin::stop_recording();
+    if (before.queued == 0 && before.reading == 0 && before.decoding > 0) {
+      auto end = std::find(record.begin(), record.end(), "|");
+      ASSERT_NE(end, record.end()) << "no logits reached the rows in step " << step;
+      // The view of that row's logits was taken for it: sampling's, not the forward's.
+      if (end != record.begin() && std::prev(end)->starts_with("aten::as_strided(")) --end;
+      forwards.emplace(record.begin(), end);
+      steps.insert(record);
+      live_rows_seen.insert(before.decoding);
+      ++decode_steps;
+    }
+  }
+  EXPECT_EQ(submitted, 8);
+  EXPECT_TRUE(batch.idle());
+  EXPECT_GT(decode_steps, 20);
+  EXPECT_GT(live_rows_seen.size(), 1u) << "the steps compared had the same number of live rows";
+  std::cout << "over " << decode_steps << " decode steps with 1 to " << *live_rows_seen.rbegin()
+            << " live rows of 3: " << forwards.size() << " distinct forward programs, "
+            << steps.size() << " distinct whole steps (sampling per live row)\n";
+  EXPECT_EQ(forwards.size(), 1u);
+  EXPECT_FALSE(forwards.begin()->empty());
 }
 
 }  // namespace
