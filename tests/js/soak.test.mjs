@@ -14,7 +14,7 @@ import { after, before, describe, test } from "node:test";
 import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
 
 const PROFILES = {
-  short: { requests: 120, clients: 16, warmup: 48 },
+  short: { requests: 120, clients: 16, warmup: 96 },
   long: { requests: 1200, clients: 32, warmup: 160 },
 };
 const PROFILE_NAME = process.env.TORCHTPU_SOAK ?? "short";
