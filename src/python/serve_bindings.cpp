@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "python/bindings.h"
 #include "server/server.h"
@@ -19,7 +20,8 @@ void bind_serve(py::module_& m) {
          const std::string& host, int port, int64_t context, const std::string& device,
          const std::string& dtype, const std::string& api_key, int max_queue, int64_t read_every,
          int64_t max_body_bytes, py::handle like, int64_t threads, const std::string& int4,
-         const std::string& quantize) {
+         const std::string& quantize, const std::vector<std::string>& served_model_names,
+         bool metrics_auth, const std::string& metrics_compat, double drain_grace_s) {
         server::ServeOptions options;
         options.model_dir = model_dir;
         options.emb4_dir = emb4_dir;
@@ -36,6 +38,10 @@ void bind_serve(py::module_& m) {
         options.threads = threads;
         options.int4 = int4;
         options.quantize = quantize;
+        options.served_model_names = served_model_names;
+        options.metrics_auth = metrics_auth;
+        options.metrics_compat = metrics_compat;
+        options.drain_grace_s = drain_grace_s;
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
         options.install_signal_handlers = false;
@@ -60,7 +66,9 @@ void bind_serve(py::module_& m) {
       py::arg("max_queue") = 16, py::arg("read_every") = 1,
       py::arg("max_body_bytes") = server::ServeOptions{}.max_body_bytes,
       py::arg("like") = py::none(), py::arg("threads") = 0, py::arg("int4") = "auto",
-      py::arg("quantize") = "none",
+      py::arg("quantize") = "none", py::arg("served_model_names") = std::vector<std::string>{},
+      py::arg("metrics_auth") = false, py::arg("metrics_compat") = "none",
+      py::arg("drain_grace_s") = 0.0,
       "Runs the OpenAI-compatible server until request_stop(); returns the "
       "exit code. Blocks the "
       "calling thread with the GIL released; installs no signal handlers.");

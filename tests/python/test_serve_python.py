@@ -178,3 +178,49 @@ def test_sigterm_stops_the_python_hosted_server_cleanly(cli, checkpoint):
     )
     assert server.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})[0] == 200
     assert server.stop() == 0
+
+
+def test_the_python_host_takes_the_router_options(cli, checkpoint):
+    """Aliases, vLLM's metric names, /metrics without the key, and the drain's grace: the options
+    a router deployment (deploy/helm, launcher python) gives the TPU host."""
+    import torchtpu_cpp
+
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(torchtpu_cpp.__file__).parents[1]))
+    router_options = (
+        "--model-id tiny --served-model-name alias-a --served-model-name alias-b "
+        "--metrics-compat vllm --api-key k --drain-grace 3"
+    ).split()
+    server = Server(
+        [sys.executable, "-m", "torchtpu_cpp.serve", "--model", checkpoint, "--port", "0"]
+        + router_options,
+        env,
+    )
+    try:
+        status, text = server.get("/metrics")
+        assert status == 200, text
+        assert re.search(r'^vllm:num_requests_waiting\{model_name="tiny"\} 0$', text, re.M), text
+        req = urllib.request.Request(
+            server.url + "/v1/models", headers={"Authorization": "Bearer k"}
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            names = [m["id"] for m in json.loads(r.read())["data"]]
+        assert names == ["tiny", "alias-a", "alias-b"]
+
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + 2
+        while server.get("/health")[0] != 503:
+            assert time.time() < deadline, "/health stayed 200 after SIGTERM"
+            time.sleep(0.05)
+        assert json.loads(server.get("/health")[1])["status"] == "draining"
+        # Within the grace a request is still answered, under an alias.
+        req = urllib.request.Request(
+            server.url + "/v1/completions",
+            json.dumps({"model": "alias-b", "prompt": "Hi", "max_tokens": 2}).encode(),
+            {"Content-Type": "application/json", "Authorization": "Bearer k"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+        assert server.proc.wait(timeout=60) == 0
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()

@@ -55,6 +55,28 @@ def _parse_args(argv):
     p.add_argument(
         "--quantize", default="none", help="int4: quantize a dense checkpoint at load"
     )
+    p.add_argument(
+        "--served-model-name",
+        action="extend",
+        nargs="+",
+        default=[],
+        help="more names requests may use for the model (repeatable)",
+    )
+    p.add_argument(
+        "--metrics-auth", action="store_true", help="/metrics needs the API key too"
+    )
+    p.add_argument(
+        "--metrics-compat",
+        default="none",
+        help="none | vllm: also export the load gauges under vLLM's names",
+    )
+    p.add_argument(
+        "--drain-grace",
+        type=float,
+        default=0.0,
+        help="seconds after SIGTERM during which /health answers 503 while requests "
+        "are still served",
+    )
     return p.parse_args(argv)
 
 
@@ -98,6 +120,10 @@ def main(argv=None):
                 threads=args.threads,
                 int4=args.int4,
                 quantize=args.quantize,
+                served_model_names=args.served_model_name,
+                metrics_auth=args.metrics_auth,
+                metrics_compat=args.metrics_compat,
+                drain_grace_s=args.drain_grace,
             )
         except BaseException as e:  # noqa: BLE001 (raised again on the main thread)
             outcome["error"] = e

@@ -14,8 +14,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* The server's command line. The Python host takes the engine's options but not yet the
-     router ones (aliases, vLLM names, the drain's grace), so those are refused with it. */}}
+{{/* The server's command line: the CLI and the Python host take the same options. */}}
 {{- define "torchtpu.command" -}}
 {{- $s := .Values.server -}}
 {{- $m := .Values.model -}}
@@ -23,9 +22,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - torchtpu-cpp
 - serve
 {{- else if eq .Values.launcher "python" }}
-{{- if or $m.aliases $s.vllmMetricNames }}
-{{- fail "model.aliases and server.vllmMetricNames need launcher: cli (python -m torchtpu_cpp.serve does not take them yet)" }}
-{{- end }}
 - python3
 - -m
 - torchtpu_cpp.serve
@@ -43,14 +39,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - --dtype={{ $m.dtype }}
 - --max-queue={{ $s.maxQueue }}
 - --threads={{ $s.threads }}
-{{- if eq .Values.launcher "cli" }}
 {{- range $m.aliases }}
 - --served-model-name={{ . }}
 {{- end }}
 - --drain-grace={{ $s.drainGraceSeconds }}
 {{- if $s.vllmMetricNames }}
 - --metrics-compat=vllm
-{{- end }}
 {{- end }}
 {{- range $s.extraArgs }}
 - {{ . }}
