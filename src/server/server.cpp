@@ -330,6 +330,10 @@ class Server {
   // kDraining: stopping was asked, /health answers 503 and requests are still served, for the
   // drain grace; kStopping: new generation requests get 503 until the in-flight ones are answered.
   enum class State { kLoading, kWarmingUp, kReady, kDraining, kFailed, kStopping };
+  // Generation requests are taken while ready and through the drain's grace.
+  static bool takes_requests(State state) {
+    return state == State::kReady || state == State::kDraining;
+  }
 
   // Engine thread.
   void worker_main();
@@ -988,8 +992,7 @@ SamplingParams sampling_params(const SamplingRequest& r, const SamplingRequest& 
 std::shared_ptr<Active> Server::admit() {
   auto active = std::make_shared<Active>(active_mutex_, active_changed_, active_);
   // Counted before this check, so shutdown either sees this request or it sees the shutdown.
-  const State state = state_;
-  if (state != State::kReady && state != State::kDraining) {
+  if (!takes_requests(state_)) {
     throw ApiError(503, "the server is shutting down", "server_error", "", "shutting_down");
   }
   return active;
@@ -1346,7 +1349,7 @@ httplib::Server::Handler Server::guarded(
     try {
       authorize(req);
       const State state = state_;
-      if (needs_engine && state != State::kReady && state != State::kDraining) {
+      if (needs_engine && !takes_requests(state)) {
         throw ApiError(503,
                        state == State::kStopping ? "the server is shutting down"
                                                  : "the model is loading; retry when /health "
@@ -1403,18 +1406,13 @@ void Server::set_up_routes(httplib::Server& http) {
                  res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
                },
                false));
-  http.Get(
-      R"(/v1/models/(.+))",
-      guarded(
-          [this](const httplib::Request& req, httplib::Response& res) {
-            const std::string name = req.matches[1];
-            if (std::find(model_names_.begin(), model_names_.end(), name) == model_names_.end()) {
-              throw ApiError(404, "the model '" + name + "' does not exist",
-                             "invalid_request_error", "model", "model_not_found");
-            }
-            res.set_content(dump(model_json(name)), "application/json");
-          },
-          false));
+  http.Get(R"(/v1/models/(.+))", guarded(
+                                     [this](const httplib::Request& req, httplib::Response& res) {
+                                       const std::string name = req.matches[1];
+                                       check_model(name);
+                                       res.set_content(dump(model_json(name)), "application/json");
+                                     },
+                                     false));
   http.Get("/v1/engine", guarded(
                              [this](const httplib::Request&, httplib::Response& res) {
                                res.set_content(dump(engine_json()), "application/json");
