@@ -84,7 +84,9 @@ BatchStats Batch::stats() const {
   s.queued = static_cast<int64_t>(queue_.size());
   for (const auto& row : rows_) {
     if (row.request) (row.decoding() ? s.decoding : s.reading)++;
+    s.positions += row.position;
   }
+  s.capacity = options_.rows * engine_.options().context;
   s.steps = steps_;
   if (cache_) s.cache = cache_->stats();
   return s;

@@ -45,6 +45,10 @@ struct BatchStats {
   int64_t reading = 0;   // rows reading their prompt
   int64_t decoding = 0;  // rows past their prompt
   int64_t steps = 0;     // steps run so far
+  // Positions the rows' rings hold (prompt tokens read plus tokens fed), and the positions they
+  // can hold (rows x context): a cache-use gauge.
+  int64_t positions = 0;
+  int64_t capacity = 0;
   PrefixCacheStats cache;
 };
 

@@ -305,6 +305,8 @@ py::dict stats_dict(const BatchStats& stats) {
   d["reading"] = stats.reading;
   d["decoding"] = stats.decoding;
   d["steps"] = stats.steps;
+  d["positions"] = stats.positions;
+  d["capacity"] = stats.capacity;
   const auto& c = stats.cache;
   py::dict cache;
   cache["hits"] = c.hits;

@@ -163,16 +163,21 @@ def test_stats_count_queued_reading_and_decoding_rows(engine):
         "reading": 0,
         "decoding": 0,
         "steps": 0,
+        "positions": 0,
+        "capacity": 2 * CONTEXT,
         "cache": NO_CACHE,
     }
     batch.step()
-    # Row 0 read its 3 tokens and decodes; row 1 read 3 of its 40; the third waits.
+    # Row 0 read its 3 tokens and fed its first generated one (4 positions); row 1 read 3 of
+    # its 40; the third waits.
     assert batch.stats() == {
         "rows": 2,
         "queued": 1,
         "reading": 1,
         "decoding": 1,
         "steps": 1,
+        "positions": 4 + 3,
+        "capacity": 2 * CONTEXT,
         "cache": NO_CACHE,
     }
 
