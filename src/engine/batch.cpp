@@ -147,7 +147,9 @@ int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<in
   const auto logits = engine_.read_chunk(row_rings, prompt, row.read, row.read + count);
   row.read += count;
   row.position = row.read;
-  if (block > 0 && row.read % block == 0) {
+  // The prompt's end is a reuse point too: a chat's next turn repeats this prompt, then the reply
+  // as the template renders it, which need not be the tokens the model fed back.
+  if (block > 0 && (row.read % block == 0 || row.read == n)) {
     cache_->save({prompt.begin(), prompt.begin() + row.read}, rings_, index);
   }
   if (row.read == n) {

@@ -33,7 +33,8 @@ struct BatchOptions {
   int64_t step_tokens = 0;
   // The prefix cache's budget (engine/prefix_cache.h): 0 keeps none. A sequence leaving its row
   // saves the state after every token in its rings; a prompt chunk ending at a multiple of
-  // `cache_block` saves the state there (chunks that cross such a multiple end at it).
+  // `cache_block` or at the prompt's end saves the state there (chunks that cross such a
+  // multiple end at it).
   int64_t cache_bytes = 0;
   int64_t cache_block = 256;
 };

@@ -100,6 +100,21 @@ TEST(PrefixCache, ASecondTurnStartsFromTheFirstTurnAndItsReply) {
   EXPECT_EQ(stats.reused_tokens, 46);
 }
 
+TEST(PrefixCache, ATurnWhoseReplyIsRenderedInOtherTokensReusesThePreviousPrompt) {
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 1, .cache_bytes = 64 << 20, .cache_block = 16});
+  const auto first_prompt = tokens_of(37, 3);
+  const auto first = through(batch, first_prompt, 10);
+  // The template wrote the reply back in tokens the model did not feed: only the prompt, saved
+  // where it ended (37 is no multiple of the block), matches.
+  auto rendered = first.result.tokens;
+  rendered[0] = rendered[0] == 7 ? 8 : 7;
+  const auto second_prompt = first_prompt + rendered + tokens_of(6, 4);
+  const auto second = through(batch, second_prompt, 12);
+  EXPECT_EQ(second.result.cached_tokens, 37);
+  expect_same(second, alone(engine, second_prompt, 12));
+}
+
 TEST(PrefixCache, PromptsSharingTheirStartReuseItFromTheLastBlockBoundary) {
   auto engine = make_engine();
   Batch batch(engine, {.rows = 2, .cache_bytes = 64 << 20, .cache_block = 16});
