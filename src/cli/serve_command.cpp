@@ -46,9 +46,17 @@ void add_serve_command(CLI::App& app) {
                   "Seconds after SIGTERM during which /health answers 503 while requests are "
                   "still served")
       ->capture_default_str();
+  cmd->add_option("--parallel", options->parallel,
+                  "Requests decoded together, each with its own KV cache (more wait)")
+      ->capture_default_str();
   cmd->add_option("--max-queue", options->max_queue, "Requests that may wait for the engine")
       ->capture_default_str();
-  cmd->add_option("--read-every", options->read_every, "Decode steps between host reads")
+  cmd->add_option("--cache-mb", options->cache_mb,
+                  "Prefix cache budget in MiB: finished requests' KV reused by requests that "
+                  "start with the same tokens (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--read-every", options->read_every,
+                  "Decode steps between host reads (above 1 needs --parallel 1)")
       ->capture_default_str();
   cmd->add_flag("--constrain-tools", options->constrain_tools,
                 "Hold tool calls to the declared tools' schemas with tool_choice auto too "

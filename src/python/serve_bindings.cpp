@@ -21,7 +21,8 @@ void bind_serve(py::module_& m) {
          const std::string& dtype, const std::string& api_key, int max_queue, int64_t read_every,
          int64_t max_body_bytes, py::handle like, int64_t threads, const std::string& int4,
          const std::string& quantize, const std::vector<std::string>& served_model_names,
-         bool metrics_auth, const std::string& metrics_compat, double drain_grace_s) {
+         bool metrics_auth, const std::string& metrics_compat, double drain_grace_s,
+         int64_t parallel, int64_t cache_mb) {
         server::ServeOptions options;
         options.model_dir = model_dir;
         options.emb4_dir = emb4_dir;
@@ -42,6 +43,8 @@ void bind_serve(py::module_& m) {
         options.metrics_auth = metrics_auth;
         options.metrics_compat = metrics_compat;
         options.drain_grace_s = drain_grace_s;
+        options.parallel = parallel;
+        options.cache_mb = cache_mb;
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
         options.install_signal_handlers = false;
@@ -68,7 +71,8 @@ void bind_serve(py::module_& m) {
       py::arg("like") = py::none(), py::arg("threads") = 0, py::arg("int4") = "auto",
       py::arg("quantize") = "none", py::arg("served_model_names") = std::vector<std::string>{},
       py::arg("metrics_auth") = false, py::arg("metrics_compat") = "none",
-      py::arg("drain_grace_s") = 0.0,
+      py::arg("drain_grace_s") = 0.0, py::arg("parallel") = server::ServeOptions{}.parallel,
+      py::arg("cache_mb") = server::ServeOptions{}.cache_mb,
       "Runs the OpenAI-compatible server until request_stop(); returns the "
       "exit code. Blocks the "
       "calling thread with the GIL released; installs no signal handlers.");

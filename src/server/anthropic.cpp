@@ -421,13 +421,19 @@ std::string MessagesRenderer::finish(const GenerationOutcome& outcome) {
   message_["stop_reason"] = reason;
   message_["stop_sequence"] =
       outcome.stop_sequence.empty() ? ojson(nullptr) : ojson(outcome.stop_sequence);
-  message_["usage"]["output_tokens"] = outcome.completion_tokens;
+  // Anthropic counts cache reads apart from input_tokens: the prompt is their sum. The stream's
+  // message_start said all of it was input, before the cache was looked up; message_delta's
+  // usage corrects that, as Anthropic's cumulative usage fields do.
+  auto& usage = message_["usage"];
+  usage["input_tokens"] = outcome.prompt_tokens - outcome.cached_tokens;
+  usage["cache_read_input_tokens"] = outcome.cached_tokens;
+  usage["output_tokens"] = outcome.completion_tokens;
   out += sse_event(
       "message_delta",
       {{"type", "message_delta"},
        {"delta",
         {{"stop_reason", message_["stop_reason"]}, {"stop_sequence", message_["stop_sequence"]}}},
-       {"usage", {{"output_tokens", outcome.completion_tokens}}}});
+       {"usage", usage}});
   return out + sse_event("message_stop", {{"type", "message_stop"}});
 }
 

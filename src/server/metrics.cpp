@@ -89,11 +89,6 @@ void Metrics::observe_decode_rate(double tokens_per_second) {
   decode_rate_.observe(tokens_per_second);
 }
 
-void Metrics::add_busy_seconds(double seconds) {
-  std::lock_guard lock(mutex_);
-  busy_seconds_ += seconds;
-}
-
 std::string Metrics::render(const EngineLoad& load) const {
   std::lock_guard lock(mutex_);
   std::string out;
@@ -116,6 +111,8 @@ std::string Metrics::render(const EngineLoad& load) const {
   out += "torchtpu_queue_depth " + std::to_string(load.waiting) + "\n";
   header("torchtpu_running_requests", "gauge", "Requests the engine is decoding.");
   out += "torchtpu_running_requests " + std::to_string(load.running) + "\n";
+  header("torchtpu_batch_rows", "gauge", "Requests the engine can decode at once (--parallel).");
+  out += "torchtpu_batch_rows " + std::to_string(load.rows) + "\n";
   header("torchtpu_kv_cache_usage_ratio", "gauge",
          "KV cache positions held by running requests over the cache's positions, 0 to 1.");
   out += "torchtpu_kv_cache_usage_ratio " + number(load.kv_cache_usage) + "\n";
@@ -132,8 +129,26 @@ std::string Metrics::render(const EngineLoad& load) const {
          "timer.");
   out += decode_rate_.render("torchtpu_decode_tokens_per_second");
   header("torchtpu_engine_busy_seconds_total", "counter",
-         "Seconds the engine thread spent decoding requests.");
-  out += "torchtpu_engine_busy_seconds_total " + number(busy_seconds_) + "\n";
+         "Seconds the engine thread spent in decode steps (one step serves every running "
+         "request).");
+  out += "torchtpu_engine_busy_seconds_total " + number(load.busy_seconds) + "\n";
+  const auto& cache = load.prefix_cache;
+  header("torchtpu_prefix_cache_hits_total", "counter",
+         "Requests that started from KV the prefix cache held.");
+  out += "torchtpu_prefix_cache_hits_total " + std::to_string(cache.hits) + "\n";
+  header("torchtpu_prefix_cache_misses_total", "counter",
+         "Requests that found no prefix of theirs in the prefix cache.");
+  out += "torchtpu_prefix_cache_misses_total " + std::to_string(cache.misses) + "\n";
+  header("torchtpu_prefix_cache_reused_tokens_total", "counter",
+         "Prompt tokens taken from the prefix cache instead of being read.");
+  out += "torchtpu_prefix_cache_reused_tokens_total " + std::to_string(cache.reused_tokens) + "\n";
+  header("torchtpu_prefix_cache_evictions_total", "counter",
+         "Saved states the prefix cache dropped for its budget (least recently used first).");
+  out += "torchtpu_prefix_cache_evictions_total " + std::to_string(cache.evictions) + "\n";
+  header("torchtpu_prefix_cache_bytes", "gauge", "Bytes the prefix cache holds.");
+  out += "torchtpu_prefix_cache_bytes " + std::to_string(cache.bytes) + "\n";
+  header("torchtpu_prefix_cache_budget_bytes", "gauge", "The prefix cache's budget (--cache-mb).");
+  out += "torchtpu_prefix_cache_budget_bytes " + std::to_string(load.prefix_cache_budget) + "\n";
   if (compat_ == MetricsCompat::kVllm) {
     // The same figures under vLLM's names and its model_name label, for router, autoscaler and
     // KServe configurations written for vLLM (docs/SCALING.md).
@@ -164,6 +179,11 @@ std::string Metrics::render(const EngineLoad& load) const {
     sample("vllm:prompt_tokens_total", model, std::to_string(prompt_tokens_));
     header("vllm:generation_tokens_total", "counter", "Generation tokens processed.");
     sample("vllm:generation_tokens_total", model, std::to_string(generated_tokens_));
+    // vLLM counts its prefix cache in tokens: those looked up, those found.
+    header("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in tokens.");
+    sample("vllm:prefix_cache_queries_total", model, std::to_string(prompt_tokens_));
+    header("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.");
+    sample("vllm:prefix_cache_hits_total", model, std::to_string(cache.reused_tokens));
   }
   return out;
 }

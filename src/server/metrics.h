@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "engine/prefix_cache.h"
+
 namespace torchtpu::server {
 
 class Histogram {
@@ -30,12 +32,16 @@ class Histogram {
 struct EngineLoad {
   int64_t waiting = 0;  // requests queued for the engine, not yet decoding
   int64_t running = 0;  // sequences the engine is decoding
+  int64_t rows = 0;     // sequences it can decode at once (--parallel)
   // Cache positions held by running sequences over the positions the cache has, 0..1.
   double kv_cache_usage = 0;
   // The cache's shape in blocks; 0 blocks: not known yet (the engine is loading), and the info
   // gauge is left out.
   int64_t block_size = 0;  // tokens per block
   int64_t blocks = 0;
+  double busy_seconds = 0;  // the engine thread's time in decode steps
+  PrefixCacheStats prefix_cache;
+  int64_t prefix_cache_budget = 0;  // bytes; 0: no prefix cache
 };
 
 // Which other engine's names the load gauges are also exported under.
@@ -54,7 +60,6 @@ class Metrics {
   void count_cancelled();
   void observe_time_to_first_token(double seconds);
   void observe_decode_rate(double tokens_per_second);
-  void add_busy_seconds(double seconds);
 
   std::string render(const EngineLoad& load) const;
 
@@ -66,7 +71,6 @@ class Metrics {
   int64_t prompt_tokens_ = 0;
   int64_t generated_tokens_ = 0;
   int64_t cancelled_ = 0;
-  double busy_seconds_ = 0;
   Histogram ttft_;
   Histogram decode_rate_;
 };

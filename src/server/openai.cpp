@@ -492,10 +492,11 @@ std::string new_completion_id(const std::string& prefix) {
   return id;
 }
 
-ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 }  // namespace torchtpu::server

@@ -131,6 +131,7 @@ std::vector<int64_t> parse_detokenize_request(const ojson& body);
 // Response ids: "chatcmpl-" / "cmpl-" followed by 24 random hex digits.
 std::string new_completion_id(const std::string& prefix);
 
-ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+// `cached_tokens` of the prompt came from the prefix cache (prompt_tokens_details).
+ojson usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
 
 }  // namespace torchtpu::server

@@ -568,7 +568,7 @@ std::string ResponsesRenderer::finish(const GenerationOutcome& outcome) {
   response_["status"] = cut ? "incomplete" : "completed";
   if (cut) response_["incomplete_details"] = {{"reason", "max_output_tokens"}};
   response_["usage"] = {{"input_tokens", outcome.prompt_tokens},
-                        {"input_tokens_details", {{"cached_tokens", 0}}},
+                        {"input_tokens_details", {{"cached_tokens", outcome.cached_tokens}}},
                         {"output_tokens", outcome.completion_tokens},
                         {"output_tokens_details", {{"reasoning_tokens", outcome.reasoning_tokens}}},
                         {"total_tokens", outcome.prompt_tokens + outcome.completion_tokens}};

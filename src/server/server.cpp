@@ -25,6 +25,7 @@
 #include "build_info.h"
 #include "common/errors.h"
 #include "engine/report.h"
+#include "engine/scheduler.h"
 #include "grammar/constraint.h"
 #include "server/anthropic.h"
 #include "server/auth.h"
@@ -213,6 +214,7 @@ struct Job {
   std::optional<std::vector<int64_t>> forced;  // the test hook's tokens
   int fd = -1;                                 // the client's connection, watched for disconnects
   Clock::time_point queued_at = Clock::now();
+  int64_t ticket = -1;  // the scheduler's, set once submitted
 
   std::atomic<bool> cancelled{false};  // the client went away
 
@@ -230,6 +232,72 @@ struct Job {
     if (!cancelled && peer_closed(fd)) cancelled = true;
     return cancelled;
   }
+};
+
+// A job's output as the engine thread produces it: raw model text -> stop sequences cut ->
+// (chat) reasoning and tool calls split out. Only the engine thread touches it.
+class JobOutput {
+ public:
+  JobOutput(const Tokenizer& tokenizer, const Job& job)
+      : detokenizer(tokenizer, /*show_special_tokens=*/true), stops(job.stop) {
+    if (!job.parser_prefix.empty()) parser_.push(job.parser_prefix);
+  }
+
+  // The piece `text` adds to the answer; `last` after the final text.
+  Piece route(const Job& job, const std::string& text, bool last,
+              std::vector<TokenLogprob>&& logprobs) {
+    std::string kept = stops.push(text);
+    if (last && !stops.stopped()) kept += stops.finish();
+    Piece delta;
+    delta.logprobs = std::move(logprobs);
+    if (!job.parse_output) {
+      delta.content = std::move(kept);
+      return delta;
+    }
+    OutputDelta parsed = parser_.push(kept);
+    if (last || stops.stopped()) append(parsed, parser_.finish());
+    delta.content = std::move(parsed.content);
+    delta.reasoning = std::move(parsed.reasoning);
+    for (auto& call : parsed.tool_calls) {
+      const bool allowed =
+          job.accept_calls && (job.only_function.empty() || call.name == job.only_function);
+      if (allowed) {
+        delta.tool_calls.push_back(std::move(call));
+        called = true;
+        continue;
+      }
+      refuse(delta, "<|tool_call>call:" + call.name + call.arguments.dump() + "<tool_call|>",
+             "the model called '" + call.name + "', which tool_choice does not allow; the " +
+                 "call is returned as text.");
+    }
+    const std::string unparsed = parser_.raw_unparsed();
+    if (unparsed.size() > unparsed_seen_) {
+      refuse(delta, unparsed.substr(unparsed_seen_),
+             parser_.cut_off_call() && last
+                 ? "the output ended inside a tool call; its text is returned as content."
+                 : "the model's tool call could not be parsed; its text is returned as content.");
+      unparsed_seen_ = unparsed.size();
+    }
+    return delta;
+  }
+
+  Detokenizer detokenizer;
+  StopStrings stops;
+  bool started = false;  // the job got a row
+  bool called = false;   // a tool call was handed to the client
+  // log_softmax rows of steps whose token has not reached the host yet, oldest first.
+  std::deque<at::Tensor> logprob_rows;
+  size_t position = 0;  // tokens returned so far
+
+ private:
+  // A call the client cannot take is handed back as the text it was, with a warning.
+  static void refuse(Piece& delta, const std::string& text, const std::string& why) {
+    delta.content += text;
+    delta.warning += (delta.warning.empty() ? "" : " ") + why;
+  }
+
+  OutputParser parser_;
+  size_t unparsed_seen_ = 0;
 };
 
 struct Taken {
@@ -269,6 +337,15 @@ enum class ErrorShape { kOpenAI, kAnthropic };
 
 // The names the model is served under: the id (--model-id, else the first --served-model-name,
 // else the demo's id or the checkpoint directory's name), then the other aliases, each once.
+SchedulerOptions scheduler_options(const ServeOptions& options) {
+  SchedulerOptions o;
+  o.batch.rows = options.parallel;
+  o.batch.cache_bytes = options.cache_mb << 20;
+  o.max_queue = options.max_queue;
+  o.read_every = options.read_every;
+  return o;
+}
+
 std::vector<std::string> model_names(const ServeOptions& options) {
   std::vector<std::string> names;
   if (!options.model_id.empty()) names.push_back(options.model_id);
@@ -319,7 +396,8 @@ class Server {
         make_engine_(std::move(make_engine)),
         model_names_(model_names(options)),
         model_id_(model_names_.front()),
-        metrics_(parse_metrics_compat(options.metrics_compat), model_id_) {
+        metrics_(parse_metrics_compat(options.metrics_compat), model_id_),
+        scheduler_(scheduler_options(options)) {
     demo_ = options.model_dir.empty();
     fingerprint_ = std::string("fp_torchtpu_cpp_") + TORCHTPU_GIT_REVISION;
   }
@@ -338,7 +416,9 @@ class Server {
   // Engine thread.
   void worker_main();
   void load();
-  void serve(Job& job);
+  // The job as the scheduler runs it: its callbacks turn tokens into the job's pieces (stop
+  // sequences cut, reasoning and tool calls parsed out) and its end into its finish.
+  Submission submission(const std::shared_ptr<Job>& job);
   void deliver(Job& job, Piece&& delta);
   void finish_job(Job& job, const std::string& finish, std::optional<ApiError> error = {});
 
@@ -435,15 +515,7 @@ class Server {
   std::condition_variable active_changed_;
   int64_t active_ = 0;
 
-  std::mutex queue_mutex_;
-  std::condition_variable queue_changed_;
-  std::deque<std::shared_ptr<Job>> queue_;
-  int64_t running_ = 0;  // jobs the engine thread took from queue_ and is serving
-  bool worker_stop_ = false;
-  // Cache positions the running job holds (its prompt and the tokens decoded so far), and the
-  // cache's positions: the engine decodes one sequence at a time, in rings of `context` slots.
-  std::atomic<int64_t> cache_positions_{0};
-  std::atomic<int64_t> cache_capacity_{0};  // 0 until the engine is loaded
+  Scheduler scheduler_;
 
   std::atomic<int64_t> open_connections_{0};  // counted by CountingPool
 };
@@ -496,7 +568,6 @@ void Server::load() {
     }
   }
   engine_report_ = engine_report(*engine_);
-  cache_capacity_ = engine_->layout().context;
   // The demo's random weights decode greedily unless asked, so its answers are reproducible.
   if (!demo_) generation_defaults_ = read_generation_defaults(model_dir_);
   forced_outputs_ = read_forced_outputs();
@@ -521,20 +592,9 @@ void Server::worker_main() {
     load_error_ = std::current_exception();
     state_ = State::kFailed;
     request_stop();
+    return;
   }
-  while (true) {
-    std::shared_ptr<Job> job;
-    {
-      std::unique_lock lock(queue_mutex_);
-      queue_changed_.wait(lock, [&] { return !queue_.empty() || worker_stop_; });
-      if (queue_.empty()) break;
-      job = std::move(queue_.front());
-      queue_.pop_front();
-      running_ = 1;
-    }
-    cache_positions_ = static_cast<int64_t>(job->prompt.size());
-    serve(*job);
-  }
+  scheduler_.run(*engine_);
   // The engine ends on the thread that owns it.
   engine_.reset();
 }
@@ -550,13 +610,6 @@ void Server::deliver(Job& job, Piece&& delta) {
 
 void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiError> error) {
   if (finish == "cancelled") metrics_.count_cancelled();
-  // The engine is done with the job before its client can see the answer end, so a scrape after
-  // the answer never counts it as running.
-  cache_positions_ = 0;
-  {
-    std::lock_guard lock(queue_mutex_);
-    running_ = 0;
-  }
   {
     std::lock_guard lock(job.mutex);
     job.finish = finish;
@@ -566,160 +619,99 @@ void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiEr
   job.changed.notify_all();
 }
 
-void Server::serve(Job& job) {
-  const auto start = Clock::now();
-  job.queue_s = seconds_between(job.queued_at, start);
-  if (job.client_gone()) {
-    finish_job(job, "cancelled");
-    return;
-  }
-  Detokenizer detokenizer(*tokenizer_, /*show_special_tokens=*/true);
-  OutputParser parser;
-  if (!job.parser_prefix.empty()) parser.push(job.parser_prefix);
-  StopStrings stops(job.stop);
-  bool called = false;
-  size_t unparsed_seen = 0;
-  // A call the client cannot take is handed back as the text it was, with a warning.
-  auto refuse = [&](Piece& delta, const std::string& text, const std::string& why) {
-    delta.content += text;
-    delta.warning += (delta.warning.empty() ? "" : " ") + why;
+Submission Server::submission(const std::shared_ptr<Job>& job) {
+  auto out = std::make_shared<JobOutput>(*tokenizer_, *job);
+  Submission submission;
+  submission.prompt = job->prompt;
+  submission.options = job->decode;
+  submission.on_start = [job, out] {
+    out->started = true;
+    job->queue_s = seconds_between(job->queued_at, Clock::now());
   };
-  // Raw model text -> stop sequences cut -> (chat) reasoning and tool calls split out.
-  auto route = [&](const std::string& text, bool last, std::vector<TokenLogprob>&& logprobs) {
-    std::string kept = stops.push(text);
-    if (last && !stops.stopped()) kept += stops.finish();
-    Piece delta;
-    delta.logprobs = std::move(logprobs);
-    if (job.parse_output) {
-      OutputDelta parsed = parser.push(kept);
-      if (last || stops.stopped()) append(parsed, parser.finish());
-      delta.content = std::move(parsed.content);
-      delta.reasoning = std::move(parsed.reasoning);
-      for (auto& call : parsed.tool_calls) {
-        const bool allowed =
-            job.accept_calls && (job.only_function.empty() || call.name == job.only_function);
-        if (allowed) {
-          delta.tool_calls.push_back(std::move(call));
-          continue;
-        }
-        refuse(delta, "<|tool_call>call:" + call.name + call.arguments.dump() + "<tool_call|>",
-               "the model called '" + call.name + "', which tool_choice does not allow; the " +
-                   "call is returned as text.");
-      }
-      const std::string unparsed = parser.raw_unparsed();
-      if (unparsed.size() > unparsed_seen) {
-        refuse(delta, unparsed.substr(unparsed_seen),
-               parser.cut_off_call() && last
-                   ? "the output ended inside a tool call; its text is returned as content."
-                   : "the model's tool call could not be parsed; its text is returned as "
-                     "content.");
-        unparsed_seen = unparsed.size();
-      }
-    } else {
-      delta.content = std::move(kept);
-    }
-    if (delta.tool_calls.size() > 0) called = true;
-    deliver(job, std::move(delta));
-  };
-  auto visible = [&](int64_t id) {
-    return !special_[id] || (job.parse_output && parser_markers_.count(id) > 0);
-  };
-  // log_softmax rows of steps whose token has not reached the host yet, oldest first.
-  std::deque<at::Tensor> rows;
-  OnLogits on_logits;
-  if (job.top_logprobs >= 0) {
-    on_logits = [&](const at::Tensor& logits) {
-      rows.push_back(at::log_softmax(logits.to(at::kFloat), 0));
+  if (job->top_logprobs >= 0) {
+    submission.on_logits = [out](const at::Tensor& logits) {
+      out->logprob_rows.push_back(at::log_softmax(logits.to(at::kFloat), 0));
     };
   }
-  size_t position = 0;  // tokens returned so far
-  auto on_tokens = [&](const std::vector<int64_t>& batch) {
+  submission.on_tokens = [this, job, out](const std::vector<int64_t>& batch) {
     std::string text;
     std::vector<TokenLogprob> logprobs;
-    cache_positions_ += static_cast<int64_t>(batch.size());
     for (int64_t id : batch) {
-      if (job.forced) id = (*job.forced)[position];
-      ++position;
-      if (visible(id)) text += detokenizer.push(id);
-      if (job.top_logprobs < 0) continue;
-      const at::Tensor row = std::move(rows.front());
-      rows.pop_front();
+      if (job->forced) id = (*job->forced)[out->position];
+      ++out->position;
+      if (!special_[id] || (job->parse_output && parser_markers_.count(id) > 0)) {
+        text += out->detokenizer.push(id);
+      }
+      if (job->top_logprobs < 0) continue;
+      const at::Tensor row = std::move(out->logprob_rows.front());
+      out->logprob_rows.pop_front();
       TokenLogprob lp{id, row[id].item<double>(), {}};
-      if (job.top_logprobs > 0) {
-        auto [values, ids] = row.topk(job.top_logprobs);
-        for (int64_t i = 0; i < job.top_logprobs; ++i) {
+      if (job->top_logprobs > 0) {
+        auto [values, ids] = row.topk(job->top_logprobs);
+        for (int64_t i = 0; i < job->top_logprobs; ++i) {
           lp.top.emplace_back(ids[i].item<int64_t>(), values[i].item<double>());
         }
       }
       logprobs.push_back(std::move(lp));
     }
-    route(text, false, std::move(logprobs));
-    if (stops.stopped()) return false;
-    return !job.client_gone();
+    deliver(*job, out->route(*job, text, false, std::move(logprobs)));
+    if (out->stops.stopped()) return false;
+    return !job->client_gone();
   };
-  try {
-    job.result = engine_->decode(job.prompt, job.decode, on_tokens, on_logits);
-  } catch (const ValueError& e) {
-    finish_job(job, "error", ApiError(400, e.what()));
-    return;
-  } catch (const std::exception& e) {
-    finish_job(job, "error",
-               ApiError(500, std::string("the engine failed: ") + e.what(), "server_error", "",
-                        "engine_error"));
-    return;
-  }
-  auto& r = job.result;
-  if (job.forced) {
-    const bool all = r.finish == "length" && r.tokens.size() == job.forced->size();
-    r.tokens.assign(job.forced->begin(), job.forced->begin() + r.tokens.size());
-    if (all) r.finish = "stop";
-  }
-  metrics_.add_busy_seconds(seconds_between(start, Clock::now()));
-  metrics_.count_tokens(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
-  metrics_.observe_time_to_first_token(job.queue_s + r.read_s);
-  if (r.tokens.size() > 1 && r.decode_s > 0) {
-    metrics_.observe_decode_rate(static_cast<double>(r.tokens.size() - 1) / r.decode_s);
-  }
-  std::string finish = r.finish;
-  if (finish == "cancelled" && stops.stopped()) finish = "stop";
-  job.stop_sequence = stops.matched();
-  if (finish != "cancelled") {
-    if (!stops.stopped()) route(detokenizer.finish(), true, {});
-    if (finish == "stop" && called) finish = "tool_calls";
-  }
-  finish_job(job, finish);
-}
-
-void Server::enqueue(const std::shared_ptr<Job>& job) {
-  {
-    std::lock_guard lock(queue_mutex_);
-    if (static_cast<int64_t>(queue_.size()) >= options_.max_queue) {
-      throw ApiError(429,
-                     "the server is busy: " + std::to_string(queue_.size()) +
-                         " requests are waiting for the engine (--max-queue " +
-                         std::to_string(options_.max_queue) + "); retry later",
-                     "rate_limit_error", "", "queue_full");
+  submission.on_done = [this, job, out](DecodeResult result, std::exception_ptr error) {
+    if (error) {
+      try {
+        std::rethrow_exception(error);
+      } catch (const ValueError& e) {
+        finish_job(*job, "error", ApiError(400, e.what()));
+      } catch (const std::exception& e) {
+        finish_job(*job, "error",
+                   ApiError(500, std::string("the engine failed: ") + e.what(), "server_error", "",
+                            "engine_error"));
+      }
+      return;
     }
-    job->queued_at = Clock::now();
-    queue_.push_back(job);
+    if (!out->started) {  // cancelled while it waited
+      finish_job(*job, "cancelled");
+      return;
+    }
+    auto& r = job->result = std::move(result);
+    if (job->forced) {
+      const bool all = r.finish == "length" && r.tokens.size() == job->forced->size();
+      r.tokens.assign(job->forced->begin(), job->forced->begin() + r.tokens.size());
+      if (all) r.finish = "stop";
+    }
+    metrics_.count_tokens(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
+    metrics_.observe_time_to_first_token(job->queue_s + r.read_s);
+    if (r.tokens.size() > 1 && r.decode_s > 0) {
+      metrics_.observe_decode_rate(static_cast<double>(r.tokens.size() - 1) / r.decode_s);
+    }
+    std::string finish = r.finish;
+    if (finish == "cancelled" && out->stops.stopped()) finish = "stop";
+    job->stop_sequence = out->stops.matched();
+    if (finish != "cancelled") {
+      if (!out->stops.stopped()) {
+        deliver(*job, out->route(*job, out->detokenizer.finish(), true, {}));
+      }
+      if (finish == "stop" && out->called) finish = "tool_calls";
+    }
+    finish_job(*job, finish);
+  };
+  return submission;
+}
+void Server::enqueue(const std::shared_ptr<Job>& job) {
+  job->queued_at = Clock::now();
+  try {
+    job->ticket = scheduler_.submit(submission(job));
+  } catch (const QueueFull& e) {
+    throw ApiError(429, std::string("the server is busy: ") + e.what() + " (--max-queue); retry later",
+                   "rate_limit_error", "", "queue_full");
   }
-  queue_changed_.notify_all();
 }
 
 void Server::abandon(Job& job) {
   job.cancelled = true;
-  bool dropped = false;
-  {
-    std::lock_guard lock(queue_mutex_);
-    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
-      if (it->get() == &job) {
-        queue_.erase(it);
-        dropped = true;
-        break;
-      }
-    }
-  }
-  if (dropped) finish_job(job, "cancelled");
+  scheduler_.cancel(job.ticket);
 }
 
 void Server::wait_done(Job& job) {
@@ -850,7 +842,8 @@ void Server::answer_whole(httplib::Response& res, Job& job, bool chat) {
                                chat ? "chat.completion" : "text_completion", unix_seconds(),
                                std::move(choice));
   if (!all.warning.empty()) body["choices"][0]["warning"] = all.warning;
-  body["usage"] = usage_json(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
+  body["usage"] =
+      usage_json(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()), r.cached_tokens);
   body["timings"] = timings_json(job);
   res.set_content(dump(body), "application/json");
 }
@@ -936,8 +929,9 @@ void Server::stream_response(httplib::Response& res, std::shared_ptr<Job> job, b
             if (include_usage) {
               ojson usage = chunk(nullptr);
               usage["choices"] = ojson::array();
-              usage["usage"] = usage_json(job->result.prompt_tokens,
-                                          static_cast<int64_t>(job->result.tokens.size()));
+              const auto& r = job->result;
+              usage["usage"] = usage_json(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()),
+                                          r.cached_tokens);
               event(usage);
             }
           }
@@ -1115,7 +1109,7 @@ std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const Genera
 }
 
 GenerationOutcome Server::outcome(const Job& job, const std::string& reasoning) const {
-  return {job.finish, job.stop_sequence, job.result.prompt_tokens,
+  return {job.finish, job.stop_sequence, job.result.prompt_tokens, job.result.cached_tokens,
           static_cast<int64_t>(job.result.tokens.size()),
           static_cast<int64_t>(tokenizer_->encode(reasoning, false).size())};
 }
@@ -1262,6 +1256,30 @@ ojson Server::engine_json() const {
   out["context"] = options_.context;
   out["read_every"] = options_.read_every;
   out["max_queue"] = options_.max_queue;
+  out["parallel"] = options_.parallel;
+  const SchedulerStats stats = scheduler_.stats();
+  const auto& cache = stats.batch.cache;
+  out["scheduler"] = {
+      {"mode", options_.read_every > 1 ? "one sequence at a time (read_every > 1)"
+                                       : "continuous batching"},
+      {"waiting", stats.waiting},
+      {"running", stats.running},
+      {"rows", stats.batch.rows},
+      {"reading", stats.batch.reading},
+      {"decoding", stats.batch.decoding},
+      {"steps", stats.batch.steps},
+      {"cache_positions", stats.batch.positions},
+      {"cache_capacity", stats.batch.capacity},
+      {"busy_seconds", stats.busy_s}};
+  out["prefix_cache"] = {{"budget_bytes", options_.read_every > 1 ? 0 : options_.cache_mb << 20},
+                         {"block", scheduler_.options().batch.cache_block},
+                         {"hits", cache.hits},
+                         {"misses", cache.misses},
+                         {"reused_tokens", cache.reused_tokens},
+                         {"saves", cache.saves},
+                         {"evictions", cache.evictions},
+                         {"states", cache.states},
+                         {"bytes", cache.bytes}};
   out["decoding"] =
       "temperature, top_k, top_p, min_p, repetition/presence/frequency penalties, logit_bias and "
       "seed are honoured; fields a request leaves out take generation_config.json's values "
@@ -1280,20 +1298,22 @@ ojson Server::engine_json() const {
 }
 
 EngineLoad Server::engine_load() {
+  const SchedulerStats stats = scheduler_.stats();
   EngineLoad load;
-  {
-    std::lock_guard lock(queue_mutex_);
-    load.waiting = static_cast<int64_t>(queue_.size());
-    load.running = running_;
-  }
+  load.waiting = stats.waiting;
+  load.running = stats.running;
+  load.rows = options_.parallel;
   // A position is the unit the rings hold a sequence's cache in, so a block is one token.
-  const int64_t capacity = cache_capacity_;
+  const int64_t capacity = stats.batch.capacity;
   if (capacity > 0) {
-    load.kv_cache_usage =
-        std::clamp(static_cast<double>(cache_positions_) / static_cast<double>(capacity), 0.0, 1.0);
+    load.kv_cache_usage = std::clamp(
+        static_cast<double>(stats.batch.positions) / static_cast<double>(capacity), 0.0, 1.0);
     load.block_size = 1;
     load.blocks = capacity;
   }
+  load.busy_seconds = stats.busy_s;
+  load.prefix_cache = stats.batch.cache;
+  load.prefix_cache_budget = scheduler_.options().read_every > 1 ? 0 : options_.cache_mb << 20;
   return load;
 }
 
@@ -1577,7 +1597,9 @@ void Server::set_up_routes(httplib::Server& http) {
 int Server::run() {
   SignalHandlers signals(options_.install_signal_handlers);
   httplib::Server http;
-  const size_t threads = static_cast<size_t>(std::max(0, options_.max_queue)) + 8;
+  // A thread for every request decoding or waiting, and some for the quick routes.
+  const size_t threads =
+      static_cast<size_t>(std::max(0, options_.max_queue) + options_.parallel) + 8;
   http.new_task_queue = [this, threads] { return new CountingPool(threads, open_connections_); };
   http.set_tcp_nodelay(true);
   http.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
@@ -1653,11 +1675,7 @@ int Server::run() {
   }
   http.stop();
   listener.join();
-  {
-    std::lock_guard lock(queue_mutex_);
-    worker_stop_ = true;
-  }
-  queue_changed_.notify_all();
+  scheduler_.stop();
   worker.join();
   // Stops that came after the wake-up (a signal during shutdown, the engine thread's own stop
   // after a load failure) were for this run, not the next one.
@@ -1669,17 +1687,20 @@ int Server::run() {
 }  // namespace
 
 int run(const ServeOptions& options, EngineFactory make_engine) {
-  if (options.max_queue < 0) {
-    throw ValueError("max_queue must be at least 0, got " + std::to_string(options.max_queue));
+  if (options.parallel < 1 || options.parallel > 256) {
+    throw ValueError("--parallel must be between 1 and 256, got " +
+                     std::to_string(options.parallel));
   }
-  if (options.read_every < 1) {
-    throw ValueError("read_every must be at least 1, got " + std::to_string(options.read_every));
+  if (options.cache_mb < 0 || options.cache_mb > (int64_t{1} << 30)) {
+    throw ValueError("--cache-mb must be between 0 and 2^30, got " +
+                     std::to_string(options.cache_mb));
   }
   if (!(options.drain_grace_s >= 0 && options.drain_grace_s <= 3600)) {
     std::ostringstream given;
     given << options.drain_grace_s;
     throw ValueError("--drain-grace must be between 0 and 3600 seconds, got " + given.str());
   }
+  // The scheduler checks max_queue and read_every (with parallel) as it is built.
   Server server(options, std::move(make_engine));
   return server.run();
 }

@@ -1,5 +1,6 @@
-// The OpenAI-compatible HTTP server. HTTP threads parse and validate requests and put them on a
-// bounded FIFO queue; one engine worker thread owns the Engine and serves them one at a time.
+// The OpenAI-compatible HTTP server. HTTP threads parse and validate requests and submit them to
+// the engine's scheduler (engine/scheduler.h): a bounded FIFO queue in front of one engine worker
+// thread, which owns the Engine and decodes up to `parallel` requests together.
 // Used by `torchtpu-cpp serve` and, with the GIL released, from `python -m torchtpu_cpp.serve`.
 #pragma once
 
@@ -34,8 +35,15 @@ struct ServeOptions {
   // After SIGINT/SIGTERM: seconds during which /health answers 503 while requests are still
   // served, so routers take the replica out before it refuses anything.
   double drain_grace_s = 0;
-  int max_queue = 16;      // waiting requests beyond this get 429
-  int64_t read_every = 1;  // decode steps per host read
+  // Requests decoded together, each in a row of its own (its own KV cache of `context`
+  // positions); more wait in the queue.
+  int64_t parallel = 4;
+  int max_queue = 16;  // waiting requests beyond this get 429
+  // The prefix cache's budget in MiB (0: none): a request starting with tokens a finished request
+  // held (its prompt and reply: the next chat turn, a shared system prompt) reuses their KV.
+  int64_t cache_mb = 1024;
+  // Decode steps per host read; above 1 needs parallel 1 (a batch reads every step).
+  int64_t read_every = 1;
   // tool_choice "auto" with tools: calls the model writes are held to the declared tools and
   // their parameters too (as tool_choice "required" always is), text around them is free.
   bool constrain_tools = false;

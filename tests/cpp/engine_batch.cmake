@@ -16,3 +16,12 @@ if(TARGET torchtpu_engine)
                        PROPERTIES LABELS engine TIMEOUT 900
                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endif()
+# The engine's scheduler: sequences from many threads decoded together, the queue's bound,
+# cancels, and failures that end only what they must.
+if(TARGET torchtpu_engine)
+  add_executable(scheduler_test ${CMAKE_CURRENT_LIST_DIR}/scheduler_test.cpp)
+  target_link_libraries(scheduler_test PRIVATE torchtpu_engine GTest::gtest_main)
+  gtest_discover_tests(scheduler_test TEST_PREFIX "engine_scheduler." DISCOVERY_TIMEOUT 60
+                       PROPERTIES LABELS engine TIMEOUT 900
+                       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endif()

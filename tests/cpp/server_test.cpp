@@ -317,9 +317,19 @@ TEST(Metrics, RendersPrometheusText) {
   m.observe_time_to_first_token(0.02);
   m.observe_time_to_first_token(7);
   m.observe_decode_rate(30);
-  m.add_busy_seconds(1.5);
-  const std::string text = m.render(
-      {.waiting = 3, .running = 1, .kv_cache_usage = 0.25, .block_size = 1, .blocks = 4096});
+  const std::string text = m.render({.waiting = 3,
+                                     .running = 1,
+                                     .rows = 4,
+                                     .kv_cache_usage = 0.25,
+                                     .block_size = 1,
+                                     .blocks = 4096,
+                                     .busy_seconds = 1.5,
+                                     .prefix_cache = {.hits = 2,
+                                                      .misses = 5,
+                                                      .reused_tokens = 300,
+                                                      .evictions = 1,
+                                                      .bytes = 4096},
+                                     .prefix_cache_budget = 1 << 20});
   auto has = [&](const std::string& line) {
     return text.find("\n" + line + "\n") != std::string::npos;
   };
@@ -342,6 +352,13 @@ TEST(Metrics, RendersPrometheusText) {
   EXPECT_TRUE(has(R"(torchtpu_decode_tokens_per_second_bucket{le="20"} 0)"));
   EXPECT_TRUE(has(R"(torchtpu_decode_tokens_per_second_bucket{le="50"} 1)"));
   EXPECT_TRUE(has("torchtpu_engine_busy_seconds_total 1.5"));
+  EXPECT_TRUE(has("torchtpu_batch_rows 4"));
+  EXPECT_TRUE(has("torchtpu_prefix_cache_hits_total 2"));
+  EXPECT_TRUE(has("torchtpu_prefix_cache_misses_total 5"));
+  EXPECT_TRUE(has("torchtpu_prefix_cache_reused_tokens_total 300"));
+  EXPECT_TRUE(has("torchtpu_prefix_cache_evictions_total 1"));
+  EXPECT_TRUE(has("torchtpu_prefix_cache_bytes 4096"));
+  EXPECT_TRUE(has("torchtpu_prefix_cache_budget_bytes 1048576"));
   // Every sample belongs to a metric declared by # TYPE before it.
   std::istringstream lines(text);
   std::string line, declared;
@@ -357,8 +374,12 @@ TEST(Metrics, RendersPrometheusText) {
 TEST(Metrics, VllmNamesCarryTheSameFiguresAndTheModelName) {
   Metrics m(MetricsCompat::kVllm, "gemma \"4\"");
   m.count_tokens(10, 5);
-  const std::string text =
-      m.render({.waiting = 2, .running = 1, .kv_cache_usage = 0.5, .block_size = 1, .blocks = 8});
+  const std::string text = m.render({.waiting = 2,
+                                     .running = 1,
+                                     .kv_cache_usage = 0.5,
+                                     .block_size = 1,
+                                     .blocks = 8,
+                                     .prefix_cache = {.reused_tokens = 7}});
   auto has = [&](const std::string& line) {
     return text.find("\n" + line + "\n") != std::string::npos;
   };
@@ -375,6 +396,9 @@ TEST(Metrics, VllmNamesCarryTheSameFiguresAndTheModelName) {
             std::string::npos);
   EXPECT_TRUE(has("vllm:prompt_tokens_total" + model + " 10"));
   EXPECT_TRUE(has("vllm:generation_tokens_total" + model + " 5"));
+  // vLLM counts prefix cache queries and hits in tokens.
+  EXPECT_TRUE(has("vllm:prefix_cache_queries_total" + model + " 10"));
+  EXPECT_TRUE(has("vllm:prefix_cache_hits_total" + model + " 7"));
 }
 
 TEST(Metrics, CacheInfoWaitsForTheEngineAndCompatIsChecked) {

@@ -59,8 +59,8 @@ function refused(args) {
 describe("a replica behind a router", () => {
   let server;
   before(async () => {
-    server = await startServer(["--api-key", KEY, "--context", "1024", "--threads", "1",
-      "--metrics-compat", "vllm", ...NAMES.flatMap((n) => ["--served-model-name", n])]);
+    server = await startServer(["--api-key", KEY, "--context", "1024", "--parallel", "2",
+      "--threads", "1", "--metrics-compat", "vllm", ...NAMES.flatMap((n) => ["--served-model-name", n])]);
   });
   after(async () => {
     if (server) await server.stop();
@@ -80,12 +80,13 @@ describe("a replica behind a router", () => {
         assert.equal(sample(list, native).value, 0, native);
         assert.deepEqual(sample(list, vllm), { name: vllm, labels: model, value: 0 });
       }
-      // A block is one position of the rings; there are --context of them.
-      const info = '{block_size="1",num_gpu_blocks="1024"}';
+      // A block is one position of the rings; each of the --parallel rows has --context.
+      const info = '{block_size="1",num_gpu_blocks="2048"}';
       assert.deepEqual(sample(list, "torchtpu_cache_config_info"),
         { name: "torchtpu_cache_config_info", labels: info, value: 1 });
       assert.deepEqual(sample(list, "vllm:cache_config_info"),
         { name: "vllm:cache_config_info", labels: info, value: 1 });
+      assert.equal(sample(list, "torchtpu_batch_rows").value, 2);
     });
 
   test("a running request shows as running, holding its positions of the cache", async () => {
@@ -104,7 +105,7 @@ describe("a replica behind a router", () => {
     }, "the request decoding", 60_000);
     const { status, body } = await answer;
     assert.equal(status, 200);
-    const held = seen.usage * 1024;
+    const held = seen.usage * 2 * 1024;
     assert.ok(held >= body.usage.prompt_tokens && held <= body.usage.total_tokens,
       `${held} positions held, the request had ${body.usage.prompt_tokens} + ${maxTokens}`);
     // Once the answer is whole, the engine holds nothing for it.

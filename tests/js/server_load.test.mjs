@@ -1,5 +1,7 @@
-// One engine thread behind a FIFO queue: concurrent clients all get their own answer, and a full
-// queue answers 429 with Retry-After.
+// The engine's scheduler through the official client: concurrent requests are decoded together
+// (--parallel rows) and each gets the answer it gets alone; beyond the rows they wait in a FIFO
+// queue, and a full queue answers 429 with Retry-After; a conversation's next turn reuses the
+// previous turn's KV from the prefix cache and reports it in usage.
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import OpenAI from "openai";
@@ -8,16 +10,20 @@ import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
 const MODEL = "torchtpu-demo-random-weights";
 let wide;
 let narrow;
+let uncached;
 
 before(async () => {
-  [wide, narrow] = await Promise.all([
-    startServer(["--context", "1024", "--max-queue", "16"]),
-    startServer(["--context", "1024", "--max-queue", "1"]),
+  // float32: a sequence decoded beside others gives exactly the tokens it gives alone (bf16's
+  // matmuls may round differently with more rows).
+  [wide, narrow, uncached] = await Promise.all([
+    startServer(["--context", "1024", "--max-queue", "16", "--parallel", "4", "--dtype", "float32"]),
+    startServer(["--context", "1024", "--max-queue", "1", "--parallel", "1"]),
+    startServer(["--context", "1024", "--cache-mb", "0", "--dtype", "float32"]),
   ]);
 });
 
 after(async () => {
-  await Promise.all([wide, narrow].filter(Boolean).map((s) => s.stop()));
+  await Promise.all([wide, narrow, uncached].filter(Boolean).map((s) => s.stop()));
 });
 
 const topics = ["the ocean", "mountains", "a city at night", "bread", "rain", "a library",
@@ -46,18 +52,98 @@ async function answer(client, body) {
   return { text, finish };
 }
 
-test("16 concurrent clients with mixed lengths each get their sequential answer", async () => {
+// Runs `work` while sampling the running and waiting gauges; returns its result and the most
+// of each seen.
+async function watchingLoad(url, work) {
+  const seen = { running: 0, waiting: 0 };
+  let done = false;
+  const watcher = (async () => {
+    while (!done) {
+      const m = await metrics(url);
+      seen.running = Math.max(seen.running, metric(m, "torchtpu_running_requests"));
+      seen.waiting = Math.max(seen.waiting, metric(m, "torchtpu_queue_depth"));
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  })();
+  try {
+    return [await work(), seen];
+  } finally {
+    done = true;
+    await watcher;
+  }
+}
+
+async function concurrentlyAsAlone(bodies) {
   const client = new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 });
-  const bodies = Array.from({ length: 16 }, (_, i) => request(i));
-  const sequential = [];
-  for (const body of bodies) sequential.push(await answer(client, body));
-  const concurrent = await Promise.all(
-    bodies.map((body) => answer(new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 }), body)),
+  const alone = [];
+  for (const body of bodies) alone.push(await answer(client, body));
+  const [together, seen] = await watchingLoad(wide.url, () =>
+    Promise.all(
+      bodies.map((body) =>
+        answer(new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 }), body),
+      ),
+    ),
   );
-  assert.deepEqual(concurrent, sequential);
+  assert.deepEqual(together, alone);
+  // They were decoded together, 4 at a time, the rest waiting for a row.
+  assert.equal(seen.running, 4);
+  assert.ok(seen.waiting > 0, JSON.stringify(seen));
   const m = await metrics(wide.url);
   assert.equal(metric(m, "torchtpu_queue_depth"), 0);
+  assert.equal(metric(m, "torchtpu_running_requests"), 0);
   assert.equal(metric(m, "torchtpu_requests_cancelled_total"), 0);
+}
+
+test("16 concurrent clients with mixed lengths each get the answer they get alone", async () => {
+  await concurrentlyAsAlone(Array.from({ length: 16 }, (_, i) => request(i)));
+});
+
+test("16 concurrent streams, sampled with seeds, each arrive whole", async () => {
+  await concurrentlyAsAlone(
+    Array.from({ length: 16 }, (_, i) => ({
+      ...request(i),
+      stream: true,
+      temperature: 0.8,
+      top_p: 0.9,
+      seed: 100 + i,
+    })),
+  );
+});
+
+test("the next turn of a chat reuses the previous turn from the prefix cache", async () => {
+  const client = new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 });
+  const plain = new OpenAI({ apiKey: "none", baseURL: uncached.baseURL, maxRetries: 0 });
+  const system = { role: "system", content: "You answer in one short line. ".repeat(20) };
+  const turn1 = [system, { role: "user", content: "Name a river." }];
+  const first = await client.chat.completions.create({ model: MODEL, messages: turn1, max_tokens: 12 });
+  const turn2 = [
+    ...turn1,
+    { role: "assistant", content: first.choices[0].message.content },
+    { role: "user", content: "And a mountain?" },
+  ];
+  const before = await metrics(wide.url);
+  const second = await client.chat.completions.create({ model: MODEL, messages: turn2, max_tokens: 12 });
+  // At least the first turn's prompt was not read again: only what follows it.
+  const cached = second.usage.prompt_tokens_details.cached_tokens;
+  assert.ok(cached >= first.usage.prompt_tokens && cached < second.usage.prompt_tokens,
+    `cached ${cached} of ${second.usage.prompt_tokens}, first prompt ${first.usage.prompt_tokens}`);
+  const after = await metrics(wide.url);
+  assert.equal(
+    metric(after, "torchtpu_prefix_cache_reused_tokens_total") -
+      metric(before, "torchtpu_prefix_cache_reused_tokens_total"),
+    cached,
+  );
+  assert.equal(
+    metric(after, "torchtpu_prefix_cache_hits_total") - metric(before, "torchtpu_prefix_cache_hits_total"),
+    1,
+  );
+  // The same answer as a server without the cache reading the whole conversation.
+  const fresh = await plain.chat.completions.create({ model: MODEL, messages: turn2, max_tokens: 12 });
+  assert.equal(fresh.usage.prompt_tokens_details.cached_tokens, 0);
+  assert.equal(second.choices[0].message.content, fresh.choices[0].message.content);
+  const engine = await (await fetch(`${uncached.url}/v1/engine`)).json();
+  assert.equal(engine.prefix_cache.budget_bytes, 0);
+  assert.equal(engine.parallel, 4);
 });
 
 test("a full queue answers 429 with Retry-After; queued work still completes", async () => {

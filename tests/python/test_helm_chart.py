@@ -4,6 +4,7 @@ resources (and the endpoint picker's configuration) through `check-jsonschema` a
 schemas in deploy/helm/schemas, and the wiring a router depends on: Pod labels, probes, the pool's
 selector, the drain. TORCHTPU_HELM names the helm binary (scripts/setup.sh builds it)."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -187,6 +188,21 @@ def test_aliases_and_vllm_names_reach_the_command_line(values):
     assert "--served-model-name=gemma" in command
     assert "--served-model-name=publishers/ns/models/gemma" in command
     assert "--metrics-compat=vllm" in command
+
+
+def test_the_python_launcher_parses_the_rendered_command_line():
+    """The TPU values run `python -m torchtpu_cpp.serve`: every flag the chart writes is one it
+    takes, with the scheduler's values."""
+    spec = importlib.util.spec_from_file_location(
+        "serve", ROOT / "src" / "python" / "torchtpu_cpp" / "serve.py"
+    )
+    serve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve)
+    docs = render("gke-tpu-v5e", "--set", "server.parallel=8", "--set", "server.cacheMb=256")
+    command = by_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python3", "-m", "torchtpu_cpp.serve"]
+    args = serve._parse_args(command[3:])
+    assert (args.parallel, args.cache_mb, args.max_queue) == (8, 256, 16)
 
 
 def test_the_chart_refuses_an_unknown_launcher():

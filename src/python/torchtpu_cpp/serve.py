@@ -37,9 +37,24 @@ def _parse_args(argv):
         help="require 'Authorization: Bearer KEY' on everything but /health "
         "(default: $TORCHTPU_API_KEY)",
     )
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=4,
+        help="requests decoded together, each with its own KV cache (more wait)",
+    )
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait")
     p.add_argument(
-        "--read-every", type=int, default=1, help="decode steps between host reads"
+        "--cache-mb",
+        type=int,
+        default=1024,
+        help="prefix cache budget in MiB (0: off)",
+    )
+    p.add_argument(
+        "--read-every",
+        type=int,
+        default=1,
+        help="decode steps between host reads (above 1 needs --parallel 1)",
     )
     p.add_argument(
         "--max-body-bytes", type=int, default=8 << 20, help="largest request body"
@@ -124,6 +139,8 @@ def main(argv=None):
                 metrics_auth=args.metrics_auth,
                 metrics_compat=args.metrics_compat,
                 drain_grace_s=args.drain_grace,
+                parallel=args.parallel,
+                cache_mb=args.cache_mb,
             )
         except BaseException as e:  # noqa: BLE001 (raised again on the main thread)
             outcome["error"] = e

@@ -37,7 +37,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - --context={{ $m.context }}
 - --device={{ $m.device }}
 - --dtype={{ $m.dtype }}
+- --parallel={{ $s.parallel }}
 - --max-queue={{ $s.maxQueue }}
+- --cache-mb={{ $s.cacheMb }}
 - --threads={{ $s.threads }}
 {{- range $m.aliases }}
 - --served-model-name={{ . }}

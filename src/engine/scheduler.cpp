@@ -1,0 +1,229 @@
+#include "engine/scheduler.h"
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "common/errors.h"
+
+namespace torchtpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+DecodeResult cancelled_before_start(const Submission& submission) {
+  DecodeResult result;
+  result.finish = "cancelled";
+  result.prompt_tokens = static_cast<int64_t>(submission.prompt.size());
+  return result;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
+  if (options_.max_queue < 0) {
+    throw ValueError("max_queue must be at least 0, got " + std::to_string(options_.max_queue));
+  }
+  if (options_.read_every < 1) {
+    throw ValueError("read_every must be at least 1, got " + std::to_string(options_.read_every));
+  }
+  if (options_.read_every > 1 && options_.batch.rows != 1) {
+    throw ValueError("read_every " + std::to_string(options_.read_every) +
+                     " needs 1 sequence at a time (parallel 1), got " +
+                     std::to_string(options_.batch.rows) +
+                     ": a batch reads every row's token back each step");
+  }
+}
+
+int64_t Scheduler::submit(Submission submission) {
+  int64_t ticket;
+  {
+    std::lock_guard lock(mutex_);
+    if (static_cast<int64_t>(waiting_.size()) >= options_.max_queue) {
+      throw QueueFull(std::to_string(waiting_.size()) +
+                      " requests are waiting for the engine (max_queue " +
+                      std::to_string(options_.max_queue) + ")");
+    }
+    ticket = next_ticket_++;
+    waiting_.push_back({ticket, std::move(submission)});
+  }
+  changed_.notify_all();
+  return ticket;
+}
+
+void Scheduler::cancel(int64_t ticket) {
+  {
+    std::lock_guard lock(mutex_);
+    cancels_.insert(ticket);
+  }
+  changed_.notify_all();
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard lock(mutex_);
+  SchedulerStats s = stats_;
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  return s;
+}
+
+bool Scheduler::take_work(bool idle, int64_t free_rows, std::vector<Entry>& admitted,
+                          std::vector<Entry>& dropped, std::set<int64_t>& cancels) {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] {
+    return !idle || !waiting_.empty() || !cancels_.empty() || stopping_;
+  });
+  if (idle && waiting_.empty() && stopping_) return false;
+  cancels = std::exchange(cancels_, {});
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (cancels.erase(it->ticket) > 0) {
+      dropped.push_back(std::move(*it));
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (; free_rows > 0 && !waiting_.empty(); --free_rows) {
+    admitted.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  // Counted as running from here, so a scrape never misses a sequence between queue and row.
+  stats_.running += static_cast<int64_t>(admitted.size());
+  return true;
+}
+
+void Scheduler::run(Engine& engine) {
+  if (options_.read_every > 1) {
+    run_serial(engine);
+  } else {
+    run_batch(engine);
+  }
+}
+
+void Scheduler::run_batch(Engine& engine) {
+  std::optional<Batch> batch;
+  batch.emplace(engine, options_.batch);
+  {
+    std::lock_guard lock(mutex_);
+    stats_.batch = batch->stats();
+  }
+  std::map<int64_t, Entry> running;  // by the batch's id
+  std::map<int64_t, int64_t> ids;    // ticket -> the batch's id
+  while (true) {
+    std::vector<Entry> admitted, dropped;
+    std::set<int64_t> cancels;
+    const auto free_rows = options_.batch.rows - static_cast<int64_t>(running.size());
+    if (!take_work(batch->idle(), free_rows, admitted, dropped, cancels)) break;
+    for (auto& entry : dropped) {
+      entry.submission.on_done(cancelled_before_start(entry.submission), nullptr);
+    }
+    for (const int64_t ticket : cancels) {
+      if (const auto it = ids.find(ticket); it != ids.end()) batch->cancel(it->second);
+    }
+    for (auto& entry : admitted) {
+      auto& s = entry.submission;
+      int64_t id;
+      try {
+        id = batch->submit(s.prompt, s.options, s.on_tokens, s.on_logits);
+      } catch (...) {
+        s.on_done({}, std::current_exception());
+        continue;
+      }
+      if (s.on_start) s.on_start();
+      ids[entry.ticket] = id;
+      running.emplace(id, std::move(entry));
+    }
+
+    const auto start = Clock::now();
+    std::vector<std::pair<Entry, DecodeResult>> finished;
+    std::vector<Entry> failed;
+    std::exception_ptr error;
+    if (!batch->idle()) {
+      try {
+        for (const int64_t id : batch->step()) {
+          auto node = running.extract(id);
+          ids.erase(node.mapped().ticket);
+          finished.emplace_back(std::move(node.mapped()), batch->take_result(id));
+        }
+      } catch (...) {
+        // The rings may hold a half-written step: every sequence in them ends, the batch
+        // starts afresh.
+        error = std::current_exception();
+        for (auto& [id, entry] : running) failed.push_back(std::move(entry));
+        running.clear();
+        ids.clear();
+        batch.reset();
+        batch.emplace(engine, options_.batch);
+      }
+    }
+    {
+      // The gauges drop a sequence before its caller hears that it ended.
+      std::lock_guard lock(mutex_);
+      stats_.running = static_cast<int64_t>(running.size());
+      stats_.batch = batch->stats();
+      stats_.busy_s += seconds_since(start);
+    }
+    for (auto& [entry, result] : finished) entry.submission.on_done(std::move(result), nullptr);
+    for (auto& entry : failed) entry.submission.on_done({}, error);
+  }
+}
+
+void Scheduler::run_serial(Engine& engine) {
+  {
+    std::lock_guard lock(mutex_);
+    stats_.batch.rows = 1;
+    stats_.batch.capacity = engine.options().context;
+  }
+  while (true) {
+    std::vector<Entry> admitted, dropped;
+    std::set<int64_t> cancels;
+    if (!take_work(/*idle=*/true, 1, admitted, dropped, cancels)) break;
+    for (auto& entry : dropped) {
+      entry.submission.on_done(cancelled_before_start(entry.submission), nullptr);
+    }
+    for (auto& entry : admitted) {
+      auto& s = entry.submission;
+      if (s.on_start) s.on_start();
+      auto positions = static_cast<int64_t>(s.prompt.size());
+      auto on_tokens = [&](const std::vector<int64_t>& tokens) {
+        positions += static_cast<int64_t>(tokens.size());
+        {
+          std::lock_guard lock(mutex_);
+          stats_.batch.positions = positions;
+          if (cancels_.erase(entry.ticket) > 0) return false;
+        }
+        return !s.on_tokens || s.on_tokens(tokens);
+      };
+      const auto start = Clock::now();
+      DecodeResult result;
+      std::exception_ptr error;
+      try {
+        result = engine.decode(s.prompt, s.options, on_tokens, s.on_logits);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard lock(mutex_);
+        stats_.running = 0;
+        stats_.batch.positions = 0;
+        stats_.busy_s += seconds_since(start);
+      }
+      s.on_done(std::move(result), error);
+    }
+  }
+}
+
+}  // namespace torchtpu

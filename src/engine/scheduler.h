@@ -1,0 +1,101 @@
+// The engine's job queue (DESIGN principle 4): any thread submits sequences and cancels them; the
+// engine's owner thread runs them, several at once in a Batch, admitting waiting sequences as rows
+// free up. At most `max_queue` sequences wait for a row; more are refused with QueueFull, which a
+// server answers with 429. Nothing here knows about HTTP or Python.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "engine/batch.h"
+#include "engine/engine.h"
+
+namespace torchtpu {
+
+struct SchedulerOptions {
+  // The batch's rows, step budget and prefix cache (batch.h). Ignored with read_every > 1.
+  BatchOptions batch;
+  int64_t max_queue = 16;  // sequences that may wait for a row; more are refused
+  // Steps between host reads. Above 1 the scheduler runs one sequence at a time through
+  // Engine::decode, which reads back once per read_every steps (a device that pays for every host
+  // read); a batch reads every row's token back each step, to see stops and free rows.
+  int64_t read_every = 1;
+};
+
+// One sequence for the scheduler. Every callback runs on the owner thread.
+struct Submission {
+  std::vector<int64_t> prompt;
+  DecodeOptions options;
+  OnTokens on_tokens;  // as Engine::decode's; returning false cancels
+  OnLogits on_logits;
+  // Called once the sequence has a row, before any of its tokens.
+  std::function<void()> on_start;
+  // Called once when it ends: its result, or what ended it without one (a ValueError from the
+  // engine's checks of its prompt or options; any other exception from a failed step).
+  std::function<void(DecodeResult, std::exception_ptr)> on_done;
+};
+
+// The queue holds max_queue sequences already.
+struct QueueFull : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct SchedulerStats {
+  int64_t waiting = 0;  // submitted, without a row yet
+  int64_t running = 0;  // in a row: reading their prompt or decoding
+  BatchStats batch;     // as of the last step (rows and capacity known once run() started)
+  double busy_s = 0;    // time spent in steps
+};
+
+class Scheduler {
+ public:
+  // ValueError for a negative max_queue or a read_every below 1, or read_every > 1 with more
+  // than one row.
+  explicit Scheduler(const SchedulerOptions& options);
+
+  // Any thread. Queues a sequence and returns its ticket. QueueFull when max_queue wait already;
+  // the submission is then dropped without a call to on_done.
+  int64_t submit(Submission submission);
+  // Any thread. Ends a waiting or running sequence (finish "cancelled", its on_done called on the
+  // owner thread); nothing for a ticket that has ended.
+  void cancel(int64_t ticket);
+  // Any thread. run() returns once nothing waits or runs.
+  void stop();
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return options_; }
+
+  // The owner thread: serves submissions with `engine` until stop(). A failed step ends every
+  // sequence in the batch with its exception and the batch starts afresh.
+  void run(Engine& engine);
+
+ private:
+  struct Entry {
+    int64_t ticket;
+    Submission submission;
+  };
+
+  // Waits for work; takes the cancels and up to `free_rows` waiting entries. False when stopped
+  // and nothing is left to do (`idle`: nothing in the batch).
+  bool take_work(bool idle, int64_t free_rows, std::vector<Entry>& admitted,
+                 std::vector<Entry>& dropped, std::set<int64_t>& cancels);
+  void run_batch(Engine& engine);
+  void run_serial(Engine& engine);
+
+  SchedulerOptions options_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Entry> waiting_;
+  std::set<int64_t> cancels_;
+  int64_t next_ticket_ = 0;
+  bool stopping_ = false;
+  SchedulerStats stats_;  // running, batch and busy_s; waiting is waiting_'s size
+};
+
+}  // namespace torchtpu

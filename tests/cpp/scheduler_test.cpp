@@ -1,0 +1,312 @@
+// The engine's scheduler (issue #17): sequences submitted from several threads are decoded
+// together and each gets the result Engine::decode gives it alone; beyond max_queue waiting,
+// submissions are refused; cancels end waiting and running sequences; a bad submission or a
+// failed step ends only what it must, and the scheduler goes on.
+#include "engine/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/engine.h"
+#include "tiny_checkpoint.h"
+
+namespace torchtpu {
+namespace {
+
+Engine make_engine() {
+  EngineOptions o;
+  o.model_dir = testing::tiny_checkpoint("scheduler-tiny", 5);
+  o.dtype = at::kFloat;
+  o.context = 256;
+  o.prefill_chunk = 16;
+  o.threads = 1;
+  return Engine(o);
+}
+
+std::vector<int64_t> prompt_of(int64_t n, int64_t salt) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(2 + (i * 37 + salt * 101) % 500);
+  return ids;
+}
+
+DecodeOptions options_of(int64_t max_new, bool sampled, uint64_t seed) {
+  DecodeOptions o;
+  o.max_new = max_new;
+  o.ignore_eos = true;
+  if (sampled) {
+    o.sampling.temperature = 0.9;
+    o.sampling.top_p = 0.9;
+    o.sampling.seed = seed;
+  }
+  return o;
+}
+
+// What a submission saw through its callbacks.
+struct Seen {
+  bool started = false;
+  bool tokens_before_start = false;
+  std::vector<int64_t> streamed;
+  DecodeResult result;
+  std::exception_ptr error;
+};
+
+// A submission recording into `seen`, which `done` is set for when it ends.
+Submission recording(std::vector<int64_t> prompt, DecodeOptions options, Seen& seen,
+                     std::promise<void>& done) {
+  Submission s;
+  s.prompt = std::move(prompt);
+  s.options = std::move(options);
+  s.on_start = [&seen] { seen.started = true; };
+  s.on_tokens = [&seen](const std::vector<int64_t>& tokens) {
+    if (!seen.started) seen.tokens_before_start = true;
+    seen.streamed.insert(seen.streamed.end(), tokens.begin(), tokens.end());
+    return true;
+  };
+  s.on_done = [&seen, &done](DecodeResult result, std::exception_ptr error) {
+    seen.result = std::move(result);
+    seen.error = error;
+    done.set_value();
+  };
+  return s;
+}
+
+// Runs the scheduler on its own thread (the engine's owner) for the life of the object.
+class Running {
+ public:
+  Running(Scheduler& scheduler, Engine& engine)
+      : scheduler_(scheduler), thread_([&] { scheduler.run(engine); }) {}
+  ~Running() {
+    scheduler_.stop();
+    thread_.join();
+  }
+
+ private:
+  Scheduler& scheduler_;
+  std::thread thread_;
+};
+
+std::string message_of(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+TEST(Scheduler, SequencesFromManyThreadsGetWhatEachGetsAlone) {
+  auto engine = make_engine();
+  struct Case {
+    std::vector<int64_t> prompt;
+    DecodeOptions options;
+  };
+  std::vector<Case> cases;
+  for (int64_t i = 0; i < 10; ++i) {
+    cases.push_back({prompt_of(1 + i * 7, i), options_of(3 + i * 5 % 17, i % 2 == 1, 40 + i)});
+  }
+  std::vector<DecodeResult> alone;
+  for (const auto& c : cases) alone.push_back(engine.decode(c.prompt, c.options));
+
+  SchedulerOptions o;
+  o.batch.rows = 3;
+  o.max_queue = 16;
+  Scheduler scheduler(o);
+  std::vector<Seen> seen(cases.size());
+  std::vector<std::promise<void>> done(cases.size());
+  {
+    Running running(scheduler, engine);
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      clients.emplace_back([&, i] {
+        scheduler.submit(recording(cases[i].prompt, cases[i].options, seen[i], done[i]));
+      });
+    }
+    for (auto& c : clients) c.join();
+    for (auto& d : done) d.get_future().wait();
+  }
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE("sequence " + std::to_string(i));
+    EXPECT_FALSE(seen[i].error);
+    EXPECT_TRUE(seen[i].started);
+    EXPECT_FALSE(seen[i].tokens_before_start);
+    EXPECT_EQ(seen[i].result.tokens, alone[i].tokens);
+    EXPECT_EQ(seen[i].streamed, alone[i].tokens);
+    EXPECT_EQ(seen[i].result.finish, "length");
+  }
+  const auto stats = scheduler.stats();
+  EXPECT_EQ(stats.waiting, 0);
+  EXPECT_EQ(stats.running, 0);
+  EXPECT_EQ(stats.batch.rows, 3);
+  EXPECT_EQ(stats.batch.capacity, 3 * 256);
+  EXPECT_GT(stats.busy_s, 0);
+}
+
+TEST(Scheduler, RefusesBeyondMaxQueueAndCancelsWhatWaits) {
+  auto engine = make_engine();
+  SchedulerOptions o;
+  o.batch.rows = 1;
+  o.max_queue = 2;
+  Scheduler scheduler(o);
+  std::vector<Seen> seen(2);
+  std::vector<std::promise<void>> done(2);
+  // Nothing runs yet, so both wait.
+  const auto first = scheduler.submit(recording(prompt_of(5, 1), options_of(4, false, 0), seen[0],
+                                                done[0]));
+  const auto second = scheduler.submit(recording(prompt_of(5, 2), options_of(4, false, 0), seen[1],
+                                                 done[1]));
+  EXPECT_NE(first, second);
+  EXPECT_EQ(scheduler.stats().waiting, 2);
+  Seen refused;
+  std::promise<void> never;
+  try {
+    scheduler.submit(recording(prompt_of(5, 3), options_of(4, false, 0), refused, never));
+    FAIL() << "a third submission was queued";
+  } catch (const QueueFull& e) {
+    EXPECT_STREQ(e.what(), "2 requests are waiting for the engine (max_queue 2)");
+  }
+  scheduler.cancel(first);
+  {
+    Running running(scheduler, engine);
+    for (auto& d : done) d.get_future().wait();
+  }
+  EXPECT_FALSE(seen[0].started);
+  EXPECT_EQ(seen[0].result.finish, "cancelled");
+  EXPECT_TRUE(seen[0].result.tokens.empty());
+  EXPECT_EQ(seen[0].result.prompt_tokens, 5);
+  EXPECT_EQ(seen[1].result.finish, "length");
+  EXPECT_EQ(seen[1].result.tokens.size(), 4u);
+  EXPECT_FALSE(refused.started);
+  EXPECT_TRUE(refused.streamed.empty());
+}
+
+TEST(Scheduler, CancelEndsARunningSequence) {
+  auto engine = make_engine();
+  Scheduler scheduler(SchedulerOptions{});
+  Seen seen;
+  std::promise<void> done;
+  std::promise<void> first_tokens;
+  auto submission = recording(prompt_of(6, 4), options_of(200, false, 0), seen, done);
+  int64_t ticket = -1;
+  submission.on_tokens = [&, record = submission.on_tokens](const std::vector<int64_t>& tokens) {
+    if (seen.streamed.empty()) first_tokens.set_value();
+    return record(tokens);
+  };
+  {
+    Running running(scheduler, engine);
+    ticket = scheduler.submit(std::move(submission));
+    first_tokens.get_future().wait();
+    scheduler.cancel(ticket);
+    done.get_future().wait();
+    // A ticket that has ended is nothing to cancel.
+    scheduler.cancel(ticket);
+  }
+  EXPECT_EQ(seen.result.finish, "cancelled");
+  EXPECT_GE(seen.result.tokens.size(), 1u);
+  EXPECT_LT(seen.result.tokens.size(), 200u);
+  EXPECT_EQ(seen.result.tokens, seen.streamed);
+}
+
+TEST(Scheduler, ABadSubmissionOrAFailedStepEndsOnlyWhatItMust) {
+  auto engine = make_engine();
+  Scheduler scheduler(SchedulerOptions{});
+  Running running(scheduler, engine);
+
+  Seen bad;
+  std::promise<void> bad_done;
+  scheduler.submit(recording({2, 999999}, options_of(4, false, 0), bad, bad_done));
+  bad_done.get_future().wait();
+  ASSERT_TRUE(bad.error);
+  EXPECT_THROW(std::rethrow_exception(bad.error), ValueError);
+  EXPECT_NE(message_of(bad.error).find("999999"), std::string::npos);
+  EXPECT_FALSE(bad.started);
+
+  // A callback that throws fails its step: every sequence in the batch ends with that error.
+  Seen thrower, beside;
+  std::promise<void> thrower_done, beside_done, beside_started;
+  auto failing = recording(prompt_of(4, 5), options_of(50, false, 0), thrower, thrower_done);
+  int calls = 0;
+  failing.on_tokens = [&](const std::vector<int64_t>&) -> bool {
+    if (++calls == 5) throw std::runtime_error("the callback failed");
+    return true;
+  };
+  auto other = recording(prompt_of(4, 6), options_of(200, false, 0), beside, beside_done);
+  other.on_start = [&] {
+    beside.started = true;
+    beside_started.set_value();
+  };
+  scheduler.submit(std::move(other));
+  beside_started.get_future().wait();
+  scheduler.submit(std::move(failing));
+  thrower_done.get_future().wait();
+  beside_done.get_future().wait();
+  EXPECT_EQ(message_of(thrower.error), "the callback failed");
+  EXPECT_EQ(message_of(beside.error), "the callback failed");
+
+  // The batch started afresh: the next sequence decodes as it does alone.
+  Seen after;
+  std::promise<void> after_done;
+  scheduler.submit(recording(prompt_of(9, 7), options_of(6, false, 0), after, after_done));
+  after_done.get_future().wait();
+  EXPECT_FALSE(after.error);
+  EXPECT_EQ(after.result.tokens, engine.decode(prompt_of(9, 7), options_of(6, false, 0)).tokens);
+}
+
+TEST(Scheduler, ReadEveryAboveOneRunsOneSequenceAtATime) {
+  auto engine = make_engine();
+  SchedulerOptions o;
+  o.batch.rows = 1;
+  o.read_every = 4;
+  Scheduler scheduler(o);
+  std::vector<Seen> seen(3);
+  std::vector<std::promise<void>> done(3);
+  std::vector<DecodeOptions> options;
+  for (int i = 0; i < 3; ++i) {
+    auto d = options_of(9, i == 1, 7);
+    d.read_every = 4;
+    options.push_back(d);
+  }
+  {
+    Running running(scheduler, engine);
+    for (int i = 0; i < 3; ++i) {
+      scheduler.submit(recording(prompt_of(3 + i, i), options[i], seen[i], done[i]));
+    }
+    for (auto& d : done) d.get_future().wait();
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(seen[i].result.tokens, engine.decode(prompt_of(3 + i, i), options[i]).tokens);
+  }
+  EXPECT_EQ(scheduler.stats().batch.capacity, 256);
+
+  o.batch.rows = 2;
+  try {
+    Scheduler refused(o);
+    FAIL() << "read_every 4 with 2 rows was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(),
+                 "read_every 4 needs 1 sequence at a time (parallel 1), got 2: a batch reads "
+                 "every row's token back each step");
+  }
+}
+
+TEST(Scheduler, StopReturnsOnceNothingIsLeft) {
+  auto engine = make_engine();
+  Scheduler scheduler(SchedulerOptions{});
+  Seen seen;
+  std::promise<void> done;
+  scheduler.submit(recording(prompt_of(4, 8), options_of(5, false, 0), seen, done));
+  // Asked to stop before it ran, it still serves what was submitted, then returns.
+  scheduler.stop();
+  scheduler.run(engine);
+  EXPECT_EQ(seen.result.tokens.size(), 5u);
+  EXPECT_THROW(Scheduler(SchedulerOptions{.max_queue = -1}), ValueError);
+}
+
+}  // namespace
+}  // namespace torchtpu
