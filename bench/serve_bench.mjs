@@ -3,6 +3,7 @@
 // max_tokens 100, one at a time, streamed, greedy (temperature 0) as the seeds decoded.
 //
 // Usage: node bench/serve_bench.mjs [--url http://HOST:PORT] [--requests 5] [--max-tokens 100]
+//                                   [--concurrency 1,2,4,8]
 //                                   [-- serve arguments, e.g. --model DIR --dtype bfloat16]
 // Without --url it starts `$TORCHTPU_CLI serve --port 0 <serve arguments>` (default
 // build/torchtpu-cpp; no --model: the demo checkpoint) and stops it afterwards.
@@ -49,47 +50,67 @@ const median = (xs) => {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 
-const clientRates = [];
-const engineRates = [];
-for (let i = 1; i <= requests; ++i) {
+// One streamed, greedy request; its client-side times (ms since `performance` began) and the
+// engine's timings and usage.
+async function streamOnce(ignoreEos = false) {
   const start = performance.now();
   const stream = await client.chat.completions.create({
     model, messages: [{ role: "user", content: prompt }], max_tokens: maxTokens, temperature: 0,
     stream: true,
     stream_options: { include_usage: true },
+    ...(ignoreEos ? { ignore_eos: true } : {}),
   });
-  let first = null;
-  let last = null;
-  let finish = null;
-  let timings = null;
-  let usage = null;
+  const r = { start, first: null, last: null, finish: null, timings: null, usage: null };
   for await (const chunk of stream) {
     const choice = chunk.choices[0];
     if (choice?.delta?.content) {
-      last = performance.now();
-      first ??= last;
+      r.last = performance.now();
+      r.first ??= r.last;
     }
     if (choice?.finish_reason) {
-      finish = choice.finish_reason;
-      timings = chunk.timings;
+      r.finish = choice.finish_reason;
+      r.timings = chunk.timings;
     }
-    if (chunk.usage) usage = chunk.usage;
+    if (chunk.usage) r.usage = chunk.usage;
   }
-  const total = (performance.now() - start) / 1000;
-  const n = usage.completion_tokens;
-  const clientRate = n > 1 && last > first ? (n - 1) / ((last - first) / 1000) : NaN;
-  const engineRate = timings.decode_tokens_per_second ?? NaN;
-  clientRates.push(clientRate);
+  r.end = performance.now();
+  r.n = r.usage.completion_tokens;
+  r.clientRate = r.n > 1 && r.last > r.first ? (r.n - 1) / ((r.last - r.first) / 1000) : NaN;
+  return r;
+}
+
+const clientRates = [];
+const engineRates = [];
+for (let i = 1; i <= requests; ++i) {
+  const r = await streamOnce();
+  const engineRate = r.timings.decode_tokens_per_second ?? NaN;
+  clientRates.push(r.clientRate);
   engineRates.push(engineRate);
   console.log(
-    `request ${i}: ${n} tokens, finish ${finish}, read ${timings.read_s.toFixed(3)} s, ` +
-      `decode ${timings.decode_s.toFixed(3)} s, engine ${engineRate.toFixed(2)} tok/s, ` +
-      `client ${clientRate.toFixed(2)} tok/s, first token ${((first - start) / 1000).toFixed(3)} s, ` +
-      `round trip ${total.toFixed(2)} s`,
+    `request ${i}: ${r.n} tokens, finish ${r.finish}, read ${r.timings.read_s.toFixed(3)} s, ` +
+      `decode ${r.timings.decode_s.toFixed(3)} s, engine ${engineRate.toFixed(2)} tok/s, ` +
+      `client ${r.clientRate.toFixed(2)} tok/s, first token ${((r.first - r.start) / 1000).toFixed(3)} s, ` +
+      `round trip ${((r.end - r.start) / 1000).toFixed(2)} s`,
   );
 }
 const c = median(clientRates);
 const e = median(engineRates);
 console.log(`median engine ${e.toFixed(2)} tok/s, client ${c.toFixed(2)} tok/s, ` +
   `client/engine ${(c / e).toFixed(3)}`);
+
+// --concurrency 1,2,4,8: that many streams at once (max_tokens each, end of turn ignored), for
+// the server's batching: aggregate tokens over the wall time until the last ends, each stream's
+// own rate and its time to first token.
+const sweep = option("--concurrency", "");
+for (const streams of sweep ? sweep.split(",").map(Number) : []) {
+  const start = performance.now();
+  const rs = await Promise.all(Array.from({ length: streams }, () => streamOnce(true)));
+  const wall = (performance.now() - start) / 1000;
+  const tokens = rs.reduce((sum, r) => sum + r.n, 0);
+  console.log(
+    `${streams} streams: aggregate ${(tokens / wall).toFixed(2)} tok/s (${tokens} tokens in ` +
+      `${wall.toFixed(2)} s), per stream median ${median(rs.map((r) => r.clientRate)).toFixed(2)} ` +
+      `tok/s, first token median ${(median(rs.map((r) => r.first - r.start)) / 1000).toFixed(3)} s`,
+  );
+}
 if (server) await server.stop();
