@@ -26,13 +26,8 @@ namespace {
 std::string tiny_dir() { return testing::tiny_checkpoint("batch-tiny", 3); }
 
 Engine make_engine(const std::string& device = "cpu", int64_t chunk = 16) {
-  EngineOptions o;
-  o.model_dir = tiny_dir();
+  auto o = testing::tiny_engine_options(tiny_dir(), chunk);
   o.device = parse_device(device);
-  o.dtype = at::kFloat;
-  o.context = 256;
-  o.prefill_chunk = chunk;
-  o.threads = 1;
   return Engine(o);
 }
 

@@ -21,15 +21,7 @@ namespace {
 // Sliding window 8: every reuse point here is past the window's edge.
 std::string tiny_dir() { return testing::tiny_checkpoint("prefix-cache-tiny", 4); }
 
-Engine make_engine() {
-  EngineOptions o;
-  o.model_dir = tiny_dir();
-  o.dtype = at::kFloat;
-  o.context = 256;
-  o.prefill_chunk = 24;
-  o.threads = 1;
-  return Engine(o);
-}
+Engine make_engine() { return Engine(testing::tiny_engine_options(tiny_dir(), 24)); }
 
 std::vector<int64_t> tokens_of(int64_t n, int64_t salt) {
   std::vector<int64_t> ids;

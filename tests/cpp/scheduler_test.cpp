@@ -22,13 +22,7 @@ namespace torchtpu {
 namespace {
 
 Engine make_engine() {
-  EngineOptions o;
-  o.model_dir = testing::tiny_checkpoint("scheduler-tiny", 5);
-  o.dtype = at::kFloat;
-  o.context = 256;
-  o.prefill_chunk = 16;
-  o.threads = 1;
-  return Engine(o);
+  return Engine(testing::tiny_engine_options(testing::tiny_checkpoint("scheduler-tiny", 5), 16));
 }
 
 std::vector<int64_t> prompt_of(int64_t n, int64_t salt) {

@@ -1,6 +1,7 @@
 // Tiny random Gemma 4 checkpoints for the engine's C++ suites: make-tiny's "tiny" preset (7 layers,
 // sliding window 8, so prompts and decodes wrap the sliding rings), f32 weights, each written once
-// per process and removed when the process exits.
+// per process and removed when the process exits; and the engine options the suites read them
+// with.
 #pragma once
 
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <string>
 #include <system_error>
 
+#include "engine/engine.h"
 #include "model/make_tiny.h"
 
 namespace torchtpu::testing {
@@ -37,6 +39,18 @@ inline std::string tiny_checkpoint(const std::string& tag, uint64_t seed, int64_
     written.paths.insert(path);
   }
   return path.string();
+}
+
+// float32 (where a sequence's tokens do not depend on what it was computed beside), 256
+// positions, prompts read `prefill_chunk` tokens at a time, one thread.
+inline EngineOptions tiny_engine_options(const std::string& dir, int64_t prefill_chunk) {
+  EngineOptions o;
+  o.model_dir = dir;
+  o.dtype = at::kFloat;
+  o.context = 256;
+  o.prefill_chunk = prefill_chunk;
+  o.threads = 1;
+  return o;
 }
 
 }  // namespace torchtpu::testing
