@@ -184,9 +184,13 @@ const std::vector<uint32_t>& Constraint::allowed() {
   return words_;
 }
 
-at::Tensor Constraint::mask(const at::Tensor& logits) {
+void Constraint::forbid(const at::Tensor& forbidden) {
   static_assert(std::endian::native == std::endian::little,
                 "the mask's words are read as bytes: bit b of byte k is token 8k+b");
+  TORCH_CHECK(forbidden.device().is_cpu() && forbidden.scalar_type() == at::kBool &&
+                  forbidden.dim() == 1 && forbidden.is_contiguous(),
+              "Constraint::forbid fills a contiguous host bool [vocab], got ", forbidden.options(),
+              " of sizes ", forbidden.sizes());
   // forbidden_bytes[v][b]: whether bit b of the mask byte v is clear.
   static const auto forbidden_bytes = [] {
     std::array<std::array<uint8_t, 8>, 256> table{};
@@ -196,17 +200,22 @@ at::Tensor Constraint::mask(const at::Tensor& logits) {
     return table;
   }();
   const auto& words = allowed();
-  const int64_t vocab = logits.size(-1);
-  // Unpacked on the host by table (ATen's bitwise unpacking costs ~20x more on the CPU); token
-  // ids past the grammar's vocabulary (a padded model vocabulary) are forbidden.
-  forbidden_.assign(std::max<size_t>(vocab, words.size() * 32), 1);
+  const int64_t vocab = forbidden.size(0);
+  // Unpacked by table (ATen's bitwise unpacking costs ~20x more on the CPU); token ids past the
+  // grammar's vocabulary (a padded model vocabulary) are forbidden.
+  const int64_t known = std::min<int64_t>(vocab, static_cast<int64_t>(words.size()) * 32);
   const auto* packed = reinterpret_cast<const uint8_t*>(words.data());
-  for (size_t k = 0; k < words.size() * sizeof(uint32_t); ++k) {
-    std::memcpy(forbidden_.data() + 8 * k, forbidden_bytes[packed[k]].data(), 8);
+  auto* out = reinterpret_cast<uint8_t*>(forbidden.data_ptr<bool>());
+  for (int64_t id = 0; id < known; id += 8) {
+    std::memcpy(out + id, forbidden_bytes[packed[id / 8]].data(), std::min<int64_t>(8, known - id));
   }
-  auto forbidden = at::from_blob(forbidden_.data(), {vocab}, at::kBool);
-  if (logits.device() != forbidden.device()) forbidden = forbidden.to(logits.device());
-  return logits.masked_fill(forbidden, -std::numeric_limits<float>::infinity());
+  std::fill(out + known, out + vocab, uint8_t{1});
+}
+
+at::Tensor Constraint::mask(const at::Tensor& logits) {
+  auto forbidden = at::empty({logits.size(-1)}, at::kBool);
+  forbid(forbidden);
+  return logits.masked_fill(forbidden.to(logits.device()), -std::numeric_limits<float>::infinity());
 }
 
 void Constraint::commit(int64_t token) {

@@ -68,9 +68,12 @@ class Constraint {
   // The tokens allowed next, one bit each: bit (id % 32) of word (id / 32). Only end tokens once
   // the grammar is complete; inside a thinking block everything but the end tokens.
   const std::vector<uint32_t>& allowed();
-  // `logits` [vocab] with -inf at every token not allowed next: the bits are unpacked on the host
-  // and applied with one masked_fill on the logits' device. Ids past the grammar's vocabulary (a
-  // padded model vocabulary) are never allowed.
+  // Fills `forbidden`, a host bool [vocab], with true at every token not allowed next (the
+  // sampler masks those logits). Ids past the grammar's vocabulary (a padded model vocabulary)
+  // are never allowed.
+  void forbid(const at::Tensor& forbidden);
+  // `logits` [vocab] with -inf at every token forbid() marks: one masked_fill on the logits'
+  // device (for callers masking one sequence's logits themselves).
   at::Tensor mask(const at::Tensor& logits);
   // Advances past `token`, which allowed() must have contained: std::logic_error otherwise.
   void commit(int64_t token);
@@ -86,7 +89,6 @@ class Constraint {
   Phase phase_ = Phase::kGrammar;
   LlgMatcher* matcher_ = nullptr;
   std::vector<uint32_t> words_;
-  std::vector<uint8_t> forbidden_;  // mask() unpacks the bits here: 1 for a forbidden token
 };
 
 }  // namespace torchtpu
