@@ -18,10 +18,22 @@ namespace torchtpu {
 // sliding ring holds a position the window has already left. Its query sees that entry, so the
 // attention of every row has a key.
 
-Batch::Batch(Engine& engine, const BatchOptions& options) : engine_(engine), options_(options) {
-  if (options_.rows < 1) {
-    throw ValueError("a batch needs at least 1 row, got " + std::to_string(options_.rows));
+namespace {
+
+const BatchOptions& checked(const BatchOptions& options) {
+  if (options.rows < 1) {
+    throw ValueError("a batch needs at least 1 row, got " + std::to_string(options.rows));
   }
+  return options;
+}
+
+}  // namespace
+
+Batch::Batch(Engine& engine, const BatchOptions& options)
+    : engine_(engine),
+      options_(checked(options)),
+      fixed_shape_(!engine.model_options().attend_filled_slots),
+      sampler_(options.rows, engine.config().vocab_size, engine.options().device, fixed_shape_) {
   if (options_.step_tokens == 0) {
     options_.step_tokens = engine.options().prefill_chunk + options_.rows;
   }
@@ -30,7 +42,6 @@ Batch::Batch(Engine& engine, const BatchOptions& options) : engine_(engine), opt
                      ") must exceed rows (" + std::to_string(options_.rows) +
                      "), so that a prompt being read always advances");
   }
-  fixed_shape_ = !engine.model_options().attend_filled_slots;
   c10::InferenceMode inference;
   const auto& o = engine.options();
   rings_ = Rings(engine.config(), o.context, options_.rows, o.dtype, o.device);
@@ -93,10 +104,7 @@ BatchStats Batch::stats() const {
 }
 
 void Batch::admit(Row& row, int64_t index, Request request) {
-  const auto& o = engine_.options();
   const auto n = static_cast<int64_t>(request.prompt.size());
-  row.sampler.emplace(request.options.sampling, at::tensor(request.prompt, at::kLong),
-                      engine_.config().vocab_size, o.device);
   row.output.emplace(request.options, engine_.config().eos_token_ids, n,
                      std::move(request.on_tokens));
   row.budget = engine_.token_budget(n, request.options.max_new);
@@ -116,6 +124,7 @@ void Batch::finish(Row& row, int64_t index, const char* reason, std::vector<int6
   auto& result = results_[id] = row.output->done(reason);
   result.cached_tokens = row.cached;
   finished.push_back(id);
+  sampler_.clear(index);
   row = Row{};
 }
 
@@ -128,9 +137,9 @@ void Batch::accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>&
   }
 }
 
-at::Tensor Batch::row_logits(Row& row, const at::Tensor& logits) const {
+void Batch::before_sampling(Row& row, int64_t index, const at::Tensor& logits) {
   if (row.request->on_logits) row.request->on_logits(logits);
-  return row.output->constrain(logits);
+  if (row.output->constrained()) row.output->forbid(sampler_.forbidden(index));
 }
 
 int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished) {
@@ -153,7 +162,11 @@ int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<in
     cache_->save({prompt.begin(), prompt.begin() + row.read}, rings_, index);
   }
   if (row.read == n) {
-    row.token = row.sampler->next(row_logits(row, logits));
+    // The row joins the sampler with its first logits: until then a decode step samples it as
+    // padding (greedy, drawing nothing from its generator).
+    sampler_.set(index, row.request->options.sampling, prompt);
+    before_sampling(row, index, logits);
+    row.token = sampler_.next(logits.view({1, -1}), index);
     ++row.sampled;
     accept(row, index, row.token.item<int64_t>(), finished);
   }
@@ -179,21 +192,29 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
   const auto at_positions = at::tensor(positions).view({n, 1}).to(engine_.options().device);
   auto rings = rings_.rows(0, n);
   const auto logits = engine_.model().forward(ids, at_positions, &rings).view({n, -1});
-  std::vector<at::Tensor> next;
+  at::Tensor sampled;
   {
     RECORD_USER_SCOPE("engine::sample");
+    // Host-driven per row (the ops follow the rows that ask): logprobs and grammars.
     for (const int64_t i : decoding) {
       Row& row = rows_[i];
-      row.fed.push_back(row.token_id);
-      row.token = row.sampler->next(row_logits(row, logits[i]));
-      ++row.sampled;
-      ++row.position;
-      next.push_back(row.token);
+      if (row.request->on_logits || row.output->constrained()) {
+        before_sampling(row, i, logits[i]);
+      }
     }
+    // Every row of the step, padding included, in one call: with fixed shapes the same ops
+    // whichever rows are live and however they sample.
+    sampled = sampler_.next(logits);
   }
-  const auto host = at::cat(next).to(at::kCPU);
-  for (size_t k = 0; k < decoding.size(); ++k) {
-    accept(rows_[decoding[k]], decoding[k], host.data_ptr<int64_t>()[k], finished);
+  const auto row_tokens = sampled.split(1);
+  const auto host = sampled.to(at::kCPU);
+  for (const int64_t i : decoding) {
+    Row& row = rows_[i];
+    row.fed.push_back(row.token_id);
+    row.token = row_tokens[i];
+    ++row.sampled;
+    ++row.position;
+    accept(row, i, host.data_ptr<int64_t>()[i], finished);
   }
 }
 

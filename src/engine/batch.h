@@ -1,6 +1,6 @@
 // Several sequences decoded together (continuous batching, DESIGN principle 3). A Batch holds
 // rings of `rows` rows beside its engine's and schedules sequences onto them: each row has its own
-// positions, ring slots, sampler, stop ids, cancel flag and output; sequences join and leave
+// positions, ring slots, sampler row, stop ids, cancel flag and output; sequences join and leave
 // between steps; one step reads prompt chunks within a token budget and then decodes one token
 // for every row past its prompt in a single forward pass. It belongs to the engine's owner thread
 // and nothing here knows about HTTP, Python or threads: a server puts requests on its own queue
@@ -91,7 +91,6 @@ class Batch {
   };
   struct Row {
     std::optional<Request> request;  // none: the row is free
-    std::optional<Sampler> sampler;
     std::optional<SequenceOutput> output;
     std::vector<int64_t> fed;  // tokens fed to decode steps: the rings hold prompt[0, read) + fed
     int64_t read = 0;          // prompt tokens in the rings
@@ -114,14 +113,16 @@ class Batch {
   // Reads a row's new token back: ends the row when the output or its budget says so.
   void accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>& finished);
   void finish(Row& row, int64_t index, const char* reason, std::vector<int64_t>& finished);
-  // Logits a row's token is chosen from: seen by on_logits, masked by the grammar.
-  at::Tensor row_logits(Row& row, const at::Tensor& logits) const;
+  // Shows the logits [vocab] a row's token is chosen from to its on_logits, and its grammar's
+  // mask to the sampler.
+  void before_sampling(Row& row, int64_t index, const at::Tensor& logits);
 
   Engine& engine_;
   BatchOptions options_;
   // Whether each step's shapes stay fixed (all rows, padding included) or follow the rows in use:
   // the model's host-side shortcut switch (ModelOptions::attend_filled_slots, the CPU's).
   bool fixed_shape_ = false;
+  Sampler sampler_;  // one row per ring row, through the same ops every step with fixed shapes
   Rings rings_;
   std::vector<Row> rows_;
   std::deque<Request> queue_;

@@ -204,13 +204,19 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   const auto n = static_cast<int64_t>(prompt.size());
   const int64_t budget = token_budget(n, options.max_new);
 
-  Sampler sampler(options.sampling, at::tensor(prompt, at::kLong), config().vocab_size,
-                  options_.device);
+  // One row whose parameters hold for the whole decode: skipping the ops it does not need keeps
+  // every step the same program on any device, and a greedy step is one argmax with nothing
+  // going up from the host.
+  Sampler sampler(/*rows=*/1, config().vocab_size, options_.device, /*fixed_shape=*/false);
+  sampler.set(0, options.sampling, prompt);
   rings_.reset();
   SequenceOutput output(options, config().eos_token_ids, n, on_tokens);
-  auto logits = read_prompt(prompt);
-  if (on_logits) on_logits(logits);
-  auto token = sampler.next(output.constrain(logits)).view({1, 1});
+  auto sample = [&](const at::Tensor& logits) {
+    if (on_logits) on_logits(logits);
+    if (output.constrained()) output.forbid(sampler.forbidden(0));
+    return sampler.next(logits.view({1, -1})).view({1, 1});
+  };
+  auto token = sample(read_prompt(prompt));
   const auto on_device = at::TensorOptions().dtype(at::kLong).device(options_.device);
   auto position = at::full({1, 1}, n, on_device);
   // Tokens not yet read wait in a device buffer, one slot per step of the read window. The slot
@@ -234,11 +240,10 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
   // The first token is read at once so read_s measures the prompt alone.
   bool go_on = take(token.view({1}).to(at::kCPU), 1);
   for (int64_t step = 1; go_on && step < budget; ++step) {
-    logits = model_->forward(token, position, &rings_).view({-1});
-    if (on_logits) on_logits(logits);
+    const auto logits = model_->forward(token, position, &rings_).view({-1});
     {
       RECORD_USER_SCOPE("engine::sample");
-      token = sampler.next(output.constrain(logits)).view({1, 1});
+      token = sample(logits);
     }
     position = position + 1;
     keep();

@@ -15,10 +15,6 @@ SequenceOutput::SequenceOutput(const DecodeOptions& options, const std::vector<i
   result_.prompt_tokens = prompt_tokens;
 }
 
-at::Tensor SequenceOutput::constrain(const at::Tensor& logits) const {
-  return constraint_ ? constraint_->mask(logits) : logits;
-}
-
 bool SequenceOutput::take(const int64_t* tokens, int64_t count) {
   std::vector<int64_t> batch;
   bool stopped = false;

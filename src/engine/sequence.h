@@ -19,8 +19,10 @@ class SequenceOutput {
   SequenceOutput(const DecodeOptions& options, const std::vector<int64_t>& eos_ids,
                  int64_t prompt_tokens, OnTokens on_tokens);
 
-  // `logits` with -inf wherever the grammar (if any) forbids the next token.
-  at::Tensor constrain(const at::Tensor& logits) const;
+  // Whether a grammar constrains the next token; `forbid` then fills a host bool [vocab] with
+  // the tokens it forbids (Sampler::forbidden).
+  bool constrained() const { return constraint_ != nullptr; }
+  void forbid(const at::Tensor& forbidden) const { constraint_->forbid(forbidden); }
   // Moves `count` tokens read back from the device into the result, up to a stop id; returns
   // false when the sequence must end (a stop id: "stop"; on_tokens returned false: "cancelled").
   bool take(const int64_t* tokens, int64_t count);

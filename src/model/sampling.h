@@ -1,7 +1,8 @@
-// Choosing the next token from logits: greedy, or sampling with temperature, top-k, top-p, min-p,
-// repetition / presence / frequency penalties and logit bias, in that order (as vLLM and
-// transformers apply them). ATen ops only, on the logits' device; the random numbers come from a
-// seeded host generator, so a seed reproduces the same tokens on the same build on any device.
+// Choosing the next token from logits for several sequences at once (one row each): greedy, or
+// sampling with temperature, top-k, top-p, min-p, repetition / presence / frequency penalties and
+// logit bias, in that order (as vLLM and transformers apply them). ATen ops only, on the logits'
+// device; each row's random numbers come from its own seeded host generator, so a seed reproduces
+// the same tokens on the same build on any device, and in a batch as alone.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -9,6 +10,8 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <random>
+#include <vector>
 
 namespace torchtpu {
 
@@ -28,25 +31,56 @@ struct SamplingParams {
   void validate(int64_t vocab) const;
 };
 
+// The sampling state of `rows` sequences over one vocabulary: per-row parameters on the host,
+// per-row histories and biases as [rows, vocab] tensors on the device. Rows are set when a
+// sequence joins and cleared when it leaves, between calls to `next`, without changing any shape.
+//
+// With `fixed_shape`, every call runs every row, free ones included, through the same ops with
+// the same shapes whatever the rows' parameters (a greedy row is a `where` over the sampled
+// token), so a decode step stays one program on a compiling device. Without it, ops that no row
+// of the call needs are skipped (the CPU's greedy step is one argmax); a row's tokens are the same
+// either way, since every skipped op leaves the rows that skip it bit for bit unchanged.
 class Sampler {
  public:
-  // `prompt` ids feed the repetition penalty; vocab and device size the history tensors.
-  Sampler(const SamplingParams& params, const at::Tensor& prompt, int64_t vocab,
-          const at::Device& device);
+  Sampler(int64_t rows, int64_t vocab, const at::Device& device, bool fixed_shape);
 
-  // The logits after bias, penalties, temperature and filtering (-inf outside the kept set):
-  // the distribution `next` samples from. float32 [vocab].
-  at::Tensor processed(const at::Tensor& logits) const;
-  // The next token as an int64 tensor [1] on the device (no host synchronisation), and records
-  // it for the penalties.
-  at::Tensor next(const at::Tensor& logits);
+  // A sequence takes `row`: its parameters (ValueError from validate), its generator, its prompt
+  // in the repetition history. Device ops on that row's slices of the histories and bias.
+  void set(int64_t row, const SamplingParams& params, const std::vector<int64_t>& prompt);
+  // The row is free: greedy and unpenalised from the next call on (host only, so a sequence can
+  // leave within a step; the next `set` resets its device state).
+  void clear(int64_t row);
+  // A host bool [vocab] for the caller to fill with the tokens `row` may not take in the next
+  // call (a grammar's mask); only rows asked for in a step are constrained in it. With
+  // `fixed_shape` the masks of all rows go up in one copy in the steps that have any.
+  at::Tensor forbidden(int64_t row);
+
+  // The next token of rows [first, first + logits.size(0)) from their float32 logits
+  // [count, vocab]: int64 [count] on the device (no host synchronisation). Records the tokens in
+  // the histories of the rows with penalties and draws one number from each sampling row's
+  // generator.
+  at::Tensor next(const at::Tensor& logits, int64_t first = 0);
 
  private:
-  SamplingParams params_;
-  at::Tensor seen_;    // bool [vocab]: in the prompt or generated (repetition penalty)
-  at::Tensor counts_;  // float [vocab]: times generated (presence / frequency penalties)
-  at::Tensor bias_;    // float [vocab] or undefined
-  at::Generator generator_;
+  struct Row {
+    SamplingParams params;
+    bool biased = false;
+    bool constrained = false;  // forbidden() was asked for since the last call
+    std::mt19937_64 generator;
+  };
+
+  int64_t vocab_;
+  bool fixed_shape_;
+  std::vector<Row> rows_;
+  at::Tensor seen_;    // bool [rows, vocab]: in the prompt or generated (repetition penalty)
+  at::Tensor counts_;  // float [rows, vocab]: times generated (presence / frequency penalties)
+  at::Tensor bias_;    // float [rows, vocab]
+  // int64 [1, vocab]: 0, 1, ... Top-k keeps the first k sorted (ties at the k-th value are cut
+  // where the sort puts them).
+  at::Tensor positions_;
+  at::Tensor forbidden_host_;     // bool [rows, vocab] on the host, filled through forbidden()
+  at::Tensor forbidden_;          // its copy on the device (fixed_shape only)
+  bool forbidden_stale_ = false;  // the device copy still holds a mask of an earlier call
 };
 
 }  // namespace torchtpu
