@@ -9,6 +9,7 @@ import ctypes
 import json
 import os
 import pathlib
+import random
 import re
 import subprocess
 import sys
@@ -106,6 +107,61 @@ def test_engine_takes_the_device_by_name_and_by_like(library, tiny):
         by_name.decode(ids, 16, stop=[], read_every=8, **sampled).tokens
         == cpu.decode(ids, 16, stop=[], read_every=8, **sampled).tokens
     )
+
+
+# Rows of every kind the sampler serves: greedy; temperature with top-k, top-p and
+# min-p; penalties; logit bias; seeds.
+BATCH_KINDS = [
+    {},
+    dict(temperature=0.9, top_k=40, top_p=0.9, min_p=0.05, seed=1),
+    dict(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=-0.4),
+    dict(temperature=0.7, logit_bias={7: 5.0, 300: -100.0}, seed=2),
+    dict(temperature=1.2, top_p=0.8, repetition_penalty=1.1, seed=3),
+]
+
+
+def test_batch_steps_are_one_program_as_rows_join_leave_and_sample_differently(
+    library, tiny
+):
+    """Issue #20 with batching: every Batch step that reads no prompt (nothing queued
+    or reading when it starts) dispatches the same ops, host ones included: the forward
+    pass, the sampling of every row and one read back of all rows' tokens, whatever
+    rows are live and however each samples. Each sequence gives its CPU tokens alone."""
+    from torchtpu_cpp import device_check as dc
+
+    cpu = tt.Engine(tiny, context=64, dtype="float32")
+    batch = tt.Engine(tiny, context=64, dtype="float32", device="standin").batch(rows=3)
+    rng = random.Random(5)
+    jobs, results, programs, live_rows = {}, {}, set(), set()
+    cancelled = 0
+    while len(jobs) < 10 or not batch.idle:
+        if len(jobs) < 10 and rng.random() < 0.3:
+            kwargs = dict(stop=(), **BATCH_KINDS[len(jobs) % len(BATCH_KINDS)])
+            prompt = hf_tiny.prompt(512, rng.randint(3, 11), seed=len(jobs))
+            max_new = rng.randint(4, 18)
+            jobs[batch.submit(prompt, max_new, **kwargs)] = (prompt, max_new, kwargs)
+        stats = batch.stats()
+        steady = stats["queued"] == stats["reading"] == 0 and stats["decoding"] > 0
+        if steady and stats["decoding"] > 1 and rng.random() < 0.1:
+            batch.cancel(max(i for i in jobs if i not in results))
+            cancelled += 1
+        recorder = dc.Recorder()
+        with recorder:
+            finished = batch.step()
+        results.update((i, batch.result(i)) for i in finished)
+        if steady:
+            assert dc.count(recorder.lines, "read") == 1
+            programs.add(tuple(recorder.lines))
+            live_rows.add(stats["decoding"])
+    assert cancelled > 0 and live_rows == {1, 2, 3}
+    assert len(programs) == 1
+    for seq, (prompt, max_new, kwargs) in jobs.items():
+        alone = cpu.decode(prompt, max_new, **kwargs).tokens
+        got = results[seq]
+        if got.finish == "cancelled":
+            assert got.tokens == alone[: len(got.tokens)]
+        else:
+            assert got.tokens == alone, seq
 
 
 def _serve_completion(cli, model, head, device, body):
