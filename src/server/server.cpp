@@ -1109,9 +1109,12 @@ std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const Genera
 }
 
 GenerationOutcome Server::outcome(const Job& job, const std::string& reasoning) const {
-  return {job.finish, job.stop_sequence, job.result.prompt_tokens, job.result.cached_tokens,
+  return {job.finish,
+          job.stop_sequence,
+          job.result.prompt_tokens,
           static_cast<int64_t>(job.result.tokens.size()),
-          static_cast<int64_t>(tokenizer_->encode(reasoning, false).size())};
+          static_cast<int64_t>(tokenizer_->encode(reasoning, false).size()),
+          job.result.cached_tokens};
 }
 
 void Server::answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,

@@ -19,9 +19,9 @@ struct GenerationOutcome {
   std::string finish;         // stop | length | tool_calls (chat's finish_reason words)
   std::string stop_sequence;  // the client's stop sequence that ended it, "" for none
   int64_t prompt_tokens = 0;
-  int64_t cached_tokens = 0;  // of prompt_tokens, those the prefix cache gave
   int64_t completion_tokens = 0;
   int64_t reasoning_tokens = 0;  // of completion_tokens, those of the thinking channel's text
+  int64_t cached_tokens = 0;     // of prompt_tokens, those the prefix cache gave
 };
 
 // One answer in one wire format. The server calls start() once, add() for each piece of parsed

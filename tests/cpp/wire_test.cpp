@@ -102,7 +102,7 @@ TEST(ResponsesRenderer, EventsAreNumberedAndItemsOpenAndCloseInOrder) {
   sse += renderer.add({"", "Thinking.", {}});
   sse += renderer.add({"Hello", "", {}});
   sse += renderer.add({"", "", {ToolCall{"f", {{"x", 1}}}}});
-  sse += renderer.finish({"tool_calls", "", 5, 9, 2});
+  sse += renderer.finish({"tool_calls", "", 5, 9, 2, 3});
   EXPECT_EQ(
       event_names(sse),
       (std::vector<std::string>{
@@ -118,6 +118,7 @@ TEST(ResponsesRenderer, EventsAreNumberedAndItemsOpenAndCloseInOrder) {
   EXPECT_EQ(body["output"].size(), 3u);
   EXPECT_EQ(body["usage"]["total_tokens"], 14);
   EXPECT_EQ(body["usage"]["output_tokens_details"]["reasoning_tokens"], 2);
+  EXPECT_EQ(body["usage"]["input_tokens_details"]["cached_tokens"], 3);
   // Stored with the output as an assistant turn, ready for previous_response_id.
   const auto stored = store.get(body["id"].get<std::string>());
   ASSERT_TRUE(stored);
@@ -184,13 +185,21 @@ TEST(MessagesRenderer, StopSequenceAndToolUseBecomeTheirStopReasons) {
   MessagesRenderer text("m", 4, MessagesRequest{});
   std::string sse = text.start();
   sse += text.add({"Hi", "", {}});
-  sse += text.finish({"stop", "END", 4, 2, 0});
+  sse += text.finish({"stop", "END", 4, 2, 0, 3});
   EXPECT_EQ(event_names(sse),
             (std::vector<std::string>{"message_start", "ping", "content_block_start",
                                       "content_block_delta", "content_block_stop", "message_delta",
                                       "message_stop"}));
   EXPECT_EQ(text.body()["stop_reason"], "stop_sequence");
   EXPECT_EQ(text.body()["stop_sequence"], "END");
+  // Anthropic counts cache reads apart: the prompt is input_tokens + cache_read_input_tokens,
+  // and message_delta carries the final figures.
+  EXPECT_EQ(text.body()["usage"]["input_tokens"], 1);
+  EXPECT_EQ(text.body()["usage"]["cache_read_input_tokens"], 3);
+  const std::string delta_event = "event: message_delta\ndata: ";
+  const auto at = sse.find(delta_event) + delta_event.size();
+  const auto delta = ojson::parse(sse.substr(at, sse.find("\n\n", at) - at));
+  EXPECT_EQ(delta["usage"], text.body()["usage"]);
 
   // disable_parallel_tool_use: the first call is the answer.
   MessagesRequest one_call;
