@@ -2,17 +2,20 @@
 profiler scopes (gemma4::inputs, ::attention, ::mlp, ::per_layer_input, ::head, engine::sample).
 
     python bench/decode_profile.py --model DIR [--emb4 DIR] [--prompt-tokens 19] [--steps 32]
+        [--rows 1]
 
-Prints, per scope, milliseconds per decoded token split into the linears (torchtpu::int4_linear
-and aten::linear/mm with everything under them) and the rest, each with its share of the step,
-then the ten costliest ATen ops outside the linears. The profiler adds a few microseconds to every
-op, so shares are what this measures; the plain rate comes from `torchtpu-cpp bench`. Last line:
-the same as JSON."""
+With --rows N above 1, N sequences decode together in one Batch (issue #17), each step making N
+tokens. Prints, per scope, milliseconds per decode step split into the linears
+(torchtpu::int4_linear and aten::linear/mm with everything under them) and the rest, each with
+its share of the step, then the ten costliest ATen ops outside the linears. The profiler adds a
+few microseconds to every op, so shares are what this measures; the plain rate comes from
+`torchtpu-cpp bench`. Last line: the same as JSON."""
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import time
@@ -45,6 +48,29 @@ def _under_linear(event):
     return False
 
 
+def _batch_steps(batch, ids, args, around) -> float:
+    """Seconds of --steps decode steps of --rows sequences, timed (and wrapped in `around`) once
+    every row has read its prompt and is decoding."""
+    started = set()
+    for row in range(args.rows):
+        batch.submit(
+            ids,
+            args.steps + 2,
+            stop=(),
+            on_tokens=lambda tokens, row=row: started.add(row) or True,
+        )
+    while len(started) < args.rows:
+        batch.step()
+    with around:
+        begin = time.perf_counter()
+        for _ in range(args.steps):
+            batch.step()
+        seconds = time.perf_counter() - begin
+    while not batch.idle:
+        batch.step()
+    return seconds
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
@@ -53,6 +79,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--rows", type=int, default=1)
     args = parser.parse_args(argv)
 
     import torch
@@ -63,13 +90,22 @@ def main(argv=None) -> int:
         args.model, args.emb4, context=args.context, threads=args.threads
     )
     ids = [2] + [1000 + i for i in range(args.prompt_tokens - 1)]
-    engine.decode(ids, 4)
-    plain = engine.decode(ids, args.steps + 1)
-    # Only the decode steps: the prompt is read before the profiler starts.
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        begin = time.perf_counter()
-        result = engine.decode(ids, args.steps + 1)
-        wall = time.perf_counter() - begin - result.read_s
+    if args.rows == 1:
+        engine.decode(ids, 4)
+        plain_s = engine.decode(ids, args.steps + 1).decode_s
+        # Only the decode steps: the prompt is read before the profiler starts.
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            begin = time.perf_counter()
+            result = engine.decode(ids, args.steps + 1)
+            wall = time.perf_counter() - begin - result.read_s
+        decode_s = result.decode_s
+        steps = len(result.tokens) - 1
+    else:
+        batch = engine.batch(rows=args.rows)
+        plain_s = _batch_steps(batch, ids, args, contextlib.nullcontext())
+        prof = profile(activities=[ProfilerActivity.CPU])
+        decode_s = wall = _batch_steps(batch, ids, args, prof)
+        steps = args.steps
     del torch
 
     linear = collections.Counter()
@@ -86,7 +122,6 @@ def main(argv=None) -> int:
         else:
             rest[scope] += us
             ops[event.name] += us
-    steps = len(result.tokens) - 1
     total = sum(linear.values()) + sum(rest.values())
     rows = []
     for scope in (*SCOPES, "other"):
@@ -99,9 +134,10 @@ def main(argv=None) -> int:
             }
         )
     print(
-        f"{steps} decode steps after a {len(ids)}-token prompt, threads {engine.report()['threads']},"
-        f" {os.cpu_count()} CPUs; unprofiled {steps / plain.decode_s:.2f} tok/s, profiled"
-        f" {steps / result.decode_s:.2f} tok/s"
+        f"{steps} decode steps of {args.rows} rows after a {len(ids)}-token prompt, threads"
+        f" {engine.report()['threads']}, {os.cpu_count()} CPUs; unprofiled"
+        f" {steps * args.rows / plain_s:.2f} tok/s, profiled"
+        f" {steps * args.rows / decode_s:.2f} tok/s"
     )
     print(f"{'scope':26s} {'linears ms':>11s} {'rest ms':>9s} {'share':>7s}")
     for r in rows:
@@ -120,9 +156,10 @@ def main(argv=None) -> int:
         json.dumps(
             {
                 "steps": steps,
+                "rows": args.rows,
                 "prompt_tokens": len(ids),
                 "threads": engine.report()["threads"],
-                "unprofiled_tok_s": steps / plain.decode_s,
+                "unprofiled_tok_s": steps * args.rows / plain_s,
                 "profiled_wall_s": wall,
                 "scopes": rows,
                 "top_ops_ms": {name: us / 1e3 / steps for name, us in top},
