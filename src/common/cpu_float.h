@@ -14,6 +14,11 @@
 #include <cstring>
 #include <string_view>
 
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define TORCHTPU_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
@@ -175,7 +180,28 @@ inline bool use_avx512() {
 #endif
 }
 
-// "avx512-vnni" or "portable": which kernels use_avx512() picked.
-inline const char* isa() { return use_avx512() ? "avx512-vnni" : "portable"; }
+// True when use_avx512() holds, the CPU has AMX-INT8, Linux grants this process the tile data
+// (a once-per-process request) and TORCHTPU_CPU_ISA is not "avx512" (the tests' switch to run
+// the AVX-512 kernels alone on a CPU with AMX).
+inline bool use_amx() {
+#if defined(__x86_64__) && defined(__linux__)
+  static const bool use = [] {
+    const char* forced = std::getenv("TORCHTPU_CPU_ISA");
+    if (!use_avx512() || (forced && std::string_view(forced) == "avx512")) return false;
+    if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
+    constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XTILEDATA
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  }();
+  return use;
+#else
+  return false;
+#endif
+}
+
+// "avx512-vnni+amx-int8", "avx512-vnni" or "portable": the kernels use_amx() and use_avx512()
+// picked.
+inline const char* isa() {
+  return use_amx() ? "avx512-vnni+amx-int8" : use_avx512() ? "avx512-vnni" : "portable";
+}
 
 }  // namespace torchtpu::cpu

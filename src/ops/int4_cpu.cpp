@@ -204,6 +204,179 @@ TORCHTPU_AVX512 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, 
   }
 }
 
+#define TORCHTPU_AMX                                                                    \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma,amx-tile,amx-int8")))
+
+// Rows of activations the AMX kernel takes: their hi and lo parts fill one 16-row tile.
+constexpr int64_t kAmxRows = 8;
+
+// Several rows at once through AMX. A sub-block of weights is unpacked to bytes once, and each of
+// its four 16-output tiles meets every row's hi and lo parts in one tdpbsud (signed activation
+// bytes times unsigned weight bytes: the int32 sums vpdpbusd makes), so a row costs only the f32
+// epilogue. That epilogue is gemv_blocks_row's, operation for operation, so each row gets the bits
+// it gets alone.
+//
+// Tiles 0 and 1 hold the rows' hi parts and then their lo parts for one sub-block (2·rows × 32
+// bytes, even and odd sub-blocks), 2 and 3 a weight tile as bytes (8 rows of 4 inputs × 16
+// outputs), 4 to 7 the sums of the sub-block's four weight tiles (2·rows × 16 int32).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+TORCHTPU_AMX void configure_tiles(int64_t rows) {
+  TileConfig config;
+  for (int i = 0; i < 8; ++i) {
+    config.rows[i] = static_cast<uint8_t>(i == 2 || i == 3 ? 8 : 2 * rows);
+    config.colsb[i] = i < 2 ? 32 : 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// Weight tile t of a sub-block as bytes: row 2c the low nibbles of chunk c (inputs 8c..8c+3 of
+// its 16 outputs), row 2c + 1 the high ones (8c+4..8c+7), so the rows run in input order.
+TORCHTPU_AMX inline void unpack_sub_block(const uint8_t* sub, uint8_t (*unpacked)[8][64]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t p = 0; p < kSubBytes; p += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
+  }
+  for (int t = 0; t < 4; ++t) {
+    for (int c = 0; c < 4; ++c) {
+      const __m512i x = _mm512_loadu_si512(sub + (t * 4 + c) * 64);
+      _mm512_store_si512(unpacked[t][2 * c], _mm512_and_si512(x, low4));
+      _mm512_store_si512(unpacked[t][2 * c + 1], _mm512_and_si512(_mm512_srli_epi16(x, 4), low4));
+    }
+  }
+}
+
+// Activation tile A (0 or 1) times a sub-block's four unpacked weight tiles, into tiles 4 to 7;
+// TORCHTPU_STORE_SUMS stores those to sums[t]. Macros, not functions: GCC's AMX intrinsics paste
+// tile numbers, which must be literals, into the assembly. Their loads name no memory, hence the
+// compiler barrier before them.
+#define TORCHTPU_MULTIPLY_SUB_BLOCK(A, unpacked) \
+  do {                                                 \
+    asm volatile("" ::: "memory");                     \
+    _tile_loadd(2, unpacked[0], 64);                   \
+    _tile_zero(4);                                     \
+    _tile_dpbsud(4, A, 2);                             \
+    _tile_loadd(3, unpacked[1], 64);                   \
+    _tile_zero(5);                                     \
+    _tile_dpbsud(5, A, 3);                             \
+    _tile_loadd(2, unpacked[2], 64);                   \
+    _tile_zero(6);                                     \
+    _tile_dpbsud(6, A, 2);                             \
+    _tile_loadd(3, unpacked[3], 64);                   \
+    _tile_zero(7);                                     \
+    _tile_dpbsud(7, A, 3);                             \
+  } while (0)
+#define TORCHTPU_STORE_SUMS(sums)  \
+  do {                             \
+    _tile_stored(4, sums[0], 64);  \
+    _tile_stored(5, sums[1], 64);  \
+    _tile_stored(6, sums[2], 64);  \
+    _tile_stored(7, sums[3], 64);  \
+  } while (0)
+
+// The f32 epilogue of sub-block kb of `block` for every row: sums[t][m] is row m's hi sum for
+// tile t, sums[t][rows + m] its lo sum.
+template <FloatType S>
+TORCHTPU_AMX inline void accumulate_sub_block(const BlockWeights& w, const QuantizedRows& a,
+                                              int64_t block, int64_t kb,
+                                              const int32_t (*sums)[2 * kAmxRows][16],
+                                              float (*acc)[kBlockRows]) {
+  const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
+  const int64_t at = (block * groups + kb / (w.group_size / kSubK)) * kBlockRows;
+  __m512 zero[4], scale[4];
+  for (int t = 0; t < 4; ++t) {
+    zero[t] = load_zeros(w.zero, at + 16 * t);
+    scale[t] = cpu::load16<S>(w.scale, at + 16 * t);
+  }
+  for (int64_t m = 0; m < a.rows; ++m) {
+    const int64_t ai = m * kb_count + kb;
+    const __m512 d = _mm512_set1_ps(a.d[ai]), d_lo = _mm512_set1_ps(a.d_lo[ai]);
+    const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[ai]), sum_lo = _mm512_set1_ps(a.sum_lo[ai]);
+    for (int t = 0; t < 4; ++t) {
+      const __m512i i1 = _mm512_load_si512(sums[t][m]);
+      const __m512i i2 = _mm512_load_si512(sums[t][a.rows + m]);
+      const __m512 f1 = _mm512_fnmadd_ps(zero[t], sum_hi, _mm512_cvtepi32_ps(i1));
+      const __m512 f2 = _mm512_fnmadd_ps(zero[t], sum_lo, _mm512_cvtepi32_ps(i2));
+      const __m512 f = _mm512_fmadd_ps(f2, d_lo, _mm512_mul_ps(f1, d));
+      float* out = acc[m] + 16 * t;
+      _mm512_store_ps(out, _mm512_fmadd_ps(f, scale[t], _mm512_load_ps(out)));
+    }
+  }
+}
+
+// N blocks side by side (N streams from DRAM, as gemv_blocks_row), software-pipelined over the
+// steps (sub-block kb, block n): while the tiles multiply step s, the vector units unpack step
+// s + 1 and run step s - 1's epilogue. Step s's sums are stored only after that epilogue: loads
+// behind a pending tile store wait for it, which would serialize the two units again (measured
+// 1.7-1.9x slower at 2-8 rows).
+template <FloatType S, int N>
+TORCHTPU_AMX void gemv_blocks_amx(const BlockWeights& w, const QuantizedRows& a,
+                                  const int64_t (&b)[N], const Output& y) {
+  const int64_t kb_count = w.k / kSubK, steps = kb_count * N;
+  alignas(64) uint8_t unpacked[2][4][8][64];
+  alignas(64) int32_t sums[2][4][2 * kAmxRows][16];
+  alignas(64) float acc[N][kAmxRows][kBlockRows];
+  for (int n = 0; n < N; ++n) {
+    for (int64_t m = 0; m < a.rows; ++m) std::fill(acc[n][m], acc[n][m] + kBlockRows, 0.0f);
+  }
+  auto sub_block = [&](int64_t step) {
+    return w.nibbles + (b[step % N] * kb_count + step / N) * kSubBytes;
+  };
+  unpack_sub_block(sub_block(0), unpacked[0]);
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t kb = s / N;
+    if (kb % 2) {
+      if (s % N == 0) _tile_loadd(1, a.hi + kb * kSubK, a.k);
+      TORCHTPU_MULTIPLY_SUB_BLOCK(1, unpacked[s % 2]);
+    } else {
+      if (s % N == 0) _tile_loadd(0, a.hi + kb * kSubK, a.k);
+      TORCHTPU_MULTIPLY_SUB_BLOCK(0, unpacked[s % 2]);
+    }
+    if (s + 1 < steps) unpack_sub_block(sub_block(s + 1), unpacked[(s + 1) % 2]);
+    if (s > 0) {
+      accumulate_sub_block<S>(w, a, b[(s - 1) % N], (s - 1) / N, sums[(s - 1) % 2],
+                              acc[(s - 1) % N]);
+    }
+    TORCHTPU_STORE_SUMS(sums[s % 2]);
+  }
+  accumulate_sub_block<S>(w, a, b[(steps - 1) % N], (steps - 1) / N, sums[(steps - 1) % 2],
+                          acc[(steps - 1) % N]);
+  for (int n = 0; n < N; ++n) {
+    for (int64_t m = 0; m < a.rows; ++m) {
+      for (int t = 0; t < 4; ++t) {
+        store_tile(y, m, b[n] * kBlockRows + 16 * t, _mm512_load_ps(acc[n][m] + 16 * t));
+      }
+    }
+  }
+}
+
+#undef TORCHTPU_MULTIPLY_SUB_BLOCK
+#undef TORCHTPU_STORE_SUMS
+
+// gemv_avx512's two streams per thread, every row at once. The activation tiles read hi and lo
+// as one matrix: lo must follow hi directly.
+template <FloatType S>
+TORCHTPU_AMX void gemv_amx(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
+                           const Output& y) {
+  configure_tiles(a.rows);
+  const int64_t half = (b1 - b0) / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t pair[2] = {b0 + i, b0 + half + i};
+    gemv_blocks_amx<S, 2>(w, a, pair, y);
+  }
+  if ((b1 - b0) % 2) {
+    const int64_t last[1] = {b1 - 1};
+    gemv_blocks_amx<S, 1>(w, a, last, y);
+  }
+  _tile_release();
+}
+
 // One row of one sub-block: 32 values from the 16 bytes that lane j holds across the 4 chunks.
 TORCHTPU_AVX512 void dequantize_row_avx512(const BlockWeights& w, const uint8_t* tile, int j,
                                            float zero, float scale, bool out_bf16, void* out) {
@@ -316,6 +489,14 @@ void quantize_rows(const void* x, FloatType type, int64_t rows, int64_t k, int8_
 void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
                  const Output& y) {
 #if defined(__x86_64__)
+  // One row stays with VNNI: it is bound by memory there, and AMX's tile traffic would only add.
+  if (a.rows > 1 && a.rows <= kAmxRows && a.lo == a.hi + a.rows * a.k && cpu::use_amx()) {
+    switch (w.scale_type) {
+      case FloatType::kBFloat16: return gemv_amx<FloatType::kBFloat16>(w, a, b0, b1, y);
+      case FloatType::kHalf: return gemv_amx<FloatType::kHalf>(w, a, b0, b1, y);
+      case FloatType::kFloat: return gemv_amx<FloatType::kFloat>(w, a, b0, b1, y);
+    }
+  }
   if (cpu::use_avx512()) {
     switch (w.scale_type) {
       case FloatType::kBFloat16: return gemv_avx512<FloatType::kBFloat16>(w, a, b0, b1, y);

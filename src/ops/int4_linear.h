@@ -65,7 +65,7 @@ struct FusedInt4 {
 };
 std::optional<FusedInt4> fuse_cpu_blocks(const std::vector<Int4Weight>& parts);
 
-// The ISA the CPU kernel runs with here ("avx512-vnni" or "portable").
+// The ISA the CPU kernel runs with here ("avx512-vnni+amx-int8", "avx512-vnni" or "portable").
 const char* int4_cpu_isa();
 
 }  // namespace torchtpu::ops

@@ -1,9 +1,12 @@
-# src/ops: torchtpu::int4_linear against float64 and at::linear references, run once with the
-# CPU's best kernel and once with the portable one (TORCHTPU_CPU_ISA=portable).
+# src/ops: torchtpu::int4_linear against float64 and at::linear references, run with the CPU's
+# best kernels, with AVX-512 alone (TORCHTPU_CPU_ISA=avx512: no AMX even where the CPU has it) and
+# with the portable ones (TORCHTPU_CPU_ISA=portable).
 if(TARGET torchtpu_ops)
   add_executable(ops_test ${CMAKE_CURRENT_LIST_DIR}/ops_test.cpp)
   target_link_libraries(ops_test PRIVATE torchtpu_ops GTest::gtest_main)
   gtest_discover_tests(ops_test TEST_PREFIX "ops." DISCOVERY_TIMEOUT 60)
+  gtest_discover_tests(ops_test TEST_PREFIX "ops_avx512." DISCOVERY_TIMEOUT 60
+                       PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=avx512")
   gtest_discover_tests(ops_test TEST_PREFIX "ops_portable." DISCOVERY_TIMEOUT 60
                        PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=portable")
 endif()
