@@ -312,15 +312,18 @@ TORCHTPU_AMX inline void accumulate_sub_block(const BlockWeights& w, const Quant
 
 // N blocks side by side (N streams from DRAM, as gemv_blocks_row), software-pipelined over the
 // steps (sub-block kb, block n): while the tiles multiply step s, the vector units unpack step
-// s + 1 and run step s - 1's epilogue. Step s's sums are stored only after that epilogue: loads
-// behind a pending tile store wait for it, which would serialize the two units again (measured
-// 1.7-1.9x slower at 2-8 rows).
+// s + 1 and run the epilogue of step s - kLag. Loads behind a pending tile store wait for it, so
+// step s's sums are stored only after that epilogue, and the epilogue reads sums stored kLag
+// steps before: storing first made 2-8 rows 1.7-1.9x slower, a lag of 1 instead of 3 made 2 rows
+// 1.5-1.9x slower (measured on E2B shapes).
+constexpr int64_t kLag = 3;
+
 template <FloatType S, int N>
 TORCHTPU_AMX void gemv_blocks_amx(const BlockWeights& w, const QuantizedRows& a,
                                   const int64_t (&b)[N], const Output& y) {
   const int64_t kb_count = w.k / kSubK, steps = kb_count * N;
   alignas(64) uint8_t unpacked[2][4][8][64];
-  alignas(64) int32_t sums[2][4][2 * kAmxRows][16];
+  alignas(64) int32_t sums[kLag + 1][4][2 * kAmxRows][16];
   alignas(64) float acc[N][kAmxRows][kBlockRows];
   for (int n = 0; n < N; ++n) {
     for (int64_t m = 0; m < a.rows; ++m) std::fill(acc[n][m], acc[n][m] + kBlockRows, 0.0f);
@@ -339,14 +342,15 @@ TORCHTPU_AMX void gemv_blocks_amx(const BlockWeights& w, const QuantizedRows& a,
       TORCHTPU_MULTIPLY_SUB_BLOCK(0, unpacked[s % 2]);
     }
     if (s + 1 < steps) unpack_sub_block(sub_block(s + 1), unpacked[(s + 1) % 2]);
-    if (s > 0) {
-      accumulate_sub_block<S>(w, a, b[(s - 1) % N], (s - 1) / N, sums[(s - 1) % 2],
-                              acc[(s - 1) % N]);
+    if (s >= kLag) {
+      const int64_t e = s - kLag;
+      accumulate_sub_block<S>(w, a, b[e % N], e / N, sums[e % (kLag + 1)], acc[e % N]);
     }
-    TORCHTPU_STORE_SUMS(sums[s % 2]);
+    TORCHTPU_STORE_SUMS(sums[s % (kLag + 1)]);
   }
-  accumulate_sub_block<S>(w, a, b[(steps - 1) % N], (steps - 1) / N, sums[(steps - 1) % 2],
-                          acc[(steps - 1) % N]);
+  for (int64_t e = std::max<int64_t>(0, steps - kLag); e < steps; ++e) {
+    accumulate_sub_block<S>(w, a, b[e % N], e / N, sums[e % (kLag + 1)], acc[e % N]);
+  }
   for (int n = 0; n < N; ++n) {
     for (int64_t m = 0; m < a.rows; ++m) {
       for (int t = 0; t < 4; ++t) {
