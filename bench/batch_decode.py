@@ -4,6 +4,7 @@ two tokens of a running stream while a long prompt is read beside it.
     python bench/batch_decode.py --model DIR [--emb4 DIR] [--streams 1,2,4,8] [--new 64]
         [--prompt 32] [--context 8192] [--dtype bfloat16] [--threads 0]
         [--long-prompt 4096] [--step-tokens 0] [--turn-prompt 4000] [--cache-mb 1024]
+        [--llamacpp GGUF] [--llamacpp-threads 2]
 
 Each stream count runs `streams` prompts of `--prompt` tokens through Batch.decode_many (greedy,
 no stop ids, `--new` tokens each); the decode rate counts tokens after every stream's first one,
@@ -12,7 +13,10 @@ single-stream baseline. With --long-prompt N, one stream decodes while an N-toke
 in chunks within --step-tokens; the longest gap between the running stream's tokens is reported
 beside its median gap. With --turn-prompt N, a first turn of N prompt tokens and then a second
 turn that repeats it, its reply and 19 more tokens run through a prefix cache of --cache-mb MiB;
-their times to first token are reported side by side. Prints one JSON object.
+their times to first token are reported side by side. With --llamacpp, the same sweep (same
+prompts, counts and rate) runs afterwards through llama.cpp's multi-sequence context
+(bench/llamacpp_batch.mjs) on that GGUF, and a table of both goes to stderr. Prints one JSON
+object.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import pathlib
+import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -114,6 +121,32 @@ def second_turn(engine, args) -> dict:
     }
 
 
+def llamacpp_sweep(args, vocab: int) -> dict:
+    """bench/llamacpp_batch.mjs over the same stream counts, prompts and token counts."""
+    command = [
+        shutil.which("node") or "node",
+        pathlib.Path(__file__).with_name("llamacpp_batch.mjs"),
+        *("--model", args.llamacpp, "--vocab", vocab, "--streams", args.streams),
+        *("--new", args.new, "--prompt", args.prompt, "--context", args.context),
+        *("--threads", args.llamacpp_threads),
+    ]
+    done = subprocess.run(
+        [str(part) for part in command], check=True, capture_output=True, text=True
+    )
+    return json.loads(done.stdout)
+
+
+def side_by_side(ours: list[dict], peer: list[dict]) -> str:
+    lines = ["streams  ours tok/s  llama.cpp tok/s  ours/llama.cpp"]
+    for a, b in zip(ours, peer):
+        ratio = a["aggregate_tok_s"] / b["aggregate_tok_s"]
+        lines.append(
+            f"{a['streams']:7d}  {a['aggregate_tok_s']:10.2f}  "
+            f"{b['aggregate_tok_s']:15.2f}  {ratio:14.2f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
@@ -129,6 +162,8 @@ def main(argv=None) -> int:
     parser.add_argument("--long-prompt", type=int, default=0)
     parser.add_argument("--turn-prompt", type=int, default=0)
     parser.add_argument("--cache-mb", type=float, default=1024)
+    parser.add_argument("--llamacpp")
+    parser.add_argument("--llamacpp-threads", type=int, default=2)
     args = parser.parse_args(argv)
 
     engine = tt.Engine(
@@ -156,6 +191,9 @@ def main(argv=None) -> int:
         out["long_prompt"] = long_prompt_gap(engine, args)
     if args.turn_prompt:
         out["second_turn"] = second_turn(engine, args)
+    if args.llamacpp:
+        out["llamacpp"] = llamacpp_sweep(args, engine.vocab_size)
+        print(side_by_side(out["batches"], out["llamacpp"]["batches"]), file=sys.stderr)
     print(json.dumps(out))
     return 0
 
