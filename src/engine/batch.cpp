@@ -95,7 +95,9 @@ BatchStats Batch::stats() const {
   s.queued = static_cast<int64_t>(queue_.size());
   for (const auto& row : rows_) {
     if (row.request) (row.decoding() ? s.decoding : s.reading)++;
-    s.positions += row.position;
+    if (row.request) {
+      s.positions += std::max(row.position, static_cast<int64_t>(row.request->prompt.size()));
+    }
   }
   s.capacity = options_.rows * engine_.options().context;
   s.steps = steps_;

@@ -46,8 +46,9 @@ struct BatchStats {
   int64_t reading = 0;   // rows reading their prompt
   int64_t decoding = 0;  // rows past their prompt
   int64_t steps = 0;     // steps run so far
-  // Positions the rows' rings hold (prompt tokens read plus tokens fed), and the positions they
-  // can hold (rows x context): a cache-use gauge.
+  // Positions the rows' rings hold or will hold once their prompts are read (a row's prompt
+  // counts whole from the step that admits it, as a cache that reserves a prompt's blocks counts
+  // them), and the positions they can hold (rows x context): a cache-use gauge.
   int64_t positions = 0;
   int64_t capacity = 0;
   PrefixCacheStats cache;

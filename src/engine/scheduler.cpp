@@ -100,8 +100,12 @@ bool Scheduler::take_work(bool idle, int64_t free_rows, std::vector<Entry>& admi
     admitted.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
   }
-  // Counted as running from here, so a scrape never misses a sequence between queue and row.
+  // Counted as running, its prompt as held, from here, so a scrape never misses a sequence
+  // between queue and row (the next step's stats replace these figures).
   stats_.running += static_cast<int64_t>(admitted.size());
+  for (const auto& entry : admitted) {
+    stats_.batch.positions += static_cast<int64_t>(entry.submission.prompt.size());
+  }
   return true;
 }
 

@@ -220,11 +220,12 @@ func completionBody(prompt string, maxTokens int) string {
 	return string(b)
 }
 
-// Under load (one long request decoding, `queued` behind it), every router signal comes out of
-// the upstream extractor as the server means it, under the native names and under vLLM's.
+// Under load (one long request decoding, `queued` behind it: one row, --parallel 1), every
+// router signal comes out of the upstream extractor as the server means it, under the native
+// names and under vLLM's.
 func TestExtractorReadsTheServerAsMeant(t *testing.T) {
 	torchtpuEngineConfig := chartExtractorParams(t)
-	s := startServer(t, "--context", strconv.Itoa(context_), "--max-queue", "32",
+	s := startServer(t, "--context", strconv.Itoa(context_), "--parallel", "1", "--max-queue", "32",
 		"--metrics-compat", "vllm", "--api-key", "not-sent-by-the-picker")
 
 	const prompt = "Write about the sea."

@@ -169,14 +169,14 @@ def test_stats_count_queued_reading_and_decoding_rows(engine):
     }
     batch.step()
     # Row 0 read its 3 tokens and fed its first generated one (4 positions); row 1 read 3 of
-    # its 40; the third waits.
+    # its 40, which count whole (the row holds them once read); the third waits.
     assert batch.stats() == {
         "rows": 2,
         "queued": 1,
         "reading": 1,
         "decoding": 1,
         "steps": 1,
-        "positions": 4 + 3,
+        "positions": 4 + 40,
         "capacity": 2 * CONTEXT,
         "cache": NO_CACHE,
     }
