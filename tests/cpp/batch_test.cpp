@@ -60,6 +60,23 @@ struct Job {
   DecodeOptions options;
 };
 
+// Each sequence's tokens are those `reference` decodes for it alone; a cancelled one's are a
+// prefix of them.
+void expect_as_alone(Engine& reference, const std::map<int64_t, Job>& jobs,
+                     const std::map<int64_t, DecodeResult>& results) {
+  for (const auto& [id, job] : jobs) {
+    const auto alone = reference.decode(job.prompt, job.options).tokens;
+    const auto& got = results.at(id);
+    if (got.finish == "cancelled") {
+      ASSERT_LE(got.tokens.size(), alone.size());
+      EXPECT_TRUE(std::equal(got.tokens.begin(), got.tokens.end(), alone.begin()))
+          << "cancelled sequence " << id << " is a prefix of its tokens alone";
+    } else {
+      EXPECT_EQ(got.tokens, alone) << "sequence " << id;
+    }
+  }
+}
+
 // Runs the batch until idle; returns each finished sequence's result by id.
 std::map<int64_t, DecodeResult> run(Batch& batch) {
   std::map<int64_t, DecodeResult> results;
@@ -137,17 +154,7 @@ TEST(Batch, RowsJoiningLeavingAndCancelledAtRandomStepsKeepTheirTokens) {
   }
   ASSERT_EQ(results.size(), jobs.size());
   EXPECT_FALSE(cancelled.empty());
-  for (const auto& [id, job] : jobs) {
-    const auto alone = engine.decode(job.prompt, job.options).tokens;
-    const auto& got = results.at(id);
-    if (got.finish == "cancelled") {
-      ASSERT_LE(got.tokens.size(), alone.size());
-      EXPECT_TRUE(std::equal(got.tokens.begin(), got.tokens.end(), alone.begin()))
-          << "cancelled sequence " << id << " is a prefix of its tokens alone";
-    } else {
-      EXPECT_EQ(got.tokens, alone) << "sequence " << id;
-    }
-  }
+  expect_as_alone(engine, jobs, results);
 }
 
 TEST(Batch, StopIdsAndOnTokensEndARowAndFreeItForTheQueue) {
@@ -330,17 +337,7 @@ TEST(Batch, OnTheStandinDeviceEveryDecodeStepIsOneProgramAsRowsJoinLeaveAndSampl
             << " live rows of 3 (" << cancelled << " cancelled): " << steps.size()
             << " distinct whole-step programs of " << steps.begin()->size() << " ops\n";
   EXPECT_EQ(steps.size(), 1u);
-  for (const auto& [id, job] : jobs) {
-    const auto alone = cpu.decode(job.prompt, job.options).tokens;
-    const auto& got = results.at(id);
-    if (got.finish == "cancelled") {
-      ASSERT_LE(got.tokens.size(), alone.size());
-      EXPECT_TRUE(std::equal(got.tokens.begin(), got.tokens.end(), alone.begin()))
-          << "cancelled sequence " << id << " is a prefix of its tokens alone";
-    } else {
-      EXPECT_EQ(got.tokens, alone) << "sequence " << id;
-    }
-  }
+  expect_as_alone(cpu, jobs, results);
 }
 
 }  // namespace
