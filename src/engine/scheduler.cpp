@@ -83,9 +83,7 @@ SchedulerStats Scheduler::stats() const {
 bool Scheduler::take_work(bool idle, int64_t free_rows, std::vector<Entry>& admitted,
                           std::vector<Entry>& dropped, std::set<int64_t>& cancels) {
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] {
-    return !idle || !waiting_.empty() || !cancels_.empty() || stopping_;
-  });
+  changed_.wait(lock, [&] { return !idle || !waiting_.empty() || !cancels_.empty() || stopping_; });
   if (idle && waiting_.empty() && stopping_) return false;
   cancels = std::exchange(cancels_, {});
   for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -109,6 +107,10 @@ bool Scheduler::take_work(bool idle, int64_t free_rows, std::vector<Entry>& admi
   return true;
 }
 
+int64_t Scheduler::cache_budget() const {
+  return options_.read_every > 1 ? 0 : options_.batch.cache_bytes;
+}
+
 void Scheduler::run(Engine& engine) {
   if (options_.read_every > 1) {
     run_serial(engine);
@@ -125,7 +127,6 @@ void Scheduler::run_batch(Engine& engine) {
     stats_.batch = batch->stats();
   }
   std::map<int64_t, Entry> running;  // by the batch's id
-  std::map<int64_t, int64_t> ids;    // ticket -> the batch's id
   while (true) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
@@ -134,8 +135,8 @@ void Scheduler::run_batch(Engine& engine) {
     for (auto& entry : dropped) {
       entry.submission.on_done(cancelled_before_start(entry.submission), nullptr);
     }
-    for (const int64_t ticket : cancels) {
-      if (const auto it = ids.find(ticket); it != ids.end()) batch->cancel(it->second);
+    for (const auto& [id, entry] : running) {
+      if (cancels.count(entry.ticket) > 0) batch->cancel(id);
     }
     for (auto& entry : admitted) {
       auto& s = entry.submission;
@@ -147,7 +148,6 @@ void Scheduler::run_batch(Engine& engine) {
         continue;
       }
       if (s.on_start) s.on_start();
-      ids[entry.ticket] = id;
       running.emplace(id, std::move(entry));
     }
 
@@ -159,7 +159,6 @@ void Scheduler::run_batch(Engine& engine) {
       try {
         for (const int64_t id : batch->step()) {
           auto node = running.extract(id);
-          ids.erase(node.mapped().ticket);
           finished.emplace_back(std::move(node.mapped()), batch->take_result(id));
         }
       } catch (...) {
@@ -168,7 +167,6 @@ void Scheduler::run_batch(Engine& engine) {
         error = std::current_exception();
         for (auto& [id, entry] : running) failed.push_back(std::move(entry));
         running.clear();
-        ids.clear();
         batch.reset();
         batch.emplace(engine, options_.batch);
       }

@@ -70,6 +70,8 @@ class Scheduler {
   void stop();
   SchedulerStats stats() const;
   const SchedulerOptions& options() const { return options_; }
+  // The prefix cache's budget in bytes: the batch's, or 0 one sequence at a time (no batch).
+  int64_t cache_budget() const;
 
   // The owner thread: serves submissions with `engine` until stop(). A failed step ends every
   // sequence in the batch with its exception and the batch starts afresh.

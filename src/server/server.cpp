@@ -704,7 +704,8 @@ void Server::enqueue(const std::shared_ptr<Job>& job) {
   try {
     job->ticket = scheduler_.submit(submission(job));
   } catch (const QueueFull& e) {
-    throw ApiError(429, std::string("the server is busy: ") + e.what() + " (--max-queue); retry later",
+    throw ApiError(429,
+                   std::string("the server is busy: ") + e.what() + " (--max-queue); retry later",
                    "rate_limit_error", "", "queue_full");
   }
 }
@@ -1262,19 +1263,18 @@ ojson Server::engine_json() const {
   out["parallel"] = options_.parallel;
   const SchedulerStats stats = scheduler_.stats();
   const auto& cache = stats.batch.cache;
-  out["scheduler"] = {
-      {"mode", options_.read_every > 1 ? "one sequence at a time (read_every > 1)"
-                                       : "continuous batching"},
-      {"waiting", stats.waiting},
-      {"running", stats.running},
-      {"rows", stats.batch.rows},
-      {"reading", stats.batch.reading},
-      {"decoding", stats.batch.decoding},
-      {"steps", stats.batch.steps},
-      {"cache_positions", stats.batch.positions},
-      {"cache_capacity", stats.batch.capacity},
-      {"busy_seconds", stats.busy_s}};
-  out["prefix_cache"] = {{"budget_bytes", options_.read_every > 1 ? 0 : options_.cache_mb << 20},
+  out["scheduler"] = {{"mode", options_.read_every > 1 ? "one sequence at a time (read_every > 1)"
+                                                       : "continuous batching"},
+                      {"waiting", stats.waiting},
+                      {"running", stats.running},
+                      {"rows", stats.batch.rows},
+                      {"reading", stats.batch.reading},
+                      {"decoding", stats.batch.decoding},
+                      {"steps", stats.batch.steps},
+                      {"cache_positions", stats.batch.positions},
+                      {"cache_capacity", stats.batch.capacity},
+                      {"busy_seconds", stats.busy_s}};
+  out["prefix_cache"] = {{"budget_bytes", scheduler_.cache_budget()},
                          {"block", scheduler_.options().batch.cache_block},
                          {"hits", cache.hits},
                          {"misses", cache.misses},
@@ -1316,7 +1316,7 @@ EngineLoad Server::engine_load() {
   }
   load.busy_seconds = stats.busy_s;
   load.prefix_cache = stats.batch.cache;
-  load.prefix_cache_budget = scheduler_.options().read_every > 1 ? 0 : options_.cache_mb << 20;
+  load.prefix_cache_budget = scheduler_.cache_budget();
   return load;
 }
 
