@@ -46,9 +46,14 @@ const FOOTER = new RegExp(
 for (const [name, makeTransport] of Object.entries(transports)) {
   describe(`MCP over ${name}`, () => {
     let client;
+    // Every message the transport delivers, in arrival order: the Protocol calls a transport's
+    // own onmessage synchronously before its dispatch, which defers notifications by a microtask.
+    const wire = [];
     before(async () => {
       client = new Client({ name: "torchtpu-test", version: "1.0.0" });
-      await client.connect(makeTransport());
+      const transport = makeTransport();
+      transport.onmessage = (message) => wire.push(message);
+      await client.connect(transport);
     });
     after(async () => {
       if (client) await client.close();
@@ -73,6 +78,7 @@ for (const [name, makeTransport] of Object.entries(transports)) {
 
     test("stream sends one progress notification per chunk, then the same answer", async () => {
       const pieces = [];
+      const first = wire.length;
       const result = await client.callTool(
         { name: "stream", arguments: { prompt: PROMPT, max_tokens: 12 } },
         undefined,
@@ -82,9 +88,23 @@ for (const [name, makeTransport] of Object.entries(transports)) {
       const [answer, footer] = result.content[0].text.split("\n---\n");
       assert.equal(answer, expected);
       assert.match(footer, FOOTER);
-      assert.ok(pieces.length >= 2, `${pieces.length} progress notifications`);
-      assert.equal(pieces.map((p) => p.message).join(""), expected);
-      assert.deepEqual(pieces.map((p) => p.progress), pieces.map((_, i) => i + 1));
+      // On the wire: every chunk's notification, in order, and all of them before the result.
+      const seen = wire.slice(first);
+      const last = seen.findIndex((m) => "result" in m);
+      const progress = seen.filter((m) => m.method === "notifications/progress");
+      assert.ok(progress.length >= 2, `${progress.length} progress notifications`);
+      assert.equal(seen.slice(0, last).filter((m) => m.method === "notifications/progress").length,
+                   progress.length, "a progress notification came after the result");
+      assert.equal(progress.map((m) => m.params.message).join(""), expected);
+      assert.deepEqual(progress.map((m) => m.params.progress), progress.map((_, i) => i + 1));
+      // The SDK hands them to onprogress in that order, but may drop the last ones when they arrive
+      // in one read with the result (typescript-sdk issue #2580): its response handler retires the
+      // token before the deferred notifications are dispatched.
+      assert.ok(pieces.length >= 1 && pieces.length <= progress.length, `${pieces.length} delivered`);
+      assert.deepEqual(pieces, progress.slice(0, pieces.length).map(({ params }) => {
+        const { progressToken, ...rest } = params;
+        return rest;
+      }));
     });
 
     test("ask with a schema answers JSON valid for it; a schema it cannot enforce is a tool error", async () => {
