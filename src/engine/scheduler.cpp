@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "common/memory.h"
 
 namespace torchtpu {
 namespace {
@@ -155,7 +156,8 @@ void Scheduler::run_batch(Engine& engine) {
     std::vector<std::pair<Entry, DecodeResult>> finished;
     std::vector<Entry> failed;
     std::exception_ptr error;
-    if (!batch->idle()) {
+    const bool stepped = !batch->idle();
+    if (stepped) {
       try {
         for (const int64_t id : batch->step()) {
           auto node = running.extract(id);
@@ -180,7 +182,16 @@ void Scheduler::run_batch(Engine& engine) {
     }
     for (auto& [entry, result] : finished) entry.submission.on_done(std::move(result), nullptr);
     for (auto& entry : failed) entry.submission.on_done({}, error);
+    if (stepped && batch->idle()) settle();
   }
+}
+
+void Scheduler::settle() {
+  {
+    std::lock_guard lock(mutex_);
+    if (!waiting_.empty()) return;
+  }
+  release_free_heap();
 }
 
 void Scheduler::run_serial(Engine& engine) {
@@ -225,6 +236,7 @@ void Scheduler::run_serial(Engine& engine) {
       }
       s.on_done(std::move(result), error);
     }
+    if (!admitted.empty()) settle();
   }
 }
 
