@@ -54,17 +54,17 @@ void png_fail(png_structp png, png_const_charp message) {
 
 void png_ignore_warning(png_structp, png_const_charp) {}
 
-// Pixel memory for a decoder: RGB rows of the given size, or nullptr (with `error` set) when the
+// Pixel memory for a decoder: `height` rows of `row_bytes`, or nullptr (with `error` set) when the
 // size is over the limits.
-struct HwcBuffer {
-  at::Tensor hwc;
+struct RowBuffer {
+  at::Tensor rows;  // uint8 [height, row_bytes]
   const ImageLimits* limits;
   const char* format;
   std::string error;
 };
 
-uint8_t* allocate_hwc(void* context, uint32_t width, uint32_t height) {
-  auto* buffer = static_cast<HwcBuffer*>(context);
+uint8_t* allocate_rows(void* context, uint32_t width, uint32_t height, size_t row_bytes) {
+  auto* buffer = static_cast<RowBuffer*>(context);
   const int64_t w = width, h = height;
   if (w <= 0 || h <= 0 || w * h > buffer->limits->max_pixels) {
     buffer->error = std::string(buffer->format) + " image of " + std::to_string(w) + " x " +
@@ -73,20 +73,40 @@ uint8_t* allocate_hwc(void* context, uint32_t width, uint32_t height) {
                     " pixels";
     return nullptr;
   }
-  buffer->hwc = at::empty({h, w, 3}, at::kByte);
-  return buffer->hwc.data_ptr<uint8_t>();
+  buffer->rows = at::empty({h, static_cast<int64_t>(row_bytes)}, at::kByte);
+  return buffer->rows.data_ptr<uint8_t>();
 }
 
-// Returns false with failure.message set (or the allocator's error).
+// transformers' convert_to_rgb: an image with transparency is composited onto opaque white by
+// Pillow's alpha_composite, whose integer rounding this reproduces (exhaustively checked against
+// Pillow over every value and alpha): out = ((t >> 8) + t) >> 15 with
+// t = (v * a + 255 * (255 - a) + 128) << 7.
+at::Tensor composite_on_white(const at::Tensor& rgba) {  // uint8 [H, W, 4] -> [H, W, 3]
+  auto rgb = at::empty({rgba.size(0), rgba.size(1), 3}, at::kByte);
+  const uint8_t* in = rgba.data_ptr<uint8_t>();
+  uint8_t* out = rgb.data_ptr<uint8_t>();
+  const int64_t n = rgba.size(0) * rgba.size(1);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = in[4 * i + 3];
+    for (int c = 0; c < 3; ++c) {
+      const uint32_t t = (in[4 * i + c] * a + 255 * (255 - a) + 128) << 7;
+      out[3 * i + c] = static_cast<uint8_t>((((t >> 8) + t) >> 8) >> 7);
+    }
+  }
+  return rgb;
+}
+
+// What libpng hands back after the transformations png_decode asks for.
+enum class PngLayout { kRgb, kRgba, kGrey16 };
+
 struct PngRead {
   PngInput input;
   Failure failure;
-  png_uint_32 width = 0, height = 0;
-  uint8_t* rows = nullptr;  // RGB, set by `allocate` once the size is known
-  void* context = nullptr;
-  uint8_t* (*allocate)(void* context, uint32_t width, uint32_t height) = nullptr;
+  PngLayout layout = PngLayout::kRgb;
+  RowBuffer* buffer = nullptr;
 };
 
+// Returns false with failure.message set (or the buffer's error).
 bool png_decode(PngRead* r) {
   png_structp png =
       png_create_read_struct(PNG_LIBPNG_VER_STRING, &r->failure, png_fail, png_ignore_warning);
@@ -101,26 +121,33 @@ bool png_decode(PngRead* r) {
   }
   png_set_read_fn(png, &r->input, png_read_memory);
   png_read_info(png, info);
-  r->width = png_get_image_width(png, info);
-  r->height = png_get_image_height(png, info);
+  const png_uint_32 width = png_get_image_width(png, info);
+  const png_uint_32 height = png_get_image_height(png, info);
   const int color = png_get_color_type(png, info);
-  // Pillow's convert("RGB"): palette entries and low-bit grey expanded to 8 bits, 16-bit samples
-  // cut to their high byte, grey replicated, alpha and tRNS transparency dropped.
+  const bool transparency =
+      (color & PNG_COLOR_MASK_ALPHA) != 0 || png_get_valid(png, info, PNG_INFO_tRNS) != 0;
+  // As Pillow reads PNGs: palette entries and low-bit grey expanded to 8 bits, tRNS made an
+  // alpha channel, 16-bit samples cut to their high byte -- except 16-bit grey, which Pillow
+  // keeps whole (mode I;16) and convert("RGB") clamps to 255.
   png_set_expand(png);
-  png_set_strip_16(png);
-  png_set_strip_alpha(png);
-  if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
+  if (png_get_bit_depth(png, info) == 16 && color == PNG_COLOR_TYPE_GRAY && !transparency) {
+    r->layout = PngLayout::kGrey16;
+  } else {
+    png_set_strip_16(png);
+    if ((color & PNG_COLOR_MASK_COLOR) == 0) png_set_gray_to_rgb(png);
+    r->layout = transparency ? PngLayout::kRgba : PngLayout::kRgb;
+  }
   const int passes = png_set_interlace_handling(png);
   png_read_update_info(png, info);
-  if (png_get_rowbytes(png, info) != 3 * static_cast<size_t>(r->width)) {
-    png_error(png, "unexpected row layout after conversion to RGB");
-  }
-  r->rows = r->allocate(r->context, r->width, r->height);
-  if (r->rows == nullptr) png_error(png, "the image is over the limits");
+  const size_t row_bytes = png_get_rowbytes(png, info);
+  const size_t expected = (r->layout == PngLayout::kRgba  ? 4
+                           : r->layout == PngLayout::kRgb ? 3
+                                                          : 2);
+  if (row_bytes != expected * width) png_error(png, "unexpected row layout after conversion");
+  uint8_t* rows = allocate_rows(r->buffer, width, height, row_bytes);
+  if (rows == nullptr) png_error(png, "the image is over the limits");
   for (int pass = passes; pass > 0; --pass) {
-    for (png_uint_32 y = 0; y < r->height; ++y) {
-      png_read_row(png, r->rows + static_cast<size_t>(y) * 3 * r->width, nullptr);
-    }
+    for (png_uint_32 y = 0; y < height; ++y) png_read_row(png, rows + y * row_bytes, nullptr);
   }
   png_read_end(png, nullptr);
   png_destroy_read_struct(&png, &info, nullptr);
@@ -128,15 +155,25 @@ bool png_decode(PngRead* r) {
 }
 
 at::Tensor decode_png(std::string_view bytes, const ImageLimits& limits) {
-  HwcBuffer buffer{at::Tensor(), &limits, "PNG", ""};
+  RowBuffer buffer{at::Tensor(), &limits, "PNG", ""};
   PngRead r;
   r.input = {reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), 0};
-  r.context = &buffer;
-  r.allocate = allocate_hwc;
+  r.buffer = &buffer;
   const bool ok = png_decode(&r);
   TORCH_CHECK_VALUE(buffer.error.empty(), buffer.error);
   TORCH_CHECK_VALUE(ok, "corrupt PNG image: ", r.failure.message);
-  return buffer.hwc.permute({2, 0, 1}).contiguous();
+  const int64_t height = buffer.rows.size(0);
+  switch (r.layout) {
+    case PngLayout::kRgb: return buffer.rows.view({height, -1, 3}).permute({2, 0, 1}).contiguous();
+    case PngLayout::kRgba:
+      return composite_on_white(buffer.rows.view({height, -1, 4})).permute({2, 0, 1}).contiguous();
+    case PngLayout::kGrey16: {
+      auto big_endian = buffer.rows.view({height, -1, 2}).to(at::kInt);
+      auto grey = (big_endian.select(2, 0) * 256 + big_endian.select(2, 1)).clamp_max(255);
+      return grey.to(at::kByte).unsqueeze(0).expand({3, height, -1}).contiguous();
+    }
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown PNG layout");
 }
 
 // JPEG -----------------------------------------------------------------------------------------
@@ -164,8 +201,7 @@ struct JpegRead {
   std::string_view bytes;
   Failure failure;
   bool truncated = false;
-  void* context = nullptr;
-  uint8_t* (*allocate)(void* context, uint32_t width, uint32_t height) = nullptr;
+  RowBuffer* buffer = nullptr;
 };
 
 bool jpeg_decode(JpegRead* r) {
@@ -191,13 +227,14 @@ bool jpeg_decode(JpegRead* r) {
   }
   cinfo.out_color_space = JCS_RGB;
   jpeg_start_decompress(&cinfo);
-  uint8_t* rows = r->allocate(r->context, cinfo.output_width, cinfo.output_height);
+  const size_t row_bytes = 3 * static_cast<size_t>(cinfo.output_width);
+  uint8_t* rows = allocate_rows(r->buffer, cinfo.output_width, cinfo.output_height, row_bytes);
   if (rows == nullptr) {
     jpeg_destroy_decompress(&cinfo);
     return false;
   }
   while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = rows + static_cast<size_t>(cinfo.output_scanline) * 3 * cinfo.output_width;
+    JSAMPROW row = rows + cinfo.output_scanline * row_bytes;
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
   jpeg_finish_decompress(&cinfo);
@@ -207,16 +244,15 @@ bool jpeg_decode(JpegRead* r) {
 }
 
 at::Tensor decode_jpeg(std::string_view bytes, const ImageLimits& limits) {
-  HwcBuffer buffer{at::Tensor(), &limits, "JPEG", ""};
+  RowBuffer buffer{at::Tensor(), &limits, "JPEG", ""};
   JpegRead r;
   r.bytes = bytes;
-  r.context = &buffer;
-  r.allocate = allocate_hwc;
+  r.buffer = &buffer;
   const bool ok = jpeg_decode(&r);
   TORCH_CHECK_VALUE(buffer.error.empty(), buffer.error);
   TORCH_CHECK_VALUE(ok, "corrupt JPEG image: ", r.failure.message);
   TORCH_CHECK_VALUE(!r.truncated, "truncated JPEG image: the data ends before the last scan line");
-  return buffer.hwc.permute({2, 0, 1}).contiguous();
+  return buffer.rows.view({buffer.rows.size(0), -1, 3}).permute({2, 0, 1}).contiguous();
 }
 
 // WebP -----------------------------------------------------------------------------------------
@@ -230,12 +266,19 @@ at::Tensor decode_webp(std::string_view bytes, const ImageLimits& limits) {
   TORCH_CHECK_VALUE(status == VP8_STATUS_OK, "corrupt WebP image (libwebp status ", status, ")");
   TORCH_CHECK_VALUE(!features.has_animation, "animated WebP images are not supported");
   check_size("WebP", features.width, features.height, limits);
-  auto hwc = at::empty({features.height, features.width, 3}, at::kByte);
-  const size_t stride = 3 * static_cast<size_t>(features.width);
-  const uint8_t* out = WebPDecodeRGBInto(data, bytes.size(), hwc.data_ptr<uint8_t>(),
-                                         stride * features.height, static_cast<int>(stride));
+  // Pillow opens a WebP with alpha as RGBA (not premultiplied), which convert_to_rgb composites.
+  const int channels = features.has_alpha ? 4 : 3;
+  auto hwc = at::empty({features.height, features.width, channels}, at::kByte);
+  const size_t stride = static_cast<size_t>(channels) * features.width;
+  const size_t size = stride * features.height;
+  uint8_t* pixels = hwc.data_ptr<uint8_t>();
+  const uint8_t* out =
+      features.has_alpha
+          ? WebPDecodeRGBAInto(data, bytes.size(), pixels, size, static_cast<int>(stride))
+          : WebPDecodeRGBInto(data, bytes.size(), pixels, size, static_cast<int>(stride));
   TORCH_CHECK_VALUE(out != nullptr,
                     "corrupt or truncated WebP image: its pixel data do not decode");
+  if (features.has_alpha) hwc = composite_on_white(hwc);
   return hwc.permute({2, 0, 1}).contiguous();
 }
 

@@ -1,5 +1,5 @@
 // Images for Gemma 4's vision encoder: decoding (JPEG through libjpeg-turbo, PNG through libpng,
-// WebP through libwebp) to RGB as Pillow's convert("RGB") gives it, and transformers'
+// WebP through libwebp) to the RGB pixels transformers would see, and transformers'
 // Gemma4ImageProcessor (the torchvision backend): an aspect-ratio-preserving resize to the soft
 // token budget, rescaling to [0, 1] and cutting into patches with their (x, y) positions.
 #pragma once
@@ -18,10 +18,12 @@ struct ImageLimits {
   int64_t max_pixels = int64_t{1} << 26;  // width * height (67 megapixels)
 };
 
-// JPEG, PNG or WebP bytes to RGB uint8 [3, H, W] on the CPU. Grey, grey+alpha, palette and RGBA
-// images become RGB as Pillow's convert("RGB") makes them (alpha dropped, not composited; no EXIF
-// rotation). ValueError for an unknown or unsupported format, corrupt or truncated data, or an
-// image over the limits, naming the format and what is wrong.
+// JPEG, PNG or WebP bytes to RGB uint8 [3, H, W] on the CPU, the pixels transformers' image
+// processors see for the file opened by Pillow: grey and palette images as Pillow's
+// convert("RGB") makes them, images with transparency (alpha or tRNS) composited onto white as
+// transformers' convert_to_rgb does (no EXIF rotation: the processors do none either).
+// ValueError for an unknown or unsupported format (GIF, CMYK JPEG, animated WebP), corrupt or
+// truncated data, or an image over the limits, naming the format and what is wrong.
 at::Tensor decode_image(std::string_view bytes, const ImageLimits& limits = {});
 
 // The soft-token budgets Gemma4ImageProcessor accepts.
