@@ -1,10 +1,12 @@
-"""Images, issue #19: our decoders against Pillow, our preprocessing against transformers'
-Gemma4ImageProcessor, and our vision tower against Gemma4Model.get_image_features, on a tiny
-random Gemma4ForConditionalGeneration saved by transformers' own save_pretrained."""
+"""Images, issue #19: our decoders against Pillow (through transformers'
+convert_to_rgb), our preprocessing against transformers' Gemma4ImageProcessor, and our
+vision tower against Gemma4Model.get_image_features, on a tiny random
+Gemma4ForConditionalGeneration saved by transformers' own save_pretrained."""
 
 import io
 import math
 
+import hf_tiny
 import numpy as np
 import pytest
 import torch
@@ -18,11 +20,9 @@ from transformers import (
 )
 from transformers.image_transforms import convert_to_rgb
 
-import hf_tiny
-
 BUDGETS = (70, 140, 280, 560, 1120)
-# (width, height): wide, tall, tiny (upscaled), 384 x 384 (the exact size for 70 soft tokens, so
-# not resized at that budget), and odd sizes that round differently per side.
+# (width, height): wide, tall, tiny (upscaled), 384 x 384 (the exact size for 70 soft
+# tokens, so not resized at that budget), and odd sizes that round differently per side.
 SIZES = [(300, 90), (80, 260), (20, 15), (384, 384), (517, 389), (49, 1000)]
 
 
@@ -31,10 +31,7 @@ def random_image(width, height, seed, mode="RGB"):
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]
     base = np.stack(
-        [
-            127 + 120 * np.sin(x / (3 + c) + y / (5 + 2 * c) + c)
-            for c in range(3)
-        ],
+        [127 + 120 * np.sin(x / (3 + c) + y / (5 + 2 * c) + c) for c in range(3)],
         axis=-1,
     )
     pixels = np.clip(base + rng.normal(0, 25, base.shape), 0, 255).astype(np.uint8)
@@ -54,14 +51,15 @@ def encode(image, fmt, **kwargs):
 
 
 def pillow_rgb(data):
-    """What transformers' image processors see of the file opened by Pillow: its convert_to_rgb
-    (Pillow's convert("RGB"), transparency composited onto white), as [3, H, W] uint8."""
+    """What transformers' image processors see of the file opened by Pillow: its
+    convert_to_rgb (Pillow's convert("RGB"), transparency composited onto white), as
+    [3, H, W] uint8."""
     with Image.open(io.BytesIO(data)) as im:
         rgb = convert_to_rgb(im, return_numpy=True)
     return torch.from_numpy(rgb).permute(2, 0, 1).contiguous()
 
 
-# Decoding ---------------------------------------------------------------------------------------
+# Decoding -----------------------------------------------------------------------------
 
 
 def _png_cases():
@@ -77,7 +75,9 @@ def _png_cases():
         "grey": encode(rgb.convert("L"), "PNG"),
         "grey-alpha": encode(random_image(37, 23, seed=3, mode="LA"), "PNG"),
         "grey-transparency": encode(rgb.convert("L"), "PNG", transparency=100),
-        "rgb-transparency": encode(rgb, "PNG", transparency=tuple(rgb.getpixel((0, 0)))),
+        "rgb-transparency": encode(
+            rgb, "PNG", transparency=tuple(rgb.getpixel((0, 0)))
+        ),
         "grey-16bit": encode(Image.fromarray(grey16), "PNG"),
         "bilevel": encode(rgb.convert("1"), "PNG"),
         "palette": encode(palette, "PNG"),
@@ -114,7 +114,8 @@ def test_jpeg_decodes_to_pillows_pixels(case, kwargs):
     ours = torchtpu_cpp.decode_image(data)
     theirs = pillow_rgb(data)
     assert ours.shape == theirs.shape == (3, 45, 61)
-    # Both are libjpeg-turbo with its default (islow) DCT and fancy upsampling: the same pixels.
+    # Both are libjpeg-turbo with its default (islow) DCT and fancy upsampling: the same
+    # pixels.
     assert torch.equal(ours, theirs)
 
 
@@ -126,8 +127,8 @@ def test_lossless_webp_decodes_to_pillows_pixels(mode):
 
 @pytest.mark.parametrize("mode", ["RGB", "RGBA"])
 def test_lossy_webp_decodes_to_pillows_pixels(mode):
-    # Debian's libwebp 1.2.4 and Pillow's bundled 1.6.0 decode to the same pixels (measured);
-    # the decoder's output is specified by the format.
+    # Debian's libwebp 1.2.4 and Pillow's bundled 1.6.0 decode to the same pixels
+    # (measured); the decoder's output is specified by the format.
     data = encode(random_image(40, 30, seed=5, mode=mode), "WEBP", quality=80)
     assert torch.equal(torchtpu_cpp.decode_image(data), pillow_rgb(data))
 
@@ -150,7 +151,8 @@ def test_truncated_png_is_a_value_error():
 def test_truncated_jpeg_is_a_value_error():
     data = encode(random_image(64, 64, seed=6), "JPEG", quality=90)
     with pytest.raises(
-        ValueError, match=r"^truncated JPEG image: the data ends before the last scan line"
+        ValueError,
+        match=r"^truncated JPEG image: the data ends before the last scan line",
     ):
         torchtpu_cpp.decode_image(data[: len(data) // 2])
 
@@ -182,8 +184,8 @@ def test_images_over_the_pixel_limit_are_value_errors(fmt):
     assert torchtpu_cpp.decode_image(data, max_pixels=600).shape == (3, 20, 30)
     with pytest.raises(
         ValueError,
-        match=rf"{'WebP' if fmt == 'WEBP' else fmt} image of 30 x 20 = 600 pixels is over the "
-        r"limit of 599 pixels",
+        match=rf"{'WebP' if fmt == 'WEBP' else fmt} image of 30 x 20 = 600 pixels is "
+        r"over the limit of 599 pixels",
     ):
         torchtpu_cpp.decode_image(data, max_pixels=599)
 
@@ -192,12 +194,13 @@ def test_images_over_the_byte_limit_are_value_errors():
     data = PNG_CASES["rgb"]
     with pytest.raises(
         ValueError,
-        match=rf"^image of {len(data)} bytes is over the limit of {len(data) - 1} bytes$",
+        match=rf"^image of {len(data)} bytes is over the limit of {len(data) - 1} "
+        r"bytes$",
     ):
         torchtpu_cpp.decode_image(data, max_bytes=len(data) - 1)
 
 
-# Preprocessing ----------------------------------------------------------------------------------
+# Preprocessing ------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -210,8 +213,11 @@ def processor():
 def test_preprocessing_matches_the_image_processor(processor, budget, size):
     data = encode(random_image(*size, seed=size[0] + budget), "PNG")
     ours = torchtpu_cpp.preprocess_image(data, budget)
-    ref = processor(images=[Image.open(io.BytesIO(data))], max_soft_tokens=budget,
-                    return_tensors="pt")  # fmt: skip
+    ref = processor(
+        images=[Image.open(io.BytesIO(data))],
+        max_soft_tokens=budget,
+        return_tensors="pt",
+    )
     n = ours.pixels.shape[0]
     assert ours.soft_tokens == ref["num_soft_tokens_per_image"][0]
     assert ours.pixels.dtype == torch.float32
@@ -224,8 +230,9 @@ def test_preprocessing_matches_the_image_processor(processor, budget, size):
 def test_preprocessing_of_other_png_modes_matches_the_image_processor(processor, case):
     data = PNG_CASES[case]
     ours = torchtpu_cpp.preprocess_image(data, 70)
-    ref = processor(images=[Image.open(io.BytesIO(data))], max_soft_tokens=70,
-                    return_tensors="pt")  # fmt: skip
+    ref = processor(
+        images=[Image.open(io.BytesIO(data))], max_soft_tokens=70, return_tensors="pt"
+    )
     assert torch.equal(ours.pixels, ref["pixel_values"][0, : ours.pixels.shape[0]])
 
 
@@ -240,40 +247,56 @@ def test_preprocessing_takes_a_uint8_tensor(processor):
 def test_preprocessing_refuses_bad_arguments():
     rgb = torch.zeros(3, 10, 10, dtype=torch.uint8)
     with pytest.raises(
-        ValueError, match=r"max_soft_tokens must be one of 70, 140, 280, 560, 1120, got 100"
+        ValueError,
+        match=r"max_soft_tokens must be one of 70, 140, 280, 560, 1120, got 100",
     ):
         torchtpu_cpp.preprocess_image(rgb, 100)
-    with pytest.raises(ValueError, match=r"image must be RGB uint8 \[3, height, width\], got Float"):
+    with pytest.raises(
+        ValueError, match=r"image must be RGB uint8 \[3, height, width\], got Float"
+    ):
         torchtpu_cpp.preprocess_image(rgb.float())
-    with pytest.raises(TypeError, match=r"image \(bytes or an RGB uint8 tensor\) must be"):
+    with pytest.raises(
+        TypeError, match=r"image \(bytes or an RGB uint8 tensor\) must be"
+    ):
         torchtpu_cpp.preprocess_image("x.png")
 
 
-# The vision tower -------------------------------------------------------------------------------
+# The vision tower ---------------------------------------------------------------------
 
 
 def vision_config(**overrides):
-    kwargs = dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, pooling_kernel_size=3, patch_size=16,
-        position_embedding_size=1024, use_clipped_linears=True, standardize=True,
-        rope_parameters={"rope_type": "axial", "rope_theta": 100.0},
-    )  # fmt: skip
+    kwargs = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "pooling_kernel_size": 3,
+        "patch_size": 16,
+        "position_embedding_size": 1024,
+        "use_clipped_linears": True,
+        "standardize": True,
+        "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0},
+    }
     kwargs.update(overrides)
     return Gemma4VisionConfig(**kwargs)
 
 
 @torch.no_grad()
 def make_vision_checkpoint(out_dir, *, seed, dtype=torch.float32, **overrides):
-    text = hf_tiny.text_config(layer_types=["sliding_attention", "full_attention"], hidden=96)
+    text = hf_tiny.text_config(
+        layer_types=["sliding_attention", "full_attention"], hidden=96
+    )
     config = Gemma4Config(
         text_config=text.to_dict(), vision_config=vision_config(**overrides).to_dict()
     )
     torch.manual_seed(seed)
     model = Gemma4ForConditionalGeneration(config)
     hf_tiny._randomize(model, seed)
-    # Vision weights drawn so that every part matters: position tables of both signs, clipping
-    # bounds that cut the tails of activations, and a standardization that moves and scales.
+    # Vision weights drawn so that every part matters: position tables of both signs,
+    # clipping bounds that cut the tails of activations, and a standardization that
+    # moves and scales.
     g = torch.Generator().manual_seed(seed + 100)
     tower = model.model.vision_tower
     tower.patch_embedder.position_embedding_table.copy_(
@@ -303,7 +326,9 @@ def reference(vision_dir):
 
 @torch.no_grad()
 def reference_embeddings(model, batch):
-    out = model.model.get_image_features(batch["pixel_values"], batch["image_position_ids"])
+    out = model.model.get_image_features(
+        batch["pixel_values"], batch["image_position_ids"]
+    )
     return out.pooler_output[0]
 
 
@@ -320,7 +345,8 @@ def test_tower_matches_transformers_at_f32(vision_dir, reference, processor, siz
     batch = processor(images=[image], max_soft_tokens=70, return_tensors="pt")
     ref = reference_embeddings(reference, batch)
     tower = torchtpu_cpp.VisionTower(str(vision_dir), dtype="float32")
-    # The processor's padded batch row (padding dropped inside), and our own preprocessing.
+    # The processor's padded batch row (padding dropped inside), and our own
+    # preprocessing.
     ours = tower.embed(batch["pixel_values"][0], batch["image_position_ids"][0])
     assert ours.shape == ref.shape == (batch["num_soft_tokens_per_image"][0], 96)
     assert ours.dtype == torch.float32
@@ -331,10 +357,11 @@ def test_tower_matches_transformers_at_f32(vision_dir, reference, processor, siz
 
 
 def test_clipping_and_standardization_are_exercised(vision_dir, reference, processor):
-    """The same image through the model with infinite clip bounds gives other embeddings: the
-    checkpoint's bounds take part in the result."""
-    batch = processor(images=[random_image(300, 90, seed=1)], max_soft_tokens=70,
-                      return_tensors="pt")  # fmt: skip
+    """The same image through the model with infinite clip bounds gives other
+    embeddings: the checkpoint's bounds take part in the result."""
+    batch = processor(
+        images=[random_image(300, 90, seed=1)], max_soft_tokens=70, return_tensors="pt"
+    )
     unclipped = hf_tiny.load(vision_dir)
     with torch.no_grad():
         for name, b in unclipped.model.vision_tower.named_buffers():
@@ -350,23 +377,33 @@ def test_tower_at_bf16_is_close_to_transformers_at_bf16(vision_dir, processor):
     model = hf_tiny.load(vision_dir, dtype=torch.bfloat16)
     tower = torchtpu_cpp.VisionTower(str(vision_dir), dtype="bfloat16")
     for size in TOWER_SIZES:
-        batch = processor(images=[random_image(*size, seed=sum(size))], max_soft_tokens=70,
-                          return_tensors="pt")  # fmt: skip
+        batch = processor(
+            images=[random_image(*size, seed=sum(size))],
+            max_soft_tokens=70,
+            return_tensors="pt",
+        )
         ref = reference_embeddings(model, batch)
         ours = tower.embed(batch["pixel_values"][0], batch["image_position_ids"][0])
         assert ours.dtype == torch.bfloat16
-        # bf16 keeps 8 significant bits and the two sides round in different places (attention
-        # kernels, pooling order): measured up to 7.4e-3 of the scale, about what transformers'
-        # own bf16 result differs from its f32 one (up to 9e-3).
+        # bf16 keeps 8 significant bits and the two sides round in different places
+        # (attention kernels, pooling order): measured up to 7.4e-3 of the scale, about
+        # what transformers' own bf16 result differs from its f32 one (up to 9e-3).
         assert relative_error(ours, ref) <= 2e-2, size
 
 
 def test_tower_without_clipping_or_standardization(tmp_path, processor):
     model_dir = make_vision_checkpoint(
-        tmp_path, seed=22, use_clipped_linears=False, standardize=False, num_key_value_heads=4
+        tmp_path,
+        seed=22,
+        use_clipped_linears=False,
+        standardize=False,
+        num_key_value_heads=4,
     )
-    batch = processor(images=[random_image(200, 150, seed=2)], max_soft_tokens=140,
-                      return_tensors="pt")  # fmt: skip
+    batch = processor(
+        images=[random_image(200, 150, seed=2)],
+        max_soft_tokens=140,
+        return_tensors="pt",
+    )
     ref = reference_embeddings(hf_tiny.load(model_dir), batch)
     ours = torchtpu_cpp.VisionTower(str(model_dir), dtype="float32").embed(
         batch["pixel_values"][0], batch["image_position_ids"][0]
@@ -388,12 +425,20 @@ def test_text_only_checkpoint_has_no_vision_tower(tmp_path):
 def test_tower_refuses_bad_patches(vision_dir):
     tower = torchtpu_cpp.VisionTower(str(vision_dir), dtype="float32")
     pixels = torch.rand(12, 768)
-    with pytest.raises(ValueError, match=r"image pixels must be a floating-point tensor "
-                                         r"\[patches, 3 \* patch_size\^2 = 768\]"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"image pixels must be a floating-point tensor "
+        r"\[patches, 3 \* patch_size\^2 = 768\]",
+    ):
         tower.embed(torch.rand(12, 700), torch.zeros(12, 2, dtype=torch.long))
-    positions = torch.stack(torch.meshgrid(torch.arange(4), torch.arange(3), indexing="xy"), -1)
-    with pytest.raises(ValueError, match=r"image patches must tile a grid whose sides are "
-                                         r"multiples of pooling_kernel_size = 3: got 12 patches"):  # fmt: skip
+    positions = torch.stack(
+        torch.meshgrid(torch.arange(4), torch.arange(3), indexing="xy"), -1
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"image patches must tile a grid whose sides are multiples of "
+        r"pooling_kernel_size = 3: got 12 patches",
+    ):
         tower.embed(pixels, positions.reshape(12, 2))
     with pytest.raises(ValueError, match=r"image positions must be an integer tensor"):
         tower.embed(pixels, torch.zeros(12, 2))
