@@ -200,6 +200,7 @@ void jpeg_message(j_common_ptr cinfo, int level) {
 struct JpegRead {
   std::string_view bytes;
   Failure failure;
+  bool cmyk = false;
   bool truncated = false;
   RowBuffer* buffer = nullptr;
 };
@@ -220,8 +221,7 @@ bool jpeg_decode(JpegRead* r) {
                static_cast<unsigned long>(r->bytes.size()));
   jpeg_read_header(&cinfo, TRUE);
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-    std::snprintf(r->failure.message, sizeof r->failure.message,
-                  "CMYK JPEG images are not supported (only greyscale and colour ones)");
+    r->cmyk = true;
     jpeg_destroy_decompress(&cinfo);
     return false;
   }
@@ -250,6 +250,7 @@ at::Tensor decode_jpeg(std::string_view bytes, const ImageLimits& limits) {
   r.buffer = &buffer;
   const bool ok = jpeg_decode(&r);
   TORCH_CHECK_VALUE(buffer.error.empty(), buffer.error);
+  TORCH_CHECK_VALUE(!r.cmyk, "CMYK JPEG images are not supported: send an RGB or greyscale one");
   TORCH_CHECK_VALUE(ok, "corrupt JPEG image: ", r.failure.message);
   TORCH_CHECK_VALUE(!r.truncated, "truncated JPEG image: the data ends before the last scan line");
   return buffer.rows.view({buffer.rows.size(0), -1, 3}).permute({2, 0, 1}).contiguous();

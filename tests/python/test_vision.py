@@ -162,6 +162,15 @@ def test_corrupt_jpeg_header_is_a_value_error():
         torchtpu_cpp.decode_image(b"\xff\xd8\xff\xe0" + b"\x00" * 30)
 
 
+def test_cmyk_jpeg_is_a_value_error():
+    data = encode(random_image(16, 16, seed=7).convert("CMYK"), "JPEG")
+    with pytest.raises(
+        ValueError,
+        match=r"^CMYK JPEG images are not supported: send an RGB or greyscale one$",
+    ):
+        torchtpu_cpp.decode_image(data)
+
+
 def test_gif_and_unknown_bytes_are_value_errors():
     gif = encode(random_image(8, 8, seed=7), "GIF")
     with pytest.raises(
