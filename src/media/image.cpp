@@ -264,7 +264,9 @@ at::Tensor decode_webp(std::string_view bytes, const ImageLimits& limits) {
   const VP8StatusCode status = WebPGetFeatures(data, bytes.size(), &features);
   TORCH_CHECK_VALUE(status != VP8_STATUS_NOT_ENOUGH_DATA,
                     "truncated WebP image: the data ends inside its header");
-  TORCH_CHECK_VALUE(status == VP8_STATUS_OK, "corrupt WebP image (libwebp status ", status, ")");
+  TORCH_CHECK_VALUE(status != VP8_STATUS_UNSUPPORTED_FEATURE,
+                    "WebP image uses a feature libwebp cannot decode");
+  TORCH_CHECK_VALUE(status == VP8_STATUS_OK, "corrupt WebP image: its header does not parse");
   TORCH_CHECK_VALUE(!features.has_animation, "animated WebP images are not supported");
   check_size("WebP", features.width, features.height, limits);
   // Pillow opens a WebP with alpha as RGBA (not premultiplied), which convert_to_rgb composites.

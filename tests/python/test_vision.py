@@ -157,6 +157,19 @@ def test_truncated_jpeg_is_a_value_error():
         torchtpu_cpp.decode_image(data[: len(data) // 2])
 
 
+def test_truncated_webp_is_a_value_error():
+    data = encode(random_image(64, 64, seed=6), "WEBP", quality=90)
+    with pytest.raises(
+        ValueError,
+        match=r"^corrupt or truncated WebP image: its pixel data do not decode$",
+    ):
+        torchtpu_cpp.decode_image(data[: len(data) // 2])
+    with pytest.raises(
+        ValueError, match=r"^truncated WebP image: the data ends inside its header$"
+    ):
+        torchtpu_cpp.decode_image(data[:20])
+
+
 def test_corrupt_jpeg_header_is_a_value_error():
     with pytest.raises(ValueError, match=r"^corrupt JPEG image: "):
         torchtpu_cpp.decode_image(b"\xff\xd8\xff\xe0" + b"\x00" * 30)
