@@ -8,6 +8,7 @@
 #include "io/aten_view.h"
 #include "ops/elementwise.h"
 #include "ops/rms_norm.h"
+#include "quant/pack_quantized.h"
 
 namespace torchtpu {
 namespace {
@@ -71,13 +72,13 @@ VisionTower::VisionTower(std::shared_ptr<const Checkpoint> ckpt, const ModelConf
                      "cannot read images");
   }
   config_ = *config.vision;
-  load(*checkpoint_);
+  load(*checkpoint_, config.quantization ? &*config.quantization : nullptr);
 }
 
 VisionTower::VisionTower(const std::string& model_dir, const ModelOptions& options)
     : VisionTower(std::make_shared<const Checkpoint>(model_dir), load_config(model_dir), options) {}
 
-void VisionTower::load(const Checkpoint& ckpt) {
+void VisionTower::load(const Checkpoint& ckpt, const QuantizationConfig* quant) {
   const auto& c = config_;
   const auto& o = options_;
   const int64_t H = c.hidden_size;
@@ -89,9 +90,17 @@ void VisionTower::load(const Checkpoint& ckpt) {
   auto norm = [&](const std::string& name, int64_t dim) {
     return host_tensor(get(ckpt, name, {dim})).to(o.dtype).to(at::kFloat).to(o.device);
   };
+  // A linear's [out, in] weight: dense, or pack-quantized int4 expanded to the compute dtype (the
+  // tower runs once per image, so it keeps no packed form).
+  auto matrix = [&](const std::string& module, int64_t out, int64_t in) {
+    if (!has_packed(ckpt, module)) return dense(module + ".weight", {out, in});
+    const PackedInt4 packed = read_packed(ckpt, module, quant);
+    expect_shape(packed, out, in, "config.json's vision_config");
+    return dequantize(packed, o.dtype).to(o.device);
+  };
   auto linear = [&](const std::string& module, int64_t out, int64_t in) {
     ClippedLinear l;
-    l.weight = dense(module + ".linear.weight", {out, in});
+    l.weight = matrix(module + ".linear", out, in);
     if (c.use_clipped_linears) {
       l.input_min = dense(module + ".input_min", {});
       l.input_max = dense(module + ".input_max", {});
@@ -101,8 +110,7 @@ void VisionTower::load(const Checkpoint& ckpt) {
     return l;
   };
 
-  input_proj_ =
-      dense(kTower + "patch_embedder.input_proj.weight", {H, 3 * c.patch_size * c.patch_size});
+  input_proj_ = matrix(kTower + "patch_embedder.input_proj", H, 3 * c.patch_size * c.patch_size);
   position_embedding_table_ =
       dense(kTower + "patch_embedder.position_embedding_table", {2, c.position_embedding_size, H});
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -128,7 +136,7 @@ void VisionTower::load(const Checkpoint& ckpt) {
     std_bias_ = dense(kTower + "std_bias", {H}).to(at::kFloat);
     std_scale_ = dense(kTower + "std_scale", {H}).to(at::kFloat);
   }
-  embedding_projection_ = dense(kEmbedder + "embedding_projection.weight", {text_hidden_size_, H});
+  embedding_projection_ = matrix(kEmbedder + "embedding_projection", text_hidden_size_, H);
 
   // Gemma4VisionRotaryEmbedding: frequencies over a quarter of head_dim, shared by x and y.
   const int64_t spatial = D / 2;

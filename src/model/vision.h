@@ -1,7 +1,8 @@
 // Gemma 4's image encoder over ATen (transformers' Gemma4VisionModel and the embed_vision
 // Gemma4MultimodalEmbedder): patches of one image in, soft tokens in the text model's hidden size
 // out, ready to replace the image_token_id positions of a prompt. Weights are read from the
-// checkpoint's model.vision_tower.* and model.embed_vision.* tensors.
+// checkpoint's model.vision_tower.* and model.embed_vision.* tensors, dense or int4
+// pack-quantized (expanded to the compute dtype at load).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -51,7 +52,7 @@ class VisionTower {
     ClippedLinear gate_proj, up_proj, down_proj;
   };
 
-  void load(const Checkpoint& ckpt);
+  void load(const Checkpoint& ckpt, const QuantizationConfig* quant);
   at::Tensor attention(const Layer& w, const at::Tensor& x, const at::Tensor& cos,
                        const at::Tensor& sin) const;
 

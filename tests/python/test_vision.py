@@ -433,6 +433,26 @@ def test_tower_without_clipping_or_standardization(tmp_path, processor):
     assert relative_error(ours, ref) <= 1e-4
 
 
+def test_int4_tower_matches_transformers_on_the_decompressed_weights(
+    vision_dir, tmp_path, processor
+):
+    """A checkpoint whose vision linears compressed-tensors packed to int4 (group 32): our
+    tower expands them at load, transformers runs compressed-tensors' decompressed weights."""
+    quant_dir, dense_dir = tmp_path / "int4", tmp_path / "dense"
+    hf_tiny.ct_quantize_checkpoint(vision_dir, quant_dir)
+    decompressed = hf_tiny.dense_from_quantized(quant_dir, dense_dir)
+    assert "model.vision_tower.encoder.layers.0.self_attn.q_proj.linear" in decompressed
+    assert "model.embed_vision.embedding_projection" in decompressed
+    batch = processor(
+        images=[random_image(300, 90, seed=3)], max_soft_tokens=70, return_tensors="pt"
+    )
+    ref = reference_embeddings(hf_tiny.load(dense_dir), batch)
+    ours = torchtpu_cpp.VisionTower(str(quant_dir), dtype="float32").embed(
+        batch["pixel_values"][0], batch["image_position_ids"][0]
+    )
+    assert relative_error(ours, ref) <= 1e-4
+
+
 def test_text_only_checkpoint_has_no_vision_tower(tmp_path):
     text = hf_tiny.text_config(layer_types=["sliding_attention", "full_attention"])
     hf_tiny.make(tmp_path, text, seed=3, multimodal_prefix=True)
