@@ -330,9 +330,9 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
         top.fail("vision_config", "must be an object or null, got " + root["vision_config"].dump());
       c.vision = parse_vision(root["vision_config"], path);
     }
-    for (auto [key, field] : {std::pair{"image_token_id", &c.image_token_id},
-                              std::pair{"boi_token_id", &c.boi_token_id},
-                              std::pair{"eoi_token_id", &c.eoi_token_id}}) {
+    for (auto [key, field] :
+         {std::pair{"image_token_id", &c.image_token_id},
+          std::pair{"boi_token_id", &c.boi_token_id}, std::pair{"eoi_token_id", &c.eoi_token_id}}) {
       *field = root.contains(key) && root[key].is_null() ? -1 : top.integer(key, *field);
     }
   }

@@ -38,8 +38,9 @@ struct QuantizationConfig {
   std::vector<std::string> ignore;
 };
 
-// vision_config of a multimodal checkpoint (Gemma4VisionConfig): the image encoder's shape. Patches
-// of patch_size^2 pixels are embedded, encoded, and pooled by pooling_kernel_size^2 into soft tokens.
+// vision_config of a multimodal checkpoint (Gemma4VisionConfig): the image encoder's shape.
+// Patches of patch_size^2 pixels are embedded, encoded and pooled by pooling_kernel_size^2 into
+// soft tokens.
 struct VisionConfig {
   int64_t hidden_size = 768;
   int64_t intermediate_size = 3072;
