@@ -7,6 +7,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "common/errors.h"
 #include "common/json_depth.h"
@@ -243,6 +244,60 @@ std::vector<LayerType> default_layer_types(int64_t n) {
 
 const char* layer_type_name(LayerType t) { return t == LayerType::kFull ? kFull : kSliding; }
 
+VisionConfig parse_vision(const json& v, const std::string& path) {
+  const Fields f(v, path, "vision_config.");
+  VisionConfig c;
+  const std::string model_type = f.string("model_type", "gemma4_vision");
+  if (model_type != "gemma4_vision") {
+    f.unsupported("model_type", f.at("model_type"), "expected \"gemma4_vision\"");
+  }
+  c.hidden_size = f.positive("hidden_size", c.hidden_size);
+  c.intermediate_size = f.positive("intermediate_size", c.intermediate_size);
+  c.num_hidden_layers = f.positive("num_hidden_layers", c.num_hidden_layers);
+  c.num_attention_heads = f.positive("num_attention_heads", c.num_attention_heads);
+  c.num_key_value_heads = f.positive("num_key_value_heads", c.num_key_value_heads);
+  c.head_dim = f.positive("head_dim", c.head_dim);
+  c.hidden_activation = f.string("hidden_activation", c.hidden_activation);
+  c.rms_norm_eps = f.number("rms_norm_eps", c.rms_norm_eps);
+  c.pooling_kernel_size = f.positive("pooling_kernel_size", c.pooling_kernel_size);
+  c.patch_size = f.positive("patch_size", c.patch_size);
+  c.position_embedding_size = f.positive("position_embedding_size", c.position_embedding_size);
+  c.use_clipped_linears = f.boolean("use_clipped_linears", c.use_clipped_linears);
+  c.standardize = f.boolean("standardize", c.standardize);
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    f.fail("num_attention_heads", "= " + std::to_string(c.num_attention_heads) +
+                                      " is not a multiple of num_key_value_heads = " +
+                                      std::to_string(c.num_key_value_heads));
+  }
+  // Axial RoPE rotates x on one half of head_dim and y on the other, each in pairs.
+  if (c.head_dim % 4 != 0) {
+    f.unsupported("head_dim", f.at("head_dim"), "axial RoPE needs a multiple of 4");
+  }
+  if (!(c.rms_norm_eps > 0))
+    f.fail("rms_norm_eps", "must be positive, got " + f.at("rms_norm_eps").dump());
+  if (c.hidden_activation != "gelu_pytorch_tanh" && c.hidden_activation != "gelu_tanh") {
+    f.unsupported("hidden_activation", f.at("hidden_activation"),
+                  "only the tanh-approximated GELU (gelu_pytorch_tanh) is implemented");
+  }
+  f.require_false("attention_bias", "the vision encoder has no projection biases");
+  if (f.has("rope_parameters")) {
+    const json& rp = f.at("rope_parameters");
+    if (!rp.is_object()) f.fail("rope_parameters", "must be an object, got " + rp.dump());
+    const Fields r(rp, path, "vision_config.rope_parameters.");
+    for (const auto& [key, value] : rp.items()) {
+      if (key != "rope_type" && key != "rope_theta") {
+        r.unsupported(key, value, "unknown RoPE parameter for the vision encoder");
+      }
+    }
+    if (r.string("rope_type", "axial") != "axial") {
+      r.unsupported("rope_type", r.at("rope_type"), "the vision encoder's RoPE is \"axial\"");
+    }
+    c.rope_theta = r.number("rope_theta", c.rope_theta);
+    if (!(c.rope_theta > 0)) r.fail("rope_theta", "must be positive, got " + rp.dump());
+  }
+  return c;
+}
+
 }  // namespace
 
 ModelConfig parse_config_json(const std::string& json_text, const std::string& path) {
@@ -269,6 +324,18 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   const Fields f(*text, path, prefix);
 
   ModelConfig c;
+  if (text != &root) {
+    if (top.has("vision_config")) {
+      if (!root["vision_config"].is_object())
+        top.fail("vision_config", "must be an object or null, got " + root["vision_config"].dump());
+      c.vision = parse_vision(root["vision_config"], path);
+    }
+    for (auto [key, field] :
+         {std::pair{"image_token_id", &c.image_token_id},
+          std::pair{"boi_token_id", &c.boi_token_id}, std::pair{"eoi_token_id", &c.eoi_token_id}}) {
+      *field = root.contains(key) && root[key].is_null() ? -1 : top.integer(key, *field);
+    }
+  }
   c.vocab_size = f.positive("vocab_size", 262144);
   c.hidden_size = f.positive("hidden_size", 2304);
   c.intermediate_size = f.positive("intermediate_size", 9216);

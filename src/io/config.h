@@ -38,6 +38,26 @@ struct QuantizationConfig {
   std::vector<std::string> ignore;
 };
 
+// vision_config of a multimodal checkpoint (Gemma4VisionConfig): the image encoder's shape.
+// Patches of patch_size^2 pixels are embedded, encoded and pooled by pooling_kernel_size^2 into
+// soft tokens.
+struct VisionConfig {
+  int64_t hidden_size = 768;
+  int64_t intermediate_size = 3072;
+  int64_t num_hidden_layers = 16;
+  int64_t num_attention_heads = 12;
+  int64_t num_key_value_heads = 12;
+  int64_t head_dim = 64;
+  std::string hidden_activation = "gelu_pytorch_tanh";
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 100.0;  // rope_parameters: "axial" (x on the first half, y on the second)
+  int64_t pooling_kernel_size = 3;
+  int64_t patch_size = 16;
+  int64_t position_embedding_size = 10240;  // rows of each of the x and y position tables
+  bool use_clipped_linears = false;         // linears clamp inputs and outputs to stored bounds
+  bool standardize = false;                 // soft tokens get (x - std_bias) * std_scale
+};
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -66,6 +86,11 @@ struct ModelConfig {
   // generation_config.json's eos ids.
   std::vector<int64_t> eos_token_ids;
   std::optional<QuantizationConfig> quantization;
+  std::optional<VisionConfig> vision;  // absent for text-only checkpoints
+  // Multimodal token ids of the top level (transformers' defaults; -1 when config.json has null).
+  int64_t image_token_id = 258880;  // one per image soft token in the prompt
+  int64_t boi_token_id = 255999;    // begins an image
+  int64_t eoi_token_id = 258882;    // ends an image
 
   // Derived, from the research note §1 / §2.5.
   int64_t first_shared_layer() const { return num_hidden_layers - num_kv_shared_layers; }

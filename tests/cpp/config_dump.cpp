@@ -56,6 +56,26 @@ int main(int argc, char** argv) {
         {"rope_full", rope(c.rope_full)},
         {"layers", layers},
     };
+    out["image_token_id"] = c.image_token_id;
+    out["boi_token_id"] = c.boi_token_id;
+    out["eoi_token_id"] = c.eoi_token_id;
+    if (c.vision) {
+      const VisionConfig& v = *c.vision;
+      out["vision"] = {{"hidden_size", v.hidden_size},
+                       {"intermediate_size", v.intermediate_size},
+                       {"num_hidden_layers", v.num_hidden_layers},
+                       {"num_attention_heads", v.num_attention_heads},
+                       {"num_key_value_heads", v.num_key_value_heads},
+                       {"head_dim", v.head_dim},
+                       {"hidden_activation", v.hidden_activation},
+                       {"rms_norm_eps", v.rms_norm_eps},
+                       {"rope_theta", v.rope_theta},
+                       {"pooling_kernel_size", v.pooling_kernel_size},
+                       {"patch_size", v.patch_size},
+                       {"position_embedding_size", v.position_embedding_size},
+                       {"use_clipped_linears", v.use_clipped_linears},
+                       {"standardize", v.standardize}};
+    }
     std::cout << out.dump() << "\n";
   } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";

@@ -664,6 +664,69 @@ TEST(Config, DefaultsFollowTransformers) {
   EXPECT_EQ(c.rope_sliding.theta, 1e4);
 }
 
+// vision_config as transformers 5.24 writes E2B's (Gemma4VisionConfig); null or absent: no tower.
+TEST(Config, VisionConfig) {
+  json j = e2b_config();
+  EXPECT_FALSE(parse(j).vision.has_value());
+  j["vision_config"] = nullptr;
+  EXPECT_FALSE(parse(j).vision.has_value());
+  j["vision_config"] = {{"model_type", "gemma4_vision"},
+                        {"hidden_size", 768},
+                        {"intermediate_size", 3072},
+                        {"num_hidden_layers", 16},
+                        {"num_attention_heads", 12},
+                        {"num_key_value_heads", 12},
+                        {"head_dim", 64},
+                        {"hidden_activation", "gelu_pytorch_tanh"},
+                        {"rms_norm_eps", 1e-6},
+                        {"rope_parameters", {{"rope_theta", 100.0}, {"rope_type", "axial"}}},
+                        {"pooling_kernel_size", 3},
+                        {"patch_size", 16},
+                        {"position_embedding_size", 10240},
+                        {"use_clipped_linears", true},
+                        {"standardize", false},
+                        {"attention_bias", false}};
+  j["boi_token_id"] = 255999;
+  j["eoi_token_id"] = nullptr;
+  const ModelConfig c = parse(j);
+  ASSERT_TRUE(c.vision.has_value());
+  EXPECT_EQ(c.vision->hidden_size, 768);
+  EXPECT_EQ(c.vision->num_hidden_layers, 16);
+  EXPECT_EQ(c.vision->head_dim, 64);
+  EXPECT_EQ(c.vision->rope_theta, 100.0);
+  EXPECT_EQ(c.vision->pooling_kernel_size, 3);
+  EXPECT_EQ(c.vision->patch_size, 16);
+  EXPECT_EQ(c.vision->position_embedding_size, 10240);
+  EXPECT_TRUE(c.vision->use_clipped_linears);
+  EXPECT_FALSE(c.vision->standardize);
+  EXPECT_EQ(c.image_token_id, 258880);
+  EXPECT_EQ(c.boi_token_id, 255999);
+  EXPECT_EQ(c.eoi_token_id, -1);
+
+  json bad = j;
+  bad["vision_config"]["rope_parameters"]["rope_type"] = "default";
+  EXPECT_THAT(config_error(bad), HasSubstr("vision_config.rope_parameters.rope_type = \"default\" "
+                                           "is not supported: the vision encoder's RoPE is "
+                                           "\"axial\""));
+  bad = j;
+  bad["vision_config"]["head_dim"] = 66;
+  EXPECT_THAT(config_error(bad), HasSubstr("vision_config.head_dim = 66 is not supported: axial "
+                                           "RoPE needs a multiple of 4"));
+  bad = j;
+  bad["vision_config"]["hidden_activation"] = "silu";
+  EXPECT_THAT(config_error(bad), HasSubstr("vision_config.hidden_activation = \"silu\" is not "
+                                           "supported"));
+  bad = j;
+  bad["vision_config"]["patch_size"] = 0;
+  EXPECT_THAT(config_error(bad), HasSubstr("vision_config.patch_size must be positive, got 0"));
+  bad = j;
+  bad["vision_config"] = 3;
+  EXPECT_THAT(config_error(bad), HasSubstr("vision_config must be an object or null, got 3"));
+  bad = j;
+  bad["image_token_id"] = "x";
+  EXPECT_THAT(config_error(bad), HasSubstr("image_token_id must be an integer, got \"x\""));
+}
+
 TEST(Config, EosIdsUnionWithGenerationConfig) {
   TempDir dir;
   json j = e2b_config();

@@ -11,7 +11,7 @@ import os
 import subprocess
 
 import pytest
-from transformers import Gemma4Config, Gemma4TextConfig, GenerationConfig
+from transformers import Gemma4Config, Gemma4TextConfig, Gemma4VisionConfig, GenerationConfig
 
 DUMP = os.environ.get("CONFIG_DUMP", "")
 
@@ -53,6 +53,19 @@ CASES = {
     "tiny_text_only": lambda: tiny_text(final_logit_softcapping=None),
     "tiny_multimodal": lambda: Gemma4Config(text_config=tiny_text(eos_token_id=[1, 106]).to_dict()),
     "tiny_no_sharing": lambda: tiny_text(num_kv_shared_layers=0, use_double_wide_mlp=False),
+    "e2b_vision": lambda: Gemma4Config(
+        text_config=e2b_text().to_dict(), vision_config=Gemma4VisionConfig().to_dict()
+    ),
+    "tiny_vision_clipped": lambda: Gemma4Config(
+        text_config=tiny_text().to_dict(),
+        vision_config=Gemma4VisionConfig(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=16, pooling_kernel_size=2, patch_size=4,
+            position_embedding_size=64, use_clipped_linears=True, standardize=True,
+            rope_parameters={"rope_type": "axial", "rope_theta": 50.0},
+        ).to_dict(),
+        image_token_id=500, boi_token_id=501, eoi_token_id=502,
+    ),  # fmt: skip
 }
 
 
@@ -120,6 +133,18 @@ def test_matches_transformers(tmp_path, case):
         if v not in expected_eos:
             expected_eos.append(v)
     assert ours["eos_token_ids"] == expected_eos
+
+    vision = getattr(loaded, "vision_config", None)
+    assert ("vision" in ours) == (vision is not None)
+    if vision is not None:
+        for field in ["image_token_id", "boi_token_id", "eoi_token_id"]:
+            assert ours[field] == getattr(loaded, field), field
+        for field in ["hidden_size", "intermediate_size", "num_hidden_layers",
+                      "num_attention_heads", "num_key_value_heads", "head_dim",
+                      "hidden_activation", "rms_norm_eps", "pooling_kernel_size", "patch_size",
+                      "position_embedding_size", "use_clipped_linears", "standardize"]:  # fmt: skip
+            assert ours["vision"][field] == getattr(vision, field), field
+        assert ours["vision"]["rope_theta"] == vision.rope_parameters["rope_theta"]
 
 
 def test_e2b_per_layer_values(tmp_path):

@@ -241,3 +241,44 @@ def ramp(n: int, like: torch.Tensor | None = None, dtype: _DType = "bfloat16") -
 
 def add_(x: torch.Tensor, value: float) -> torch.Tensor:
     """x += value in C++, in place; returns x itself."""
+
+def decode_image(
+    data: bytes, *, max_bytes: int = 33554432, max_pixels: int = 67108864
+) -> torch.Tensor:
+    """JPEG, PNG or WebP bytes to RGB uint8 [3, H, W], as Pillow's convert("RGB")."""
+
+class ImagePatches:
+    """One image preprocessed as Gemma4ImageProcessor does it, without the padding."""
+
+    @property
+    def pixels(self) -> torch.Tensor:
+        """float32 [P, 3 * patch_size**2] in [0, 1]."""
+    @property
+    def positions(self) -> torch.Tensor:
+        """int64 [P, 2] (x, y) patch coordinates."""
+    @property
+    def soft_tokens(self) -> int:
+        """Image tokens the prompt needs: P / pooling_kernel_size**2."""
+
+def preprocess_image(
+    image: bytes | torch.Tensor,
+    max_soft_tokens: int = 280,
+    *,
+    patch_size: int = 16,
+    pooling_kernel_size: int = 3,
+    max_bytes: int = 33554432,
+    max_pixels: int = 67108864,
+) -> ImagePatches:
+    """Encoded bytes or RGB uint8 [3, H, W] to patches for a soft-token budget (70 ... 1120)."""
+
+class VisionTower:
+    """Gemma 4's vision encoder and its projection into the text model."""
+
+    def __init__(
+        self, model_dir: str, *, dtype: _DType = "bfloat16", device: str | None = None
+    ) -> None: ...
+    def embed(self, pixels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Soft tokens [soft_tokens, text hidden_size] of one image's patches."""
+    @property
+    def soft_token_width(self) -> int:
+        """The text model's hidden size."""
