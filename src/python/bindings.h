@@ -33,5 +33,6 @@ void bind_text(py::module_& m);
 void bind_tensor_functions(py::module_& m);
 void bind_serve(py::module_& m);
 void bind_checkpoints(py::module_& m);
+void bind_audio(py::module_& m);
 
 }  // namespace torchtpu::python

@@ -138,4 +138,5 @@ PYBIND11_MODULE(_torchtpu_cpp, m) {
   bind_tensor_functions(m);
   bind_serve(m);
   bind_checkpoints(m);
+  bind_audio(m);
 }

@@ -17,6 +17,7 @@ if str(torch.__version__) != _BUILT_AGAINST:
 
 from ._torchtpu_cpp import (
     BUILD,
+    AudioTower,
     Batch,
     ChatTemplate,
     DecodeResult,
@@ -24,14 +25,18 @@ from ._torchtpu_cpp import (
     Tokenizer,
     __version__,
     add_,
+    audio_features,
+    decode_audio,
     make_tiny,
     matmul_sum,
     ramp,
     render_chat,
+    resample_audio,
 )
 
 __all__ = [
     "BUILD",
+    "AudioTower",
     "Batch",
     "ChatTemplate",
     "DecodeResult",
@@ -39,8 +44,11 @@ __all__ = [
     "Tokenizer",
     "__version__",
     "add_",
+    "audio_features",
+    "decode_audio",
     "make_tiny",
     "matmul_sum",
     "ramp",
     "render_chat",
+    "resample_audio",
 ]

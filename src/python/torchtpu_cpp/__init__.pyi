@@ -241,3 +241,30 @@ def ramp(n: int, like: torch.Tensor | None = None, dtype: _DType = "bfloat16") -
 
 def add_(x: torch.Tensor, value: float) -> torch.Tensor:
     """x += value in C++, in place; returns x itself."""
+
+class _AudioFeatures(TypedDict):
+    features: torch.Tensor  # [T, 128] float32 log-mel, zero at invalid frames
+    mask: torch.Tensor  # [T] bool
+    soft_tokens: int
+
+def decode_audio(data: bytes, *, max_seconds: float = 30.0) -> tuple[torch.Tensor, int]:
+    """WAV bytes -> (mono float32 samples, sample rate); ValueError for bad or long files."""
+
+def resample_audio(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tensor:
+    """Windowed-sinc resampling of mono samples (Kaiser window, 32 zero crossings)."""
+
+def audio_features(
+    audio: bytes | torch.Tensor, *, max_samples: int = 480000
+) -> _AudioFeatures:
+    """Gemma 4 log-mel features of WAV bytes or of mono 16 kHz samples."""
+
+class AudioTower:
+    """The audio encoder and embed_audio of a checkpoint directory."""
+
+    def __init__(self, model_dir: str, *, dtype: _DType = "bfloat16", device: str = "cpu") -> None: ...
+    def embed(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[soft_tokens, text hidden] embeddings at the valid positions."""
+    def encode(
+        self, features: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's output [T/4, output_proj_dims] and its mask, before embed_audio."""
