@@ -69,6 +69,28 @@ at::Tensor samples_as_double(const char* data, int64_t frames, int64_t channels,
   return out.view({frames, channels});
 }
 
+// Options that would divide by zero, index out of range or build an empty filter bank.
+void check_options(const AudioFeatureOptions& o, int64_t frame_length, int64_t hop) {
+  auto fail = [](const std::string& what) { throw ValueError("audio feature options: " + what); };
+  if (o.sampling_rate < 1)
+    fail("sampling_rate must be positive, got " + std::to_string(o.sampling_rate));
+  if (o.feature_size < 1)
+    fail("feature_size must be positive, got " + std::to_string(o.feature_size));
+  if (frame_length < 2 || hop < 1) {
+    fail("frame_length_ms and hop_length_ms give frames of " + std::to_string(frame_length) +
+         " and hops of " + std::to_string(hop) + " samples; at least 2 and 1 are needed");
+  }
+  if (!(o.min_frequency >= 0 && o.min_frequency < o.max_frequency &&
+        o.max_frequency <= o.sampling_rate / 2.0)) {
+    fail("need 0 <= min_frequency < max_frequency <= sampling_rate / 2, got " +
+         std::to_string(o.min_frequency) + " and " + std::to_string(o.max_frequency) + " Hz");
+  }
+  if (!(o.mel_floor > 0)) fail("mel_floor must be positive, got " + std::to_string(o.mel_floor));
+  if (o.pad_to_multiple_of < 1 || o.max_samples < 1) {
+    fail("pad_to_multiple_of and max_samples must be positive");
+  }
+}
+
 }  // namespace
 
 Waveform decode_wav(std::string_view bytes, double max_seconds) {
@@ -204,6 +226,7 @@ AudioFeatures audio_features(const at::Tensor& samples, const AudioFeatureOption
   }
   const int64_t frame_length = std::lround(o.sampling_rate * o.frame_length_ms / 1000.0);
   const int64_t hop = std::lround(o.sampling_rate * o.hop_length_ms / 1000.0);
+  check_options(o, frame_length, hop);
   const int64_t pad_left = frame_length / 2;  // semicausal: the first frame is centred at t = 0
   const int64_t frame_size = frame_length + 1;
   if (n <= frame_size - 1 - pad_left) {

@@ -53,11 +53,26 @@ void bind_audio(py::module_& m) {
       },
       py::arg("samples"), py::arg("from_rate"), py::arg("to_rate"),
       "Windowed-sinc resampling of mono float samples (Kaiser window, 32 zero crossings).");
+  const AudioFeatureOptions defaults;
   m.def(
       "audio_features",
-      [](py::handle audio, int64_t max_samples) {
+      [](py::handle audio, int64_t max_samples, int64_t feature_size, int64_t sampling_rate,
+         double frame_length_ms, double hop_length_ms, double min_frequency, double max_frequency,
+         double preemphasis, bool preemphasis_htk_flavor, bool fft_overdrive,
+         double input_scale_factor, double mel_floor) {
         AudioFeatureOptions options;
         options.max_samples = max_samples;
+        options.feature_size = feature_size;
+        options.sampling_rate = sampling_rate;
+        options.frame_length_ms = frame_length_ms;
+        options.hop_length_ms = hop_length_ms;
+        options.min_frequency = min_frequency;
+        options.max_frequency = max_frequency;
+        options.preemphasis = preemphasis;
+        options.preemphasis_htk_flavor = preemphasis_htk_flavor;
+        options.fft_overdrive = fft_overdrive;
+        options.input_scale_factor = input_scale_factor;
+        options.mel_floor = mel_floor;
         AudioFeatures clip;
         if (PyBytes_Check(audio.ptr())) {
           const std::string_view bytes = audio.cast<py::bytes>();
@@ -70,10 +85,21 @@ void bind_audio(py::module_& m) {
         }
         return features_dict(clip);
       },
-      py::arg("audio"), py::kw_only(), py::arg("max_samples") = AudioFeatureOptions{}.max_samples,
-      "Gemma 4 log-mel features of WAV bytes (decoded, resampled to 16 kHz) or of a float tensor "
-      "of mono 16 kHz samples: {'features': [T, 128] float32, 'mask': [T] bool, 'soft_tokens': "
-      "int}.");
+      py::arg("audio"), py::kw_only(), py::arg("max_samples") = defaults.max_samples,
+      py::arg("feature_size") = defaults.feature_size,
+      py::arg("sampling_rate") = defaults.sampling_rate,
+      py::arg("frame_length_ms") = defaults.frame_length_ms,
+      py::arg("hop_length_ms") = defaults.hop_length_ms,
+      py::arg("min_frequency") = defaults.min_frequency,
+      py::arg("max_frequency") = defaults.max_frequency,
+      py::arg("preemphasis") = defaults.preemphasis,
+      py::arg("preemphasis_htk_flavor") = defaults.preemphasis_htk_flavor,
+      py::arg("fft_overdrive") = defaults.fft_overdrive,
+      py::arg("input_scale_factor") = defaults.input_scale_factor,
+      py::arg("mel_floor") = defaults.mel_floor,
+      "Gemma 4 log-mel features of WAV bytes (decoded, resampled to sampling_rate) or of a float "
+      "tensor of mono samples at sampling_rate: {'features': [T, feature_size] float32, 'mask': "
+      "[T] bool, 'soft_tokens': int}. The keywords are Gemma4AudioFeatureExtractor's.");
 
   py::class_<AudioTower>(m, "AudioTower")
       .def(py::init([](const std::string& model_dir, py::handle dtype, const std::string& device) {

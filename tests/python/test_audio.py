@@ -224,6 +224,37 @@ def test_features_match_the_feature_extractor(samples):
     assert got["soft_tokens"] == _processor_soft_tokens(want_mask)
 
 
+# The extractor's other parameters, as a checkpoint's preprocessor_config.json may set them.
+EXTRACTOR_VARIANTS = {
+    "preemphasis-htk": dict(preemphasis=0.97),
+    "preemphasis-plain": dict(preemphasis=0.5, preemphasis_htk_flavor=False),
+    "overdrive-band-floor": dict(
+        fft_overdrive=True, min_frequency=125.0, max_frequency=7600.0, mel_floor=1e-5
+    ),
+    "scaled-80-bins-25ms": dict(
+        input_scale_factor=0.5,
+        feature_size=80,
+        frame_length_ms=25.0,
+        hop_length_ms=12.5,
+    ),
+    "8khz": dict(sampling_rate=8000, max_frequency=4000.0),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(EXTRACTOR_VARIANTS))
+def test_extractor_parameters_match(variant):
+    kwargs = EXTRACTOR_VARIANTS[variant]
+    rate = kwargs.get("sampling_rate", RATE)
+    wave_ = _speechlike(1.23, seed=7, rate=rate)
+    out = Gemma4AudioFeatureExtractor(**kwargs)([wave_], return_tensors="pt")
+    want_features, want_mask = out["input_features"][0], out["input_features_mask"][0]
+    got = torchtpu_cpp.audio_features(torch.from_numpy(wave_), **kwargs)
+    assert torch.equal(got["mask"], want_mask)
+    assert got["features"].shape == want_features.shape
+    err = (got["features"] - want_features).abs().max().item()
+    assert err <= 1e-5 * want_features.abs().max().item(), err
+
+
 def test_silence_hits_the_mel_floor():
     got = torchtpu_cpp.audio_features(torch.zeros(8000))
     want_features, _ = _reference_features(np.zeros(8000, np.float32))
@@ -395,3 +426,9 @@ def test_bad_audio_inputs_are_value_errors():
         ValueError, match="audio clip is too short: 160 samples at 16000 Hz"
     ):
         torchtpu_cpp.audio_features(torch.zeros(160))
+    with pytest.raises(ValueError, match="need 0 <= min_frequency < max_frequency <= "):
+        torchtpu_cpp.audio_features(torch.zeros(8000), max_frequency=9000.0)
+    with pytest.raises(
+        ValueError, match="hop_length_ms give frames of 320 and hops of 0"
+    ):
+        torchtpu_cpp.audio_features(torch.zeros(8000), hop_length_ms=0.0)

@@ -254,9 +254,23 @@ def resample_audio(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch
     """Windowed-sinc resampling of mono samples (Kaiser window, 32 zero crossings)."""
 
 def audio_features(
-    audio: bytes | torch.Tensor, *, max_samples: int = 480000
+    audio: bytes | torch.Tensor,
+    *,
+    max_samples: int = 480000,
+    feature_size: int = 128,
+    sampling_rate: int = 16000,
+    frame_length_ms: float = 20.0,
+    hop_length_ms: float = 10.0,
+    min_frequency: float = 0.0,
+    max_frequency: float = 8000.0,
+    preemphasis: float = 0.0,
+    preemphasis_htk_flavor: bool = True,
+    fft_overdrive: bool = False,
+    input_scale_factor: float = 1.0,
+    mel_floor: float = 1e-3,
 ) -> _AudioFeatures:
-    """Gemma 4 log-mel features of WAV bytes or of mono 16 kHz samples."""
+    """Gemma 4 log-mel features of WAV bytes or of mono samples at sampling_rate; the
+    keywords are Gemma4AudioFeatureExtractor's."""
 
 class AudioTower:
     """The audio encoder and embed_audio of a checkpoint directory."""
