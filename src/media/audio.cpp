@@ -2,7 +2,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
+#include <sstream>
 #include <string>
 
 #include "common/errors.h"
@@ -294,6 +299,80 @@ AudioFeatures audio_features_from_wav(std::string_view bytes, const AudioFeature
 
 int64_t audio_soft_tokens(const at::Tensor& mask) {
   return mask.slice(0, 0, c10::nullopt, 4).sum().item<int64_t>();
+}
+
+AudioFeatureOptions load_audio_feature_options(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  using nlohmann::json;
+  auto read = [](const fs::path& path) -> std::optional<json> {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return std::nullopt;
+    std::ostringstream text;
+    text << in.rdbuf();
+    try {
+      return json::parse(text.str());
+    } catch (const json::exception& e) {
+      throw FormatError(path.string() + ": invalid JSON: " + e.what());
+    }
+  };
+  std::string file, prefix;
+  json fe;
+  const fs::path processor = fs::path(model_dir) / "processor_config.json";
+  const fs::path preprocessor = fs::path(model_dir) / "preprocessor_config.json";
+  if (auto j = read(processor); j && j->is_object() && j->contains("feature_extractor")) {
+    file = processor.string();
+    prefix = "feature_extractor.";
+    fe = (*j)["feature_extractor"];
+  } else if (auto p = read(preprocessor);
+             p && p->is_object() &&
+             p->value("feature_extractor_type", "") == "Gemma4AudioFeatureExtractor") {
+    file = preprocessor.string();
+    fe = *p;
+  } else {
+    return {};
+  }
+  if (!fe.is_object()) throw FormatError(file + ": " + prefix + " must be an object");
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw FormatError(file + ": " + prefix + key + " " + what);
+  };
+  auto number = [&](const char* key, double def) {
+    if (!fe.contains(key) || fe[key].is_null()) return def;
+    if (!fe[key].is_number()) fail(key, "must be a number, got " + fe[key].dump());
+    return fe[key].get<double>();
+  };
+  auto integer = [&](const char* key, int64_t def) {
+    if (!fe.contains(key) || fe[key].is_null()) return def;
+    if (!fe[key].is_number_integer()) fail(key, "must be an integer, got " + fe[key].dump());
+    return fe[key].get<int64_t>();
+  };
+  auto boolean = [&](const char* key, bool def) {
+    if (!fe.contains(key) || fe[key].is_null()) return def;
+    if (!fe[key].is_boolean()) fail(key, "must be true or false, got " + fe[key].dump());
+    return fe[key].get<bool>();
+  };
+  AudioFeatureOptions o;
+  o.feature_size = integer("feature_size", o.feature_size);
+  o.sampling_rate = integer("sampling_rate", o.sampling_rate);
+  o.frame_length_ms = number("frame_length_ms", o.frame_length_ms);
+  o.hop_length_ms = number("hop_length_ms", o.hop_length_ms);
+  o.min_frequency = number("min_frequency", o.min_frequency);
+  o.max_frequency = number("max_frequency", o.max_frequency);
+  o.preemphasis = number("preemphasis", o.preemphasis);
+  o.preemphasis_htk_flavor = boolean("preemphasis_htk_flavor", o.preemphasis_htk_flavor);
+  o.fft_overdrive = boolean("fft_overdrive", o.fft_overdrive);
+  o.input_scale_factor = number("input_scale_factor", o.input_scale_factor);
+  o.mel_floor = number("mel_floor", o.mel_floor);
+  if (number("dither", 0.0) != 0.0) {
+    fail("dither", "= " + fe["dither"].dump() +
+                       " is not supported: dithering adds random noise, so features would not "
+                       "be reproducible");
+  }
+  for (const char* key : {"per_bin_mean", "per_bin_stddev"}) {
+    if (fe.contains(key) && !fe[key].is_null()) {
+      fail(key, "is not supported: per-bin normalisation is not implemented");
+    }
+  }
+  return o;
 }
 
 }  // namespace torchtpu

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace torchtpu {
@@ -48,6 +49,12 @@ struct AudioFeatureOptions {
   // processor's 750 soft tokens). Longer clips are refused rather than silently truncated.
   int64_t max_samples = 480000;
 };
+
+// The extractor's parameters saved with a checkpoint: processor_config.json's
+// "feature_extractor" object, else preprocessor_config.json when it describes a
+// Gemma4AudioFeatureExtractor; transformers' defaults when neither does. FormatError naming the
+// file and field for what this extractor does not implement (dither, per-bin normalisation).
+AudioFeatureOptions load_audio_feature_options(const std::string& model_dir);
 
 // One clip after feature extraction.
 struct AudioFeatures {

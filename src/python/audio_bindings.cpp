@@ -101,6 +101,28 @@ void bind_audio(py::module_& m) {
       "tensor of mono samples at sampling_rate: {'features': [T, feature_size] float32, 'mask': "
       "[T] bool, 'soft_tokens': int}. The keywords are Gemma4AudioFeatureExtractor's.");
 
+  m.def(
+      "load_audio_feature_options",
+      [](const std::string& model_dir) {
+        const AudioFeatureOptions o = load_audio_feature_options(model_dir);
+        py::dict out;
+        out["feature_size"] = o.feature_size;
+        out["sampling_rate"] = o.sampling_rate;
+        out["frame_length_ms"] = o.frame_length_ms;
+        out["hop_length_ms"] = o.hop_length_ms;
+        out["min_frequency"] = o.min_frequency;
+        out["max_frequency"] = o.max_frequency;
+        out["preemphasis"] = o.preemphasis;
+        out["preemphasis_htk_flavor"] = o.preemphasis_htk_flavor;
+        out["fft_overdrive"] = o.fft_overdrive;
+        out["input_scale_factor"] = o.input_scale_factor;
+        out["mel_floor"] = o.mel_floor;
+        return out;
+      },
+      py::arg("model_dir"),
+      "The feature extractor's parameters a checkpoint directory saves (processor_config.json or "
+      "preprocessor_config.json), as audio_features' keywords.");
+
   py::class_<AudioTower>(m, "AudioTower")
       .def(py::init([](const std::string& model_dir, py::handle dtype, const std::string& device) {
              ModelOptions options;

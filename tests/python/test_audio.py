@@ -5,6 +5,7 @@ replace_audio_token, WAV decoding against Python's `wave` module and numpy, resa
 against the analytic signal, and the errors bad inputs get."""
 
 import io
+import json
 import math
 import struct
 import types
@@ -253,6 +254,39 @@ def test_extractor_parameters_match(variant):
     assert got["features"].shape == want_features.shape
     err = (got["features"] - want_features).abs().max().item()
     assert err <= 1e-5 * want_features.abs().max().item(), err
+
+
+@pytest.mark.parametrize("layout", ["preprocessor_config", "processor_config"])
+def test_saved_extractor_parameters_are_loaded(tmp_path, layout):
+    extractor = Gemma4AudioFeatureExtractor(
+        preemphasis=0.9, fft_overdrive=True, min_frequency=60.0, mel_floor=1e-4
+    )
+    if layout == "preprocessor_config":
+        extractor.save_pretrained(tmp_path)
+    else:
+        (tmp_path / "processor_config.json").write_text(
+            json.dumps({"feature_extractor": json.loads(extractor.to_json_string())})
+        )
+    options = torchtpu_cpp.load_audio_feature_options(str(tmp_path))
+    wave_ = _speechlike(0.9, seed=4)
+    want = Gemma4AudioFeatureExtractor.from_pretrained(tmp_path)(
+        [wave_], return_tensors="pt"
+    )
+    got = torchtpu_cpp.audio_features(torch.from_numpy(wave_), **options)
+    err = (got["features"] - want["input_features"][0]).abs().max().item()
+    assert err <= 1e-5 * want["input_features"][0].abs().max().item(), err
+
+
+def test_saved_extractor_parameters_we_cannot_honour(tmp_path):
+    assert torchtpu_cpp.load_audio_feature_options(str(tmp_path))["mel_floor"] == 1e-3
+    Gemma4AudioFeatureExtractor(dither=1e-4).save_pretrained(tmp_path)
+    with pytest.raises(
+        ValueError, match=r"preprocessor_config.json: dither = 0.0001 is not"
+    ):
+        torchtpu_cpp.load_audio_feature_options(str(tmp_path))
+    Gemma4AudioFeatureExtractor(per_bin_mean=[0.0] * 128).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="per_bin_mean is not supported"):
+        torchtpu_cpp.load_audio_feature_options(str(tmp_path))
 
 
 def test_silence_hits_the_mel_floor():

@@ -272,6 +272,9 @@ def audio_features(
     """Gemma 4 log-mel features of WAV bytes or of mono samples at sampling_rate; the
     keywords are Gemma4AudioFeatureExtractor's."""
 
+def load_audio_feature_options(model_dir: str) -> dict[str, Any]:
+    """The feature extractor's parameters a checkpoint saves, as audio_features' keywords."""
+
 class AudioTower:
     """The audio encoder and embed_audio of a checkpoint directory."""
 
