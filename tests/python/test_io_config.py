@@ -11,7 +11,12 @@ import os
 import subprocess
 
 import pytest
-from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4TextConfig, GenerationConfig
+from transformers import (
+    Gemma4AudioConfig,
+    Gemma4Config,
+    Gemma4TextConfig,
+    GenerationConfig,
+)
 
 DUMP = os.environ.get("CONFIG_DUMP", "")
 
