@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "io/checkpoint.h"
