@@ -1,6 +1,7 @@
 #include "media/audio.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,9 @@ namespace {
 constexpr uint16_t kFormatPcm = 1;
 constexpr uint16_t kFormatFloat = 3;
 constexpr uint16_t kFormatExtensible = 0xFFFE;
+// Sample rates accepted from files: telephone to studio rates. Far outside them the resampling
+// filter would grow without bound (its length is inversely proportional to the rate ratio).
+constexpr int64_t kMinRate = 1000, kMaxRate = 384000;
 
 uint16_t u16(const char* p) {
   return static_cast<uint16_t>(static_cast<uint8_t>(p[0]) | static_cast<uint8_t>(p[1]) << 8);
@@ -159,6 +163,10 @@ Waveform decode_wav(std::string_view bytes, double max_seconds) {
                      " channels, " + std::to_string(rate) + " Hz, block align " +
                      std::to_string(block_align) + " for " + std::to_string(bits) + "-bit samples");
   }
+  if (rate < kMinRate || rate > kMaxRate) {
+    throw ValueError("WAV sample rate " + std::to_string(rate) + " Hz is outside the supported " +
+                     std::to_string(kMinRate) + " to " + std::to_string(kMaxRate) + " Hz");
+  }
   const int64_t frames = static_cast<int64_t>(data_size) / block_align;
   if (frames > max_seconds * rate) {
     throw ValueError("audio clip is " + seconds(static_cast<double>(frames) / rate) +
@@ -170,9 +178,10 @@ Waveform decode_wav(std::string_view bytes, double max_seconds) {
 }
 
 at::Tensor resample(const at::Tensor& samples, int64_t from_rate, int64_t to_rate) {
-  if (from_rate < 1 || to_rate < 1) {
-    throw ValueError("sample rates must be positive, got " + std::to_string(from_rate) + " Hz -> " +
-                     std::to_string(to_rate) + " Hz");
+  if (from_rate < kMinRate || from_rate > kMaxRate || to_rate < kMinRate || to_rate > kMaxRate) {
+    throw ValueError("resampling " + std::to_string(from_rate) + " Hz to " +
+                     std::to_string(to_rate) + " Hz: rates must be within " +
+                     std::to_string(kMinRate) + " to " + std::to_string(kMaxRate) + " Hz");
   }
   if (samples.dim() != 1) {
     throw ValueError("resample takes mono samples [N], got a tensor of " +

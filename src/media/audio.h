@@ -28,6 +28,7 @@ Waveform decode_wav(std::string_view bytes, double max_seconds = 30.0);
 // Band-limited resampling by a windowed sinc (Kaiser window, beta 8.6, 32 zero crossings of a
 // low-pass at 0.95 of the lower Nyquist frequency), evaluated exactly at each output instant
 // n * from_rate / to_rate in float64. Returns ceil(N * to_rate / from_rate) float32 samples.
+// Both rates must lie within 1 kHz to 384 kHz, as must a WAV file's (ValueError otherwise).
 at::Tensor resample(const at::Tensor& samples, int64_t from_rate, int64_t to_rate);
 
 // Gemma4AudioFeatureExtractor's parameters (transformers' defaults; a checkpoint's

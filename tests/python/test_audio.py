@@ -467,3 +467,12 @@ def test_bad_audio_inputs_are_value_errors():
         ValueError, match="hop_length_ms give frames of 320 and hops of 0"
     ):
         torchtpu_cpp.audio_features(torch.zeros(8000), hop_length_ms=0.0)
+    fast = _wav(bytes(64), channels=1, width=2, rate=1_000_000)
+    with pytest.raises(
+        ValueError, match="WAV sample rate 1000000 Hz is outside the supported"
+    ):
+        torchtpu_cpp.decode_audio(fast)
+    with pytest.raises(
+        ValueError, match="resampling 16000 Hz to 10 Hz: rates must be within"
+    ):
+        torchtpu_cpp.resample_audio(torch.zeros(100), 16000, 10)
