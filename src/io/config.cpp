@@ -298,6 +298,78 @@ VisionConfig parse_vision(const json& v, const std::string& path) {
   return c;
 }
 
+// audio_config (Gemma4AudioConfig); every value the encoder's shapes or arithmetic depend on is
+// checked here, so the tower can trust it.
+AudioConfig parse_audio_config(const json& a, const std::string& path) {
+  if (!a.is_object()) throw FormatError(path + ": audio_config must be an object, got " + a.dump());
+  const Fields f(a, path, "audio_config.");
+  const std::string model_type = f.string("model_type", "gemma4_audio");
+  if (model_type != "gemma4_audio") {
+    f.unsupported("model_type", f.at("model_type"), "expected \"gemma4_audio\"");
+  }
+  AudioConfig c;
+  c.hidden_size = f.positive("hidden_size", c.hidden_size);
+  c.num_hidden_layers = f.positive("num_hidden_layers", c.num_hidden_layers);
+  c.num_attention_heads = f.positive("num_attention_heads", c.num_attention_heads);
+  c.hidden_act = f.string("hidden_act", c.hidden_act);
+  c.conv_kernel_size = f.positive("conv_kernel_size", c.conv_kernel_size);
+  c.residual_weight = f.number("residual_weight", c.residual_weight);
+  c.attention_chunk_size = f.positive("attention_chunk_size", c.attention_chunk_size);
+  c.attention_context_left = f.positive("attention_context_left", c.attention_context_left);
+  c.attention_context_right = f.integer("attention_context_right", c.attention_context_right);
+  c.attention_logit_cap = f.number("attention_logit_cap", c.attention_logit_cap);
+  c.attention_invalid_logits_value =
+      f.number("attention_invalid_logits_value", c.attention_invalid_logits_value);
+  c.use_clipped_linears = f.boolean("use_clipped_linears", c.use_clipped_linears);
+  c.rms_norm_eps = f.number("rms_norm_eps", c.rms_norm_eps);
+  c.gradient_clipping = f.number("gradient_clipping", c.gradient_clipping);
+  c.output_proj_dims = f.positive("output_proj_dims", c.output_proj_dims);
+
+  if (f.has("subsampling_conv_channels")) {
+    const json& ch = f.at("subsampling_conv_channels");
+    if (!ch.is_array() || ch.size() != 2 || !ch[0].is_number_integer() ||
+        !ch[1].is_number_integer() || ch[0].get<int64_t>() <= 0 || ch[1].get<int64_t>() <= 0) {
+      f.unsupported("subsampling_conv_channels", ch,
+                    "the subsampling stack has exactly two convolutions: two positive channel "
+                    "counts");
+    }
+    c.subsampling_conv_channels[0] = ch[0].get<int64_t>();
+    c.subsampling_conv_channels[1] = ch[1].get<int64_t>();
+  }
+  // transformers sizes input_proj_linear from channels[0] / 4 frequency bins.
+  if (c.subsampling_conv_channels[0] % 4 != 0) {
+    f.unsupported("subsampling_conv_channels", f.at("subsampling_conv_channels"),
+                  "the first channel count must be a multiple of 4");
+  }
+  if (c.hidden_size % c.num_attention_heads != 0) {
+    f.fail("hidden_size", "= " + std::to_string(c.hidden_size) +
+                              " is not a multiple of num_attention_heads = " +
+                              std::to_string(c.num_attention_heads));
+  }
+  if (c.hidden_size % 2 != 0) {
+    f.fail("hidden_size", "= " + std::to_string(c.hidden_size) +
+                              " must be even (sin and cos halves of the position encoding)");
+  }
+  if (c.hidden_act != "silu" && c.hidden_act != "gelu_pytorch_tanh") {
+    f.unsupported("hidden_act", f.at("hidden_act"),
+                  "only \"silu\" and \"gelu_pytorch_tanh\" are implemented");
+  }
+  if (c.attention_context_right < 0) {
+    f.fail("attention_context_right",
+           "must be 0 or positive, got " + std::to_string(c.attention_context_right));
+  }
+  if (!(c.attention_logit_cap > 0)) {
+    f.fail("attention_logit_cap", "must be positive, got " + f.at("attention_logit_cap").dump());
+  }
+  if (!(c.rms_norm_eps > 0)) {
+    f.fail("rms_norm_eps", "must be positive, got " + f.at("rms_norm_eps").dump());
+  }
+  if (!(c.gradient_clipping > 0)) {
+    f.fail("gradient_clipping", "must be positive, got " + f.at("gradient_clipping").dump());
+  }
+  return c;
+}
+
 }  // namespace
 
 ModelConfig parse_config_json(const std::string& json_text, const std::string& path) {
@@ -546,6 +618,16 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   c.tie_word_embeddings = text != &root && top.has("tie_word_embeddings")
                               ? top.boolean("tie_word_embeddings", true)
                               : f.boolean("tie_word_embeddings", true);
+
+  if (text != &root) {
+    if (top.has("audio_config")) c.audio = parse_audio_config(root["audio_config"], path);
+    auto id = [&](const char* key, int64_t def) {
+      return root.contains(key) && root[key].is_null() ? -1 : top.integer(key, def);
+    };
+    c.audio_token_id = id("audio_token_id", c.audio_token_id);
+    c.boa_token_id = id("boa_token_id", c.boa_token_id);
+    c.eoa_token_index = id("eoa_token_index", c.eoa_token_index);
+  }
 
   const bool q_top = text != &root && top.has("quantization_config");
   const bool q_text = f.has("quantization_config");

@@ -58,6 +58,28 @@ struct VisionConfig {
   bool standardize = false;                 // soft tokens get (x - std_bias) * std_scale
 };
 
+// audio_config: the Gemma 4 audio encoder (Gemma4AudioConfig; defaults are transformers').
+struct AudioConfig {
+  int64_t hidden_size = 1024;
+  int64_t num_hidden_layers = 12;
+  int64_t num_attention_heads = 8;
+  std::string hidden_act = "silu";  // "silu" | "gelu_pytorch_tanh"
+  int64_t subsampling_conv_channels[2] = {128, 32};
+  int64_t conv_kernel_size = 5;  // the light conv's causal depthwise kernel
+  double residual_weight = 0.5;  // feed-forward output scale before the residual add
+  int64_t attention_chunk_size = 12;
+  int64_t attention_context_left = 13;  // includes the query's own position
+  int64_t attention_context_right = 0;
+  double attention_logit_cap = 50.0;
+  double attention_invalid_logits_value = -1e9;
+  bool use_clipped_linears = true;  // clamps around linears, bounds from the checkpoint
+  double rms_norm_eps = 1e-6;
+  double gradient_clipping = 1e10;
+  int64_t output_proj_dims = 1536;
+
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+};
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -91,6 +113,12 @@ struct ModelConfig {
   int64_t image_token_id = 258880;  // one per image soft token in the prompt
   int64_t boi_token_id = 255999;    // begins an image
   int64_t eoi_token_id = 258882;    // ends an image
+  // The audio encoder, when config.json has an audio_config; the ids that frame its soft tokens
+  // in a prompt (-1 when null), transformers' defaults when absent.
+  std::optional<AudioConfig> audio;
+  int64_t audio_token_id = 258881;
+  int64_t boa_token_id = 256000;
+  int64_t eoa_token_index = 258883;
 
   // Derived, from the research note §1 / §2.5.
   int64_t first_shared_layer() const { return num_hidden_layers - num_kv_shared_layers; }

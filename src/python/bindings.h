@@ -34,5 +34,6 @@ void bind_tensor_functions(py::module_& m);
 void bind_serve(py::module_& m);
 void bind_checkpoints(py::module_& m);
 void bind_media(py::module_& m);
+void bind_audio(py::module_& m);
 
 }  // namespace torchtpu::python

@@ -139,4 +139,5 @@ PYBIND11_MODULE(_torchtpu_cpp, m) {
   bind_serve(m);
   bind_checkpoints(m);
   bind_media(m);
+  bind_audio(m);
 }

@@ -76,6 +76,31 @@ int main(int argc, char** argv) {
                        {"use_clipped_linears", v.use_clipped_linears},
                        {"standardize", v.standardize}};
     }
+    out["audio_token_id"] = c.audio_token_id;
+    out["boa_token_id"] = c.boa_token_id;
+    out["eoa_token_index"] = c.eoa_token_index;
+    out["audio_config"] = nullptr;
+    if (const auto& a = c.audio) {
+      out["audio_config"] = {
+          {"hidden_size", a->hidden_size},
+          {"num_hidden_layers", a->num_hidden_layers},
+          {"num_attention_heads", a->num_attention_heads},
+          {"hidden_act", a->hidden_act},
+          {"subsampling_conv_channels",
+           {a->subsampling_conv_channels[0], a->subsampling_conv_channels[1]}},
+          {"conv_kernel_size", a->conv_kernel_size},
+          {"residual_weight", a->residual_weight},
+          {"attention_chunk_size", a->attention_chunk_size},
+          {"attention_context_left", a->attention_context_left},
+          {"attention_context_right", a->attention_context_right},
+          {"attention_logit_cap", a->attention_logit_cap},
+          {"attention_invalid_logits_value", a->attention_invalid_logits_value},
+          {"use_clipped_linears", a->use_clipped_linears},
+          {"rms_norm_eps", a->rms_norm_eps},
+          {"gradient_clipping", a->gradient_clipping},
+          {"output_proj_dims", a->output_proj_dims},
+      };
+    }
     std::cout << out.dump() << "\n";
   } catch (const std::exception& e) {
     std::cerr << e.what() << "\n";

@@ -897,6 +897,92 @@ const BadConfig kBadConfigs[] = {
 INSTANTIATE_TEST_SUITE_P(Config, BadConfigTest, ::testing::ValuesIn(kBadConfigs),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// audio_config as transformers writes Gemma4AudioConfig() (E2B's encoder) beside the text config.
+json audio_config() {
+  return {{"model_type", "gemma4_audio"},
+          {"hidden_size", 1024},
+          {"num_hidden_layers", 12},
+          {"num_attention_heads", 8},
+          {"hidden_act", "silu"},
+          {"subsampling_conv_channels", {128, 32}},
+          {"conv_kernel_size", 5},
+          {"residual_weight", 0.5},
+          {"attention_chunk_size", 12},
+          {"attention_context_left", 13},
+          {"attention_context_right", 0},
+          {"attention_logit_cap", 50.0},
+          {"attention_invalid_logits_value", -1e9},
+          {"use_clipped_linears", true},
+          {"rms_norm_eps", 1e-6},
+          {"gradient_clipping", 1e10},
+          {"output_proj_dims", 1536},
+          {"initializer_range", 0.02}};
+}
+
+TEST(Config, AudioConfigAndTokenIds) {
+  json j = e2b_config();
+  EXPECT_FALSE(parse(j).audio.has_value());
+  j["audio_config"] = audio_config();
+  j["audio_config"]["attention_context_right"] = 2;
+  j["audio_config"]["hidden_act"] = "gelu_pytorch_tanh";
+  j["audio_token_id"] = 7;
+  j["boa_token_id"] = nullptr;
+  const ModelConfig c = parse(j);
+  ASSERT_TRUE(c.audio.has_value());
+  const AudioConfig& a = *c.audio;
+  EXPECT_EQ(a.hidden_size, 1024);
+  EXPECT_EQ(a.num_hidden_layers, 12);
+  EXPECT_EQ(a.num_attention_heads, 8);
+  EXPECT_EQ(a.head_dim(), 128);
+  EXPECT_EQ(a.hidden_act, "gelu_pytorch_tanh");
+  EXPECT_EQ(a.subsampling_conv_channels[0], 128);
+  EXPECT_EQ(a.subsampling_conv_channels[1], 32);
+  EXPECT_EQ(a.conv_kernel_size, 5);
+  EXPECT_EQ(a.residual_weight, 0.5);
+  EXPECT_EQ(a.attention_chunk_size, 12);
+  EXPECT_EQ(a.attention_context_left, 13);
+  EXPECT_EQ(a.attention_context_right, 2);
+  EXPECT_EQ(a.attention_logit_cap, 50.0);
+  EXPECT_EQ(a.attention_invalid_logits_value, -1e9);
+  EXPECT_TRUE(a.use_clipped_linears);
+  EXPECT_EQ(a.rms_norm_eps, 1e-6);
+  EXPECT_EQ(a.gradient_clipping, 1e10);
+  EXPECT_EQ(a.output_proj_dims, 1536);
+  EXPECT_EQ(c.audio_token_id, 7);
+  EXPECT_EQ(c.boa_token_id, -1);
+  EXPECT_EQ(c.eoa_token_index, 258883);
+}
+
+TEST(Config, AudioConfigErrorsNameTheField) {
+  auto error = [](const char* key, const json& value) {
+    json j = e2b_config();
+    j["audio_config"] = audio_config();
+    j["audio_config"][key] = value;
+    return config_error(j);
+  };
+  EXPECT_THAT(error("hidden_act", "relu"),
+              HasSubstr("audio_config.hidden_act = \"relu\" is not supported: only \"silu\""));
+  EXPECT_THAT(error("subsampling_conv_channels", {128, 32, 8}),
+              HasSubstr("audio_config.subsampling_conv_channels = [128,32,8] is not supported: "
+                        "the subsampling stack has exactly two convolutions"));
+  EXPECT_THAT(error("subsampling_conv_channels", {30, 32}),
+              HasSubstr("first channel count must be a multiple of 4"));
+  EXPECT_THAT(error("num_attention_heads", 3),
+              HasSubstr("audio_config.hidden_size = 1024 is not a multiple of "
+                        "num_attention_heads = 3"));
+  EXPECT_THAT(error("attention_chunk_size", 0),
+              HasSubstr("audio_config.attention_chunk_size must be positive, got 0"));
+  EXPECT_THAT(error("attention_context_right", -1),
+              HasSubstr("audio_config.attention_context_right must be 0 or positive, got -1"));
+  EXPECT_THAT(error("use_clipped_linears", "yes"),
+              HasSubstr("audio_config.use_clipped_linears must be true or false"));
+  EXPECT_THAT(error("model_type", "whisper"),
+              HasSubstr("audio_config.model_type = \"whisper\" is not supported"));
+  json j = e2b_config();
+  j["audio_config"] = 3;
+  EXPECT_THAT(config_error(j), HasSubstr("audio_config must be an object, got 3"));
+}
+
 TEST(Config, TopLevelErrors) {
   EXPECT_THAT(config_error({{"model_type", "llama"}}),
               HasSubstr("model_type = \"llama\" is not supported: expected \"gemma4\" or "

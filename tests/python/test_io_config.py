@@ -11,7 +11,13 @@ import os
 import subprocess
 
 import pytest
-from transformers import Gemma4Config, Gemma4TextConfig, Gemma4VisionConfig, GenerationConfig
+from transformers import (
+    Gemma4AudioConfig,
+    Gemma4Config,
+    Gemma4TextConfig,
+    Gemma4VisionConfig,
+    GenerationConfig,
+)
 
 DUMP = os.environ.get("CONFIG_DUMP", "")
 
@@ -50,6 +56,18 @@ def tiny_text(**overrides):
 CASES = {
     "e2b_multimodal": lambda: Gemma4Config(text_config=e2b_text().to_dict(), eos_token_id=[1, 106]),
     "e2b_text_only": lambda: e2b_text(),
+    "e2b_with_audio": lambda: Gemma4Config(
+        text_config=e2b_text().to_dict(), audio_config=Gemma4AudioConfig().to_dict()
+    ),
+    "tiny_with_audio": lambda: Gemma4Config(
+        text_config=tiny_text().to_dict(),
+        audio_config=Gemma4AudioConfig(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, hidden_act="gelu_pytorch_tanh",
+            subsampling_conv_channels=[64, 8], attention_context_right=3, use_clipped_linears=False,
+            output_proj_dims=24,
+        ).to_dict(),
+        audio_token_id=400, boa_token_id=401, eoa_token_index=402,
+    ),  # fmt: skip
     "tiny_text_only": lambda: tiny_text(final_logit_softcapping=None),
     "tiny_multimodal": lambda: Gemma4Config(text_config=tiny_text(eos_token_id=[1, 106]).to_dict()),
     "tiny_no_sharing": lambda: tiny_text(num_kv_shared_layers=0, use_double_wide_mlp=False),
@@ -127,6 +145,15 @@ def test_matches_transformers(tmp_path, case):
         assert ours[ours_key]["rope_type"] == ref["rope_type"]
         assert ours[ours_key]["rope_theta"] == ref["rope_theta"]
         assert ours[ours_key]["partial_rotary_factor"] == ref.get("partial_rotary_factor", 1.0)
+
+    audio = getattr(loaded, "audio_config", None)
+    if audio is None:
+        assert ours["audio_config"] is None
+    else:
+        for field, value in ours["audio_config"].items():
+            assert value == getattr(audio, field), field
+        for field in ["audio_token_id", "boa_token_id", "eoa_token_index"]:
+            assert ours[field] == getattr(loaded, field), field
 
     expected_eos = []
     for v in eos_list(text.eos_token_id) + eos_list(getattr(loaded, "eos_token_id", None)):

@@ -17,6 +17,7 @@ if str(torch.__version__) != _BUILT_AGAINST:
 
 from ._torchtpu_cpp import (
     BUILD,
+    AudioTower,
     Batch,
     ChatTemplate,
     DecodeResult,
@@ -26,16 +27,21 @@ from ._torchtpu_cpp import (
     VisionTower,
     __version__,
     add_,
+    audio_features,
+    decode_audio,
     decode_image,
+    load_audio_feature_options,
     make_tiny,
     matmul_sum,
     preprocess_image,
     ramp,
     render_chat,
+    resample_audio,
 )
 
 __all__ = [
     "BUILD",
+    "AudioTower",
     "Batch",
     "ChatTemplate",
     "DecodeResult",
@@ -45,10 +51,14 @@ __all__ = [
     "VisionTower",
     "__version__",
     "add_",
+    "audio_features",
+    "decode_audio",
     "decode_image",
+    "load_audio_feature_options",
     "make_tiny",
     "matmul_sum",
     "preprocess_image",
     "ramp",
     "render_chat",
+    "resample_audio",
 ]

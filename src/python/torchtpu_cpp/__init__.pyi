@@ -282,3 +282,46 @@ class VisionTower:
     @property
     def soft_token_width(self) -> int:
         """The text model's hidden size."""
+class _AudioFeatures(TypedDict):
+    features: torch.Tensor  # [T, 128] float32 log-mel, zero at invalid frames
+    mask: torch.Tensor  # [T] bool
+    soft_tokens: int
+
+def decode_audio(data: bytes, *, max_seconds: float = 30.0) -> tuple[torch.Tensor, int]:
+    """WAV bytes -> (mono float32 samples, sample rate); ValueError for bad or long files."""
+
+def resample_audio(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tensor:
+    """Windowed-sinc resampling of mono samples (Kaiser window, 32 zero crossings)."""
+
+def audio_features(
+    audio: bytes | torch.Tensor,
+    *,
+    max_samples: int = 480000,
+    feature_size: int = 128,
+    sampling_rate: int = 16000,
+    frame_length_ms: float = 20.0,
+    hop_length_ms: float = 10.0,
+    min_frequency: float = 0.0,
+    max_frequency: float = 8000.0,
+    preemphasis: float = 0.0,
+    preemphasis_htk_flavor: bool = True,
+    fft_overdrive: bool = False,
+    input_scale_factor: float = 1.0,
+    mel_floor: float = 1e-3,
+) -> _AudioFeatures:
+    """Gemma 4 log-mel features of WAV bytes or of mono samples at sampling_rate; the
+    keywords are Gemma4AudioFeatureExtractor's."""
+
+def load_audio_feature_options(model_dir: str) -> dict[str, Any]:
+    """The feature extractor's parameters a checkpoint saves, as audio_features' keywords."""
+
+class AudioTower:
+    """The audio encoder and embed_audio of a checkpoint directory."""
+
+    def __init__(self, model_dir: str, *, dtype: _DType = "bfloat16", device: str = "cpu") -> None: ...
+    def embed(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[soft_tokens, text hidden] embeddings at the valid positions."""
+    def encode(
+        self, features: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encoder's output [T/4, output_proj_dims] and its mask, before embed_audio."""
