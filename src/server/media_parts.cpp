@@ -35,7 +35,9 @@ std::string listed(const char* const (&list)[N]) {
   return out;
 }
 
-const char* noun(MediaKind kind) { return kind == MediaKind::kImage ? "image" : "audio clip"; }
+const char* noun(MediaKind kind) {
+  return kind == MediaKind::kImage ? "an image" : "an audio clip";
+}
 
 bool has_prefix(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
 
@@ -254,7 +256,7 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
       }
       // Base64 takes 4 characters for 3 bytes: refuse an oversized item before decoding it.
       if (static_cast<int64_t>(s.base64.size() / 4 * 3) > max_bytes + 2) {
-        throw invalid(s.param, std::string("holds a ") + noun(s.kind) + " of about " +
+        throw invalid(s.param, std::string("holds ") + noun(s.kind) + " of about " +
                                    std::to_string(s.base64.size() / 4 * 3) + " bytes, more than " +
                                    flag + " " + std::to_string(max_bytes));
       }
@@ -263,7 +265,7 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
       part.bytes = std::move(*bytes);
     }
     if (static_cast<int64_t>(part.bytes.size()) > max_bytes) {
-      throw invalid(s.param, std::string("holds a ") + noun(s.kind) + " of " +
+      throw invalid(s.param, std::string("holds ") + noun(s.kind) + " of " +
                                  std::to_string(part.bytes.size()) + " bytes, more than " + flag +
                                  " " + std::to_string(max_bytes));
     }
