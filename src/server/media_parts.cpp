@@ -227,14 +227,6 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
   std::vector<MediaPart> parts;
   for (const MediaSource& s : sources) {
     const bool image = s.kind == MediaKind::kImage;
-    if (image ? !modalities.image : !modalities.audio) {
-      throw ApiError(400,
-                     std::string("'") + s.param + "' is " + (image ? "an image" : "audio") +
-                         ", and this checkpoint has no " + (image ? "vision" : "audio") +
-                         " encoder (its config.json has no " +
-                         (image ? "vision_config" : "audio_config") + ")",
-                     "invalid_request_error", s.param, "unsupported_modality");
-    }
     MediaPart part{s.kind, "", s.mime, image ? s.image_tokens : 0, s.param};
     if (image && part.image_tokens == 0) part.image_tokens = limits.image_tokens;
     const int64_t max_bytes = image ? limits.max_image_bytes : limits.max_audio_bytes;
@@ -247,7 +239,6 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
                            "image as a data: URL, or start the server with --allow-media-urls",
                        "invalid_request_error", s.param, "media_urls_disabled");
       }
-      part.bytes = fetch(s.url, s.param, limits, part.mime);
     } else {
       if (image ? !one_of(s.mime, kImageTypes) : !one_of(s.mime, kAudioTypes)) {
         throw unsupported(s.mime_param, std::string("names the media type \"") + s.mime +
@@ -264,6 +255,17 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
       if (!bytes) throw invalid(s.param, "is not valid base64");
       part.bytes = std::move(*bytes);
     }
+    // What the request says is checked above, what the checkpoint reads here, and only then is
+    // anything fetched or decoded.
+    if (image ? !modalities.image : !modalities.audio) {
+      throw ApiError(400,
+                     std::string("'") + s.param + "' is " + (image ? "an image" : "audio") +
+                         ", and this checkpoint has no " + (image ? "vision" : "audio") +
+                         " encoder (its config.json has no " +
+                         (image ? "vision_config" : "audio_config") + ")",
+                     "invalid_request_error", s.param, "unsupported_modality");
+    }
+    if (!s.url.empty()) part.bytes = fetch(s.url, s.param, limits, part.mime);
     if (static_cast<int64_t>(part.bytes.size()) > max_bytes) {
       throw invalid(s.param, std::string("holds ") + noun(s.kind) + " of " +
                                  std::to_string(part.bytes.size()) + " bytes, more than " + flag +

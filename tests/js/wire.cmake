@@ -1,9 +1,10 @@
 # Issue #18's wire formats through their official clients on the demo checkpoint with the server's
 # forced-output test hook: OpenAI's Responses API (`openai`) and Anthropic Messages
-# (`@anthropic-ai/sdk`). One CTest entry each, so either can be run alone.
+# (`@anthropic-ai/sdk`); and #19's images and audio in all of them (media). One CTest entry each, so
+# any can be run alone.
 find_program(NODE_EXECUTABLE node)
 if(NODE_EXECUTABLE AND TARGET torchtpu-cpp AND TARGET torchtpu_server)
-  foreach(_suite responses messages)
+  foreach(_suite responses messages media)
     add_test(NAME js_${_suite}
              COMMAND ${NODE_EXECUTABLE} --test --test-concurrency=1
                      ${CMAKE_CURRENT_LIST_DIR}/${_suite}.test.mjs
