@@ -1,9 +1,15 @@
 // Issue #19: images and audio in requests, through the official `openai` SDK (chat/completions and
 // the Responses API) and fetch (Anthropic's Messages shape). The demo checkpoint is text-only, so
 // every valid image or clip gets the 400 naming what the checkpoint lacks, and every malformed one
-// the 400 naming its field; /v1/models says which modalities the checkpoint reads. The PNG is the
-// widely used 1x1 placeholder; the WAV is written here from the RIFF/WAVE specification.
+// the 400 naming its field; /v1/models says which modalities the checkpoint reads. A second server
+// reads a tiny checkpoint with both towers that transformers' save_pretrained writes
+// (make_multimodal.py), where corrupt files are 400s and valid ones reach the request's end. The
+// PNG is the widely used 1x1 placeholder; the WAV is written here from the RIFF/WAVE specification.
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
 import { startServer } from "./server_helpers.mjs";
@@ -46,9 +52,13 @@ after(async () => {
 
 // The SDK's APIError for a chat request whose user message holds `parts` after a text part.
 async function chatError(...parts) {
+  return chatErrorFrom(client, MODEL, ...parts);
+}
+
+async function chatErrorFrom(client, model, ...parts) {
   const err = await client.chat.completions
     .create({
-      model: MODEL,
+      model,
       messages: [{ role: "user", content: [{ type: "text", text: "What is this?" }, ...parts] }],
     })
     .then(
@@ -201,5 +211,64 @@ describe("media", () => {
         (e) => e,
       );
     assert.equal(err.status, 400);
+  });
+});
+
+describe("media on a checkpoint with vision and audio encoders", () => {
+  let mm;
+  let mmClient;
+
+  before(async () => {
+    // The demo checkpoint the first server wrote (startServer's cache) lends its text model,
+    // tokenizer and template.
+    const cache = process.env.XDG_CACHE_HOME ?? path.join(os.tmpdir(), "torchtpu-js-cache");
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-multimodal-"));
+    execFileSync(process.env.TORCHTPU_PYTHON ?? "python3", [
+      path.join(import.meta.dirname, "make_multimodal.py"),
+      path.join(cache, "torchtpu-cpp", "demo-v1"),
+      dir,
+    ]);
+    mm = await startServer(["--model", dir, "--model-id", "tiny-multimodal"]);
+    mmClient = new OpenAI({ baseURL: mm.baseURL, apiKey: "unused", maxRetries: 0 });
+  });
+
+  after(async () => {
+    await mm?.stop();
+  });
+
+  test("/v1/models lists text, image and audio", async () => {
+    const models = await mmClient.models.list();
+    assert.deepEqual(models.data[0].modalities, ["text", "image", "audio"]);
+  });
+
+  test("a corrupt PNG or WAV is a 400 before anything is queued", async () => {
+    const png = await chatErrorFrom(mmClient, "tiny-multimodal", {
+      type: "image_url",
+      image_url: { url: `data:image/png;base64,${PNG.slice(0, 40)}` },
+    });
+    assert.equal(png.status, 400);
+    assert.equal(png.code, "invalid_image");
+    assert.equal(png.param, "messages[0].content[1].image_url.url");
+    assert.match(png.message, /^400 'messages\[0\]\.content\[1\]\.image_url\.url' is not a readable image: /);
+    const clip = await chatErrorFrom(mmClient, "tiny-multimodal", {
+      type: "input_audio",
+      input_audio: { data: Buffer.from("RIFF....WAVEjunk").toString("base64"), format: "wav" },
+    });
+    assert.equal(clip.status, 400);
+    assert.equal(clip.code, "invalid_audio");
+    assert.match(clip.message, /^400 'messages\[0\]\.content\[1\]\.input_audio\.data' is not a readable WAV file: /);
+  });
+
+  // The one answer valid media get until the engine takes them (#19); the engine's wiring turns
+  // these into answers.
+  test("a valid PNG and WAV pass every check", async () => {
+    const err = await chatErrorFrom(
+      mmClient,
+      "tiny-multimodal",
+      { type: "image_url", image_url: { url: PNG_URL } },
+      { type: "input_audio", input_audio: { data: wav(), format: "wav" } },
+    );
+    assert.equal(err.status, 501);
+    assert.equal(err.code, "media_not_implemented");
   });
 });
