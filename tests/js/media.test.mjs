@@ -8,6 +8,7 @@
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
+import http from "node:http";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -217,6 +218,8 @@ describe("media", () => {
 describe("media on a checkpoint with vision and audio encoders", () => {
   let mm;
   let mmClient;
+  let images;  // a local HTTP server for --allow-media-urls
+  let imagesUrl;
 
   before(async () => {
     // The demo checkpoint the first server wrote (startServer's cache) lends its text model,
@@ -228,12 +231,26 @@ describe("media on a checkpoint with vision and audio encoders", () => {
       path.join(cache, "torchtpu-cpp", "demo-v1"),
       dir,
     ]);
-    mm = await startServer(["--model", dir, "--model-id", "tiny-multimodal"]);
+    images = http.createServer((req, res) => {
+      if (req.url === "/dot.png") {
+        res.writeHead(200, { "content-type": "image/png" }).end(Buffer.from(PNG, "base64"));
+      } else if (req.url === "/page.html") {
+        res.writeHead(200, { "content-type": "text/html; charset=utf-8" }).end("<p>hi</p>");
+      } else if (req.url === "/huge.png") {
+        res.writeHead(200, { "content-type": "image/png" }).end(Buffer.alloc(9 << 20));
+      } else {
+        res.writeHead(404).end();
+      }
+    });
+    await new Promise((resolve) => images.listen(0, "127.0.0.1", resolve));
+    imagesUrl = `http://127.0.0.1:${images.address().port}`;
+    mm = await startServer(["--model", dir, "--model-id", "tiny-multimodal", "--allow-media-urls"]);
     mmClient = new OpenAI({ baseURL: mm.baseURL, apiKey: "unused", maxRetries: 0 });
   });
 
   after(async () => {
     await mm?.stop();
+    images?.close();
   });
 
   test("/v1/models lists text, image and audio", async () => {
@@ -270,5 +287,23 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     );
     assert.equal(err.status, 501);
     assert.equal(err.code, "media_not_implemented");
+  });
+
+  test("image URLs (--allow-media-urls) are fetched within the limits, or refused naming the field", async () => {
+    const url = (name) => ({ type: "image_url", image_url: { url: `${imagesUrl}/${name}` } });
+    const ok = await chatErrorFrom(mmClient, "tiny-multimodal", url("dot.png"));
+    assert.equal(ok.status, 501);
+    const prefix = "400 'messages[0].content[1].image_url.url' could not be fetched: ";
+    const cases = [
+      ["missing.png", "the server answered HTTP 404"],
+      ["page.html", 'the server answered with the Content-Type "text/html", not image/png, image/jpeg or image/webp'],
+      ["huge.png", "the image is larger than --max-image-bytes 8388608"],
+    ];
+    for (const [name, why] of cases) {
+      const err = await chatErrorFrom(mmClient, "tiny-multimodal", url(name));
+      assert.equal(err.status, 400, name);
+      assert.equal(err.param, "messages[0].content[1].image_url.url");
+      assert.equal(err.message, prefix + why);
+    }
   });
 });
