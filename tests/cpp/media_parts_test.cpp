@@ -10,8 +10,10 @@
 #include <functional>
 
 #include "server/anthropic.h"
+#include "server/demo.h"
 #include "server/openai.h"
 #include "server/responses.h"
+#include "text/chat_template.h"
 
 namespace torchtpu::server {
 namespace {
@@ -100,6 +102,19 @@ TEST(ChatMedia, ImageAndAudioPartsBecomeTemplatePartsAndSourcesInOrder) {
   EXPECT_EQ(r.media[1].kind, MediaKind::kAudio);
   EXPECT_EQ(r.media[1].mime, "audio/wav");
   EXPECT_EQ(r.media[1].param, "messages[0].content[2].input_audio.data");
+}
+
+// The reference is transformers' apply_chat_template with the same template, for
+// [{"type":"text"}, {"type":"image"}, {"type":"text"}, {"type":"audio"}].
+TEST(ChatMedia, TheTemplatePrintsEachPlaceholderWhereItsPartStood) {
+  ojson body = chat_with(image_part(kPngUrl));
+  body["messages"][0]["content"][0]["text"] = "What is it?";
+  body["messages"][0]["content"].push_back({{"type", "text"}, {"text", "And this?"}});
+  body["messages"][0]["content"].push_back(
+      {{"type", "input_audio"}, {"input_audio", {{"data", "AAAA"}, {"format", "wav"}}}});
+  const GenerationRequest r = parse_chat_request(body);
+  EXPECT_EQ(ChatTemplate::from_string(gemma4_chat_template()).render(r.messages, nullptr, true),
+            "<bos><|turn>user\nWhat is it?<|image|>And this?<|audio|><turn|>\n<|turn>model\n");
 }
 
 TEST(ChatMedia, DetailSetsTheSoftTokenBudget) {
