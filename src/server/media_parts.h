@@ -45,7 +45,9 @@ struct MediaLimits {
   int64_t max_audio_bytes = int64_t{8} << 20;  // --max-audio-bytes, each clip as encoded
   int64_t image_tokens = 280;  // --image-tokens: an image's soft tokens when detail is "auto"
   bool allow_urls = false;     // --allow-media-urls: fetch http(s) image URLs
-  double url_timeout_s = 10;   // --media-url-timeout: a fetch's whole time
+  // --media-url-timeout: seconds a fetch's body may take (connecting and stalls have the HTTP
+  // client's own timeouts)
+  double url_timeout_s = 10;
 };
 
 // ValueError naming the flag for a limit out of range: --max-media 0-64, byte limits 1 B-1 GiB,

@@ -485,7 +485,7 @@ class Server {
   Metrics metrics_;
 
   std::atomic<State> state_{State::kLoading};
-  // What the checkpoint reads besides text; set before state_ leaves kLoading.
+  // What the checkpoint reads besides text; written by load() before state_ becomes kWarmingUp.
   Modalities modalities_;
   std::exception_ptr load_error_;
   // Written by the engine thread before state_ becomes kWarmingUp, read-only afterwards.
@@ -1244,8 +1244,11 @@ ojson Server::model_json(const std::string& name) const {
                {"object", "model"},
                {"created", created_},
                {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"}};
-  // Known once the checkpoint's config is read.
-  if (state_ != State::kLoading) out["modalities"] = modalities_json(modalities_);
+  // Known once the engine is built (load() writes it before kWarmingUp).
+  const State state = state_;
+  if (state == State::kWarmingUp || takes_requests(state)) {
+    out["modalities"] = modalities_json(modalities_);
+  }
   return out;
 }
 
