@@ -63,6 +63,24 @@ void add_serve_command(CLI::App& app) {
                 "(required and named functions always are)");
   cmd->add_option("--max-body-bytes", options->max_body_bytes, "Largest request body accepted")
       ->capture_default_str();
+  cmd->add_option("--max-media", options->media.max_items,
+                  "Images and audio clips a request may hold")
+      ->capture_default_str();
+  cmd->add_option("--max-image-bytes", options->media.max_image_bytes,
+                  "Largest image accepted, as encoded (a data: URL's base64 counts in "
+                  "--max-body-bytes too)")
+      ->capture_default_str();
+  cmd->add_option("--max-audio-bytes", options->media.max_audio_bytes, "Largest WAV file accepted")
+      ->capture_default_str();
+  cmd->add_option("--image-tokens", options->media.image_tokens,
+                  "An image's soft tokens when a request's detail is auto: 70, 140, 280, 560 or "
+                  "1120 (detail low is 70, high 1120)")
+      ->capture_default_str();
+  cmd->add_flag("--allow-media-urls", options->media.allow_urls,
+                "Fetch http(s) image URLs that requests name (off: only data: URLs)");
+  cmd->add_option("--media-url-timeout", options->media.url_timeout_s,
+                  "Seconds one image URL fetch may take in all")
+      ->capture_default_str();
   cmd->callback([options] {
     if (options->api_key.empty()) {
       if (const char* key = std::getenv("TORCHTPU_API_KEY")) options->api_key = key;

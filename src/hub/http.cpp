@@ -193,9 +193,9 @@ HttpResponse HttpClient::request(const std::string& first_url, int64_t offset,
     // API replies may be compressed; file bodies must arrive as the bytes the hash covers.
     if (sink == nullptr) curl_easy_setopt(curl_, CURLOPT_ACCEPT_ENCODING, "");
 
+    t.reply.url = url;  // on_start sees which hop answered
     CURLcode rc = curl_easy_perform(curl_);
     if (t.error) std::rethrow_exception(t.error);
-    t.reply.url = url;
     if (rc != CURLE_OK) {
       std::string why = curl_error[0] != 0 ? curl_error : curl_easy_strerror(rc);
       throw TransportError(why + " (" + url + ")", t.delivered);

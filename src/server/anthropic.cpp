@@ -1,6 +1,7 @@
 #include "server/anthropic.h"
 
 #include <set>
+#include <tuple>
 
 namespace torchtpu::server {
 namespace {
@@ -39,9 +40,38 @@ std::string text_of(const ojson& content, const std::string& param) {
   return text;
 }
 
+// An image block's source ({"type":"base64","media_type","data"} or {"type":"url","url"}) as
+// chat's image_url URL, with the fields that name its data and media type.
+std::string image_url(const ojson& block, const std::string& b,
+                      std::vector<std::pair<std::string, std::string>>& media_params) {
+  const ojson* source = field(block, "source");
+  if (!source) throw missing(b + ".source");
+  if (!source->is_object()) throw wrong_type(b + ".source", "an object", *source);
+  const std::string& type = required_string(*source, "type", b + ".source");
+  std::string url;
+  if (type == "base64") {
+    const std::string& media_type = required_string(*source, "media_type", b + ".source");
+    if (media_type.empty()) throw invalid(b + ".source.media_type", "is empty");
+    url = "data:" + media_type + ";base64," + required_string(*source, "data", b + ".source");
+    image_from_url(url, b + ".source.data", 0);
+    media_params.emplace_back(b + ".source.data", b + ".source.media_type");
+  } else if (type == "url") {
+    url = required_string(*source, "url", b + ".source");
+    image_from_url(url, b + ".source.url", 0);
+    media_params.emplace_back(b + ".source.url", b + ".source.url");
+  } else {
+    throw unsupported(
+        b + ".source.type",
+        "must be \"base64\" or \"url\": this server stores no files, got \"" + type + "\"");
+  }
+  return url;
+}
+
 // Anthropic's messages as chat messages: tool_use blocks become an assistant's tool_calls,
-// thinking blocks its reasoning_content, tool_result blocks tool messages.
-ojson chat_messages(const ojson& messages) {
+// thinking blocks its reasoning_content, tool_result blocks tool messages, image blocks chat's
+// image_url parts (their fields appended to `media_params`, in order).
+ojson chat_messages(const ojson& messages,
+                    std::vector<std::pair<std::string, std::string>>& media_params) {
   if (!messages.is_array()) throw wrong_type("messages", "an array", messages);
   if (messages.empty()) throw invalid("messages", "must hold at least one message");
   ojson out = ojson::array();
@@ -64,7 +94,9 @@ ojson chat_messages(const ojson& messages) {
       throw wrong_type(p + ".content", "a string or an array of content blocks", *content);
     }
     ojson turn = {{"role", role}, {"content", ""}};
+    ojson parts = ojson::array();
     bool has_text = false;
+    bool has_media = false;
     for (size_t j = 0; j < content->size(); ++j) {
       const ojson& block = (*content)[j];
       const std::string b = at(p + ".content", j);
@@ -72,7 +104,12 @@ ojson chat_messages(const ojson& messages) {
       const std::string& type = required_string(block, "type", b);
       if (type == "text") {
         turn["content"] = turn["content"].get<std::string>() + required_string(block, "text", b);
+        parts.push_back({{"type", "text"}, {"text", required_string(block, "text", b)}});
         has_text = true;
+      } else if (type == "image" && role == "user") {
+        parts.push_back(
+            {{"type", "image_url"}, {"image_url", {{"url", image_url(block, b, media_params)}}}});
+        has_media = true;
       } else if (type == "tool_use" && role == "assistant") {
         const std::string& id = required_string(block, "id", b);
         const std::string& name = required_string(block, "name", b);
@@ -101,19 +138,22 @@ ojson chat_messages(const ojson& messages) {
         // The template has no error flag: the model reads it in the result's text.
         if (is_error && *is_error == true) text = "Error: " + text;
         out.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", std::move(text)}});
-      } else if (type == "tool_use" || type == "thinking" || type == "tool_result") {
-        throw invalid(b + ".type", "\"" + type + "\" blocks belong to " +
-                                       (type == "tool_result" ? "user" : "assistant") +
-                                       " messages, not " + role + " ones");
+      } else if (type == "tool_use" || type == "thinking" || type == "tool_result" ||
+                 type == "image") {
+        throw invalid(b + ".type",
+                      "\"" + type + "\" blocks belong to " +
+                          (type == "tool_result" || type == "image" ? "user" : "assistant") +
+                          " messages, not " + role + " ones");
       } else {
         throw unsupported(b + ".type",
-                          "must be \"text\", \"tool_use\", \"tool_result\" or "
-                          "\"thinking\": this server reads text only, got \"" +
+                          "must be \"text\", \"image\", \"tool_use\", \"tool_result\" or "
+                          "\"thinking\", got \"" +
                               type + "\"");
       }
     }
     // A user message of tool results only is the tool messages above, with no turn of its own.
-    if (role == "assistant" || has_text) {
+    if (has_media) turn["content"] = std::move(parts);
+    if (role == "assistant" || has_text || has_media) {
       if (role == "assistant" && !has_text) turn["content"] = nullptr;
       out.push_back(std::move(turn));
     }
@@ -190,7 +230,8 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
   }
   const ojson* messages = field(body, "messages");
   if (!messages) throw missing("messages");
-  for (auto& m : chat_messages(*messages)) chat["messages"].push_back(std::move(m));
+  std::vector<std::pair<std::string, std::string>> media_params;
+  for (auto& m : chat_messages(*messages, media_params)) chat["messages"].push_back(std::move(m));
 
   const ojson* max_tokens = field(body, "max_tokens");
   if (!max_tokens && !for_count) throw missing("max_tokens");
@@ -298,6 +339,10 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
     out.generation = parse_chat_request(chat);
   } catch (const ApiError& e) {
     throw as_messages_error(e);
+  }
+  // Chat named the images by their place in its messages; name them by the request's fields.
+  for (size_t i = 0; i < media_params.size(); ++i) {
+    std::tie(out.generation.media[i].param, out.generation.media[i].mime_param) = media_params[i];
   }
   out.generation.stop = std::move(stops);
   // A forced call with parallel use disabled is exactly one call in the grammar, not just in the

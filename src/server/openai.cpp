@@ -2,6 +2,7 @@
 
 #include <random>
 
+#include "server/media_parts.h"
 #include "server/structured.h"
 
 namespace torchtpu::server {
@@ -270,23 +271,44 @@ void parse_reasoning(const ojson& body, GenerationRequest& r) {
   r.template_kwargs["enable_thinking"] = *effort != "none";
 }
 
-void check_content(const ojson& content, const std::string& param, bool null_ok) {
+// Text parts stay as they are; image_url and input_audio parts in user messages become
+// {"type":"image"} / {"type":"audio"} with their source appended to `media`.
+void check_content(ojson& content, const std::string& param, bool null_ok, bool user,
+                   std::vector<MediaSource>& media) {
   if (content.is_string() || (content.is_null() && null_ok)) return;
   if (!content.is_array()) {
-    throw wrong_type(param, "a string or an array of text parts", content);
+    throw wrong_type(param, "a string or an array of content parts", content);
   }
   for (size_t i = 0; i < content.size(); ++i) {
-    const ojson& part = content[i];
+    ojson& part = content[i];
     const std::string p = param + "[" + std::to_string(i) + "]";
     if (!part.is_object()) throw wrong_type(p, "an object", part);
-    const ojson* type = field(part, "type");
-    if (!type || !type->is_string() || *type != "text") {
-      throw ApiError(400, "'" + p + ".type' must be \"text\": this server reads text only",
-                     "invalid_request_error", p + ".type", "unsupported_value");
+    const std::string& type = required_string(part, "type", p);
+    if ((type == "image_url" || type == "input_audio") && !user) {
+      throw invalid(p + ".type", "is \"" + type +
+                                     "\": images and audio belong to user messages (OpenAI's "
+                                     "system, assistant and tool messages hold text only)");
     }
-    const ojson* text = field(part, "text");
-    if (!text || !text->is_string()) {
-      throw wrong_type(p + ".text", "a string", text ? *text : ojson(nullptr));
+    if (type == "text") {
+      const ojson* text = field(part, "text");
+      if (!text || !text->is_string()) {
+        throw wrong_type(p + ".text", "a string", text ? *text : ojson(nullptr));
+      }
+    } else if (type == "image_url") {
+      const ojson* image = field(part, "image_url");
+      if (!image) throw missing(p + ".image_url");
+      if (!image->is_object()) throw wrong_type(p + ".image_url", "an object", *image);
+      const std::string& url = required_string(*image, "url", p + ".image_url");
+      const int64_t tokens =
+          image_tokens_for_detail(field(*image, "detail"), p + ".image_url.detail");
+      media.push_back(image_from_url(url, p + ".image_url.url", tokens));
+      part = {{"type", "image"}};
+    } else if (type == "input_audio") {
+      media.push_back(audio_from_input_audio(part, p));
+      part = {{"type", "audio"}};
+    } else {
+      throw unsupported(p + ".type",
+                        "must be \"text\", \"image_url\" or \"input_audio\", got \"" + type + "\"");
     }
   }
 }
@@ -366,15 +388,19 @@ GenerationRequest parse_chat_request(const ojson& body) {
                          "\"assistant\" or \"tool\", got " + role->dump(),
                      "invalid_request_error", p + ".role", "invalid_value");
     }
+  }
+  r.messages = *messages;
+  for (size_t i = 0; i < r.messages.size(); ++i) {
+    ojson& m = r.messages[i];
+    const std::string p = "messages[" + std::to_string(i) + "]";
     auto content = m.find("content");
-    const bool is_assistant = *role == "assistant";
+    const bool is_assistant = m["role"] == "assistant";
     if (content == m.end()) {
       if (!is_assistant) throw missing(p + ".content");
     } else {
-      check_content(*content, p + ".content", is_assistant);
+      check_content(*content, p + ".content", is_assistant, m["role"] == "user", r.media);
     }
   }
-  r.messages = *messages;
   // OpenAI clients send a call's arguments as a JSON string; the template reads an object.
   for (size_t i = 0; i < r.messages.size(); ++i) {
     auto calls = r.messages[i].find("tool_calls");

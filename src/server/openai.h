@@ -13,6 +13,7 @@
 
 #include "common/json_depth.h"
 #include "grammar/grammar.h"
+#include "server/media_parts.h"
 
 namespace torchtpu::server {
 
@@ -81,9 +82,12 @@ struct SamplingRequest {
 // What /v1/chat/completions and /v1/completions ask of the engine.
 struct GenerationRequest {
   std::string model;  // empty when the client sent none
-  // chat: messages as sent (content strings or arrays of text parts), tools or null, and extra
+  // chat: messages as sent (content strings or arrays of parts), tools or null, and extra
   // template variables (chat_template_kwargs, e.g. enable_thinking).
+  // Image and audio parts are {"type":"image"} / {"type":"audio"} in `messages`, their sources in
+  // `media` in the same order (server/media_parts.h).
   ojson messages;
+  std::vector<MediaSource> media;
   ojson tools;
   ojson template_kwargs = ojson::object();
   // completions: the prompt as text, or as token ids when the client sent ids.

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <set>
+#include <tuple>
 
 namespace torchtpu::server {
 namespace {
@@ -26,6 +27,59 @@ std::string content_text(const ojson& content, const std::string& param) {
     }
     text += required_string(part, "text", p);
   }
+  return text;
+}
+
+// A user or system message's content as chat's: a string when it is all text, else chat's parts
+// (input_image as image_url, input_audio as it is) with the field of each image and audio part
+// appended to `media_params`, in order. Images and audio only in user messages.
+ojson chat_content(const ojson& content, const std::string& param, bool user,
+                   std::vector<std::pair<std::string, std::string>>& media_params) {
+  if (content.is_string()) return content;
+  if (!content.is_array())
+    throw wrong_type(param, "a string or an array of content parts", content);
+  ojson parts = ojson::array();
+  bool media = false;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const ojson& part = content[i];
+    const std::string p = at(param, i);
+    if (!part.is_object()) throw wrong_type(p, "an object", part);
+    const std::string& type = required_string(part, "type", p);
+    if ((type == "input_image" || type == "input_audio") && !user) {
+      throw invalid(p + ".type", "is \"" + type + "\": images and audio belong to user messages");
+    }
+    if (type == "input_text" || type == "output_text") {
+      parts.push_back({{"type", "text"}, {"text", required_string(part, "text", p)}});
+    } else if (type == "input_image") {
+      if (field(part, "file_id")) {
+        throw unsupported(p + ".file_id",
+                          "is not supported: this server stores no files; send "
+                          "the image as a data: URL in image_url");
+      }
+      const std::string& url = required_string(part, "image_url", p);
+      const ojson* detail = field(part, "detail");
+      const MediaSource source =
+          image_from_url(url, p + ".image_url", image_tokens_for_detail(detail, p + ".detail"));
+      media_params.emplace_back(source.param, source.mime_param);
+      ojson image = {{"url", url}};
+      if (detail) image["detail"] = *detail;
+      parts.push_back({{"type", "image_url"}, {"image_url", std::move(image)}});
+      media = true;
+    } else if (type == "input_audio") {
+      const MediaSource source = audio_from_input_audio(part, p);
+      media_params.emplace_back(source.param, source.mime_param);
+      parts.push_back({{"type", "input_audio"}, {"input_audio", part["input_audio"]}});
+      media = true;
+    } else {
+      throw unsupported(p + ".type",
+                        "must be \"input_text\", \"output_text\", \"input_image\" or "
+                        "\"input_audio\", got \"" +
+                            type + "\"");
+    }
+  }
+  if (media) return parts;
+  std::string text;
+  for (const auto& part : parts) text += part["text"].get<std::string>();
   return text;
 }
 
@@ -97,6 +151,10 @@ class Conversation {
   }
 
   ojson take() { return std::move(messages_); }
+  // The fields (data, media type) of this request's image and audio parts, in order.
+  const std::vector<std::pair<std::string, std::string>>& media_params() const {
+    return media_params_;
+  }
 
  private:
   void add_message(const ojson& item, const std::string& p) {
@@ -109,14 +167,16 @@ class Conversation {
     }
     const ojson* content = field(item, "content");
     if (!content) throw missing(p + ".content");
-    std::string text = content_text(*content, p + ".content");
     if (role == "assistant") {
+      std::string text = content_text(*content, p + ".content");
       ojson& turn = assistant_turn();
       const std::string before =
           turn["content"].is_string() ? turn["content"].get<std::string>() : "";
       turn["content"] = before + text;
     } else {
-      messages_.push_back({{"role", role}, {"content", std::move(text)}});
+      messages_.push_back(
+          {{"role", role},
+           {"content", chat_content(*content, p + ".content", role == "user", media_params_)}});
     }
   }
 
@@ -131,6 +191,7 @@ class Conversation {
 
   ojson messages_;
   std::set<std::string> call_ids_;
+  std::vector<std::pair<std::string, std::string>> media_params_;
 };
 
 ojson chat_tools(const ojson& tools) {
@@ -326,6 +387,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
     throw wrong_type("input", "a string or an array of items", *input);
   }
   out.conversation = conversation.take();
+  const auto media_params = conversation.media_params();
 
   ojson chat = {{"messages", ojson::array()}};
   const ojson* instructions = field(body, "instructions");
@@ -384,6 +446,17 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
     out.generation = parse_chat_request(chat);
   } catch (const ApiError& e) {
     throw as_responses_error(e);
+  }
+  // Chat named the parts by their place in its messages; name them by the request's fields, and
+  // those of earlier turns by the field that brought them back.
+  std::vector<MediaSource>& media = out.generation.media;
+  const size_t earlier_media = media.size() - media_params.size();
+  for (size_t i = 0; i < media.size(); ++i) {
+    if (i < earlier_media) {
+      media[i].param = media[i].mime_param = "previous_response_id";
+    } else {
+      std::tie(media[i].param, media[i].mime_param) = media_params[i - earlier_media];
+    }
   }
   out.generation.parallel_tool_calls = !out.one_call;
   const ojson* choice = field(body, "tool_choice");

@@ -485,6 +485,8 @@ class Server {
   Metrics metrics_;
 
   std::atomic<State> state_{State::kLoading};
+  // What the checkpoint reads besides text; written by load() before state_ becomes kWarmingUp.
+  Modalities modalities_;
   std::exception_ptr load_error_;
   // Written by the engine thread before state_ becomes kWarmingUp, read-only afterwards.
   std::unique_ptr<Engine> engine_;
@@ -567,6 +569,7 @@ void Server::load() {
       thinking_markers_ = ThinkingMarkers{*channel_open, *channel_close};
     }
   }
+  modalities_ = {engine_->config().vision.has_value(), engine_->config().audio.has_value()};
   engine_report_ = engine_report(*engine_);
   // The demo's random weights decode greedily unless asked, so its answers are reproducible.
   if (!demo_) generation_defaults_ = read_generation_defaults(model_dir_);
@@ -1066,6 +1069,11 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
 std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const GenerationRequest& r,
                                        bool chat, const std::string& prompt_param) {
   check_model(r.model);
+  if (!r.media.empty()) {
+    const std::vector<MediaPart> media = load_media(r.media, options_.media, modalities_);
+    throw ApiError(501, "images and audio reach the engine in a later commit (#19)", "server_error",
+                   "", "media_not_implemented");
+  }
   auto job = std::make_shared<Job>();
   std::string rendered = r.prompt;
   try {
@@ -1232,16 +1240,23 @@ void Server::check_model(const std::string& name) const {
 }
 
 ojson Server::model_json(const std::string& name) const {
-  return {{"id", name},
-          {"object", "model"},
-          {"created", created_},
-          {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"}};
+  ojson out = {{"id", name},
+               {"object", "model"},
+               {"created", created_},
+               {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"}};
+  // Known once the engine is built (load() writes it before kWarmingUp).
+  const State state = state_;
+  if (state == State::kWarmingUp || takes_requests(state)) {
+    out["modalities"] = modalities_json(modalities_);
+  }
+  return out;
 }
 
 ojson Server::engine_json() const {
   ojson out = {{"model", model_id_},
                {"model_dir", model_dir_},
                {"random_weights", demo_},
+               {"modalities", modalities_json(modalities_)},
                {"hosted_by", options_.hosted_by},
                {"build",
                 {{"version", TORCHTPU_VERSION},
@@ -1384,6 +1399,8 @@ httplib::Server::Handler Server::guarded(
       send_error(res, e, shape);
     } catch (const ValueError& e) {
       send_error(res, ApiError(400, e.what()), shape);
+    } catch (const c10::ValueError& e) {
+      send_error(res, ApiError(400, e.what_without_backtrace()), shape);
     } catch (const NotFoundError& e) {
       send_error(res, ApiError(404, e.what(), "invalid_request_error", "", "not_found"), shape);
     } catch (const std::exception& e) {
@@ -1703,6 +1720,7 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
     given << options.drain_grace_s;
     throw ValueError("--drain-grace must be between 0 and 3600 seconds, got " + given.str());
   }
+  check_media_limits(options.media);
   // The scheduler checks max_queue and read_every (with parallel) as it is built.
   Server server(options, std::move(make_engine));
   return server.run();

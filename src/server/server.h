@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/media_parts.h"
 
 namespace torchtpu::server {
 
@@ -49,6 +50,7 @@ struct ServeOptions {
   bool constrain_tools = false;
   std::string hosted_by = "torchtpu-cpp";  // "python" when hosted by torchtpu_cpp.serve
   int64_t max_body_bytes = 8 << 20;        // larger request bodies get 413
+  MediaLimits media;                       // images and audio in requests
   // SIGINT/SIGTERM call request_stop(). A host that owns its signals (Python) sets this false and
   // calls request_stop() itself.
   bool install_signal_handlers = true;

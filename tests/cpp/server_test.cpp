@@ -125,7 +125,7 @@ TEST(ChatRequest, ContentAsTextParts) {
   auto body = ojson::parse(
       R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})");
   EXPECT_TRUE(parse_chat_request(body).messages[0]["content"].is_array());
-  body["messages"][0]["content"][1] = {{"type", "image_url"}, {"image_url", "x"}};
+  body["messages"][0]["content"][1] = {{"type", "video_url"}, {"video_url", "x"}};
   auto e = error_of([&] { parse_chat_request(body); });
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.param, "messages[0].content[1].type");

@@ -6,3 +6,11 @@ if(TARGET torchtpu_server)
   add_test(NAME wire_test COMMAND wire_test)
   set_tests_properties(wire_test PROPERTIES LABELS server)
 endif()
+
+# Images and audio in requests (#19): each front end's parts, and load_media's checks.
+if(TARGET torchtpu_server)
+  add_executable(media_parts_test ${CMAKE_CURRENT_LIST_DIR}/media_parts_test.cpp)
+  target_link_libraries(media_parts_test PRIVATE torchtpu_server GTest::gtest_main)
+  add_test(NAME media_parts_test COMMAND media_parts_test)
+  set_tests_properties(media_parts_test PROPERTIES LABELS server)
+endif()

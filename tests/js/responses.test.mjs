@@ -440,7 +440,7 @@ describe("errors", () => {
     [{ input: [{ role: "robot", content: "x" }] }, "input[0].role"],
     [{ input: [{ role: "user" }] }, "input[0].content"],
     [{ input: [{ role: "user", content: [{ type: "input_image", image_url: "http://x/y.png" }] }] },
-      "input[0].content[0].type"],
+      "input[0].content[0].image_url"],
     [{ input: [{ type: "function_call_output", call_id: "call_nope", output: "x" }] }, "input[0].call_id"],
     [{ input: [{ type: "function_call", call_id: "c", name: "f", arguments: "{bad" }] }, "input[0].arguments"],
     [{ input: [{ type: "function_call", call_id: "c", arguments: "{}" }] }, "input[0].name"],

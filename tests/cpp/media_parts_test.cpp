@@ -1,0 +1,320 @@
+// Images and audio in requests (#19): each front end's parts become {"type":"image"/"audio"} in
+// the chat messages plus a MediaSource naming the request's field, and load_media refuses what
+// the decoders or the limits would, with a 400 naming that field. The data are independent
+// references: RFC 4648's base64 test vectors, a 1x1 PNG and a WAV header written from the format's
+// specification. The SDKs' view is tests/js/media.test.mjs.
+#include "server/media_parts.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "server/anthropic.h"
+#include "server/demo.h"
+#include "server/openai.h"
+#include "server/responses.h"
+#include "text/chat_template.h"
+
+namespace torchtpu::server {
+namespace {
+
+// A 1x1 RGBA PNG (the one widely used as a placeholder), and its data: URL.
+const char kPngBase64[] =
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+"
+    "M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+const std::string kPngUrl = std::string("data:image/png;base64,") + kPngBase64;
+
+ApiError error_of(const std::function<void()>& parse) {
+  try {
+    parse();
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no ApiError";
+  return ApiError(0, "");
+}
+
+// RIFF/WAVE, PCM 16-bit mono at 16 kHz, `samples` zero samples.
+std::string wav_bytes(uint32_t samples) {
+  auto u32 = [](uint32_t v) {
+    return std::string{char(v), char(v >> 8), char(v >> 16), char(v >> 24)};
+  };
+  auto u16 = [](uint16_t v) { return std::string{char(v), char(v >> 8)}; };
+  const uint32_t data = samples * 2;
+  return "RIFF" + u32(36 + data) + "WAVE" + "fmt " + u32(16) + u16(1) + u16(1) + u32(16000) +
+         u32(32000) + u16(2) + u16(16) + "data" + u32(data) + std::string(data, '\0');
+}
+
+std::string base64(const std::string& bytes) {
+  const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t group = static_cast<unsigned char>(bytes[i]) << 16;
+    if (i + 1 < bytes.size()) group |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+    if (i + 2 < bytes.size()) group |= static_cast<unsigned char>(bytes[i + 2]);
+    out += alphabet[group >> 18 & 63];
+    out += alphabet[group >> 12 & 63];
+    out += i + 1 < bytes.size() ? alphabet[group >> 6 & 63] : '=';
+    out += i + 2 < bytes.size() ? alphabet[group & 63] : '=';
+  }
+  return out;
+}
+
+ojson chat_with(const ojson& part) {
+  return {{"messages",
+           {{{"role", "user"}, {"content", {{{"type", "text"}, {"text", "what is it?"}}, part}}}}}};
+}
+
+ojson image_part(const std::string& url) {
+  return {{"type", "image_url"}, {"image_url", {{"url", url}}}};
+}
+
+const Modalities kBoth{true, true};
+
+TEST(Base64, DecodesRfc4648sTestVectorsAndRefusesAnythingElse) {
+  EXPECT_EQ(decode_base64(""), "");
+  EXPECT_EQ(decode_base64("Zg=="), "f");
+  EXPECT_EQ(decode_base64("Zm8="), "fo");
+  EXPECT_EQ(decode_base64("Zm9v"), "foo");
+  EXPECT_EQ(decode_base64("Zm9vYg=="), "foob");
+  EXPECT_EQ(decode_base64("Zm9vYmE="), "fooba");
+  EXPECT_EQ(decode_base64("Zm9vYmFy"), "foobar");
+  EXPECT_EQ(decode_base64("Zm9"), std::nullopt);
+  EXPECT_EQ(decode_base64("Zm9v!mFy"), std::nullopt);
+  EXPECT_EQ(decode_base64("Zg==Zm9v"), std::nullopt);
+  EXPECT_EQ(decode_base64("Zm9 v"), std::nullopt);
+}
+
+TEST(ChatMedia, ImageAndAudioPartsBecomeTemplatePartsAndSourcesInOrder) {
+  ojson body =
+      chat_with({{"type", "image_url"}, {"image_url", {{"url", kPngUrl}, {"detail", "low"}}}});
+  body["messages"][0]["content"].push_back(
+      {{"type", "input_audio"}, {"input_audio", {{"data", "AAAA"}, {"format", "wav"}}}});
+  const GenerationRequest r = parse_chat_request(body);
+  EXPECT_EQ(r.messages[0]["content"], ojson::parse(R"([{"type": "text", "text": "what is it?"},
+      {"type": "image"}, {"type": "audio"}])"));
+  ASSERT_EQ(r.media.size(), 2u);
+  EXPECT_EQ(r.media[0].kind, MediaKind::kImage);
+  EXPECT_EQ(r.media[0].mime, "image/png");
+  EXPECT_EQ(r.media[0].base64, kPngBase64);
+  EXPECT_EQ(r.media[0].param, "messages[0].content[1].image_url.url");
+  EXPECT_EQ(r.media[0].image_tokens, 70);
+  EXPECT_EQ(r.media[1].kind, MediaKind::kAudio);
+  EXPECT_EQ(r.media[1].mime, "audio/wav");
+  EXPECT_EQ(r.media[1].param, "messages[0].content[2].input_audio.data");
+}
+
+// The reference is transformers' apply_chat_template with the same template, for
+// [{"type":"text"}, {"type":"image"}, {"type":"text"}, {"type":"audio"}].
+TEST(ChatMedia, TheTemplatePrintsEachPlaceholderWhereItsPartStood) {
+  ojson body = chat_with(image_part(kPngUrl));
+  body["messages"][0]["content"][0]["text"] = "What is it?";
+  body["messages"][0]["content"].push_back({{"type", "text"}, {"text", "And this?"}});
+  body["messages"][0]["content"].push_back(
+      {{"type", "input_audio"}, {"input_audio", {{"data", "AAAA"}, {"format", "wav"}}}});
+  const GenerationRequest r = parse_chat_request(body);
+  EXPECT_EQ(ChatTemplate::from_string(gemma4_chat_template()).render(r.messages, nullptr, true),
+            "<bos><|turn>user\nWhat is it?<|image|>And this?<|audio|><turn|>\n<|turn>model\n");
+}
+
+TEST(ChatMedia, DetailSetsTheSoftTokenBudget) {
+  auto tokens = [](const char* detail) {
+    return parse_chat_request(chat_with({{"type", "image_url"},
+                                         {"image_url", {{"url", kPngUrl}, {"detail", detail}}}}))
+        .media[0]
+        .image_tokens;
+  };
+  EXPECT_EQ(tokens("auto"), 0);  // the server's --image-tokens
+  EXPECT_EQ(tokens("low"), 70);
+  EXPECT_EQ(tokens("high"), 1120);
+  const ApiError e = error_of([&] { tokens("medium"); });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "messages[0].content[1].image_url.detail");
+  EXPECT_STREQ(e.what(),
+               "'messages[0].content[1].image_url.detail' must be \"auto\", \"low\" or \"high\", "
+               "got \"medium\"");
+}
+
+TEST(ChatMedia, MalformedPartsAreRefusedNamingTheField) {
+  auto message = [](const ojson& part) {
+    return std::string(error_of([&] { parse_chat_request(chat_with(part)); }).what());
+  };
+  EXPECT_EQ(message(image_part("data:;base64,AAAA")),
+            "'messages[0].content[1].image_url.url' is a data: URL without a media type "
+            "(data:image/png;base64,...)");
+  EXPECT_EQ(message(image_part("data:image/png,rawbytes")),
+            "'messages[0].content[1].image_url.url' must be a base64 data: URL "
+            "(data:MEDIA_TYPE;base64,DATA)");
+  EXPECT_EQ(message(image_part("ftp://example.com/a.png")),
+            "'messages[0].content[1].image_url.url' must be a data: URL or an http(s) URL, got "
+            "one starting \"ftp\"");
+  EXPECT_EQ(
+      message({{"type", "input_audio"}, {"input_audio", {{"data", "AAAA"}, {"format", "mp3"}}}}),
+      "'messages[0].content[1].input_audio.format' is \"mp3\": this server reads \"wav\" "
+      "audio only");
+  EXPECT_EQ(message({{"type", "video_url"}}),
+            "'messages[0].content[1].type' must be \"text\", \"image_url\" or \"input_audio\", got "
+            "\"video_url\"");
+}
+
+TEST(ChatMedia, ImagesBelongToUserMessages) {
+  const ojson body = {{"messages",
+                       {{{"role", "system"}, {"content", {image_part(kPngUrl)}}},
+                        {{"role", "user"}, {"content", "hi"}}}}};
+  const ApiError e = error_of([&] { parse_chat_request(body); });
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "messages[0].content[0].type");
+  EXPECT_STREQ(e.what(),
+               "'messages[0].content[0].type' is \"image_url\": images and audio belong to user "
+               "messages (OpenAI's system, assistant and tool messages hold text only)");
+}
+
+TEST(LoadMedia, ReadsDataUrlsIntoBytesAndTheDefaultBudget) {
+  const GenerationRequest r = parse_chat_request(chat_with(image_part(kPngUrl)));
+  const auto parts = load_media(r.media, MediaLimits{}, kBoth);
+  ASSERT_EQ(parts.size(), 1u);
+  EXPECT_EQ(parts[0].bytes.substr(0, 8), "\x89PNG\r\n\x1a\n");
+  EXPECT_EQ(parts[0].mime, "image/png");
+  EXPECT_EQ(parts[0].image_tokens, 280);
+  const std::string wav = wav_bytes(1600);
+  const auto audio = load_media({{MediaKind::kAudio, "", "audio/wav", base64(wav), "a", "f", 0}},
+                                MediaLimits{}, kBoth);
+  EXPECT_EQ(audio[0].bytes, wav);
+}
+
+TEST(LoadMedia, RefusesEachBadItemNamingTheFieldAndTheLimit) {
+  auto message = [](const std::vector<MediaSource>& sources, const MediaLimits& limits = {},
+                    const Modalities& modalities = kBoth) {
+    const ApiError e = error_of([&] { load_media(sources, limits, modalities); });
+    EXPECT_EQ(e.status, 400);
+    return std::string(e.what());
+  };
+  auto image = [](const std::string& url) { return image_from_url(url, "u", 0); };
+  EXPECT_EQ(message({image("data:image/png;base64,iVBO!!==")}), "'u' is not valid base64");
+  EXPECT_EQ(message({image("data:image/gif;base64,AAAA")}),
+            "'u' names the media type \"image/gif\"; this server reads image/png, image/jpeg or "
+            "image/webp");
+  MediaLimits small;
+  small.max_image_bytes = 10;
+  EXPECT_EQ(message({image(kPngUrl)}, small),
+            "'u' holds an image of about 72 bytes, more than --max-image-bytes 10");
+  MediaLimits one;
+  one.max_items = 1;
+  EXPECT_EQ(message({image(kPngUrl), image_from_url(kPngUrl, "v", 0)}, one),
+            "the request holds 2 images and audio clips, more than this server's --max-media 1");
+  EXPECT_EQ(message({image("https://example.com/cat.png")}),
+            "'u' is an http(s) URL, which this server does not fetch; send the image as a data: "
+            "URL, or start the server with --allow-media-urls");
+  EXPECT_EQ(message({image(kPngUrl)}, {}, Modalities{false, true}),
+            "'u' is an image, and this checkpoint has no vision encoder (its config.json has no "
+            "vision_config)");
+  EXPECT_EQ(message({{MediaKind::kAudio, "", "audio/wav", base64(wav_bytes(8)), "a", "f", 0}}, {},
+                    Modalities{true, false}),
+            "'a' is audio, and this checkpoint has no audio encoder (its config.json has no "
+            "audio_config)");
+  EXPECT_EQ(message({{MediaKind::kAudio, "", "audio/mpeg", "AAAA", "a", "f", 0}}),
+            "'f' names the media type \"audio/mpeg\"; this server reads audio/wav, audio/x-wav, "
+            "audio/wave or audio/vnd.wave");
+}
+
+TEST(LoadMedia, CorruptFilesAreRefusedBeforeAnythingIsQueued) {
+  const std::string truncated_png = std::string(kPngBase64).substr(0, 40);
+  const ApiError image = error_of([&] {
+    load_media({image_from_url("data:image/png;base64," + truncated_png, "u", 0)}, {}, kBoth);
+  });
+  EXPECT_EQ(image.status, 400);
+  EXPECT_EQ(image.code, "invalid_image");
+  EXPECT_EQ(std::string(image.what()).rfind("'u' is not a readable image: ", 0), 0u)
+      << image.what();
+  const ApiError audio = error_of([&] {
+    load_media({{MediaKind::kAudio, "", "audio/wav", base64("RIFF....WAVEjunk"), "a", "f", 0}}, {},
+               kBoth);
+  });
+  EXPECT_EQ(audio.code, "invalid_audio");
+  EXPECT_EQ(std::string(audio.what()).rfind("'a' is not a readable WAV file: ", 0), 0u)
+      << audio.what();
+}
+
+TEST(ResponsesMedia, InputImageAndInputAudioAreNamedByTheRequestsFields) {
+  ResponseStore store;
+  const ojson body = {
+      {"input",
+       {{{"role", "user"},
+         {"content",
+          {{{"type", "input_text"}, {"text", "what is it?"}},
+           {{"type", "input_image"}, {"image_url", kPngUrl}, {"detail", "high"}},
+           {{"type", "input_audio"}, {"input_audio", {{"data", "AAAA"}, {"format", "wav"}}}}}}}}}};
+  const ResponsesRequest r = parse_responses_request(body, store);
+  EXPECT_EQ(r.generation.messages[0]["content"], ojson::parse(R"([{"type": "text",
+      "text": "what is it?"}, {"type": "image"}, {"type": "audio"}])"));
+  ASSERT_EQ(r.generation.media.size(), 2u);
+  EXPECT_EQ(r.generation.media[0].param, "input[0].content[1].image_url");
+  EXPECT_EQ(r.generation.media[0].image_tokens, 1120);
+  EXPECT_EQ(r.generation.media[1].param, "input[0].content[2].input_audio.data");
+  EXPECT_EQ(r.generation.media[1].mime_param, "input[0].content[2].input_audio.format");
+
+  const ojson system = {
+      {"input",
+       {{{"role", "system"}, {"content", {{{"type", "input_image"}, {"image_url", kPngUrl}}}}}}}};
+  EXPECT_STREQ(error_of([&] { parse_responses_request(system, store); }).what(),
+               "'input[0].content[0].type' is \"input_image\": images and audio belong to user "
+               "messages");
+}
+
+TEST(ResponsesMedia, AnEarlierTurnsImagesComeBackWithThePreviousResponse) {
+  ResponseStore store;
+  store.put("resp_1", {ojson::object(),
+                       {{{"role", "user"}, {"content", {image_part(kPngUrl)}}},
+                        {{"role", "assistant"}, {"content", "a dot"}}}});
+  const ResponsesRequest r =
+      parse_responses_request({{"previous_response_id", "resp_1"}, {"input", "and now?"}}, store);
+  ASSERT_EQ(r.generation.media.size(), 1u);
+  EXPECT_EQ(r.generation.media[0].param, "previous_response_id");
+  EXPECT_EQ(r.generation.media[0].base64, kPngBase64);
+}
+
+TEST(MessagesMedia, ImageBlocksBecomeImagePartsNamedByTheirSource) {
+  const ojson body = {
+      {"model", "m"},
+      {"max_tokens", 8},
+      {"messages",
+       {{{"role", "user"},
+         {"content",
+          {{{"type", "image"},
+            {"source", {{"type", "base64"}, {"media_type", "image/png"}, {"data", kPngBase64}}}},
+           {{"type", "image"}, {"source", {{"type", "url"}, {"url", "https://example.com/a.png"}}}},
+           {{"type", "text"}, {"text", "compare"}}}}}}}};
+  const MessagesRequest r = parse_messages_request(body);
+  EXPECT_EQ(r.generation.messages[0]["content"], ojson::parse(R"([{"type": "image"},
+      {"type": "image"}, {"type": "text", "text": "compare"}])"));
+  ASSERT_EQ(r.generation.media.size(), 2u);
+  EXPECT_EQ(r.generation.media[0].param, "messages.0.content.0.source.data");
+  EXPECT_EQ(r.generation.media[0].mime_param, "messages.0.content.0.source.media_type");
+  EXPECT_EQ(r.generation.media[0].mime, "image/png");
+  EXPECT_EQ(r.generation.media[1].url, "https://example.com/a.png");
+  EXPECT_EQ(r.generation.media[1].param, "messages.0.content.1.source.url");
+}
+
+TEST(MessagesMedia, ImagesInAssistantTurnsOrOfUnknownSourcesAreRefused) {
+  auto message = [](const ojson& messages) {
+    return std::string(
+        error_of([&] {
+          parse_messages_request({{"model", "m"}, {"max_tokens", 8}, {"messages", messages}});
+        }).what());
+  };
+  const ojson image = {
+      {"type", "image"},
+      {"source", {{"type", "base64"}, {"media_type", "image/png"}, {"data", kPngBase64}}}};
+  EXPECT_EQ(message({{{"role", "user"}, {"content", "hi"}},
+                     {{"role", "assistant"}, {"content", {image}}},
+                     {{"role", "user"}, {"content", "and?"}}}),
+            "'messages.1.content.0.type' \"image\" blocks belong to user messages, not assistant "
+            "ones");
+  EXPECT_EQ(message({{{"role", "user"},
+                      {"content", {{{"type", "image"}, {"source", {{"type", "file"}}}}}}}}),
+            "'messages.0.content.0.source.type' must be \"base64\" or \"url\": this server stores "
+            "no files, got \"file\"");
+}
+
+}  // namespace
+}  // namespace torchtpu::server

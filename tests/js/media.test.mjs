@@ -1,0 +1,309 @@
+// Issue #19: images and audio in requests, through the official `openai` SDK (chat/completions and
+// the Responses API) and fetch (Anthropic's Messages shape). The demo checkpoint is text-only, so
+// every valid image or clip gets the 400 naming what the checkpoint lacks, and every malformed one
+// the 400 naming its field; /v1/models says which modalities the checkpoint reads. A second server
+// reads a tiny checkpoint with both towers that transformers' save_pretrained writes
+// (make_multimodal.py), where corrupt files are 400s and valid ones reach the request's end. The
+// PNG is the widely used 1x1 placeholder; the WAV is written here from the RIFF/WAVE specification.
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import http from "node:http";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import OpenAI from "openai";
+import { startServer } from "./server_helpers.mjs";
+
+const MODEL = "torchtpu-demo-random-weights";
+const PNG =
+  "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+const PNG_URL = `data:image/png;base64,${PNG}`;
+
+// PCM 16-bit mono at 16 kHz, 0.1 s of silence.
+function wav() {
+  const samples = 1600;
+  const b = Buffer.alloc(44 + samples * 2);
+  b.write("RIFF", 0);
+  b.writeUInt32LE(36 + samples * 2, 4);
+  b.write("WAVEfmt ", 8);
+  b.writeUInt32LE(16, 16);
+  b.writeUInt16LE(1, 20);
+  b.writeUInt16LE(1, 22);
+  b.writeUInt32LE(16000, 24);
+  b.writeUInt32LE(32000, 28);
+  b.writeUInt16LE(2, 32);
+  b.writeUInt16LE(16, 34);
+  b.write("data", 36);
+  b.writeUInt32LE(samples * 2, 40);
+  return b.toString("base64");
+}
+
+let server;
+let client;
+
+before(async () => {
+  server = await startServer(["--max-media", "2"]);
+  client = new OpenAI({ baseURL: server.baseURL, apiKey: "unused", maxRetries: 0 });
+});
+
+after(async () => {
+  await server?.stop();
+});
+
+// The SDK's APIError for a chat request whose user message holds `parts` after a text part.
+async function chatError(...parts) {
+  return chatErrorFrom(client, MODEL, ...parts);
+}
+
+async function chatErrorFrom(client, model, ...parts) {
+  const err = await client.chat.completions
+    .create({
+      model,
+      messages: [{ role: "user", content: [{ type: "text", text: "What is this?" }, ...parts] }],
+    })
+    .then(
+      () => assert.fail("expected an error"),
+      (e) => e,
+    );
+  assert.ok(err instanceof OpenAI.APIError, String(err));
+  return err;
+}
+
+describe("media", () => {
+  test("/v1/models lists the checkpoint's modalities", async () => {
+    const models = await client.models.list();
+    assert.deepEqual(models.data[0].modalities, ["text"]);
+    const engine = await (await fetch(`${server.url}/v1/engine`)).json();
+    assert.deepEqual(engine.modalities, ["text"]);
+  });
+
+  test("an image sent to a checkpoint without a vision encoder is a 400 naming the part", async () => {
+    const err = await chatError({ type: "image_url", image_url: { url: PNG_URL, detail: "low" } });
+    assert.equal(err.status, 400);
+    assert.equal(err.param, "messages[0].content[1].image_url.url");
+    assert.equal(err.code, "unsupported_modality");
+    assert.equal(
+      err.message,
+      "400 'messages[0].content[1].image_url.url' is an image, and this checkpoint has no vision " +
+        "encoder (its config.json has no vision_config)",
+    );
+  });
+
+  test("a WAV clip sent to a checkpoint without an audio encoder is a 400", async () => {
+    const err = await chatError({ type: "input_audio", input_audio: { data: wav(), format: "wav" } });
+    assert.equal(err.status, 400);
+    assert.equal(err.param, "messages[0].content[1].input_audio.data");
+    assert.match(err.message, /is audio, and this checkpoint has no audio encoder/);
+  });
+
+  test("malformed parts are 400s naming the field", async () => {
+    const cases = [
+      [
+        { type: "image_url", image_url: { url: "data:image/png;base64,iVBO!!==" } },
+        "messages[0].content[1].image_url.url",
+        "'messages[0].content[1].image_url.url' is not valid base64",
+      ],
+      [
+        { type: "image_url", image_url: { url: "data:;base64,AAAA" } },
+        "messages[0].content[1].image_url.url",
+        "'messages[0].content[1].image_url.url' is a data: URL without a media type " +
+          "(data:image/png;base64,...)",
+      ],
+      [
+        { type: "image_url", image_url: { url: "https://example.com/cat.png" } },
+        "messages[0].content[1].image_url.url",
+        "'messages[0].content[1].image_url.url' is an http(s) URL, which this server does not " +
+          "fetch; send the image as a data: URL, or start the server with --allow-media-urls",
+      ],
+      [
+        { type: "image_url", image_url: { url: "data:image/gif;base64,AAAA" } },
+        "messages[0].content[1].image_url.url",
+        "'messages[0].content[1].image_url.url' names the media type \"image/gif\"; this server " +
+          "reads image/png, image/jpeg or image/webp",
+      ],
+      [
+        { type: "input_audio", input_audio: { data: wav(), format: "mp3" } },
+        "messages[0].content[1].input_audio.format",
+        "'messages[0].content[1].input_audio.format' is \"mp3\": this server reads \"wav\" audio only",
+      ],
+      [
+        { type: "image_url", image_url: { url: PNG_URL, detail: "medium" } },
+        "messages[0].content[1].image_url.detail",
+        "'messages[0].content[1].image_url.detail' must be \"auto\", \"low\" or \"high\", got \"medium\"",
+      ],
+    ];
+    for (const [part, param, message] of cases) {
+      const err = await chatError(part);
+      assert.equal(err.status, 400, message);
+      assert.equal(err.param, param);
+      assert.equal(err.message, `400 ${message}`);
+    }
+  });
+
+  test("more items than --max-media is a 400", async () => {
+    const image = { type: "image_url", image_url: { url: PNG_URL } };
+    const err = await chatError(image, image, image);
+    assert.equal(err.status, 400);
+    assert.equal(err.param, "messages[0].content[3].image_url.url");
+    assert.equal(
+      err.message,
+      "400 the request holds 3 images and audio clips, more than this server's --max-media 2",
+    );
+  });
+
+  test("the Responses API's input_image is named by its own field", async () => {
+    const err = await client.responses
+      .create({
+        model: MODEL,
+        input: [
+          {
+            role: "user",
+            content: [
+              { type: "input_text", text: "What is this?" },
+              { type: "input_image", image_url: PNG_URL, detail: "auto" },
+            ],
+          },
+        ],
+      })
+      .then(
+        () => assert.fail("expected an error"),
+        (e) => e,
+      );
+    assert.equal(err.status, 400);
+    assert.equal(err.param, "input[0].content[1].image_url");
+    assert.match(err.message, /'input\[0\]\.content\[1\]\.image_url' is an image, and this checkpoint has no vision encoder/);
+  });
+
+  test("Anthropic image blocks are named by their source", async () => {
+    const res = await fetch(`${server.url}/v1/messages`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: MODEL,
+        max_tokens: 8,
+        messages: [
+          {
+            role: "user",
+            content: [
+              { type: "image", source: { type: "base64", media_type: "image/png", data: PNG } },
+              { type: "text", text: "What is this?" },
+            ],
+          },
+        ],
+      }),
+    });
+    assert.equal(res.status, 400);
+    const body = await res.json();
+    assert.equal(body.type, "error");
+    assert.equal(body.error.type, "invalid_request_error");
+    assert.equal(
+      body.error.message,
+      "'messages.0.content.0.source.data' is an image, and this checkpoint has no vision encoder " +
+        "(its config.json has no vision_config)",
+    );
+  });
+
+  test("/v1/completions takes a prompt string, not content parts", async () => {
+    const err = await client.completions
+      .create({ model: MODEL, prompt: [{ type: "image_url", image_url: { url: PNG_URL } }] })
+      .then(
+        () => assert.fail("expected an error"),
+        (e) => e,
+      );
+    assert.equal(err.status, 400);
+  });
+});
+
+describe("media on a checkpoint with vision and audio encoders", () => {
+  let mm;
+  let mmClient;
+  let images;  // a local HTTP server for --allow-media-urls
+  let imagesUrl;
+
+  before(async () => {
+    // The demo checkpoint the first server wrote (startServer's cache) lends its text model,
+    // tokenizer and template.
+    const cache = process.env.XDG_CACHE_HOME ?? path.join(os.tmpdir(), "torchtpu-js-cache");
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-multimodal-"));
+    execFileSync(process.env.TORCHTPU_PYTHON ?? "python3", [
+      path.join(import.meta.dirname, "make_multimodal.py"),
+      path.join(cache, "torchtpu-cpp", "demo-v1"),
+      dir,
+    ]);
+    images = http.createServer((req, res) => {
+      if (req.url === "/dot.png") {
+        res.writeHead(200, { "content-type": "image/png" }).end(Buffer.from(PNG, "base64"));
+      } else if (req.url === "/page.html") {
+        res.writeHead(200, { "content-type": "text/html; charset=utf-8" }).end("<p>hi</p>");
+      } else if (req.url === "/huge.png") {
+        res.writeHead(200, { "content-type": "image/png" }).end(Buffer.alloc(9 << 20));
+      } else {
+        res.writeHead(404).end();
+      }
+    });
+    await new Promise((resolve) => images.listen(0, "127.0.0.1", resolve));
+    imagesUrl = `http://127.0.0.1:${images.address().port}`;
+    mm = await startServer(["--model", dir, "--model-id", "tiny-multimodal", "--allow-media-urls"]);
+    mmClient = new OpenAI({ baseURL: mm.baseURL, apiKey: "unused", maxRetries: 0 });
+  });
+
+  after(async () => {
+    await mm?.stop();
+    images?.close();
+  });
+
+  test("/v1/models lists text, image and audio", async () => {
+    const models = await mmClient.models.list();
+    assert.deepEqual(models.data[0].modalities, ["text", "image", "audio"]);
+  });
+
+  test("a corrupt PNG or WAV is a 400 before anything is queued", async () => {
+    const png = await chatErrorFrom(mmClient, "tiny-multimodal", {
+      type: "image_url",
+      image_url: { url: `data:image/png;base64,${PNG.slice(0, 40)}` },
+    });
+    assert.equal(png.status, 400);
+    assert.equal(png.code, "invalid_image");
+    assert.equal(png.param, "messages[0].content[1].image_url.url");
+    assert.match(png.message, /^400 'messages\[0\]\.content\[1\]\.image_url\.url' is not a readable image: /);
+    const clip = await chatErrorFrom(mmClient, "tiny-multimodal", {
+      type: "input_audio",
+      input_audio: { data: Buffer.from("RIFF....WAVEjunk").toString("base64"), format: "wav" },
+    });
+    assert.equal(clip.status, 400);
+    assert.equal(clip.code, "invalid_audio");
+    assert.match(clip.message, /^400 'messages\[0\]\.content\[1\]\.input_audio\.data' is not a readable WAV file: /);
+  });
+
+  // The one answer valid media get until the engine takes them (#19); the engine's wiring turns
+  // these into answers.
+  test("a valid PNG and WAV pass every check", async () => {
+    const err = await chatErrorFrom(
+      mmClient,
+      "tiny-multimodal",
+      { type: "image_url", image_url: { url: PNG_URL } },
+      { type: "input_audio", input_audio: { data: wav(), format: "wav" } },
+    );
+    assert.equal(err.status, 501);
+    assert.equal(err.code, "media_not_implemented");
+  });
+
+  test("image URLs (--allow-media-urls) are fetched within the limits, or refused naming the field", async () => {
+    const url = (name) => ({ type: "image_url", image_url: { url: `${imagesUrl}/${name}` } });
+    const ok = await chatErrorFrom(mmClient, "tiny-multimodal", url("dot.png"));
+    assert.equal(ok.status, 501);
+    const prefix = "400 'messages[0].content[1].image_url.url' could not be fetched: ";
+    const cases = [
+      ["missing.png", "the server answered HTTP 404"],
+      ["page.html", 'the server answered with the Content-Type "text/html", not image/png, image/jpeg or image/webp'],
+      ["huge.png", "the image is larger than --max-image-bytes 8388608"],
+    ];
+    for (const [name, why] of cases) {
+      const err = await chatErrorFrom(mmClient, "tiny-multimodal", url(name));
+      assert.equal(err.status, 400, name);
+      assert.equal(err.param, "messages[0].content[1].image_url.url");
+      assert.equal(err.message, prefix + why);
+    }
+  });
+});
