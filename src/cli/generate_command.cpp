@@ -62,8 +62,8 @@ std::vector<Media> load_media(const Engine& engine, const std::vector<std::strin
   std::vector<Media> media;
   for (const auto& path : images) {
     const auto bytes = read_file(path, "--image");
-    media.push_back(image_media(
-        preprocess_image(decode_image(bytes), engine.image_options(image_tokens))));
+    media.push_back(
+        image_media(preprocess_image(decode_image(bytes), engine.image_options(image_tokens))));
   }
   for (const auto& path : clips) {
     engine.check_tower(MediaKind::kAudio);

@@ -68,8 +68,7 @@ class Batch {
   // `media`: the images and clips of an expanded prompt (Engine::decode's); their towers run
   // when the row is admitted, and the prefix cache keys their positions by the items' digests.
   int64_t submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                 OnTokens on_tokens = {}, OnLogits on_logits = {},
-                 std::vector<Media> media = {});
+                 OnTokens on_tokens = {}, OnLogits on_logits = {}, std::vector<Media> media = {});
   // Ends a queued or running sequence at the start of the next step, with finish "cancelled" and
   // the tokens it has. ValueError for an id that is not queued or running.
   void cancel(int64_t id);

@@ -271,9 +271,9 @@ at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, 
   auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
   const bool final_chunk = end == static_cast<int64_t>(prompt.size());
   const auto soft = media ? soft_tokens(*media, begin, end, options_.device) : std::nullopt;
-  auto logits = model_->forward(id_tensor(part, options_.device), positions.to(options_.device),
-                                &rings, /*last_only=*/true, /*no_logits=*/!final_chunk,
-                                soft ? &*soft : nullptr);
+  auto logits =
+      model_->forward(id_tensor(part, options_.device), positions.to(options_.device), &rings,
+                      /*last_only=*/true, /*no_logits=*/!final_chunk, soft ? &*soft : nullptr);
   return final_chunk ? logits.view({-1}) : logits;
 }
 

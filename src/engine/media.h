@@ -22,10 +22,11 @@ enum class MediaKind { kImage, kAudio };
 // One image or audio clip, preprocessed on the host (CPU tensors).
 struct Media {
   MediaKind kind = MediaKind::kImage;
-  at::Tensor pixels, positions;  // an image: ImagePatches' pixels [P, 3 * patch^2], positions [P, 2]
-  at::Tensor features, mask;     // a clip: AudioFeatures' log-mel [T, mels] and valid frames [T]
-  int64_t soft_tokens = 0;       // image_token_id / audio_token_id positions it fills
-  uint64_t digest = 0;           // FNV-1a of the tensors above: equal inputs, equal digests
+  at::Tensor pixels,
+      positions;              // an image: ImagePatches' pixels [P, 3 * patch^2], positions [P, 2]
+  at::Tensor features, mask;  // a clip: AudioFeatures' log-mel [T, mels] and valid frames [T]
+  int64_t soft_tokens = 0;    // image_token_id / audio_token_id positions it fills
+  uint64_t digest = 0;        // FNV-1a of the tensors above: equal inputs, equal digests
 };
 
 Media image_media(const ImagePatches& patches);

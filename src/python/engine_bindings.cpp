@@ -191,7 +191,8 @@ struct DecodeArgs {
 // One media list cannot belong to several prompts: decode_many takes text prompts.
 void check_no_media(const DecodeArgs& args, const std::string& method) {
   if (!args.media.empty()) {
-    throw ValueError(method + " takes no media (one list cannot serve several prompts): submit "
+    throw ValueError(method +
+                     " takes no media (one list cannot serve several prompts): submit "
                      "each prompt with its media through Batch.submit");
   }
 }
@@ -391,8 +392,8 @@ void bind_engine(py::module_& m) {
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
            py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512, py::arg("threads") = 0,
-           py::arg("int4") = "auto", py::arg("quantize") = py::none(),
-           py::arg("no_vision") = false, py::arg("no_audio") = false)
+           py::arg("int4") = "auto", py::arg("quantize") = py::none(), py::arg("no_vision") = false,
+           py::arg("no_audio") = false)
       .def("layout",
            [](PyEngine& self) { return layout_dict(self.begin("Engine.layout").layout()); })
       .def("report",
@@ -437,8 +438,7 @@ void bind_engine(py::module_& m) {
           "has_audio", [](PyEngine& self) { return self.begin("Engine.has_audio").has_audio(); })
       .def(
           "media",
-          [](PyEngine& self, const py::list& images, const py::list& audio,
-             int64_t image_tokens) {
+          [](PyEngine& self, const py::list& images, const py::list& audio, int64_t image_tokens) {
             Engine& engine = self.begin("Engine.media", /*exclusive=*/true);
             std::vector<Media> out;
             for (py::handle image : images) {

@@ -1,10 +1,9 @@
 // src/engine/media (issue #19): placeholder expansion as Gemma4Processor does it, and the prefix
 // cache key that tells two items at the same positions apart.
-#include "engine/media.h"
-
 #include <gtest/gtest.h>
 
 #include "common/errors.h"
+#include "engine/media.h"
 
 namespace torchtpu {
 namespace {
@@ -32,20 +31,19 @@ TEST(MediaExpansion, EachPlaceholderTakesItsItemInOrderPerKind) {
   const auto c = ids_config();
   const std::vector<Media> media = {item(MediaKind::kAudio, 1, 1), item(MediaKind::kImage, 2, 2),
                                     item(MediaKind::kImage, 3, 3)};
-  EXPECT_EQ(expand_media_placeholders({2, 500, 7, 503, 500}, media, c),
-            (std::vector<int64_t>{2, 501, 500, 500, 502, 7, 504, 503, 505, 501, 500, 500, 500,
-                                  502}));
+  EXPECT_EQ(
+      expand_media_placeholders({2, 500, 7, 503, 500}, media, c),
+      (std::vector<int64_t>{2, 501, 500, 500, 502, 7, 504, 503, 505, 501, 500, 500, 500, 502}));
 }
 
 TEST(MediaExpansion, CountsMustAgree) {
   const auto c = ids_config();
   EXPECT_THROW(expand_media_placeholders({2, 500}, {}, c), ValueError);
   EXPECT_THROW(expand_media_placeholders({2}, {item(MediaKind::kAudio, 1, 1)}, c), ValueError);
-  EXPECT_THROW(
-      expand_media_placeholders(std::vector<int64_t>(kMaxMediaItems + 1, 500),
-                                std::vector<Media>(kMaxMediaItems + 1, item(MediaKind::kImage, 1, 1)),
-                                c),
-      ValueError);
+  EXPECT_THROW(expand_media_placeholders(
+                   std::vector<int64_t>(kMaxMediaItems + 1, 500),
+                   std::vector<Media>(kMaxMediaItems + 1, item(MediaKind::kImage, 1, 1)), c),
+               ValueError);
 }
 
 TEST(MediaCacheKey, SameItemSameKeyOtherItemOtherKey) {

@@ -30,14 +30,14 @@ from transformers import (
 
 IMAGE_TOKENS = 70
 # Multimodal ids inside the tiny vocabulary (transformers' defaults lie past it).
-IDS = dict(
-    image_token_id=500,
-    boi_token_id=501,
-    eoi_token_id=502,
-    audio_token_id=503,
-    boa_token_id=504,
-    eoa_token_index=505,
-)
+IDS = {
+    "image_token_id": 500,
+    "boi_token_id": 501,
+    "eoi_token_id": 502,
+    "audio_token_id": 503,
+    "boa_token_id": 504,
+    "eoa_token_index": 505,
+}
 VOCAB = 512
 
 
@@ -53,7 +53,9 @@ def make_checkpoint(out_dir, *, seed, vision=True, audio=True):
         text_config=text.to_dict(),
         vision_config=vision_config().to_dict() if vision else None,
         audio_config=(
-            Gemma4AudioConfig(**AUDIO_CONFIGS["e2b-geometry-clipped"]["audio"]).to_dict()
+            Gemma4AudioConfig(
+                **AUDIO_CONFIGS["e2b-geometry-clipped"]["audio"]
+            ).to_dict()
             if audio
             else None
         ),
@@ -80,7 +82,9 @@ def make_checkpoint(out_dir, *, seed, vision=True, audio=True):
 
 def wav_bytes(seconds, seed):
     """A 16 kHz mono 16-bit WAV file and the float samples a reader gets back from it."""
-    pcm = np.clip(np.round(_speechlike(seconds, seed) * 32767), -32768, 32767).astype("<i2")
+    pcm = np.clip(np.round(_speechlike(seconds, seed) * 32767), -32768, 32767).astype(
+        "<i2"
+    )
     out = io.BytesIO()
     with wave.open(out, "wb") as w:
         w.setnchannels(1)
@@ -166,13 +170,14 @@ def media_files(tmp_path_factory):
     clip, samples = wav_bytes(1.3, seed=7)
     for name, data in (("a.png", image), ("b.png", other), ("a.wav", clip)):
         (d / name).write_bytes(data)
-    return dict(image=image, other=other, clip=clip, samples=samples, dir=d)
+    return {"image": image, "other": other, "clip": clip, "samples": samples, "dir": d}
 
 
 IMAGE, AUDIO = IDS["image_token_id"], IDS["audio_token_id"]
 PROMPTS = {
-    "text+image+audio": lambda: [2] + text_ids(5, 1) + [IMAGE] + text_ids(4, 2) + [AUDIO]
-    + text_ids(6, 3),
+    "text+image+audio": lambda: (
+        [2] + text_ids(5, 1) + [IMAGE] + text_ids(4, 2) + [AUDIO] + text_ids(6, 3)
+    ),
     "image-only": lambda: [2, IMAGE] + text_ids(7, 4),
     "audio-only": lambda: [2] + text_ids(3, 5) + [AUDIO] + text_ids(5, 6),
 }
@@ -190,7 +195,9 @@ def test_cli_greedy_matches_transformers(
 ):
     ids = PROMPTS[name]()
     images, clips = _media_of(ids, media_files)
-    expanded, kwargs = reference.inputs(ids, images, [media_files["samples"]] * len(clips))
+    expanded, kwargs = reference.inputs(
+        ids, images, [media_files["samples"]] * len(clips)
+    )
     args = [
         "generate",
         "--model",
@@ -228,11 +235,17 @@ def test_cli_greedy_matches_transformers(
 
 def test_python_greedy_matches_transformers(checkpoint, reference, media_files, report):
     ids = PROMPTS["text+image+audio"]()
-    expanded, kwargs = reference.inputs(ids, [media_files["image"]], [media_files["samples"]])
-    engine = torchtpu_cpp.Engine(checkpoint, dtype="float32", context=1024, prefill_chunk=16)
+    expanded, kwargs = reference.inputs(
+        ids, [media_files["image"]], [media_files["samples"]]
+    )
+    engine = torchtpu_cpp.Engine(
+        checkpoint, dtype="float32", context=1024, prefill_chunk=16
+    )
     assert engine.has_vision and engine.has_audio
     media = engine.media(
-        images=[media_files["image"]], audio=[media_files["clip"]], image_tokens=IMAGE_TOKENS
+        images=[media_files["image"]],
+        audio=[media_files["clip"]],
+        image_tokens=IMAGE_TOKENS,
     )
     assert [m.kind for m in media] == ["image", "audio"]
     ours = engine.expand_media(ids, media)
@@ -244,13 +257,17 @@ def test_python_greedy_matches_transformers(checkpoint, reference, media_files, 
     got = engine.logits(ours, media=media).numpy()
     delta = float(np.abs(got - want[: len(expanded)]).max())
     assert delta <= TOL
-    report(f"Engine.decode with media vs transformers: greedy 64/64, prompt |dlogit| {delta:.2e}")
+    report(
+        f"Engine.decode with media vs transformers: greedy 64/64, prompt |dlogit| {delta:.2e}"
+    )
 
 
 def test_python_takes_tensors_as_bytes_give_them(checkpoint, media_files):
     engine = torchtpu_cpp.Engine(checkpoint, dtype="float32", context=1024)
     rgb = torchtpu_cpp.decode_image(media_files["image"])
-    from_bytes = engine.media(images=[media_files["image"]], audio=[media_files["clip"]])
+    from_bytes = engine.media(
+        images=[media_files["image"]], audio=[media_files["clip"]]
+    )
     from_tensors = engine.media(
         images=[rgb], audio=[torch.from_numpy(media_files["samples"])]
     )
@@ -273,7 +290,9 @@ def test_a_different_image_gives_a_different_answer(checkpoint, media_files):
     answers = []
     for image in (media_files["image"], media_files["other"]):
         media = engine.media(images=[image], image_tokens=IMAGE_TOKENS)
-        answers.append(engine.decode(engine.expand_media(ids, media), 16, stop=[], media=media))
+        answers.append(
+            engine.decode(engine.expand_media(ids, media), 16, stop=[], media=media)
+        )
     assert answers[0].tokens != answers[1].tokens
 
 
@@ -283,20 +302,30 @@ def test_a_different_image_gives_a_different_answer(checkpoint, media_files):
 def test_media_for_a_checkpoint_without_the_tower(tmp_path, media_files):
     path = make_checkpoint(tmp_path / "text", seed=42, vision=False, audio=False)
     engine = torchtpu_cpp.Engine(path, dtype="float32", context=256)
-    with pytest.raises(ValueError, match=r"has no image tower \(config.json has no vision_config\)"):
+    with pytest.raises(
+        ValueError, match=r"has no image tower \(config.json has no vision_config\)"
+    ):
         engine.media(images=[media_files["image"]])
-    with pytest.raises(ValueError, match=r"has no audio tower \(config.json has no audio_config\)"):
+    with pytest.raises(
+        ValueError, match=r"has no audio tower \(config.json has no audio_config\)"
+    ):
         engine.media(audio=[media_files["clip"]])
     # Text alone still decodes on it.
     assert len(engine.decode([2] + text_ids(6, 9), 4, stop=[]).tokens) == 4
 
 
 def test_media_for_a_disabled_tower(checkpoint, media_files, cli):
-    engine = torchtpu_cpp.Engine(checkpoint, dtype="float32", context=256, no_vision=True)
+    engine = torchtpu_cpp.Engine(
+        checkpoint, dtype="float32", context=256, no_vision=True
+    )
     assert not engine.has_vision and engine.has_audio
-    with pytest.raises(ValueError, match=r"loaded without its image tower \(no_vision\)"):
+    with pytest.raises(
+        ValueError, match=r"loaded without its image tower \(no_vision\)"
+    ):
         engine.media(images=[media_files["image"]])
-    with pytest.raises(AssertionError, match=r"loaded without its audio tower \(no_audio\)"):
+    with pytest.raises(
+        AssertionError, match=r"loaded without its audio tower \(no_audio\)"
+    ):
         cli(
             "generate",
             "--model",
@@ -313,7 +342,8 @@ def test_placeholder_and_media_counts_must_agree(checkpoint, media_files):
     engine = torchtpu_cpp.Engine(checkpoint, dtype="float32", context=1024)
     media = engine.media(images=[media_files["image"]], image_tokens=IMAGE_TOKENS)
     with pytest.raises(
-        ValueError, match=r"the prompt has 2 image placeholders \(token id 500\) but 1 image"
+        ValueError,
+        match=r"the prompt has 2 image placeholders \(token id 500\) but 1 image",
     ):
         engine.expand_media([2, IMAGE, 7, IMAGE], media)
     with pytest.raises(
@@ -332,7 +362,9 @@ def test_placeholder_and_media_counts_must_agree(checkpoint, media_files):
 
 
 def test_prefix_cache_reuses_an_image_and_tells_two_apart(checkpoint, media_files):
-    engine = torchtpu_cpp.Engine(checkpoint, dtype="float32", context=1024, prefill_chunk=16)
+    engine = torchtpu_cpp.Engine(
+        checkpoint, dtype="float32", context=1024, prefill_chunk=16
+    )
     ids = [2] + text_ids(3, 11) + [IMAGE] + text_ids(2, 12)
     first_soft = 5  # bos, 3 tokens, boi
     fresh, cached = {}, {}
