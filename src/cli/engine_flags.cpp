@@ -17,6 +17,8 @@ void EngineFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--quantize", quantize,
                  "int4: quantize a dense checkpoint's linears and head at load (group 32) | none");
   cmd.add_option("--threads", threads, "Intra-op threads (0: the physical cores)");
+  cmd.add_flag("--no-vision", no_vision, "Do not load the checkpoint's image tower");
+  cmd.add_flag("--no-audio", no_audio, "Do not load the checkpoint's audio tower");
 }
 
 EngineOptions EngineFlags::options() const {
@@ -31,6 +33,8 @@ EngineOptions EngineFlags::options() const {
   o.int4 = parse_int4_weights(int4);
   o.quantize_int4 = parse_quantize(quantize);
   o.threads = threads;
+  o.no_vision = no_vision;
+  o.no_audio = no_audio;
   return o;
 }
 

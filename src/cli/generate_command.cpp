@@ -1,4 +1,6 @@
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -11,6 +13,7 @@
 #include "common/errors.h"
 #include "common/memory.h"
 #include "engine/engine.h"
+#include "engine/media.h"
 #include "engine/report.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
@@ -47,13 +50,37 @@ TensorToWrite f32_tensor(const std::string& name, const at::Tensor& t) {
   return out;
 }
 
+std::string read_file(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw NotFoundError(flag + " " + path + ": cannot open the file");
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Images first, then audio clips, in the order given (the order of their placeholders).
+std::vector<Media> load_media(const Engine& engine, const std::vector<std::string>& images,
+                              const std::vector<std::string>& clips, int64_t image_tokens) {
+  std::vector<Media> media;
+  for (const auto& path : images) {
+    const auto bytes = read_file(path, "--image");
+    media.push_back(
+        image_media(preprocess_image(decode_image(bytes), engine.image_options(image_tokens))));
+  }
+  for (const auto& path : clips) {
+    engine.check_tower(MediaKind::kAudio);
+    const auto bytes = read_file(path, "--audio");
+    media.push_back(audio_media(audio_features_from_wav(bytes, engine.audio_options())));
+  }
+  return media;
+}
+
 }  // namespace
 
 void add_generate_command(CLI::App& app) {
   struct Args {
     EngineFlags engine;
     std::string ids, prompt, system, dump_logits;
-    int64_t max_new = 64, read_every = 1;
+    std::vector<std::string> images, audio;
+    int64_t max_new = 64, read_every = 1, image_tokens = 280;
     bool json = false, ignore_eos = false, chat = false, think = false;
     SamplingParams sampling;
     uint64_t seed = 0;
@@ -67,6 +94,13 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--chat", a->chat, "Render --prompt as a user turn with the chat template");
   cmd->add_option("--system", a->system, "System prompt (implies --chat)");
   cmd->add_flag("--think", a->think, "Enable thinking in the chat template (implies --chat)");
+  cmd->add_option("--image", a->images,
+                  "Image file (JPEG, PNG, WebP), repeatable. With --chat the user turn is the "
+                  "images, the clips, then the text; otherwise their placeholders follow <bos>; "
+                  "with --ids each image_token_id is one image's placeholder");
+  cmd->add_option("--audio", a->audio, "WAV clip, repeatable; placed as --image is, after images");
+  cmd->add_option("--image-tokens", a->image_tokens,
+                  "Soft tokens per image: 70 | 140 | 280 | 560 | 1120");
   cmd->add_option("--max-new", a->max_new, "Tokens to generate");
   cmd->add_option("--read-every", a->read_every, "Decode steps between host reads");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Decode exactly --max-new tokens");
@@ -99,16 +133,32 @@ void add_generate_command(CLI::App& app) {
       if (a->chat || a->think || !a->system.empty()) {
         nlohmann::json messages = nlohmann::json::array();
         if (!a->system.empty()) messages.push_back({{"role", "system"}, {"content", a->system}});
-        messages.push_back({{"role", "user"}, {"content", a->prompt}});
+        nlohmann::json content = a->prompt;
+        if (!a->images.empty() || !a->audio.empty()) {
+          content = nlohmann::json::array();
+          for (size_t i = 0; i < a->images.size(); ++i) content.push_back({{"type", "image"}});
+          for (size_t i = 0; i < a->audio.size(); ++i) content.push_back({{"type", "audio"}});
+          content.push_back({{"type", "text"}, {"text", a->prompt}});
+        }
+        messages.push_back({{"role", "user"}, {"content", content}});
         text = ChatTemplate::from_dir(options.model_dir)
                    .render(messages, nullptr, /*add_generation_prompt=*/true,
                            {{"enable_thinking", a->think}});
       }
       // The chat template writes <bos> itself; a plain prompt gets the tokenizer's own BOS.
-      ids = tokenizer->encode(text, /*add_special_tokens=*/text == a->prompt);
+      const bool plain = text == a->prompt;
+      ids = tokenizer->encode(text, /*add_special_tokens=*/plain);
+      if (plain) {
+        std::vector<int64_t> placeholders(a->images.size(), engine.config().image_token_id);
+        placeholders.insert(placeholders.end(), a->audio.size(), engine.config().audio_token_id);
+        const bool bos = !ids.empty() && ids.front() == engine.config().bos_token_id;
+        ids.insert(ids.begin() + (bos ? 1 : 0), placeholders.begin(), placeholders.end());
+      }
     } else {
       ids = parse_ids(a->ids);
     }
+    const auto media = load_media(engine, a->images, a->audio, a->image_tokens);
+    if (!media.empty()) ids = expand_media_placeholders(ids, media, engine.config());
     std::optional<Detokenizer> detokenizer;
     if (tokenizer) detokenizer.emplace(*tokenizer, /*show_special_tokens=*/false);
 
@@ -131,13 +181,13 @@ void add_generate_command(CLI::App& app) {
       std::cout << std::flush;
       return true;
     };
-    auto result = engine.decode(ids, decode, on_tokens, [&](const at::Tensor& logits) {
+    auto result = engine.decode(ids, media, decode, on_tokens, [&](const at::Tensor& logits) {
       step_logits.push_back(logits.to(at::kCPU));
     });
     if (!a->json) std::cout << (detokenizer ? detokenizer->finish() : "") << "\n";
 
     if (!a->dump_logits.empty()) {
-      write_safetensors(a->dump_logits, {f32_tensor("prompt_logits", engine.logits(ids)),
+      write_safetensors(a->dump_logits, {f32_tensor("prompt_logits", engine.logits(ids, media)),
                                          f32_tensor("step_logits", at::stack(step_logits))});
     }
     auto top = step_logits.front().topk(5);

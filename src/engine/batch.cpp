@@ -51,12 +51,14 @@ Batch::Batch(Engine& engine, const BatchOptions& options)
 }
 
 int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                      OnTokens on_tokens, OnLogits on_logits) {
-  engine_.check_decode(prompt, options);
+                      OnTokens on_tokens, OnLogits on_logits, std::vector<Media> media) {
+  engine_.check_decode(prompt, options, media);
   DecodeOptions every_step = options;
   every_step.read_every = 1;
   const int64_t id = next_id_++;
-  queue_.push_back({id, prompt, std::move(every_step), std::move(on_tokens), std::move(on_logits)});
+  auto cache_key = media.empty() ? prompt : media_cache_key(prompt, media, engine_.config());
+  queue_.push_back({id, prompt, std::move(every_step), std::move(on_tokens), std::move(on_logits),
+                    std::move(media), std::move(cache_key)});
   return id;
 }
 
@@ -112,14 +114,16 @@ void Batch::admit(Row& row, int64_t index, Request request) {
   row.budget = engine_.token_budget(n, request.options.max_new);
   row.request = std::move(request);
   rings_.reset_row(index);
-  row.cached = cache_ ? cache_->restore(row.request->prompt, rings_, index) : 0;
+  row.cached = cache_ ? cache_->restore(row.request->cache_key, rings_, index) : 0;
   row.read = row.position = row.cached;
+  row.media = engine_.embed_media(row.request->prompt, row.request->media);
 }
 
 void Batch::finish(Row& row, int64_t index, const char* reason, std::vector<int64_t>& finished) {
   const int64_t id = row.request->id;
   if (cache_) {
-    std::vector<int64_t> held(row.request->prompt.begin(), row.request->prompt.begin() + row.read);
+    const auto& key = row.request->cache_key;
+    std::vector<int64_t> held(key.begin(), key.begin() + row.read);
     held.insert(held.end(), row.fed.begin(), row.fed.end());
     cache_->save(held, rings_, index);
   }
@@ -155,13 +159,14 @@ int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<in
     count = (row.read + count) / block * block - row.read;
   }
   auto row_rings = rings_.rows(index, 1);
-  const auto logits = engine_.read_chunk(row_rings, prompt, row.read, row.read + count);
+  const auto logits = engine_.read_chunk(row_rings, prompt, row.read, row.read + count, &row.media);
   row.read += count;
   row.position = row.read;
   // The prompt's end is a reuse point too: a chat's next turn repeats this prompt, then the reply
   // as the template renders it, which need not be the tokens the model fed back.
   if (block > 0 && (row.read % block == 0 || row.read == n)) {
-    cache_->save({prompt.begin(), prompt.begin() + row.read}, rings_, index);
+    const auto& key = row.request->cache_key;
+    cache_->save({key.begin(), key.begin() + row.read}, rings_, index);
   }
   if (row.read == n) {
     // The row joins the sampler with its first logits: until then a decode step samples it as

@@ -65,8 +65,10 @@ class Batch {
   // (ValueError); read_every is taken as 1 (every step reads each row's token back, to see stops
   // and free rows). on_tokens sees this sequence's tokens as they reach the host, on_logits the
   // float32 logits [vocab] each was chosen from.
+  // `media`: the images and clips of an expanded prompt (Engine::decode's); their towers run
+  // when the row is admitted, and the prefix cache keys their positions by the items' digests.
   int64_t submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
-                 OnTokens on_tokens = {}, OnLogits on_logits = {});
+                 OnTokens on_tokens = {}, OnLogits on_logits = {}, std::vector<Media> media = {});
   // Ends a queued or running sequence at the start of the next step, with finish "cancelled" and
   // the tokens it has. ValueError for an id that is not queued or running.
   void cancel(int64_t id);
@@ -89,6 +91,8 @@ class Batch {
     DecodeOptions options;
     OnTokens on_tokens;
     OnLogits on_logits;
+    std::vector<Media> media;
+    std::vector<int64_t> cache_key;  // the prompt, soft tokens as media_cache_key names them
   };
   struct Row {
     std::optional<Request> request;  // none: the row is free
@@ -101,6 +105,7 @@ class Batch {
     int64_t cached = 0;        // prompt tokens restored from the prefix cache
     at::Tensor token;          // [1] on the device: the token the next decode step feeds
     int64_t token_id = 0;      // its value, as read back
+    PromptMedia media;         // the towers' rows for the prompt's soft tokens
     bool decoding() const {
       return request && read == static_cast<int64_t>(request->prompt.size());
     }

@@ -29,6 +29,19 @@ at::Tensor id_tensor(const std::vector<int64_t>& ids, const at::Device& device) 
   return at::tensor(ids, at::kLong).view({1, static_cast<int64_t>(ids.size())}).to(device);
 }
 
+// The soft tokens of prompt positions [begin, end), or none when the chunk has none.
+std::optional<SoftTokens> soft_tokens(const PromptMedia& media, int64_t begin, int64_t end,
+                                      const at::Device& device) {
+  const auto& p = media.positions;
+  const auto lo = std::lower_bound(p.begin(), p.end(), begin) - p.begin();
+  const auto hi = std::lower_bound(p.begin(), p.end(), end) - p.begin();
+  if (lo == hi) return std::nullopt;
+  auto mask = at::zeros({1, end - begin}, at::kBool);
+  auto* m = mask.data_ptr<bool>();
+  for (auto i = lo; i < hi; ++i) m[p[i] - begin] = true;
+  return SoftTokens{mask.to(device), media.rows.narrow(0, lo, hi - lo)};
+}
+
 }  // namespace
 
 at::Device parse_device(const std::string& name) {
@@ -122,11 +135,19 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
       options.model_dir, ModelOptions{options.device, options.dtype, options.emb4_dir,
                                       /*attend_filled_slots=*/options.device.is_cpu(), options.int4,
                                       options.quantize_int4});
-  rings_ = Rings(model_->config(), options.context, /*batch=*/1, options.dtype, options.device);
+  const auto& c = model_->config();
+  if (c.vision && !options.no_vision) {
+    vision_ = std::make_unique<VisionTower>(options.model_dir, model_->options());
+  }
+  if (c.audio && !options.no_audio) {
+    audio_ = std::make_unique<AudioTower>(options.model_dir, model_->options());
+    audio_options_ = load_audio_feature_options(options.model_dir);
+  }
+  rings_ = Rings(c, options.context, /*batch=*/1, options.dtype, options.device);
   load_s_ = seconds_since(start);
 }
 
-void Engine::check_prompt(const std::vector<int64_t>& ids) const {
+void Engine::check_prompt(const std::vector<int64_t>& ids, const std::vector<Media>& media) const {
   if (ids.empty()) throw ValueError("the prompt is empty: give at least one token id");
   const int64_t vocab = config().vocab_size;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -139,38 +160,136 @@ void Engine::check_prompt(const std::vector<int64_t>& ids) const {
     throw ValueError("the prompt has " + std::to_string(ids.size()) +
                      " tokens but the context holds " + std::to_string(options_.context));
   }
+  if (static_cast<int64_t>(media.size()) > kMaxMediaItems) {
+    throw ValueError("the prompt carries " + std::to_string(media.size()) +
+                     " images and audio clips; at most " + std::to_string(kMaxMediaItems) +
+                     " are allowed");
+  }
+  const auto& c = config();
+  for (auto kind : {MediaKind::kImage, MediaKind::kAudio}) {
+    const bool image = kind == MediaKind::kImage;
+    const std::string name = media_kind_name(kind);
+    int64_t items = 0, soft_tokens = 0, positions = 0;
+    for (const auto& m : media) {
+      if (m.kind != kind) continue;
+      ++items;
+      soft_tokens += m.soft_tokens;
+    }
+    if (items > 0) check_tower(kind);
+    const bool in_config = image ? c.vision.has_value() : c.audio.has_value();
+    if (!in_config) continue;  // the token id may be an ordinary one of a text-only vocabulary
+    const int64_t token = image ? c.image_token_id : c.audio_token_id;
+    for (auto id : ids) positions += id == token;
+    if (positions != soft_tokens) {
+      throw ValueError("the prompt has " + std::to_string(positions) + " " + name +
+                       " soft-token positions (token id " + std::to_string(token) + ") but its " +
+                       std::to_string(items) + " " + name + " items fill " +
+                       std::to_string(soft_tokens) +
+                       " (expand placeholders with expand_media_placeholders)");
+    }
+  }
 }
 
-at::Tensor Engine::logits(const std::vector<int64_t>& ids) {
-  check_prompt(ids);
+void Engine::check_tower(MediaKind kind) const {
+  const bool image = kind == MediaKind::kImage;
+  const std::string name = media_kind_name(kind);
+  if (!(image ? config().vision.has_value() : config().audio.has_value())) {
+    throw ValueError("the prompt carries " + name + " input but the checkpoint at " +
+                     options_.model_dir + " has no " + name + " tower (config.json has no " +
+                     (image ? "vision_config" : "audio_config") + ")");
+  }
+  if (!(image ? has_vision() : has_audio())) {
+    throw ValueError("the prompt carries " + name +
+                     " input but the engine was loaded without its " + name + " tower (" +
+                     (image ? "no_vision" : "no_audio") + ")");
+  }
+}
+
+ImageProcessorOptions Engine::image_options(int64_t max_soft_tokens) const {
+  check_tower(MediaKind::kImage);
+  return {config().vision->patch_size, config().vision->pooling_kernel_size, max_soft_tokens};
+}
+
+PromptMedia Engine::embed_media(const std::vector<int64_t>& prompt,
+                                const std::vector<Media>& media) const {
+  PromptMedia out;
+  if (media.empty()) return out;
+  RECORD_USER_SCOPE("engine::embed_media");
+  std::vector<at::Tensor> images, clips;
+  int64_t image_rows = 0;
+  for (const auto& m : media) {
+    auto rows = m.kind == MediaKind::kImage ? vision_->embed(m.pixels, m.positions)
+                                            : audio_->embed(m.features, m.mask);
+    if (rows.size(0) != m.soft_tokens) {
+      throw ValueError(std::string("an ") + media_kind_name(m.kind) + " item declares " +
+                       std::to_string(m.soft_tokens) + " soft tokens but its tower made " +
+                       std::to_string(rows.size(0)));
+    }
+    if (m.kind == MediaKind::kImage) {
+      image_rows += rows.size(0);
+      images.push_back(rows);
+    } else {
+      clips.push_back(rows);
+    }
+  }
+  // Rows in prompt order: the n-th image position takes the n-th image row, likewise audio
+  // (Gemma4Model.forward's masked_scatter of each kind).
+  const auto& c = config();
+  std::vector<int64_t> order;
+  int64_t image = 0, clip = 0;
+  for (size_t p = 0; p < prompt.size(); ++p) {
+    if (!images.empty() && prompt[p] == c.image_token_id) {
+      order.push_back(image++);
+    } else if (!clips.empty() && prompt[p] == c.audio_token_id) {
+      order.push_back(image_rows + clip++);
+    } else {
+      continue;
+    }
+    out.positions.push_back(static_cast<int64_t>(p));
+  }
+  images.insert(images.end(), clips.begin(), clips.end());
+  out.rows = at::cat(images).index_select(0, at::tensor(order, at::kLong).to(options_.device));
+  return out;
+}
+
+at::Tensor Engine::logits(const std::vector<int64_t>& ids, const std::vector<Media>& media) {
+  check_prompt(ids, media);
   c10::InferenceMode inference;
   const auto n = static_cast<int64_t>(ids.size());
   auto positions = at::arange(n, at::TensorOptions().dtype(at::kLong)).view({1, n});
-  return model_->forward(id_tensor(ids, options_.device), positions.to(options_.device), nullptr)
+  const auto prompt_media = embed_media(ids, media);
+  const auto soft = soft_tokens(prompt_media, 0, n, options_.device);
+  return model_
+      ->forward(id_tensor(ids, options_.device), positions.to(options_.device), nullptr,
+                /*last_only=*/false, /*no_logits=*/false, soft ? &*soft : nullptr)
       .squeeze(0);
 }
 
 at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
-                              int64_t end) const {
+                              int64_t end, const PromptMedia* media) const {
   std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
   auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
   const bool final_chunk = end == static_cast<int64_t>(prompt.size());
-  auto logits = model_->forward(id_tensor(part, options_.device), positions.to(options_.device),
-                                &rings, /*last_only=*/true, /*no_logits=*/!final_chunk);
+  const auto soft = media ? soft_tokens(*media, begin, end, options_.device) : std::nullopt;
+  auto logits =
+      model_->forward(id_tensor(part, options_.device), positions.to(options_.device), &rings,
+                      /*last_only=*/true, /*no_logits=*/!final_chunk, soft ? &*soft : nullptr);
   return final_chunk ? logits.view({-1}) : logits;
 }
 
-at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt) {
+at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media) {
   const auto n = static_cast<int64_t>(prompt.size());
   at::Tensor last_logits;
   for (int64_t begin = 0; begin < n; begin += options_.prefill_chunk) {
-    last_logits = read_chunk(rings_, prompt, begin, std::min(n, begin + options_.prefill_chunk));
+    last_logits =
+        read_chunk(rings_, prompt, begin, std::min(n, begin + options_.prefill_chunk), media);
   }
   return last_logits;
 }
 
-void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOptions& options) const {
-  check_prompt(prompt);
+void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
+                          const std::vector<Media>& media) const {
+  check_prompt(prompt, media);
   if (options.max_new < 1) {
     throw ValueError("max_new must be at least 1, got " + std::to_string(options.max_new));
   }
@@ -192,13 +311,19 @@ int64_t Engine::token_budget(int64_t prompt_tokens, int64_t max_new) const {
 
 DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
                             const OnTokens& on_tokens, const OnLogits& on_logits) {
-  check_decode(prompt, options);
+  return decode(prompt, {}, options, on_tokens, on_logits);
+}
+
+DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vector<Media>& media,
+                            const DecodeOptions& options, const OnTokens& on_tokens,
+                            const OnLogits& on_logits) {
+  check_decode(prompt, options, media);
   // Each step's mask follows from every token before it, so a constrained request reads every
   // token back to the host as it is sampled, whatever read_every the caller chose.
   if (options.constraint && options.read_every != 1) {
     DecodeOptions every_token = options;
     every_token.read_every = 1;
-    return decode(prompt, every_token, on_tokens, on_logits);
+    return decode(prompt, media, every_token, on_tokens, on_logits);
   }
   c10::InferenceMode inference;
   const auto n = static_cast<int64_t>(prompt.size());
@@ -216,7 +341,8 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const DecodeOpti
     if (output.constrained()) output.forbid(sampler.forbidden(0));
     return sampler.next(logits.view({1, -1})).view({1, 1});
   };
-  auto token = sample(read_prompt(prompt));
+  const auto prompt_media = embed_media(prompt, media);
+  auto token = sample(read_prompt(prompt, &prompt_media));
   const auto on_device = at::TensorOptions().dtype(at::kLong).device(options_.device);
   auto position = at::full({1, 1}, n, on_device);
   // Tokens not yet read wait in a device buffer, one slot per step of the read window. The slot

@@ -11,10 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "engine/media.h"
 #include "grammar/constraint.h"
+#include "model/audio.h"
 #include "model/gemma4.h"
 #include "model/rings.h"
 #include "model/sampling.h"
+#include "model/vision.h"
 
 namespace torchtpu {
 
@@ -28,6 +31,10 @@ struct EngineOptions {
   Int4Weights int4 = Int4Weights::kAuto;
   bool quantize_int4 = false;  // ModelOptions::quantize_int4
   int64_t threads = 0;         // intra-op threads; 0: the machine's physical cores
+  // Leave the checkpoint's image / audio tower unloaded (less memory; prompts with such media
+  // are then refused).
+  bool no_vision = false;
+  bool no_audio = false;
 };
 
 // "auto", "packed", "composite", "dequantized" -> Int4Weights; ValueError otherwise.
@@ -66,6 +73,13 @@ struct DecodeResult {
   double decode_s = 0;        // the remaining steps
 };
 
+// A prompt's soft tokens, ready for its chunks: the towers' rows for every media position, in
+// prompt order.
+struct PromptMedia {
+  std::vector<int64_t> positions;  // ascending prompt positions of soft tokens
+  at::Tensor rows;                 // [positions.size(), hidden_size] on the engine's device
+};
+
 // Called with each batch of new tokens as they reach the host; returning false cancels.
 using OnTokens = std::function<bool(const std::vector<int64_t>&)>;
 // Sees the float32 logits [vocab] each generated token was chosen from (tests, dumps).
@@ -83,17 +97,38 @@ class Engine {
   // The model's options as resolved (the int4 form chosen for kAuto).
   const ModelOptions& model_options() const { return model_->options(); }
 
+  // Whether images / audio clips can be given (the checkpoint has the tower and it is loaded).
+  bool has_vision() const { return vision_ != nullptr; }
+  bool has_audio() const { return audio_ != nullptr; }
+  // ValueError unless media of this kind can be given, naming the missing tower or the option
+  // that disabled it.
+  void check_tower(MediaKind kind) const;
+  // The checkpoint's image processor settings for a soft-token budget (check_tower's errors).
+  ImageProcessorOptions image_options(int64_t max_soft_tokens = 280) const;
+  const AudioFeatureOptions& audio_options() const { return audio_options_; }
+
   // float32 logits [ids.size(), vocab] of one causal pass with no cache; the rings are untouched.
-  at::Tensor logits(const std::vector<int64_t>& ids);
+  // `media`: the prompt's images and clips (ids already expanded, expand_media_placeholders).
+  at::Tensor logits(const std::vector<int64_t>& ids, const std::vector<Media>& media = {});
 
   // Reads the prompt into freshly reset rings and decodes (greedy or sampled, per options).
   DecodeResult decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
                       const OnTokens& on_tokens = {}, const OnLogits& on_logits = {});
+  // The same for a prompt whose expanded placeholders take `media`'s soft tokens.
+  DecodeResult decode(const std::vector<int64_t>& prompt, const std::vector<Media>& media,
+                      const DecodeOptions& options, const OnTokens& on_tokens = {},
+                      const OnLogits& on_logits = {});
 
-  // The checks decode and logits apply to caller input (ValueError naming the value and limit).
-  void check_prompt(const std::vector<int64_t>& ids) const;
+  // The checks decode and logits apply to caller input (ValueError naming the value and limit);
+  // with media: a tower for each kind given, and as many soft-token positions of each kind as
+  // its items fill.
+  void check_prompt(const std::vector<int64_t>& ids, const std::vector<Media>& media = {}) const;
   // check_prompt plus the decode options' own checks (ValueError).
-  void check_decode(const std::vector<int64_t>& prompt, const DecodeOptions& options) const;
+  void check_decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
+                    const std::vector<Media>& media = {}) const;
+  // Runs the towers over a checked prompt's media (on the engine's device).
+  PromptMedia embed_media(const std::vector<int64_t>& prompt,
+                          const std::vector<Media>& media) const;
   // Tokens a sequence after a prompt of `prompt_tokens` may generate: max_new, or fewer where the
   // context ends first.
   int64_t token_budget(int64_t prompt_tokens, int64_t max_new) const;
@@ -102,14 +137,19 @@ class Engine {
   const Gemma4& model() const { return *model_; }
   // Reads prompt[begin, end) into `rings` (one row) after the positions before `begin`; returns
   // the float32 logits [vocab] of its last token when `end` is the prompt's end, else undefined.
+  // `media`: the prompt's soft tokens (nullptr or empty: none).
   at::Tensor read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
-                        int64_t end) const;
+                        int64_t end, const PromptMedia* media = nullptr) const;
 
  private:
-  at::Tensor read_prompt(const std::vector<int64_t>& prompt);  // in chunks, into rings_
+  // In chunks, into rings_.
+  at::Tensor read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media);
 
   EngineOptions options_;
   std::unique_ptr<Gemma4> model_;
+  std::unique_ptr<VisionTower> vision_;
+  std::unique_ptr<AudioTower> audio_;
+  AudioFeatureOptions audio_options_;
   Rings rings_;
   double load_s_ = 0;
 };

@@ -143,7 +143,7 @@ void Scheduler::run_batch(Engine& engine) {
       auto& s = entry.submission;
       int64_t id;
       try {
-        id = batch->submit(s.prompt, s.options, s.on_tokens, s.on_logits);
+        id = batch->submit(s.prompt, s.options, s.on_tokens, s.on_logits, s.media);
       } catch (...) {
         s.on_done({}, std::current_exception());
         continue;
@@ -224,7 +224,7 @@ void Scheduler::run_serial(Engine& engine) {
       DecodeResult result;
       std::exception_ptr error;
       try {
-        result = engine.decode(s.prompt, s.options, on_tokens, s.on_logits);
+        result = engine.decode(s.prompt, s.media, s.options, on_tokens, s.on_logits);
       } catch (...) {
         error = std::current_exception();
       }

@@ -31,7 +31,10 @@ struct SchedulerOptions {
 
 // One sequence for the scheduler. Every callback runs on the owner thread.
 struct Submission {
-  std::vector<int64_t> prompt;
+  std::vector<int64_t> prompt;  // expanded (expand_media_placeholders) when media is given
+  // The prompt's images and clips, in order per kind (engine/media.h). A server fills it from
+  // the request's content parts; the engine checks it against the prompt (ValueError).
+  std::vector<Media> media;
   DecodeOptions options;
   OnTokens on_tokens;  // as Engine::decode's; returning false cancels
   OnLogits on_logits;

@@ -467,7 +467,7 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
 }
 
 at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
-                           bool last_only, bool no_logits) const {
+                           bool last_only, bool no_logits, const SoftTokens* soft) const {
   const auto& c = config_;
   const auto dtype = options_.dtype;
   const int64_t B = ids.size(0), T = ids.size(1);
@@ -479,8 +479,12 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
   at::Tensor h, ple;
   {
     RECORD_USER_SCOPE("gemma4::inputs");
-    h = embed_tokens_.lookup(ids.reshape(-1)).view({B, T, c.hidden_size}) * embed_scale;
-    if (c.hidden_size_per_layer_input > 0) ple = per_layer_inputs(ids, h);
+    // Soft-token positions read pad_token_id's rows (the per-layer token part included), then
+    // their main embeddings become the tower's rows, which the per-layer context part sees.
+    const auto text_ids = soft ? at::where(soft->mask, c.pad_token_id, ids) : ids;
+    h = embed_tokens_.lookup(text_ids.reshape(-1)).view({B, T, c.hidden_size}) * embed_scale;
+    if (soft) h = h.masked_scatter(soft->mask.unsqueeze(-1), soft->rows.to(h.scalar_type()));
+    if (c.hidden_size_per_layer_input > 0) ple = per_layer_inputs(text_ids, h);
   }
 
   auto pos = positions;

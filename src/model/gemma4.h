@@ -90,6 +90,14 @@ enum class Int4Weights {
   kDequantized,  // expanded to the compute dtype at load (the head included)
 };
 
+// Soft tokens (the vision or audio tower's rows) taking the place of some positions of a forward
+// pass's ids, as Gemma4Model.forward places them: those positions look up pad_token_id in both
+// embedding tables, then their main embeddings are replaced by `rows` (unscaled), in order.
+struct SoftTokens {
+  at::Tensor mask;  // [batch, T] bool on the device, true at soft-token positions
+  at::Tensor rows;  // [mask.sum(), hidden_size] on the device
+};
+
 struct ModelOptions {
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kBFloat16;  // compute dtype
@@ -121,8 +129,10 @@ class Gemma4 {
   // write nothing, so earlier positions need them only for their own logits); `no_logits` stops
   // after the last non-shared layer, for prompt chunks before the final one.
   // Returns float32 logits [batch, T or 1, vocab], or an undefined tensor with no_logits.
+  // `soft`: soft tokens for some positions of this pass (nullptr: ids alone).
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
-                     bool last_only = false, bool no_logits = false) const;
+                     bool last_only = false, bool no_logits = false,
+                     const SoftTokens* soft = nullptr) const;
 
  private:
   at::Tensor attention(int64_t layer, const at::Tensor& x, const at::Tensor& positions,

@@ -12,6 +12,7 @@
 #include "common/errors.h"
 #include "engine/batch.h"
 #include "engine/engine.h"
+#include "engine/media.h"
 #include "engine/report.h"
 #include "grammar/constraint.h"
 #include "python/bindings.h"
@@ -153,7 +154,8 @@ OnTokens relay(py::handle on_tokens, std::optional<py::error_already_set>& failu
 
 // Runs the engine's decode with the GIL released; on_tokens runs once per read batch (relay).
 DecodeResult run_decode(PyEngine& self, const char* method, const std::vector<int64_t>& ids,
-                        const DecodeOptions& options, py::handle on_tokens) {
+                        const DecodeOptions& options, py::handle on_tokens,
+                        const std::vector<Media>& media = {}) {
   Engine& engine = self.begin(method, /*exclusive=*/true);
   check_callable(on_tokens);
   std::optional<py::error_already_set> failure;
@@ -161,7 +163,7 @@ DecodeResult run_decode(PyEngine& self, const char* method, const std::vector<in
   DecodeResult result;
   {
     py::gil_scoped_release released;
-    result = engine.decode(ids, options, relay(on_tokens, failure));
+    result = engine.decode(ids, media, options, relay(on_tokens, failure));
   }
   if (failure) throw std::move(*failure);
   return result;
@@ -183,7 +185,17 @@ struct DecodeArgs {
   std::optional<uint64_t> seed;
   std::optional<std::string> grammar_kind;
   std::string grammar;
+  std::vector<Media> media;
 };
+
+// One media list cannot belong to several prompts: decode_many takes text prompts.
+void check_no_media(const DecodeArgs& args, const std::string& method) {
+  if (!args.media.empty()) {
+    throw ValueError(method +
+                     " takes no media (one list cannot serve several prompts): submit "
+                     "each prompt with its media through Batch.submit");
+  }
+}
 
 // The DecodeOptions for `args`; a grammar becomes a fresh constraint (one per sequence: it
 // advances through that sequence's tokens).
@@ -229,11 +241,11 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
           double min_p, double repetition_penalty, double presence_penalty,
           double frequency_penalty, const std::map<int64_t, double>& logit_bias,
           std::optional<uint64_t> seed, std::optional<std::string> grammar_kind,
-          const std::string& grammar) {
+          const std::string& grammar, const std::vector<Media>& media) {
         return f(self, first, on_tokens,
                  DecodeArgs{max_new, std::move(stop), read_every, temperature, top_k, top_p, min_p,
                             repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
-                            seed, std::move(grammar_kind), grammar});
+                            seed, std::move(grammar_kind), grammar, media});
       },
       doc, py::arg(first_name), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
       py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
@@ -241,7 +253,8 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
       py::arg("min_p") = 0.0, py::arg("repetition_penalty") = 1.0,
       py::arg("presence_penalty") = 0.0, py::arg("frequency_penalty") = 0.0,
       py::arg("logit_bias") = std::map<int64_t, double>{}, py::arg("seed") = py::none(),
-      py::arg("grammar_kind") = py::none(), py::arg("grammar") = "");
+      py::arg("grammar_kind") = py::none(), py::arg("grammar") = "",
+      py::arg("media") = std::vector<Media>{});
 }
 
 // torchtpu_cpp.Batch: a Batch over the engine's model, owned by the engine's owner thread (every
@@ -257,10 +270,10 @@ class PyBatch {
   }
 
   int64_t submit(const char* method, const std::vector<int64_t>& ids, DecodeOptions options,
-                 py::handle on_tokens) {
+                 py::handle on_tokens, const std::vector<Media>& media = {}) {
     engine_.begin(method, /*exclusive=*/true);
     check_callable(on_tokens);
-    const int64_t id = batch_->submit(ids, options, relay(on_tokens, failure_));
+    const int64_t id = batch_->submit(ids, options, relay(on_tokens, failure_), {}, media);
     callbacks_[id] = py::reinterpret_borrow<py::object>(on_tokens);
     return id;
   }
@@ -332,6 +345,14 @@ py::dict layout_dict(const Layout& layout) {
 }  // namespace
 
 void bind_engine(py::module_& m) {
+  py::class_<Media>(m, "Media", "One preprocessed image or audio clip (Engine.media).")
+      .def_property_readonly("kind", [](const Media& x) { return media_kind_name(x.kind); })
+      .def_readonly("soft_tokens", &Media::soft_tokens)
+      .def_readonly("digest", &Media::digest)
+      .def("__repr__", [](const Media& x) {
+        return std::string("Media(kind='") + media_kind_name(x.kind) +
+               "', soft_tokens=" + std::to_string(x.soft_tokens) + ")";
+      });
   py::class_<DecodeResult>(m, "DecodeResult",
                            "What one decode produced: tokens (the stop id excluded), why it "
                            "ended, and the engine's own timings.")
@@ -361,15 +382,18 @@ void bind_engine(py::module_& m) {
       .def(py::init([](const std::string& model_dir, const std::optional<std::string>& emb4_dir,
                        py::handle like, int64_t context, py::handle device, py::handle dtype,
                        int64_t prefill_chunk, int64_t threads, const std::string& int4,
-                       const std::optional<std::string>& quantize) {
-             return std::make_unique<PyEngine>(engine_options(model_dir, emb4_dir, like, context,
-                                                              device, dtype, prefill_chunk, threads,
-                                                              int4, quantize));
+                       const std::optional<std::string>& quantize, bool no_vision, bool no_audio) {
+             auto options = engine_options(model_dir, emb4_dir, like, context, device, dtype,
+                                           prefill_chunk, threads, int4, quantize);
+             options.no_vision = no_vision;
+             options.no_audio = no_audio;
+             return std::make_unique<PyEngine>(options);
            }),
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
            py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512, py::arg("threads") = 0,
-           py::arg("int4") = "auto", py::arg("quantize") = py::none())
+           py::arg("int4") = "auto", py::arg("quantize") = py::none(), py::arg("no_vision") = false,
+           py::arg("no_audio") = false)
       .def("layout",
            [](PyEngine& self) { return layout_dict(self.begin("Engine.layout").layout()); })
       .def("report",
@@ -397,17 +421,68 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("owner_thread", &PyEngine::owner_name)
       .def(
           "logits",
-          [](PyEngine& self, py::handle ids) {
+          [](PyEngine& self, py::handle ids, const std::vector<Media>& media) {
             Engine& engine = self.begin("Engine.logits", /*exclusive=*/true);
             const auto tokens = to_ids(ids, "ids");
             at::Tensor logits;
             {
               py::gil_scoped_release released;
-              logits = engine.logits(tokens);
+              logits = engine.logits(tokens, media);
             }
             return to_python(logits);
           },
-          py::arg("ids"))
+          py::arg("ids"), py::kw_only(), py::arg("media") = std::vector<Media>{})
+      .def_property_readonly(
+          "has_vision", [](PyEngine& self) { return self.begin("Engine.has_vision").has_vision(); })
+      .def_property_readonly(
+          "has_audio", [](PyEngine& self) { return self.begin("Engine.has_audio").has_audio(); })
+      .def(
+          "media",
+          [](PyEngine& self, const py::list& images, const py::list& audio, int64_t image_tokens) {
+            Engine& engine = self.begin("Engine.media", /*exclusive=*/true);
+            std::vector<Media> out;
+            for (py::handle image : images) {
+              const auto options = engine.image_options(image_tokens);
+              if (py::isinstance<py::bytes>(image)) {
+                const std::string bytes = image.cast<std::string>();
+                py::gil_scoped_release released;
+                out.push_back(image_media(preprocess_image(decode_image(bytes), options)));
+              } else {
+                const at::Tensor rgb = to_tensor(image, "image (bytes or an RGB uint8 tensor)");
+                py::gil_scoped_release released;
+                out.push_back(image_media(preprocess_image(rgb, options)));
+              }
+            }
+            for (py::handle clip : audio) {
+              engine.check_tower(MediaKind::kAudio);
+              if (py::isinstance<py::bytes>(clip)) {
+                const std::string bytes = clip.cast<std::string>();
+                py::gil_scoped_release released;
+                out.push_back(audio_media(audio_features_from_wav(bytes, engine.audio_options())));
+              } else {
+                const at::Tensor samples = to_tensor(clip, "audio (WAV bytes or float samples)");
+                py::gil_scoped_release released;
+                out.push_back(audio_media(audio_features(samples, engine.audio_options())));
+              }
+            }
+            return out;
+          },
+          py::kw_only(), py::arg("images") = py::list(), py::arg("audio") = py::list(),
+          py::arg("image_tokens") = 280,
+          "Images (encoded bytes or RGB uint8 [3, H, W]) and audio clips (WAV bytes or mono float "
+          "samples at the checkpoint's sampling rate) preprocessed for this checkpoint, images "
+          "first: the `media` of decode and logits. ValueError naming a missing or disabled tower "
+          "and bad inputs.")
+      .def(
+          "expand_media",
+          [](PyEngine& self, py::handle ids, const std::vector<Media>& media) {
+            Engine& engine = self.begin("Engine.expand_media");
+            return to_list(expand_media_placeholders(to_ids(ids, "ids"), media, engine.config()));
+          },
+          py::arg("ids"), py::arg("media"),
+          "Each image_token_id of `ids` (the <|image|> a chat template writes) becomes boi, the "
+          "n-th image's soft tokens, eoi; each audio_token_id likewise for the n-th clip. "
+          "ValueError when placeholders and media of a kind differ in number.")
       .def(
           "generate",
           [](PyEngine& self, py::handle ids, int64_t max_new, int64_t read_every) {
@@ -448,7 +523,7 @@ void bind_engine(py::module_& m) {
       "back, as with read_every=1; ValueError naming what llguidance cannot enforce).",
       [](PyEngine& self, py::handle ids, py::handle on_tokens, const DecodeArgs& args) {
         return run_decode(self, "Engine.decode", to_ids(ids, "ids"),
-                          decode_options(self, "Engine.decode", args), on_tokens);
+                          decode_options(self, "Engine.decode", args), on_tokens, args.media);
       });
 
   def_decoding(
@@ -458,7 +533,8 @@ void bind_engine(py::module_& m) {
       "for what Engine.decode refuses.",
       [](PyBatch& self, py::handle ids, py::handle on_tokens, const DecodeArgs& args) {
         return self.submit("Batch.submit", to_ids(ids, "ids"),
-                           decode_options(self.engine(), "Batch.submit", args), on_tokens);
+                           decode_options(self.engine(), "Batch.submit", args), on_tokens,
+                           args.media);
       });
   def_decoding(
       batch, "decode_many", "prompts",
@@ -468,6 +544,7 @@ void bind_engine(py::module_& m) {
       "prompt `index`; a falsy return cancels that sequence alone. The GIL is released during "
       "each step.",
       [](PyBatch& self, py::handle prompts, py::handle on_tokens, const DecodeArgs& args) {
+        check_no_media(args, "Batch.decode_many");
         check_callable(on_tokens);
         if (PyUnicode_Check(prompts.ptr()) || !py::isinstance<py::iterable>(prompts)) {
           throw ValueError("prompts must be a sequence of token id sequences, got " +

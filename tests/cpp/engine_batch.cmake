@@ -25,3 +25,9 @@ if(TARGET torchtpu_engine)
                        PROPERTIES LABELS engine TIMEOUT 900
                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endif()
+# src/engine/media (issue #19): placeholder expansion, cache keys and digests.
+if(TARGET torchtpu_engine)
+  add_executable(media_engine_test ${CMAKE_CURRENT_LIST_DIR}/media_engine_test.cpp)
+  target_link_libraries(media_engine_test PRIVATE torchtpu_engine GTest::gtest_main)
+  gtest_discover_tests(media_engine_test DISCOVERY_TIMEOUT 60 PROPERTIES LABELS engine)
+endif()

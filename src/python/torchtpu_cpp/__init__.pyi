@@ -61,6 +61,18 @@ class _BatchStats(TypedDict):
     steps: int
     cache: _CacheStats
 
+class Media:
+    """One preprocessed image or audio clip (Engine.media)."""
+
+    @property
+    def kind(self) -> Literal["image", "audio"]: ...
+    @property
+    def soft_tokens(self) -> int: ...
+    @property
+    def digest(self) -> int:
+        """FNV-1a of the preprocessed tensors: equal inputs, equal digests (the prefix cache's
+        key for the item's positions)."""
+
 class Batch:
     """Sequences decoded together over one Engine's weights (Engine.batch). The engine's owner
     thread only; step and decode_many release the GIL."""
@@ -84,6 +96,7 @@ class Batch:
         seed: int | None = None,
         grammar_kind: str | None = None,
         grammar: str = "",
+        media: Sequence[Media] = (),
     ) -> int:
         """Queues a sequence with Engine.decode's arguments (read_every taken as 1); its id."""
     def decode_many(
@@ -105,6 +118,7 @@ class Batch:
         seed: int | None = None,
         grammar_kind: str | None = None,
         grammar: str = "",
+        media: Sequence[Media] = (),
     ) -> list[DecodeResult]:
         """Every prompt decoded together with the same arguments; results in order, each what
         Engine.decode gives that prompt alone. on_tokens(index, tokens); falsy cancels one."""
@@ -134,10 +148,13 @@ class Engine:
         threads: int = 0,
         int4: Literal["auto", "packed", "composite", "dequantized"] = "auto",
         quantize: Literal["int4", "none"] | None = None,
+        no_vision: bool = False,
+        no_audio: bool = False,
     ) -> None:
         """threads: intra-op threads (0: the physical cores; the process-wide ATen setting).
         int4: how int4 weights are held (docs/ARCHITECTURE.md). quantize="int4" quantizes a
-        dense checkpoint's linears and head at load."""
+        dense checkpoint's linears and head at load. no_vision / no_audio leave the
+        checkpoint's image / audio tower unloaded."""
     def layout(self) -> _Layout: ...
     def report(self) -> dict[str, Any]: ...
     @property
@@ -152,8 +169,25 @@ class Engine:
     def load_seconds(self) -> float: ...
     @property
     def owner_thread(self) -> str: ...
-    def logits(self, ids: _Ids) -> torch.Tensor:
+    def logits(self, ids: _Ids, *, media: Sequence[Media] = ()) -> torch.Tensor:
         """float32 [len(ids), vocab] of one causal pass; the KV cache is untouched."""
+    @property
+    def has_vision(self) -> bool: ...
+    @property
+    def has_audio(self) -> bool: ...
+    def media(
+        self,
+        *,
+        images: list[bytes | torch.Tensor] = [],
+        audio: list[bytes | torch.Tensor] = [],
+        image_tokens: int = 280,
+    ) -> list[Media]:
+        """Images (encoded bytes or RGB uint8 [3, H, W]) and clips (WAV bytes or mono float
+        samples at the checkpoint's rate) preprocessed, images first. ValueError naming a
+        missing or disabled tower or a bad input."""
+    def expand_media(self, ids: _Ids, media: Sequence[Media]) -> list[int]:
+        """Each image_token_id (audio_token_id) of ids becomes boi, the n-th image's (clip's)
+        soft tokens, eoi (boa ... eoa). ValueError when placeholders and items differ."""
     def batch(
         self,
         rows: int = 4,
@@ -187,12 +221,14 @@ class Engine:
         seed: int | None = None,
         grammar_kind: str | None = None,
         grammar: str = "",
+        media: Sequence[Media] = (),
     ) -> DecodeResult:
         """Decode (greedy unless temperature > 0) ending at a stop id (None: the checkpoint's eos
         ids; empty: none), max_new tokens, or a falsy on_tokens return ("cancelled").
         grammar_kind "json_schema", "json_object", "regex" or "lark" with `grammar` constrains
         every token to the grammar (llguidance; the checkpoint's tokenizer.json gives the
-        vocabulary); ValueError for a grammar it cannot enforce."""
+        vocabulary); ValueError for a grammar it cannot enforce. media: the images and clips of
+        `ids` (Engine.media), whose placeholders expand_media has expanded."""
 
 class Tokenizer:
     def __init__(self, path: str) -> None: ...
