@@ -139,9 +139,9 @@ std::optional<std::string> decode_base64(const std::string& text) {
 }
 
 void check_media_limits(const MediaLimits& limits) {
-  if (limits.max_items < 0 || limits.max_items > 64) {
-    throw ValueError("--max-media must be between 0 and 64, got " +
-                     std::to_string(limits.max_items));
+  if (limits.max_items < 0 || limits.max_items > kMaxMediaItems) {
+    throw ValueError("--max-media must be between 0 and " + std::to_string(kMaxMediaItems) +
+                     ", got " + std::to_string(limits.max_items));
   }
   for (const auto& [flag, bytes] : {std::pair{"--max-image-bytes", limits.max_image_bytes},
                                     std::pair{"--max-audio-bytes", limits.max_audio_bytes}}) {
@@ -227,7 +227,7 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
   std::vector<MediaPart> parts;
   for (const MediaSource& s : sources) {
     const bool image = s.kind == MediaKind::kImage;
-    MediaPart part{s.kind, "", s.mime, image ? s.image_tokens : 0, s.param};
+    MediaPart part{s.kind, "", {}, s.mime, image ? s.image_tokens : 0, s.param};
     if (image && part.image_tokens == 0) part.image_tokens = limits.image_tokens;
     const int64_t max_bytes = image ? limits.max_image_bytes : limits.max_audio_bytes;
     const char* flag = image ? "--max-image-bytes" : "--max-audio-bytes";
@@ -275,7 +275,7 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
       if (image) {
         ImageLimits image_limits;
         image_limits.max_bytes = max_bytes;
-        decode_image(part.bytes, image_limits);
+        part.rgb = decode_image(part.bytes, image_limits);
       } else {
         decode_wav(part.bytes);
       }

@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "engine/media.h"
+
 namespace torchtpu::server {
 
 using ojson = nlohmann::ordered_json;
-
-enum class MediaKind { kImage, kAudio };
 
 // A content part as the request names it, before its bytes are read.
 struct MediaSource {
@@ -33,6 +33,7 @@ struct MediaSource {
 struct MediaPart {
   MediaKind kind = MediaKind::kImage;
   std::string bytes;
+  at::Tensor rgb;            // images: the decoded pixels, RGB uint8 [3, H, W]
   std::string mime;          // image/png | image/jpeg | image/webp | audio/wav
   int64_t image_tokens = 0;  // images: one of kImageSoftTokenBudgets
   std::string param;         // the field it came from, for errors found later
@@ -50,8 +51,9 @@ struct MediaLimits {
   double url_timeout_s = 10;
 };
 
-// ValueError naming the flag for a limit out of range: --max-media 0-64, byte limits 1 B-1 GiB,
-// --image-tokens one of kImageSoftTokenBudgets, --media-url-timeout 0-600 s (exclusive of 0).
+// ValueError naming the flag for a limit out of range: --max-media 0-kMaxMediaItems, byte limits
+// 1 B-1 GiB, --image-tokens one of kImageSoftTokenBudgets, --media-url-timeout 0-600 s (exclusive
+// of 0).
 void check_media_limits(const MediaLimits& limits);
 
 // What the checkpoint reads besides text (ModelConfig's vision / audio towers).

@@ -200,7 +200,8 @@ SamplingRequest read_generation_defaults(const std::string& model_dir) {
 // One generation request, shared by the HTTP thread that answers it and the engine thread.
 struct Job {
   // Set before the job is queued, read-only afterwards.
-  std::vector<int64_t> prompt;
+  std::vector<int64_t> prompt;  // placeholders expanded: one id per soft token of each medium
+  std::vector<Media> media;     // in the order of their soft tokens in the prompt
   DecodeOptions decode;
   std::vector<std::string> stop;
   bool parse_output = false;  // chat: split reasoning and tool calls out of the content
@@ -626,6 +627,7 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
   auto out = std::make_shared<JobOutput>(*tokenizer_, *job);
   Submission submission;
   submission.prompt = job->prompt;
+  submission.media = job->media;
   submission.options = job->decode;
   submission.on_start = [job, out] {
     out->started = true;
@@ -1069,12 +1071,21 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
 std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const GenerationRequest& r,
                                        bool chat, const std::string& prompt_param) {
   check_model(r.model);
-  if (!r.media.empty()) {
-    const std::vector<MediaPart> media = load_media(r.media, options_.media, modalities_);
-    throw ApiError(501, "images and audio reach the engine in a later commit (#19)", "server_error",
-                   "", "media_not_implemented");
-  }
   auto job = std::make_shared<Job>();
+  for (const MediaPart& part : load_media(r.media, options_.media, modalities_)) {
+    try {
+      job->media.push_back(
+          part.kind == MediaKind::kImage
+              ? image_media(preprocess_image(part.rgb, engine_->image_options(part.image_tokens)))
+              : audio_media(audio_features_from_wav(part.bytes, engine_->audio_options())));
+    } catch (const ValueError& e) {
+      throw ApiError(400, "'" + part.param + "': " + e.what(), "invalid_request_error", part.param,
+                     "invalid_value");
+    } catch (const c10::ValueError& e) {
+      throw ApiError(400, "'" + part.param + "': " + e.what_without_backtrace(),
+                     "invalid_request_error", part.param, "invalid_value");
+    }
+  }
   std::string rendered = r.prompt;
   try {
     if (chat) {
@@ -1085,7 +1096,10 @@ std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const Genera
     } else {
       job->prompt = tokenizer_->encode(r.prompt, /*add_special_tokens=*/true);
     }
-    engine_->check_prompt(job->prompt);
+    if (!job->media.empty()) {
+      job->prompt = expand_media_placeholders(job->prompt, job->media, engine_->config());
+    }
+    engine_->check_prompt(job->prompt, job->media);
   } catch (const ValueError& e) {
     const bool too_long = static_cast<int64_t>(job->prompt.size()) > options_.context;
     throw ApiError(400, e.what(), "invalid_request_error", prompt_param,

@@ -3,7 +3,7 @@
 // every valid image or clip gets the 400 naming what the checkpoint lacks, and every malformed one
 // the 400 naming its field; /v1/models says which modalities the checkpoint reads. A second server
 // reads a tiny checkpoint with both towers that transformers' save_pretrained writes
-// (make_multimodal.py), where corrupt files are 400s and valid ones reach the request's end. The
+// (make_multimodal.py), where corrupt files are 400s and valid ones are answered. The
 // PNG is the widely used 1x1 placeholder; the WAV is written here from the RIFF/WAVE specification.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
@@ -276,23 +276,38 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     assert.match(clip.message, /^400 'messages\[0\]\.content\[1\]\.input_audio\.data' is not a readable WAV file: /);
   });
 
-  // The one answer valid media get until the engine takes them (#19); the engine's wiring turns
-  // these into answers.
-  test("a valid PNG and WAV pass every check", async () => {
-    const err = await chatErrorFrom(
-      mmClient,
-      "tiny-multimodal",
+  test("a valid PNG and WAV are answered; the same pair again is read from the prefix cache", async () => {
+    const ask = (...parts) =>
+      mmClient.chat.completions.create({
+        model: "tiny-multimodal",
+        max_tokens: 8,
+        messages: [{ role: "user", content: [{ type: "text", text: "What is this?" }, ...parts] }],
+      });
+    const textOnly = await ask();
+    const media = [
       { type: "image_url", image_url: { url: PNG_URL } },
       { type: "input_audio", input_audio: { data: wav(), format: "wav" } },
-    );
-    assert.equal(err.status, 501);
-    assert.equal(err.code, "media_not_implemented");
+    ];
+    const first = await ask(...media);
+    assert.equal(first.choices[0].finish_reason, "length");
+    assert.equal(first.usage.completion_tokens, 8);
+    // Each item's one placeholder became its begin token, one or more soft tokens and its end.
+    assert.ok(first.usage.prompt_tokens >= textOnly.usage.prompt_tokens + 2 * 2,
+      `${first.usage.prompt_tokens} prompt tokens with media, ${textOnly.usage.prompt_tokens} without`);
+    const again = await ask(...media);
+    assert.equal(again.choices[0].message.content, first.choices[0].message.content);
+    assert.ok(again.usage.prompt_tokens_details.cached_tokens > textOnly.usage.prompt_tokens,
+      `${again.usage.prompt_tokens_details.cached_tokens} cached`);
   });
 
   test("image URLs (--allow-media-urls) are fetched within the limits, or refused naming the field", async () => {
     const url = (name) => ({ type: "image_url", image_url: { url: `${imagesUrl}/${name}` } });
-    const ok = await chatErrorFrom(mmClient, "tiny-multimodal", url("dot.png"));
-    assert.equal(ok.status, 501);
+    const ok = await mmClient.chat.completions.create({
+      model: "tiny-multimodal",
+      max_tokens: 2,
+      messages: [{ role: "user", content: [{ type: "text", text: "What is this?" }, url("dot.png")] }],
+    });
+    assert.equal(ok.usage.completion_tokens, 2);
     const prefix = "400 'messages[0].content[1].image_url.url' could not be fetched: ";
     const cases = [
       ["missing.png", "the server answered HTTP 404"],
