@@ -124,15 +124,13 @@ void bind_audio(py::module_& m) {
       "preprocessor_config.json), as audio_features' keywords.");
 
   py::class_<AudioTower>(m, "AudioTower")
-      .def(py::init([](const std::string& model_dir, py::handle dtype, const std::string& device) {
-             ModelOptions options;
-             options.dtype = to_dtype(dtype);
-             options.device = parse_device(device);
+      .def(py::init([](const std::string& model_dir, py::handle dtype, py::handle device) {
+             const ModelOptions options = tower_options(dtype, device);
              py::gil_scoped_release released;
              return std::make_unique<AudioTower>(model_dir, options);
            }),
            py::arg("model_dir"), py::kw_only(), py::arg("dtype") = "bfloat16",
-           py::arg("device") = "cpu",
+           py::arg("device") = py::none(),
            "The audio encoder and its embedder (model.audio_tower, model.embed_audio) of a "
            "checkpoint directory.")
       .def(

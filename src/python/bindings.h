@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/gemma4.h"
+
 namespace torchtpu::python {
 
 namespace py = pybind11;
@@ -27,6 +29,9 @@ py::object to_python(const at::Tensor& tensor);
 // "bfloat16" / "bf16" / "float32" / ... or a torch.dtype of those -> ScalarType; ValueError for any
 // other name, TypeError for another type.
 at::ScalarType to_dtype(py::handle obj);
+// A tower's ModelOptions (VisionTower, AudioTower): the compute dtype as to_dtype reads it, the
+// device by name ("cpu", "cuda:0", ...; None for the CPU).
+ModelOptions tower_options(py::handle dtype, py::handle device);
 
 void bind_engine(py::module_& m);
 void bind_text(py::module_& m);

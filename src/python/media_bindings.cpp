@@ -85,10 +85,7 @@ void bind_media(py::module_& m) {
   py::class_<VisionTower>(m, "VisionTower",
                           "Gemma 4's vision encoder and its projection into the text model.")
       .def(py::init([](const std::string& model_dir, py::handle dtype, py::handle device) {
-             ModelOptions options;
-             options.dtype = to_dtype(dtype);
-             if (!device.is_none())
-               options.device = parse_device(py::str(device).cast<std::string>());
+             const ModelOptions options = tower_options(dtype, device);
              py::gil_scoped_release released;
              return std::make_unique<VisionTower>(model_dir, options);
            }),

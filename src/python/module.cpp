@@ -77,6 +77,13 @@ at::ScalarType to_dtype(py::handle obj) {
                        std::string(py::str(py::type::handle_of(obj).attr("__name__"))));
 }
 
+ModelOptions tower_options(py::handle dtype, py::handle device) {
+  ModelOptions options;
+  options.dtype = to_dtype(dtype);
+  if (!device.is_none()) options.device = parse_device(py::str(device).cast<std::string>());
+  return options;
+}
+
 namespace {
 
 // The one place where C++ error kinds become Python exceptions (DESIGN principle 5). Registered

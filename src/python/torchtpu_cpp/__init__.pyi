@@ -354,7 +354,9 @@ def load_audio_feature_options(model_dir: str) -> dict[str, Any]:
 class AudioTower:
     """The audio encoder and embed_audio of a checkpoint directory."""
 
-    def __init__(self, model_dir: str, *, dtype: _DType = "bfloat16", device: str = "cpu") -> None: ...
+    def __init__(
+        self, model_dir: str, *, dtype: _DType = "bfloat16", device: str | None = None
+    ) -> None: ...
     def embed(self, features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """[soft_tokens, text hidden] embeddings at the valid positions."""
     def encode(
