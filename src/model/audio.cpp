@@ -37,11 +37,6 @@ double clip_bound(double gradient_clipping, at::ScalarType dtype) {
 
 }  // namespace
 
-at::Tensor ClippedLinear::operator()(const at::Tensor& x) const {
-  if (!input_min.defined()) return at::linear(x, weight);
-  return at::clamp(at::linear(at::clamp(x, input_min, input_max), weight), output_min, output_max);
-}
-
 AudioTower::AudioTower(const Checkpoint& ckpt, const ModelConfig& config,
                        const ModelOptions& options)
     : options_(options) {

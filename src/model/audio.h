@@ -18,15 +18,6 @@
 
 namespace torchtpu {
 
-// A linear without bias whose input and output are clamped to bounds stored in the checkpoint
-// (Gemma4ClippableLinear); the bounds are undefined when use_clipped_linears is false.
-struct ClippedLinear {
-  at::Tensor weight;                                        // [out, in]
-  at::Tensor input_min, input_max, output_min, output_max;  // scalars
-
-  at::Tensor operator()(const at::Tensor& x) const;
-};
-
 struct AudioFeedForward {
   at::Tensor pre_layer_norm, post_layer_norm;  // f32, via the compute dtype
   ClippedLinear ffw_layer_1, ffw_layer_2;

@@ -50,6 +50,20 @@ struct Linear {
   int64_t nbytes() const { return int4 ? int4->nbytes() : dense.nbytes(); }
 };
 
+// A linear of the vision and audio towers (Gemma4ClippableLinear): no bias, input and output
+// clamped to bounds stored in the checkpoint; the bounds are undefined when the tower's config
+// has use_clipped_linears false.
+struct ClippedLinear {
+  at::Tensor weight;                                        // [out, in]
+  at::Tensor input_min, input_max, output_min, output_max;  // scalars
+
+  at::Tensor operator()(const at::Tensor& x) const {
+    if (!input_min.defined()) return at::linear(x, weight);
+    return at::clamp(at::linear(at::clamp(x, input_min, input_max), weight), output_min,
+                     output_max);
+  }
+};
+
 // Linears that read the same input (q/k/v, gate/up), called together. On the CPU kernel's blocks
 // they are fused into one call (ops::fuse_cpu_blocks: decode's cost is per call as well as per
 // byte); on every other form each part runs on its own. Either way, the parts' outputs in order.

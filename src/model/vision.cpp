@@ -58,11 +58,6 @@ at::Tensor axial_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 }  // namespace
 
-at::Tensor VisionTower::ClippedLinear::operator()(const at::Tensor& x) const {
-  if (!input_min.defined()) return at::linear(x, weight);
-  return at::clamp(at::linear(at::clamp(x, input_min, input_max), weight), output_min, output_max);
-}
-
 VisionTower::VisionTower(std::shared_ptr<const Checkpoint> ckpt, const ModelConfig& config,
                          const ModelOptions& options)
     : text_hidden_size_(config.hidden_size), options_(options), checkpoint_(std::move(ckpt)) {

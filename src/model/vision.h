@@ -37,13 +37,6 @@ class VisionTower {
   int64_t text_hidden_size() const { return text_hidden_size_; }
 
  private:
-  // Gemma4ClippableLinear: the linear, with its inputs and outputs clamped to stored bounds when
-  // use_clipped_linears is set (bounds undefined otherwise).
-  struct ClippedLinear {
-    at::Tensor weight;
-    at::Tensor input_min, input_max, output_min, output_max;
-    at::Tensor operator()(const at::Tensor& x) const;
-  };
   struct Layer {
     at::Tensor input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
         post_feedforward_layernorm;  // f32, via the compute dtype
