@@ -258,11 +258,16 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
     // What the request says is checked above, what the checkpoint reads here, and only then is
     // anything fetched or decoded.
     if (image ? !modalities.image : !modalities.audio) {
+      const bool disabled = image ? modalities.image_disabled : modalities.audio_disabled;
+      const std::string why =
+          disabled ? std::string("this server was started with ") +
+                         (image ? "--no-vision" : "--no-audio")
+                   : std::string("this checkpoint has no ") + (image ? "vision" : "audio") +
+                         " encoder (its config.json has no " +
+                         (image ? "vision_config" : "audio_config") + ")";
       throw ApiError(400,
                      std::string("'") + s.param + "' is " + (image ? "an image" : "audio") +
-                         ", and this checkpoint has no " + (image ? "vision" : "audio") +
-                         " encoder (its config.json has no " +
-                         (image ? "vision_config" : "audio_config") + ")",
+                         ", and " + why,
                      "invalid_request_error", s.param, "unsupported_modality");
     }
     if (!s.url.empty()) part.bytes = fetch(s.url, s.param, limits, part.mime);

@@ -60,6 +60,9 @@ void check_media_limits(const MediaLimits& limits);
 struct Modalities {
   bool image = false;
   bool audio = false;
+  // The checkpoint has the tower but the server left it unloaded (--no-vision, --no-audio).
+  bool image_disabled = false;
+  bool audio_disabled = false;
 };
 // ["text", "image", "audio"] or the part of it the checkpoint reads (/v1/models, /v1/engine).
 ojson modalities_json(const Modalities& modalities);

@@ -570,7 +570,9 @@ void Server::load() {
       thinking_markers_ = ThinkingMarkers{*channel_open, *channel_close};
     }
   }
-  modalities_ = {engine_->config().vision.has_value(), engine_->config().audio.has_value()};
+  modalities_ = {engine_->has_vision(), engine_->has_audio(),
+                 engine_->config().vision && !engine_->has_vision(),
+                 engine_->config().audio && !engine_->has_audio()};
   engine_report_ = engine_report(*engine_);
   // The demo's random weights decode greedily unless asked, so its answers are reproducible.
   if (!demo_) generation_defaults_ = read_generation_defaults(model_dir_);

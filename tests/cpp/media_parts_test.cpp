@@ -212,6 +212,8 @@ TEST(LoadMedia, RefusesEachBadItemNamingTheFieldAndTheLimit) {
                     Modalities{true, false}),
             "'a' is audio, and this checkpoint has no audio encoder (its config.json has no "
             "audio_config)");
+  EXPECT_EQ(message({image(kPngUrl)}, {}, Modalities{false, true, true, false}),
+            "'u' is an image, and this server was started with --no-vision");
   EXPECT_EQ(message({{MediaKind::kAudio, "", "audio/mpeg", "AAAA", "a", "f", 0}}),
             "'f' names the media type \"audio/mpeg\"; this server reads audio/wav, audio/x-wav, "
             "audio/wave or audio/vnd.wave");
