@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/shape.h"
 #include "io/aten_view.h"
 #include "ops/rms_norm.h"
 
@@ -13,14 +14,6 @@ namespace {
 
 constexpr const char* kTower = "model.audio_tower.";
 constexpr const char* kEmbedder = "model.embed_audio.";
-
-std::string shape_str(at::IntArrayRef shape) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
-  s << "]";
-  return s.str();
-}
 
 // Gemma4RMSNorm's default eps: the conformer layers' own norms do not take the config's.
 constexpr double kLayerNormEps = 1e-6;

@@ -9,6 +9,7 @@
 
 #include "common/errors.h"
 #include "common/memory.h"
+#include "common/shape.h"
 #include "io/aten_view.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -17,14 +18,6 @@
 
 namespace torchtpu {
 namespace {
-
-std::string shape_str(at::IntArrayRef shape) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
-  s << "]";
-  return s.str();
-}
 
 void expect_shape(const TensorView& view, const std::vector<int64_t>& shape) {
   if (view.shape != shape) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "common/shape.h"
 #include "io/aten_view.h"
 #include "ops/elementwise.h"
 #include "ops/rms_norm.h"
@@ -15,12 +16,6 @@ namespace {
 
 const std::string kTower = "model.vision_tower.";
 const std::string kEmbedder = "model.embed_vision.";
-
-std::string shape_str(at::IntArrayRef shape) {
-  std::ostringstream s;
-  s << shape;
-  return s.str();
-}
 
 const TensorView& get(const Checkpoint& ckpt, const std::string& name,
                       const std::vector<int64_t>& shape) {

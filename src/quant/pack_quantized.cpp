@@ -5,6 +5,7 @@
 #include <regex>
 
 #include "common/errors.h"
+#include "common/shape.h"
 #include "io/aten_view.h"
 
 namespace torchtpu {
@@ -13,12 +14,6 @@ namespace {
 constexpr int64_t kPerWord = 8;  // int4 values per int32 word
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
 
 // "model.layers.0.mlp.down_proj.weight_scale in /ckpt/model.safetensors: "
 std::string where(const TensorView& v) { return v.name + " in " + v.file + ": "; }
