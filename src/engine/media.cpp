@@ -44,10 +44,6 @@ void check_counts(const std::vector<int64_t>& ids, const std::vector<Media>& med
 
 }  // namespace
 
-const char* media_kind_name(MediaKind kind) {
-  return kind == MediaKind::kImage ? "image" : "audio";
-}
-
 Media image_media(const ImagePatches& patches) {
   Media m;
   m.kind = MediaKind::kImage;

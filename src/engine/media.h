@@ -11,13 +11,9 @@
 #include "io/config.h"
 #include "media/audio.h"
 #include "media/image.h"
+#include "media/kinds.h"
 
 namespace torchtpu {
-
-// The most media items one prompt may carry.
-inline constexpr int64_t kMaxMediaItems = 32;
-
-enum class MediaKind { kImage, kAudio };
 
 // One image or audio clip, preprocessed on the host (CPU tensors).
 struct Media {
@@ -31,8 +27,6 @@ struct Media {
 
 Media image_media(const ImagePatches& patches);
 Media audio_media(const AudioFeatures& features);
-
-const char* media_kind_name(MediaKind kind);  // "image" | "audio"
 
 // Gemma4Processor's expansion: the n-th image_token_id of `ids` (one placeholder, the token the
 // chat template's <|image|> becomes) turns into boi_token_id, image_token_id x soft_tokens,

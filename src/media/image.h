@@ -10,6 +10,8 @@
 #include <string_view>
 #include <utility>
 
+#include "media/kinds.h"
+
 namespace torchtpu {
 
 // What decode_image accepts; larger inputs are refused before any pixel is decoded.
@@ -25,9 +27,6 @@ struct ImageLimits {
 // ValueError for an unknown or unsupported format (GIF, CMYK JPEG, animated WebP), corrupt or
 // truncated data, or an image over the limits, naming the format and what is wrong.
 at::Tensor decode_image(std::string_view bytes, const ImageLimits& limits = {});
-
-// The soft-token budgets Gemma4ImageProcessor accepts.
-inline constexpr int64_t kImageSoftTokenBudgets[] = {70, 140, 280, 560, 1120};
 
 struct ImageProcessorOptions {
   int64_t patch_size = 16;

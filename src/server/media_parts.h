@@ -1,9 +1,10 @@
 // Images and audio in requests (#19): the one form every front end (chat/completions, the
-// Responses API, Anthropic Messages) turns its content parts into, and the checks that turn a
-// part into bytes the media decoders accept, with a 400 naming the field for anything wrong.
+// Responses API, Anthropic Messages) turns its content parts into, the checks on what the request
+// says about them, with a 400 naming the field for anything wrong, and the server's limits.
 // A front end leaves {"type":"image"} / {"type":"audio"} in the message's content array where the
 // part was (the chat template prints <|image|> / <|audio|> there) and appends a MediaSource to
-// GenerationRequest::media in the same order; load_media reads them when the request is started.
+// GenerationRequest::media in the same order; load_media (server/media_load.h) reads them when
+// the request is started. Nothing here needs libtorch, so the request fuzz harness covers it.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/media.h"
+#include "media/kinds.h"
 
 namespace torchtpu::server {
 
@@ -27,16 +28,6 @@ struct MediaSource {
   std::string param;         // the field holding the URL or the data
   std::string mime_param;    // the field naming the media type (param for a data: URL)
   int64_t image_tokens = 0;  // the image's soft-token budget; 0: the server's default
-};
-
-// A content part read and checked: its bytes decode (decode_image / decode_wav) within the limits.
-struct MediaPart {
-  MediaKind kind = MediaKind::kImage;
-  std::string bytes;
-  at::Tensor rgb;            // images: the decoded pixels, RGB uint8 [3, H, W]
-  std::string mime;          // image/png | image/jpeg | image/webp | audio/wav
-  int64_t image_tokens = 0;  // images: one of kImageSoftTokenBudgets
-  std::string param;         // the field it came from, for errors found later
 };
 
 // What requests may send (ServeOptions::media, the serve flags of the same names).
@@ -80,13 +71,6 @@ MediaSource audio_from_input_audio(const ojson& part, const std::string& param);
 // OpenAI's image_url.detail: "low" 70 soft tokens, "high" 1120, "auto" or absent 0 (the server's
 // --image-tokens). ApiError 400 naming `param` for other values.
 int64_t image_tokens_for_detail(const ojson* detail, const std::string& param);
-
-// Reads the sources in order: base64 decoded, http(s) URLs fetched (only with allow_urls), each
-// item checked against the limits, its media type and what the checkpoint reads, and decoded
-// once so that a corrupt file is refused here, before anything is queued. ApiError 400 naming
-// the source's field and the limit or value for anything wrong.
-std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
-                                  const MediaLimits& limits, const Modalities& modalities);
 
 // The bytes of standard base64 (RFC 4648 §4, padding required, no whitespace), or nullopt.
 std::optional<std::string> decode_base64(const std::string& text);

@@ -32,6 +32,7 @@
 #include "server/connection.h"
 #include "server/demo.h"
 #include "server/mcp.h"
+#include "server/media_load.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/responses.h"

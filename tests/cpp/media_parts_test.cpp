@@ -3,7 +3,7 @@
 // the decoders or the limits would, with a 400 naming that field. The data are independent
 // references: RFC 4648's base64 test vectors, a 1x1 PNG and a WAV header written from the format's
 // specification. The SDKs' view is tests/js/media.test.mjs.
-#include "server/media_parts.h"
+#include "server/media_load.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,180 @@
+#include "server/media_load.h"
+
+#include <c10/util/Exception.h>
+
+#include <chrono>
+
+#include "common/errors.h"
+#include "hub/http.h"
+#include "media/audio.h"
+#include "media/image.h"
+#include "server/openai.h"
+
+namespace torchtpu::server {
+namespace {
+
+constexpr const char* kImageTypes[] = {"image/png", "image/jpeg", "image/webp"};
+// The names WAV goes by: RFC 2361's audio/vnd.wave, and the ones browsers and clients send.
+constexpr const char* kAudioTypes[] = {"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"};
+
+template <size_t N>
+bool one_of(const std::string& s, const char* const (&list)[N]) {
+  for (const char* x : list) {
+    if (s == x) return true;
+  }
+  return false;
+}
+
+template <size_t N>
+std::string listed(const char* const (&list)[N]) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i)
+    out += (i == 0 ? "" : i + 1 == N ? " or " : ", ") + std::string(list[i]);
+  return out;
+}
+
+const char* noun(MediaKind kind) {
+  return kind == MediaKind::kImage ? "an image" : "an audio clip";
+}
+
+// GET within the limits: only http(s), at most max_image_bytes, within url_timeout_s once the
+// body flows (connecting and stalls have the HTTP client's own timeouts). `mime` becomes the
+// reply's Content-Type without parameters, which must name an image type this server reads.
+std::string fetch(const std::string& url, const std::string& param, const MediaLimits& limits,
+                  std::string& mime) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(limits.url_timeout_s));
+  auto refuse = [&](const std::string& why) {
+    return ApiError(400, "'" + param + "' could not be fetched: " + why, "invalid_request_error",
+                    param, "invalid_image_url");
+  };
+  std::string body;
+  hub::HttpResponse reply;
+  try {
+    hub::HttpClient client("torchtpu-cpp", "");
+    reply = client.stream(
+        url, 0,
+        [&](const hub::HttpResponse& start) {
+          if (!start.url.starts_with("http://") && !start.url.starts_with("https://")) {
+            throw refuse("redirected to " + start.url + ", which is not http(s)");
+          }
+        },
+        [&](const char* data, size_t n) {
+          if (static_cast<int64_t>(body.size() + n) > limits.max_image_bytes) {
+            throw refuse("the image is larger than --max-image-bytes " +
+                         std::to_string(limits.max_image_bytes));
+          }
+          if (std::chrono::steady_clock::now() > deadline) {
+            throw refuse("it took longer than --media-url-timeout " +
+                         ojson(limits.url_timeout_s).dump() + " s");
+          }
+          body.append(data, n);
+        });
+  } catch (const hub::TransportError& e) {
+    throw refuse(e.what());
+  }
+  if (reply.status < 200 || reply.status >= 300) {
+    throw refuse("the server answered HTTP " + std::to_string(reply.status));
+  }
+  mime = reply.header("content-type").substr(0, reply.header("content-type").find(';'));
+  if (!one_of(mime, kImageTypes)) {
+    throw refuse("the server answered with the Content-Type \"" + mime + "\", not " +
+                 listed(kImageTypes));
+  }
+  return body;
+}
+
+// The media decoders' ValueError (c10's from the image codecs, ours from the WAV reader) as the
+// 400 naming the part.
+ApiError unreadable(const MediaSource& s, const std::string& why) {
+  const bool image = s.kind == MediaKind::kImage;
+  return ApiError(400,
+                  "'" + s.param + "' is not " +
+                      (image ? "a readable image" : "a readable WAV file") + ": " + why,
+                  "invalid_request_error", s.param, image ? "invalid_image" : "invalid_audio");
+}
+
+}  // namespace
+
+std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
+                                  const MediaLimits& limits, const Modalities& modalities) {
+  if (static_cast<int64_t>(sources.size()) > limits.max_items) {
+    const std::string& param = sources[limits.max_items].param;
+    throw ApiError(400,
+                   "the request holds " + std::to_string(sources.size()) +
+                       " images and audio clips, more than this server's --max-media " +
+                       std::to_string(limits.max_items),
+                   "invalid_request_error", param, "too_many_media_items");
+  }
+  std::vector<MediaPart> parts;
+  for (const MediaSource& s : sources) {
+    const bool image = s.kind == MediaKind::kImage;
+    MediaPart part{s.kind, "", {}, s.mime, image ? s.image_tokens : 0, s.param};
+    if (image && part.image_tokens == 0) part.image_tokens = limits.image_tokens;
+    const int64_t max_bytes = image ? limits.max_image_bytes : limits.max_audio_bytes;
+    const char* flag = image ? "--max-image-bytes" : "--max-audio-bytes";
+    if (!s.url.empty()) {
+      if (!limits.allow_urls) {
+        throw ApiError(400,
+                       "'" + s.param +
+                           "' is an http(s) URL, which this server does not fetch; send the "
+                           "image as a data: URL, or start the server with --allow-media-urls",
+                       "invalid_request_error", s.param, "media_urls_disabled");
+      }
+    } else {
+      if (image ? !one_of(s.mime, kImageTypes) : !one_of(s.mime, kAudioTypes)) {
+        throw unsupported(s.mime_param, std::string("names the media type \"") + s.mime +
+                                            "\"; this server reads " +
+                                            (image ? listed(kImageTypes) : listed(kAudioTypes)));
+      }
+      // Base64 takes 4 characters for 3 bytes: refuse an oversized item before decoding it.
+      if (static_cast<int64_t>(s.base64.size() / 4 * 3) > max_bytes + 2) {
+        throw invalid(s.param, std::string("holds ") + noun(s.kind) + " of about " +
+                                   std::to_string(s.base64.size() / 4 * 3) + " bytes, more than " +
+                                   flag + " " + std::to_string(max_bytes));
+      }
+      auto bytes = decode_base64(s.base64);
+      if (!bytes) throw invalid(s.param, "is not valid base64");
+      part.bytes = std::move(*bytes);
+    }
+    // What the request says is checked above, what the checkpoint reads here, and only then is
+    // anything fetched or decoded.
+    if (image ? !modalities.image : !modalities.audio) {
+      const bool disabled = image ? modalities.image_disabled : modalities.audio_disabled;
+      const std::string why =
+          disabled ? std::string("this server was started with ") +
+                         (image ? "--no-vision" : "--no-audio")
+                   : std::string("this checkpoint has no ") + (image ? "vision" : "audio") +
+                         " encoder (its config.json has no " +
+                         (image ? "vision_config" : "audio_config") + ")";
+      throw ApiError(400,
+                     std::string("'") + s.param + "' is " + (image ? "an image" : "audio") +
+                         ", and " + why,
+                     "invalid_request_error", s.param, "unsupported_modality");
+    }
+    if (!s.url.empty()) part.bytes = fetch(s.url, s.param, limits, part.mime);
+    if (static_cast<int64_t>(part.bytes.size()) > max_bytes) {
+      throw invalid(s.param, std::string("holds ") + noun(s.kind) + " of " +
+                                 std::to_string(part.bytes.size()) + " bytes, more than " + flag +
+                                 " " + std::to_string(max_bytes));
+    }
+    try {
+      if (image) {
+        ImageLimits image_limits;
+        image_limits.max_bytes = max_bytes;
+        part.rgb = decode_image(part.bytes, image_limits);
+      } else {
+        decode_wav(part.bytes);
+      }
+    } catch (const c10::ValueError& e) {
+      throw unreadable(s, e.what_without_backtrace());
+    } catch (const ValueError& e) {
+      throw unreadable(s, e.what());
+    }
+    parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
+}  // namespace torchtpu::server
