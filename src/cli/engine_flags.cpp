@@ -16,7 +16,7 @@ void EngineFlags::add_to(CLI::App& cmd) {
                  "packed | composite | dequantized");
   cmd.add_option("--quantize", quantize,
                  "int4: quantize a dense checkpoint's linears and head at load (group 32) | none");
-  cmd.add_option("--threads", threads, "Intra-op threads (0: the physical cores)");
+  cmd.add_option("--threads", threads, "Intra-op threads (0: OMP_NUM_THREADS, else the physical cores)");
   cmd.add_flag("--no-vision", no_vision, "Do not load the checkpoint's image tower");
   cmd.add_flag("--no-audio", no_audio, "Do not load the checkpoint's audio tower");
 }

@@ -27,7 +27,7 @@ void add_serve_command(CLI::App& app) {
                   "cpu | cuda[:N] | a loaded backend's name (--device-library)")
       ->capture_default_str();
   cmd->add_option("--dtype", options->dtype, "bfloat16 | float32 | float16")->capture_default_str();
-  cmd->add_option("--threads", options->threads, "Intra-op threads (0: the physical cores)")
+  cmd->add_option("--threads", options->threads, "Intra-op threads (0: OMP_NUM_THREADS, else the physical cores)")
       ->capture_default_str();
   cmd->add_option("--int4", options->int4,
                   "How int4 weights are held: auto | packed | composite | dequantized")

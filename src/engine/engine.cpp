@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -115,12 +117,23 @@ int64_t physical_cores() {
   return std::max<int64_t>(1, std::thread::hardware_concurrency());
 }
 
+int64_t default_threads() {
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    const std::string first(env, std::strcspn(env, ","));
+    if (!first.empty() && first.size() <= 6 &&
+        std::all_of(first.begin(), first.end(), ::isdigit) && std::stoll(first) > 0) {
+      return std::stoll(first);
+    }
+  }
+  return physical_cores();
+}
+
 Engine::Engine(const EngineOptions& options) : options_(options) {
   if (options.threads < 0) {
     throw ValueError("threads must be at least 1 (or 0 for the physical cores), got " +
                      std::to_string(options.threads));
   }
-  options_.threads = options.threads ? options.threads : physical_cores();
+  options_.threads = options.threads ? options.threads : default_threads();
   at::set_num_threads(static_cast<int>(options_.threads));
   if (options.context < 1) {
     throw ValueError("context must be at least 1, got " + std::to_string(options.context));

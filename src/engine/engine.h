@@ -30,7 +30,7 @@ struct EngineOptions {
   int64_t prefill_chunk = 512;  // prompt tokens read per forward pass
   Int4Weights int4 = Int4Weights::kAuto;
   bool quantize_int4 = false;  // ModelOptions::quantize_int4
-  int64_t threads = 0;         // intra-op threads; 0: the machine's physical cores
+  int64_t threads = 0;         // intra-op threads; 0: default_threads()
   // Leave the checkpoint's image / audio tower unloaded (less memory; prompts with such media
   // are then refused).
   bool no_vision = false;
@@ -44,6 +44,10 @@ std::string int4_weights_name(Int4Weights mode);
 bool parse_quantize(const std::string& name);
 // Physical cores of this machine (hyperthread siblings counted once), at least 1.
 int64_t physical_cores();
+// The intra-op threads when none are asked for: OMP_NUM_THREADS when it is a positive count
+// (OpenMP's list form "4,2" gives its first), as libtorch itself honours it, so a host that shares
+// the machine (a test runner, a container) can say so once; otherwise physical_cores().
+int64_t default_threads();
 
 // "cpu", "cuda:0", "tpu" (after torch_tpu registered it) -> a device; ValueError otherwise.
 at::Device parse_device(const std::string& name);

@@ -133,9 +133,8 @@ def test_int4_operator_threads_and_weights_from_python(cli, tmp_path):
     ):
         report = tt.Engine(str(tmp_path / "q"), context=32, **kwargs).report()
         assert report["int4"]["weights"] == weights
-        # Default: the physical cores, at most the logical CPUs.
-        assert report["threads"] == kwargs.get("threads", report["threads"])
-        assert 1 <= report["threads"] <= os.cpu_count()
+        # Default: OMP_NUM_THREADS, which conftest.py sets.
+        assert report["threads"] == kwargs.get("threads", int(os.environ["OMP_NUM_THREADS"]))
         linears = next(s for s in report["storage"] if s["family"] == "linears")
         assert ("int4(g32" in linears["format"]) == (weights != "dequantized"), linears
     quantized = tt.Engine(src, context=32, quantize="int4").report()
@@ -145,6 +144,30 @@ def test_int4_operator_threads_and_weights_from_python(cli, tmp_path):
         "quantized at load" in formats["linears"]
         and "quantized at load" in formats["lm_head"]
     )
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [("3", 3), ("2,1", 2), (None, "cores"), ("0", "cores"), ("many", "cores")],
+)
+def test_default_threads_follow_omp_num_threads(tiny, monkeypatch, env, expected):
+    """threads=0 takes OMP_NUM_THREADS (OpenMP's list form: its first count) when it is a positive
+    count, as libtorch does, and the physical cores otherwise."""
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS")
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    threads = tt.Engine(tiny, context=16, dtype="float32").report()["threads"]
+    # Physical cores: one per (package, core id), as Linux lists them.
+    cores = {
+        (
+            (cpu / "topology/physical_package_id").read_text(),
+            (cpu / "topology/core_id").read_text(),
+        )
+        for cpu in pathlib.Path("/sys/devices/system/cpu").glob("cpu[0-9]*")
+    }
+    assert threads == (len(cores) if expected == "cores" else expected)
+    tt.Engine(tiny, context=16, dtype="float32", threads=1)  # the process's threads back to 1
 
 
 def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
