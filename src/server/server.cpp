@@ -442,6 +442,9 @@ class Server {
   std::shared_ptr<Constraint> constraint_for(const GenerationRequest& r, bool chat) const;
   // Builds the job of a chat (or text completion) request, its prompt checked against the
   // context, and queues it.
+  // The request's media read, checked and preprocessed for the engine; ApiError 400 naming the
+  // part's field for anything wrong.
+  std::vector<Media> read_media(const std::vector<MediaSource>& sources) const;
   std::shared_ptr<Job> start_job(const httplib::Request& req, const GenerationRequest& r, bool chat,
                                  const std::string& prompt_param);
   void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
@@ -1071,13 +1074,11 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
   }
 }
 
-std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const GenerationRequest& r,
-                                       bool chat, const std::string& prompt_param) {
-  check_model(r.model);
-  auto job = std::make_shared<Job>();
-  for (const MediaPart& part : load_media(r.media, options_.media, modalities_)) {
+std::vector<Media> Server::read_media(const std::vector<MediaSource>& sources) const {
+  std::vector<Media> media;
+  for (const MediaPart& part : load_media(sources, options_.media, modalities_)) {
     try {
-      job->media.push_back(
+      media.push_back(
           part.kind == MediaKind::kImage
               ? image_media(preprocess_image(part.rgb, engine_->image_options(part.image_tokens)))
               : audio_media(audio_features_from_wav(part.bytes, engine_->audio_options())));
@@ -1089,6 +1090,14 @@ std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const Genera
                      "invalid_request_error", part.param, "invalid_value");
     }
   }
+  return media;
+}
+
+std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const GenerationRequest& r,
+                                       bool chat, const std::string& prompt_param) {
+  check_model(r.model);
+  auto job = std::make_shared<Job>();
+  job->media = read_media(r.media);
   std::string rendered = r.prompt;
   try {
     if (chat) {
@@ -1234,14 +1243,17 @@ void Server::handle_messages(const httplib::Request& req, httplib::Response& res
 void Server::handle_count_tokens(const httplib::Request& req, httplib::Response& res) {
   const MessagesRequest r = parse_messages_request(parse_body(req.body), /*for_count=*/true);
   check_model(r.generation.model);
+  // Images count as the soft tokens the model reads for them, so they are read and preprocessed
+  // as for /v1/messages: the count is the prompt's usage.input_tokens.
+  const auto media = read_media(r.generation.media);
   std::string prefix;
-  std::string rendered;
+  std::vector<int64_t> ids;
   try {
-    rendered = render_chat(r.generation, prefix);
+    ids = tokenizer_->encode(render_chat(r.generation, prefix), /*add_special_tokens=*/false);
+    if (!media.empty()) ids = expand_media_placeholders(ids, media, engine_->config());
   } catch (const ValueError& e) {
     throw ApiError(400, e.what(), "invalid_request_error", "messages", "invalid_value");
   }
-  const auto ids = tokenizer_->encode(rendered, /*add_special_tokens=*/false);
   res.set_content(dump({{"input_tokens", ids.size()}}), "application/json");
 }
 

@@ -300,6 +300,42 @@ describe("media on a checkpoint with vision and audio encoders", () => {
       `${again.usage.prompt_tokens_details.cached_tokens} cached`);
   });
 
+  test("Anthropic's count_tokens counts an image as the soft tokens the model reads", async () => {
+    const post = async (route, content) => {
+      const res = await fetch(`${mm.url}/v1/messages${route}`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({
+          model: "tiny-multimodal",
+          max_tokens: 4,
+          messages: [{ role: "user", content }],
+        }),
+      });
+      const body = await res.json();
+      assert.equal(res.status, 200, JSON.stringify(body));
+      return body;
+    };
+    const text = { type: "text", text: "What is this?" };
+    const image = { type: "image", source: { type: "base64", media_type: "image/png", data: PNG } };
+    const plain = await post("/count_tokens", [text]);
+    const counted = await post("/count_tokens", [image, text]);
+    const answered = await post("", [image, text]);
+    assert.equal(counted.input_tokens, answered.usage.input_tokens);
+    // The placeholder became its begin token, one or more soft tokens and its end token.
+    assert.ok(counted.input_tokens >= plain.input_tokens + 2,
+      `${counted.input_tokens} tokens with the image, ${plain.input_tokens} without`);
+    const corrupt = await fetch(`${mm.url}/v1/messages/count_tokens`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({
+        model: "tiny-multimodal",
+        messages: [{ role: "user", content: [{ ...image, source: { ...image.source, data: PNG.slice(0, 40) } }] }],
+      }),
+    });
+    assert.equal(corrupt.status, 400);
+    assert.match((await corrupt.json()).error.message, /^'messages\.0\.content\.0\.source\.data' is not a readable image: /);
+  });
+
   test("image URLs (--allow-media-urls) are fetched within the limits, or refused naming the field", async () => {
     const url = (name) => ({ type: "image_url", image_url: { url: `${imagesUrl}/${name}` } });
     const ok = await mmClient.chat.completions.create({
