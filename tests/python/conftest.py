@@ -43,6 +43,21 @@ def pytest_configure(config):
     )
 
 
+@pytest.fixture(scope="session")
+def test_tokenizer_dir():
+    """The Gemma 4 test tokenizer (the real 262,144-piece vocabulary) that scripts/setup.sh
+    writes, or TORCHTPU_TEST_TOKENIZER."""
+    path = pathlib.Path(
+        os.environ.get("TORCHTPU_TEST_TOKENIZER")
+        or REPO_DIR / ".cache" / "gemma4-test-tokenizer"
+    )
+    if not (path / "tokenizer.json").is_file():
+        pytest.fail(
+            f"{path}/tokenizer.json missing: run scripts/make_test_tokenizer.py"
+        )
+    return path
+
+
 def _find_cli():
     """TORCHTPU_CLI (CTest sets it to the built target), else a build directory of the repo."""
     if os.environ.get("TORCHTPU_CLI"):

@@ -13,7 +13,6 @@ import threading
 import pytest
 import torch
 
-REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
 
 
 import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does not
@@ -506,19 +505,6 @@ TEXTS = [
     "<start_of_turn>user\nspecial tokens inline<end_of_turn>",
     "",
 ]
-
-
-@pytest.fixture(scope="module")
-def test_tokenizer_dir():
-    path = pathlib.Path(
-        os.environ.get("TORCHTPU_TEST_TOKENIZER")
-        or REPO_DIR / ".cache" / "gemma4-test-tokenizer"
-    )
-    if not (path / "tokenizer.json").is_file():
-        pytest.fail(
-            f"{path}/tokenizer.json missing: run scripts/make_test_tokenizer.py"
-        )
-    return path
 
 
 def test_tokenizer_crosses_like_hf_tokenizers(test_tokenizer_dir):

@@ -7,6 +7,8 @@ expansion; ours from the engine's C++ path (decoding, preprocessing, expansion),
 
 import io
 import json
+import pathlib
+import shutil
 import wave
 
 import hf_tiny
@@ -26,8 +28,12 @@ from transformers import (
     Gemma4Config,
     Gemma4ForConditionalGeneration,
     Gemma4ImageProcessor,
+    Gemma4Processor,
+    Gemma4VideoProcessor,
+    PreTrainedTokenizerFast,
 )
 
+REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
 IMAGE_TOKENS = 70
 # Multimodal ids inside the tiny vocabulary (transformers' defaults lie past it).
 IDS = {
@@ -42,12 +48,15 @@ VOCAB = 512
 
 
 @torch.no_grad()
-def make_checkpoint(out_dir, *, seed, vision=True, audio=True):
+def make_checkpoint(
+    out_dir, *, seed, vision=True, audio=True, vocab=VOCAB, ids=IDS, ple=32
+):
     text = hf_tiny.text_config(
         layer_types=[hf_tiny.S, hf_tiny.S, hf_tiny.F, hf_tiny.S, hf_tiny.F],
         shared=2,
         window=16,
-        vocab=VOCAB,
+        vocab=vocab,
+        ple=ple,
     )
     config = Gemma4Config(
         text_config=text.to_dict(),
@@ -59,7 +68,7 @@ def make_checkpoint(out_dir, *, seed, vision=True, audio=True):
             if audio
             else None
         ),
-        **IDS,
+        **ids,
     )
     torch.manual_seed(seed)
     model = Gemma4ForConditionalGeneration(config)
@@ -231,6 +240,90 @@ def test_cli_greedy_matches_transformers(
         name, out, load_file(str(tmp_path / "logits.safetensors")), tokens, want, TOL
     )
     report(f"engine f32 vs transformers f32 with media [{name}]: {summary}")
+
+
+def test_cli_chat_prompt_matches_the_processor(
+    tmp_path, media_files, cli, test_tokenizer_dir
+):
+    """`generate --chat --image --audio` builds the prompt Gemma4Processor.apply_chat_template
+    builds for the same message (images, then clips, then the text, after the system turn): the
+    real vocabulary's multimodal tokens, the chat template and the placeholder expansion."""
+    # transformers' Gemma4Config defaults: the real checkpoint's multimodal ids.
+    checkpoint = make_checkpoint(
+        tmp_path / "real-vocab", seed=43, vocab=262144, ids={}, ple=8
+    )
+    template = (REPO_DIR / "data" / "gemma4" / "chat_template.jinja").read_text()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(test_tokenizer_dir / name, checkpoint)
+    (pathlib.Path(checkpoint) / "chat_template.jinja").write_text(template)
+    # The published tokenizer_config.json names the multimodal tokens as these attributes.
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_file=str(test_tokenizer_dir / "tokenizer.json"),
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        extra_special_tokens={
+            "image_token": "<|image|>",
+            "boi_token": "<|image>",
+            "eoi_token": "<image|>",
+            "audio_token": "<|audio|>",
+            "boa_token": "<|audio>",
+            "eoa_token": "<audio|>",
+        },
+    )
+    processor = Gemma4Processor(
+        feature_extractor=Gemma4AudioFeatureExtractor(),
+        image_processor=Gemma4ImageProcessor(max_soft_tokens=IMAGE_TOKENS),
+        tokenizer=tokenizer,
+        video_processor=Gemma4VideoProcessor(),
+        chat_template=template,
+        image_seq_length=IMAGE_TOKENS,
+    )
+    image = Image.open(io.BytesIO(media_files["image"]))
+    want = processor.apply_chat_template(
+        [
+            {"role": "system", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": image},
+                    {"type": "image", "image": image},
+                    {"type": "audio", "audio": media_files["samples"]},
+                    {"type": "text", "text": "What do you see and hear?"},
+                ],
+            },
+        ],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=True,
+    )["input_ids"][0]
+    out = json.loads(
+        cli(
+            "generate",
+            "--model",
+            checkpoint,
+            "--chat",
+            "--system",
+            "Be brief.",
+            "--prompt",
+            "What do you see and hear?",
+            "--image",
+            media_files["dir"] / "a.png",
+            "--image",
+            media_files["dir"] / "a.png",
+            "--audio",
+            media_files["dir"] / "a.wav",
+            "--image-tokens",
+            IMAGE_TOKENS,
+            "--max-new",
+            2,
+            "--dtype",
+            "float32",
+            "--json",
+        ).stdout
+    )
+    assert out["prompt_ids"] == list(want)
+    assert len(out["tokens"]) == 2
 
 
 def test_python_greedy_matches_transformers(checkpoint, reference, media_files, report):

@@ -14,7 +14,6 @@ import urllib.request
 
 import pytest
 
-REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
 VOLATILE = {"id", "created", "timings"}
 
 CHAT = {
@@ -37,17 +36,8 @@ REQUESTS = [
 ]
 
 
-def _tokenizer_dir():
-    path = pathlib.Path(
-        os.environ.get("TORCHTPU_TEST_TOKENIZER") or REPO_DIR / ".cache" / "gemma4-test-tokenizer"
-    )
-    if not (path / "tokenizer.json").exists():
-        pytest.fail(f"{path}/tokenizer.json missing: run scripts/make_test_tokenizer.py")
-    return str(path)
-
-
 @pytest.fixture(scope="module")
-def checkpoint(cli, tmp_path_factory):
+def checkpoint(cli, tmp_path_factory, test_tokenizer_dir):
     """Tiny random weights with the full Gemma 4 vocabulary, so the test tokenizer fits."""
     return cli.make_tiny(
         tmp_path_factory.mktemp("served"),
@@ -58,7 +48,7 @@ def checkpoint(cli, tmp_path_factory):
         window=32,
         layer_types="sliding,full,sliding,full",
         shared=2,
-        tokenizer=_tokenizer_dir(),
+        tokenizer=str(test_tokenizer_dir),
     )
 
 

@@ -8,7 +8,6 @@ CTest sets TORCHTPU_STANDIN_LIBRARY to the built library and PYTHONPATH to the m
 import ctypes
 import json
 import os
-import pathlib
 import random
 import re
 import subprocess
@@ -23,7 +22,6 @@ import torch
 import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does not
 
 MAX_NEW = 24
-REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -211,15 +209,9 @@ def _serve_completion(cli, model, head, device, body):
         proc.wait(timeout=60)
 
 
-def test_serve_on_standin_answers_as_on_the_cpu(cli, library, tmp_path_factory):
-    tokenizer = pathlib.Path(
-        os.environ.get("TORCHTPU_TEST_TOKENIZER")
-        or REPO_DIR / ".cache" / "gemma4-test-tokenizer"
-    )
-    if not (tokenizer / "tokenizer.json").exists():
-        pytest.fail(
-            f"{tokenizer}/tokenizer.json missing: run scripts/make_test_tokenizer.py"
-        )
+def test_serve_on_standin_answers_as_on_the_cpu(
+    cli, library, tmp_path_factory, test_tokenizer_dir
+):
     model = cli.make_tiny(
         tmp_path_factory.mktemp("served"),
         seed=8,
@@ -229,7 +221,7 @@ def test_serve_on_standin_answers_as_on_the_cpu(cli, library, tmp_path_factory):
         window=32,
         layer_types="sliding,full,sliding,full",
         shared=2,
-        tokenizer=str(tokenizer),
+        tokenizer=str(test_tokenizer_dir),
     )
     body = {"prompt": "The sea is", "max_tokens": 6, "temperature": 0}
     expected = _serve_completion(cli, model, [], "cpu", body)
