@@ -151,7 +151,8 @@ class Engine:
         no_vision: bool = False,
         no_audio: bool = False,
     ) -> None:
-        """threads: intra-op threads (0: the physical cores; the process-wide ATen setting).
+        """threads: intra-op threads (0: OMP_NUM_THREADS when set, else the physical cores; the
+        process-wide ATen setting).
         int4: how int4 weights are held (docs/ARCHITECTURE.md). quantize="int4" quantizes a
         dense checkpoint's linears and head at load. no_vision / no_audio leave the
         checkpoint's image / audio tower unloaded."""
