@@ -8,7 +8,7 @@ cd "$root"
 # libjpeg-dev (libjpeg-turbo), libpng-dev, libwebp-dev: image decoding (src/media).
 # clang and libclang-rt-dev: libFuzzer, for the harnesses of tests/fuzz (scripts/fuzz.sh).
 apt_packages=(build-essential cmake ninja-build git pkg-config python3-venv
-  libjpeg-dev libpng-dev libwebp-dev
+  libjpeg-dev libpng-dev libwebp-dev libmpg123-dev
   nlohmann-json3-dev libcpp-httplib-dev libcurl4-openssl-dev libssl-dev libcli11-dev libgtest-dev libgmock-dev
   chromium shellcheck ccache clang libclang-rt-dev)
 missing=()

@@ -68,7 +68,7 @@ std::vector<Media> load_media(const Engine& engine, const std::vector<std::strin
   for (const auto& path : clips) {
     engine.check_tower(MediaKind::kAudio);
     const auto bytes = read_file(path, "--audio");
-    media.push_back(audio_media(audio_features_from_wav(bytes, engine.audio_options())));
+    media.push_back(audio_media(audio_features_from_file(bytes, engine.audio_options())));
   }
   return media;
 }
@@ -98,7 +98,7 @@ void add_generate_command(CLI::App& app) {
                   "Image file (JPEG, PNG, WebP), repeatable. With --chat the user turn is the "
                   "images, the clips, then the text; otherwise their placeholders follow <bos>; "
                   "with --ids each image_token_id is one image's placeholder");
-  cmd->add_option("--audio", a->audio, "WAV clip, repeatable; placed as --image is, after images");
+  cmd->add_option("--audio", a->audio, "WAV or MP3 clip, repeatable; placed as --image is, after images");
   cmd->add_option("--image-tokens", a->image_tokens,
                   "Soft tokens per image: 70 | 140 | 280 | 560 | 1120");
   cmd->add_option("--max-new", a->max_new, "Tokens to generate");

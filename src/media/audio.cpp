@@ -1,15 +1,20 @@
 #include "media/audio.h"
 
+#include <mpg123.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
 
@@ -40,6 +45,10 @@ std::string format_name(uint16_t tag) {
     default: return "unknown";
   }
 }
+
+struct Mpg123Deleter {
+  void operator()(mpg123_handle* h) const { mpg123_delete(h); }
+};
 
 std::string seconds(double s) {
   char buf[32];
@@ -177,6 +186,61 @@ Waveform decode_wav(std::string_view bytes, double max_seconds) {
   return {interleaved.mean(1).to(at::kFloat), rate};
 }
 
+// The whole file is fed to libmpg123 (the decoder libsndfile, and with it soundfile and librosa,
+// uses) at once and decoded to float.
+Waveform decode_mp3(std::string_view bytes, double max_seconds) {
+  int error = MPG123_OK;
+  std::unique_ptr<mpg123_handle, Mpg123Deleter> handle(mpg123_new(nullptr, &error));
+  if (!handle) {
+    throw std::runtime_error(std::string("libmpg123: ") + mpg123_plain_strerror(error));
+  }
+  mpg123_handle* h = handle.get();
+  // Float output at the file's own rate and channel count: averaging to mono and resampling are
+  // ours, as for WAV. Gapless decoding drops the encoder's delay and padding (the LAME tag).
+  mpg123_param(h, MPG123_FLAGS, MPG123_QUIET | MPG123_GAPLESS | MPG123_FORCE_FLOAT, 0);
+  mpg123_format_none(h);
+  const long* rates = nullptr;
+  size_t rate_count = 0;
+  mpg123_rates(&rates, &rate_count);
+  for (size_t i = 0; i < rate_count; ++i) {
+    mpg123_format(h, rates[i], MPG123_MONO | MPG123_STEREO, MPG123_ENC_FLOAT_32);
+  }
+  if (mpg123_open_feed(h) != MPG123_OK ||
+      mpg123_feed(h, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size()) !=
+          MPG123_OK) {
+    throw ValueError(std::string("MP3 decoding failed: ") + mpg123_strerror(h));
+  }
+  std::vector<float> interleaved;
+  long rate = 0;
+  int channels = 0, encoding = 0;
+  std::vector<unsigned char> buffer(1 << 16);
+  for (;;) {
+    size_t done = 0;
+    const int status = mpg123_read(h, buffer.data(), buffer.size(), &done);
+    if (status == MPG123_NEW_FORMAT) {
+      mpg123_getformat(h, &rate, &channels, &encoding);
+      continue;
+    }
+    const auto* samples = reinterpret_cast<const float*>(buffer.data());
+    interleaved.insert(interleaved.end(), samples, samples + done / sizeof(float));
+    if (rate > 0 && static_cast<double>(interleaved.size()) / channels > max_seconds * rate) {
+      throw ValueError("audio clip is longer than the limit of " + seconds(max_seconds));
+    }
+    if (status == MPG123_NEED_MORE || status == MPG123_DONE) break;
+    if (status != MPG123_OK) {
+      throw ValueError(std::string("not a readable MP3 file: ") + mpg123_strerror(h));
+    }
+  }
+  if (rate == 0 || interleaved.empty()) {
+    throw ValueError("not a readable MP3 file: no MPEG audio frames in its " +
+                     std::to_string(bytes.size()) + " bytes");
+  }
+  const int64_t frames = static_cast<int64_t>(interleaved.size()) / channels;
+  const auto samples = at::from_blob(interleaved.data(), {frames, channels}, at::kFloat);
+  // Averaged in float64, as decode_wav averages (librosa's to_mono).
+  return {samples.to(at::kDouble).mean(1).to(at::kFloat), static_cast<int64_t>(rate)};
+}
+
 at::Tensor resample(const at::Tensor& samples, int64_t from_rate, int64_t to_rate) {
   if (from_rate < kMinRate || from_rate > kMaxRate || to_rate < kMinRate || to_rate > kMaxRate) {
     throw ValueError("resampling " + std::to_string(from_rate) + " Hz to " +
@@ -301,8 +365,28 @@ AudioFeatures audio_features(const at::Tensor& samples, const AudioFeatureOption
   return out;
 }
 
-AudioFeatures audio_features_from_wav(std::string_view bytes, const AudioFeatureOptions& o) {
-  const Waveform wave = decode_wav(bytes, static_cast<double>(o.max_samples) / o.sampling_rate);
+Waveform decode_audio(std::string_view bytes, double max_seconds) {
+  if (bytes.size() >= 12 && bytes.substr(0, 4) == "RIFF" && bytes.substr(8, 4) == "WAVE") {
+    return decode_wav(bytes, max_seconds);
+  }
+  const auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
+  if ((bytes.size() >= 3 && bytes.substr(0, 3) == "ID3") ||
+      (bytes.size() >= 2 && byte(0) == 0xFF && (byte(1) & 0xE0) == 0xE0)) {
+    return decode_mp3(bytes, max_seconds);
+  }
+  std::string start;
+  for (size_t i = 0; i < std::min<size_t>(bytes.size(), 4); ++i) {
+    char hex[4];
+    std::snprintf(hex, sizeof(hex), "%02x", byte(i));
+    start += (i ? " " : "") + std::string(hex);
+  }
+  throw ValueError("audio is neither WAV (a RIFF/WAVE header) nor MP3 (an ID3 tag or an MPEG "
+                   "frame sync): its " + std::to_string(bytes.size()) + " bytes start " +
+                   (start.empty() ? "with nothing" : "with " + start));
+}
+
+AudioFeatures audio_features_from_file(std::string_view bytes, const AudioFeatureOptions& o) {
+  const Waveform wave = decode_audio(bytes, static_cast<double>(o.max_samples) / o.sampling_rate);
   return audio_features(resample(wave.samples, wave.sample_rate, o.sampling_rate), o);
 }
 

@@ -1,4 +1,4 @@
-// Audio input for Gemma 4: WAV decoding, resampling to the feature extractor's rate, and the
+// Audio input for Gemma 4: WAV and MP3 decoding, resampling to the feature extractor's rate, and the
 // log-mel features of transformers' Gemma4AudioFeatureExtractor with the soft-token count of
 // Gemma4Processor.replace_audio_token. Runs on the host (CPU tensors); the audio tower moves
 // the features to its device.
@@ -24,6 +24,15 @@ struct Waveform {
 // ValueError naming what is wrong: not a WAV file, truncated, unsupported encoding, a clip longer
 // than `max_seconds`.
 Waveform decode_wav(std::string_view bytes, double max_seconds = 30.0);
+
+// MP3 bytes (MPEG-1/2/2.5 audio, layers I-III; ID3 tags skipped) through libmpg123, gapless (the
+// encoder's delay and padding dropped as the LAME tag says), channels averaged to mono.
+// ValueError for data without MPEG audio frames or a clip longer than `max_seconds`.
+Waveform decode_mp3(std::string_view bytes, double max_seconds = 30.0);
+
+// decode_wav for bytes starting "RIFF....WAVE", decode_mp3 for an ID3 tag or an MPEG frame sync;
+// ValueError naming both formats for anything else.
+Waveform decode_audio(std::string_view bytes, double max_seconds = 30.0);
 
 // Band-limited resampling by a windowed sinc (Kaiser window, beta 8.6, 32 zero crossings of a
 // low-pass at 0.95 of the lower Nyquist frequency), evaluated exactly at each output instant
@@ -70,10 +79,10 @@ struct AudioFeatures {
 // ValueError for a clip too short for one valid frame or longer than max_samples.
 AudioFeatures audio_features(const at::Tensor& samples, const AudioFeatureOptions& options = {});
 
-// decode_wav, resampling to options.sampling_rate when the file has another rate, then
-// audio_features.
-AudioFeatures audio_features_from_wav(std::string_view bytes,
-                                      const AudioFeatureOptions& options = {});
+// decode_audio (WAV or MP3), resampling to options.sampling_rate when the file has another rate,
+// then audio_features.
+AudioFeatures audio_features_from_file(std::string_view bytes,
+                                       const AudioFeatureOptions& options = {});
 
 // The soft tokens of a feature mask: its valid frames after the encoder's two stride-2
 // subsampling steps (Gemma4Processor.replace_audio_token).

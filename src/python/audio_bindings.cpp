@@ -32,14 +32,14 @@ void bind_audio(py::module_& m) {
         Waveform wave;
         {
           py::gil_scoped_release released;
-          wave = decode_wav(bytes, max_seconds);
+          wave = decode_audio(bytes, max_seconds);
         }
         return py::make_tuple(to_python(wave.samples), wave.sample_rate);
       },
       py::arg("data"), py::kw_only(), py::arg("max_seconds") = 30.0,
-      "WAV bytes -> (samples, sample_rate): mono float32 samples in [-1, 1] (channels averaged) "
-      "at the file's rate. ValueError for anything that is not a supported WAV file or is longer "
-      "than max_seconds.");
+      "WAV or MP3 bytes -> (samples, sample_rate): mono float32 samples in [-1, 1] (channels "
+      "averaged) at the file's rate. ValueError for anything that is not a supported WAV or MP3 "
+      "file or is longer than max_seconds.");
   m.def(
       "resample_audio",
       [](py::handle samples, int64_t from_rate, int64_t to_rate) {
@@ -77,7 +77,7 @@ void bind_audio(py::module_& m) {
         if (PyBytes_Check(audio.ptr())) {
           const std::string_view bytes = audio.cast<py::bytes>();
           py::gil_scoped_release released;
-          clip = audio_features_from_wav(bytes, options);
+          clip = audio_features_from_file(bytes, options);
         } else {
           const at::Tensor samples = to_tensor(audio, "audio");
           py::gil_scoped_release released;

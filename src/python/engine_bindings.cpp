@@ -458,9 +458,9 @@ void bind_engine(py::module_& m) {
               if (py::isinstance<py::bytes>(clip)) {
                 const std::string bytes = clip.cast<std::string>();
                 py::gil_scoped_release released;
-                out.push_back(audio_media(audio_features_from_wav(bytes, engine.audio_options())));
+                out.push_back(audio_media(audio_features_from_file(bytes, engine.audio_options())));
               } else {
-                const at::Tensor samples = to_tensor(clip, "audio (WAV bytes or float samples)");
+                const at::Tensor samples = to_tensor(clip, "audio (WAV or MP3 bytes or float samples)");
                 py::gil_scoped_release released;
                 out.push_back(audio_media(audio_features(samples, engine.audio_options())));
               }
@@ -469,7 +469,7 @@ void bind_engine(py::module_& m) {
           },
           py::kw_only(), py::arg("images") = py::list(), py::arg("audio") = py::list(),
           py::arg("image_tokens") = 280,
-          "Images (encoded bytes or RGB uint8 [3, H, W]) and audio clips (WAV bytes or mono float "
+          "Images (encoded bytes or RGB uint8 [3, H, W]) and audio clips (WAV or MP3 bytes or mono float "
           "samples at the checkpoint's sampling rate) preprocessed for this checkpoint, images "
           "first: the `media` of decode and logits. ValueError naming a missing or disabled tower "
           "and bad inputs.")

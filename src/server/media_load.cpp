@@ -14,8 +14,11 @@ namespace torchtpu::server {
 namespace {
 
 constexpr const char* kImageTypes[] = {"image/png", "image/jpeg", "image/webp"};
-// The names WAV goes by: RFC 2361's audio/vnd.wave, and the ones browsers and clients send.
-constexpr const char* kAudioTypes[] = {"audio/wav", "audio/x-wav", "audio/wave", "audio/vnd.wave"};
+// The names WAV goes by (RFC 2361's audio/vnd.wave, and the ones browsers and clients send), then
+// MP3's (RFC 3003's audio/mpeg and the common audio/mp3). The decoder goes by the bytes, not the
+// name: a WAV file sent as audio/mpeg reads as WAV.
+constexpr const char* kAudioTypes[] = {"audio/wav",  "audio/x-wav", "audio/wave",
+                                       "audio/vnd.wave", "audio/mpeg", "audio/mp3"};
 
 template <size_t N>
 bool one_of(const std::string& s, const char* const (&list)[N]) {
@@ -85,13 +88,13 @@ std::string fetch(const std::string& url, const std::string& param, const MediaL
   return body;
 }
 
-// The media decoders' ValueError (c10's from the image codecs, ours from the WAV reader) as the
+// The media decoders' ValueError (c10's from the image codecs, ours from the audio readers) as the
 // 400 naming the part.
 ApiError unreadable(const MediaSource& s, const std::string& why) {
   const bool image = s.kind == MediaKind::kImage;
   return ApiError(400,
                   "'" + s.param + "' is not " +
-                      (image ? "a readable image" : "a readable WAV file") + ": " + why,
+                      (image ? "a readable image" : "a readable WAV or MP3 file") + ": " + why,
                   "invalid_request_error", s.param, image ? "invalid_image" : "invalid_audio");
 }
 
@@ -165,7 +168,7 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
         image_limits.max_bytes = max_bytes;
         part.rgb = decode_image(part.bytes, image_limits);
       } else {
-        decode_wav(part.bytes);
+        decode_audio(part.bytes);
       }
     } catch (const c10::ValueError& e) {
       throw unreadable(s, e.what_without_backtrace());

@@ -100,13 +100,13 @@ MediaSource audio_from_input_audio(const ojson& part, const std::string& param) 
   if (!audio->is_object()) throw wrong_type(param + ".input_audio", "an object", *audio);
   const std::string& data = required_string(*audio, "data", param + ".input_audio");
   const std::string& format = required_string(*audio, "format", param + ".input_audio");
-  if (format != "wav") {
+  if (format != "wav" && format != "mp3") {
     throw unsupported(param + ".input_audio.format",
-                      "is \"" + format + "\": this server reads \"wav\" audio only");
+                      "is \"" + format + "\": this server reads \"wav\" and \"mp3\" audio");
   }
   return {MediaKind::kAudio,
           "",
-          "audio/wav",
+          format == "wav" ? "audio/wav" : "audio/mpeg",
           data,
           param + ".input_audio.data",
           param + ".input_audio.format",

@@ -23,7 +23,7 @@ using ojson = nlohmann::ordered_json;
 struct MediaSource {
   MediaKind kind = MediaKind::kImage;
   std::string url;           // an http(s) URL (images only), or empty for inline data
-  std::string mime;          // inline data's media type, as sent ("image/png", "audio/wav")
+  std::string mime;  // inline data's media type, as sent ("image/png", "audio/wav", "audio/mpeg")
   std::string base64;        // inline data, base64-encoded
   std::string param;         // the field holding the URL or the data
   std::string mime_param;    // the field naming the media type (param for a data: URL)
@@ -65,7 +65,7 @@ MediaSource image_from_url(const std::string& url, const std::string& param, int
 
 // OpenAI's input_audio part ({"type":"input_audio","input_audio":{"data":BASE64,"format":"wav"}},
 // chat's and the Responses API's). ApiError 400 naming the field for a missing field or a format
-// other than "wav".
+// other than "wav" or "mp3".
 MediaSource audio_from_input_audio(const ojson& part, const std::string& param);
 
 // OpenAI's image_url.detail: "low" 70 soft tokens, "high" 1120, "auto" or absent 0 (the server's

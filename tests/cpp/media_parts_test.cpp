@@ -149,9 +149,9 @@ TEST(ChatMedia, MalformedPartsAreRefusedNamingTheField) {
             "'messages[0].content[1].image_url.url' must be a data: URL or an http(s) URL, got "
             "one starting \"ftp\"");
   EXPECT_EQ(
-      message({{"type", "input_audio"}, {"input_audio", {{"data", "AAAA"}, {"format", "mp3"}}}}),
-      "'messages[0].content[1].input_audio.format' is \"mp3\": this server reads \"wav\" "
-      "audio only");
+      message({{"type", "input_audio"}, {"input_audio", {{"data", "AAAA"}, {"format", "flac"}}}}),
+      "'messages[0].content[1].input_audio.format' is \"flac\": this server reads \"wav\" and "
+      "\"mp3\" audio");
   EXPECT_EQ(message({{"type", "video_url"}}),
             "'messages[0].content[1].type' must be \"text\", \"image_url\" or \"input_audio\", got "
             "\"video_url\"");
@@ -214,9 +214,9 @@ TEST(LoadMedia, RefusesEachBadItemNamingTheFieldAndTheLimit) {
             "audio_config)");
   EXPECT_EQ(message({image(kPngUrl)}, {}, Modalities{false, true, true, false}),
             "'u' is an image, and this server was started with --no-vision");
-  EXPECT_EQ(message({{MediaKind::kAudio, "", "audio/mpeg", "AAAA", "a", "f", 0}}),
-            "'f' names the media type \"audio/mpeg\"; this server reads audio/wav, audio/x-wav, "
-            "audio/wave or audio/vnd.wave");
+  EXPECT_EQ(message({{MediaKind::kAudio, "", "audio/flac", "AAAA", "a", "f", 0}}),
+            "'f' names the media type \"audio/flac\"; this server reads audio/wav, audio/x-wav, "
+            "audio/wave, audio/vnd.wave, audio/mpeg or audio/mp3");
 }
 
 TEST(LoadMedia, CorruptFilesAreRefusedBeforeAnythingIsQueued) {
@@ -233,7 +233,7 @@ TEST(LoadMedia, CorruptFilesAreRefusedBeforeAnythingIsQueued) {
                kBoth);
   });
   EXPECT_EQ(audio.code, "invalid_audio");
-  EXPECT_EQ(std::string(audio.what()).rfind("'a' is not a readable WAV file: ", 0), 0u)
+  EXPECT_EQ(std::string(audio.what()).rfind("'a' is not a readable WAV or MP3 file: ", 0), 0u)
       << audio.what();
 }
 

@@ -123,9 +123,9 @@ describe("media", () => {
           "reads image/png, image/jpeg or image/webp",
       ],
       [
-        { type: "input_audio", input_audio: { data: wav(), format: "mp3" } },
+        { type: "input_audio", input_audio: { data: wav(), format: "flac" } },
         "messages[0].content[1].input_audio.format",
-        "'messages[0].content[1].input_audio.format' is \"mp3\": this server reads \"wav\" audio only",
+        "'messages[0].content[1].input_audio.format' is \"flac\": this server reads \"wav\" and \"mp3\" audio",
       ],
       [
         { type: "image_url", image_url: { url: PNG_URL, detail: "medium" } },
@@ -273,7 +273,7 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     });
     assert.equal(clip.status, 400);
     assert.equal(clip.code, "invalid_audio");
-    assert.match(clip.message, /^400 'messages\[0\]\.content\[1\]\.input_audio\.data' is not a readable WAV file: /);
+    assert.match(clip.message, /^400 'messages\[0\]\.content\[1\]\.input_audio\.data' is not a readable WAV or MP3 file: /);
   });
 
   test("a valid PNG and WAV are answered; the same pair again is read from the prefix cache", async () => {

@@ -14,6 +14,7 @@ import wave
 import hf_tiny
 import numpy as np
 import pytest
+import soundfile
 import torch
 import torchtpu_cpp
 from transformers import (
@@ -418,6 +419,37 @@ def test_wav_features_resample_other_rates():
     assert got["soft_tokens"] == 25  # 1 s at 40 ms per soft token
 
 
+def _mp3(samples, rate):
+    """MP3 bytes from libsndfile's encoder (LAME, in soundfile's wheel)."""
+    out = io.BytesIO()
+    soundfile.write(out, samples, rate, format="MP3")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("channels,rate", [(1, 16000), (2, 44100), (2, 48000)])
+def test_mp3_matches_libsndfile(channels, rate):
+    """MP3 decoded by libmpg123 here and by libsndfile (soundfile, what librosa reads MP3 with):
+    the same samples, encoder delay and padding dropped alike, channels averaged."""
+    x = np.stack([_speechlike(1.5, seed=11 + c, rate=rate) for c in range(channels)], 1)
+    data = _mp3(x, rate)
+    want, want_rate = soundfile.read(io.BytesIO(data), dtype="float64")
+    samples, got_rate = torchtpu_cpp.decode_audio(data)
+    assert got_rate == want_rate == rate
+    want = want.mean(axis=1) if want.ndim == 2 else want
+    assert samples.shape == want.shape
+    np.testing.assert_allclose(samples.numpy(), want, rtol=0, atol=1e-6)
+    # The features of the file: its samples resampled, as for WAV.
+    got = torchtpu_cpp.audio_features(data)
+    resampled = torchtpu_cpp.resample_audio(samples, rate, RATE)
+    assert torch.equal(got["features"], torchtpu_cpp.audio_features(resampled)["features"])
+
+
+def test_mp3_longer_than_the_limit_is_refused():
+    data = _mp3(_speechlike(3.0, seed=2, rate=16000), 16000)
+    with pytest.raises(ValueError, match="audio clip is longer than the limit of 2.00 s"):
+        torchtpu_cpp.decode_audio(data, max_seconds=2.0)
+
+
 def test_bad_audio_inputs_are_value_errors():
     good = _pcm_with_wave_module(np.zeros((1600, 1), np.int64), width=2, rate=16000)
     with pytest.raises(
@@ -428,7 +460,12 @@ def test_bad_audio_inputs_are_value_errors():
         torchtpu_cpp.decode_audio(good[:-200])
     with pytest.raises(
         ValueError,
-        match="audio is not a WAV file: it does not start with a RIFF/WAVE header",
+        match=r"audio is neither WAV \(a RIFF/WAVE header\) nor MP3 \(an ID3 tag or an MPEG "
+        r"frame sync\): its 104 bytes start with 4f 67 67 53",
+    ):
+        torchtpu_cpp.decode_audio(b"OggS" + bytes(100))
+    with pytest.raises(
+        ValueError, match="not a readable MP3 file: no MPEG audio frames in its 104 bytes"
     ):
         torchtpu_cpp.decode_audio(b"ID3\x04" + bytes(100))
     adpcm = _wav(bytes(256), channels=1, width=1, rate=16000, fmt_tag=2, bits=4)

@@ -183,7 +183,7 @@ class Engine:
         audio: list[bytes | torch.Tensor] = [],
         image_tokens: int = 280,
     ) -> list[Media]:
-        """Images (encoded bytes or RGB uint8 [3, H, W]) and clips (WAV bytes or mono float
+        """Images (encoded bytes or RGB uint8 [3, H, W]) and clips (WAV or MP3 bytes or mono float
         samples at the checkpoint's rate) preprocessed, images first. ValueError naming a
         missing or disabled tower or a bad input."""
     def expand_media(self, ids: _Ids, media: Sequence[Media]) -> list[int]:
@@ -325,7 +325,8 @@ class _AudioFeatures(TypedDict):
     soft_tokens: int
 
 def decode_audio(data: bytes, *, max_seconds: float = 30.0) -> tuple[torch.Tensor, int]:
-    """WAV bytes -> (mono float32 samples, sample rate); ValueError for bad or long files."""
+    """WAV or MP3 bytes -> (mono float32 samples, sample rate); ValueError for bad or long
+    files."""
 
 def resample_audio(samples: torch.Tensor, from_rate: int, to_rate: int) -> torch.Tensor:
     """Windowed-sinc resampling of mono samples (Kaiser window, 32 zero crossings)."""
@@ -346,7 +347,7 @@ def audio_features(
     input_scale_factor: float = 1.0,
     mel_floor: float = 1e-3,
 ) -> _AudioFeatures:
-    """Gemma 4 log-mel features of WAV bytes or of mono samples at sampling_rate; the
+    """Gemma 4 log-mel features of WAV or MP3 bytes or of mono samples at sampling_rate; the
     keywords are Gemma4AudioFeatureExtractor's."""
 
 def load_audio_feature_options(model_dir: str) -> dict[str, Any]:
