@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "server/mcp.h"
+#include "server/media_parts.h"
 
 namespace torchtpu::cli {
 
@@ -12,6 +13,7 @@ void add_mcp_command(CLI::App& app) {
   struct Options {
     std::string url = "http://127.0.0.1:8015";
     std::string api_key;
+    server::MediaLimits media;
   };
   auto options = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -21,12 +23,28 @@ void add_mcp_command(CLI::App& app) {
   cmd->add_option("--url", options->url, "The server's URL")->capture_default_str();
   cmd->add_option("--api-key", options->api_key,
                   "The server's API key (default: $TORCHTPU_API_KEY)");
+  // ask and stream read the files their images and audio arguments name (any file this process
+  // may read: it runs as the user), within these limits; the server checks its own again.
+  cmd->add_option("--max-media", options->media.max_items,
+                  "Image and audio files one ask or stream call may name")
+      ->capture_default_str();
+  cmd->add_option("--max-image-bytes", options->media.max_image_bytes,
+                  "Largest image file ask and stream read")
+      ->capture_default_str();
+  cmd->add_option("--max-audio-bytes", options->media.max_audio_bytes,
+                  "Largest WAV file ask and stream read")
+      ->capture_default_str();
   cmd->callback([options] {
     if (options->api_key.empty()) {
       if (const char* key = std::getenv("TORCHTPU_API_KEY")) options->api_key = key;
     }
+    server::check_media_limits(options->media);
     server::McpTarget target{options->url,
                              options->api_key.empty() ? "" : "Bearer " + options->api_key};
+    target.files.scope = server::McpFiles::Scope::kAny;
+    target.files.max_items = options->media.max_items;
+    target.files.max_image_bytes = options->media.max_image_bytes;
+    target.files.max_audio_bytes = options->media.max_audio_bytes;
     std::cerr << "torchtpu-cpp mcp: tools for " << options->url << " on stdin/stdout\n";
     server::serve_mcp_stdio(target, std::cin, std::cout);
   });

@@ -81,6 +81,13 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--media-url-timeout", options->media.url_timeout_s,
                   "Seconds one image URL fetch may take in all")
       ->capture_default_str();
+  cmd->add_flag("--no-vision", options->no_vision,
+                "Do not load the checkpoint's image tower (images are then a 400)");
+  cmd->add_flag("--no-audio", options->no_audio,
+                "Do not load the checkpoint's audio tower (audio is then a 400)");
+  cmd->add_option("--mcp-media-dir", options->mcp_media_dir,
+                  "A directory whose files the MCP tools at /mcp may read for their images and "
+                  "audio (paths resolved, only inside it; default: none, file paths refused)");
   cmd->callback([options] {
     if (options->api_key.empty()) {
       if (const char* key = std::getenv("TORCHTPU_API_KEY")) options->api_key = key;

@@ -22,7 +22,10 @@ void bind_serve(py::module_& m) {
          int64_t max_body_bytes, py::handle like, int64_t threads, const std::string& int4,
          const std::string& quantize, const std::vector<std::string>& served_model_names,
          bool metrics_auth, const std::string& metrics_compat, double drain_grace_s,
-         int64_t parallel, int64_t cache_mb) {
+         int64_t parallel, int64_t cache_mb, int64_t max_media, int64_t max_image_bytes,
+         int64_t max_audio_bytes, int64_t image_tokens, bool allow_media_urls,
+         double media_url_timeout_s, bool no_vision, bool no_audio,
+         const std::string& mcp_media_dir) {
         server::ServeOptions options;
         options.model_dir = model_dir;
         options.emb4_dir = emb4_dir;
@@ -45,6 +48,15 @@ void bind_serve(py::module_& m) {
         options.drain_grace_s = drain_grace_s;
         options.parallel = parallel;
         options.cache_mb = cache_mb;
+        options.media.max_items = max_media;
+        options.media.max_image_bytes = max_image_bytes;
+        options.media.max_audio_bytes = max_audio_bytes;
+        options.media.image_tokens = image_tokens;
+        options.media.allow_urls = allow_media_urls;
+        options.media.url_timeout_s = media_url_timeout_s;
+        options.no_vision = no_vision;
+        options.no_audio = no_audio;
+        options.mcp_media_dir = mcp_media_dir;
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
         options.install_signal_handlers = false;
@@ -73,6 +85,13 @@ void bind_serve(py::module_& m) {
       py::arg("metrics_auth") = false, py::arg("metrics_compat") = "none",
       py::arg("drain_grace_s") = 0.0, py::arg("parallel") = server::ServeOptions{}.parallel,
       py::arg("cache_mb") = server::ServeOptions{}.cache_mb,
+      py::arg("max_media") = server::MediaLimits{}.max_items,
+      py::arg("max_image_bytes") = server::MediaLimits{}.max_image_bytes,
+      py::arg("max_audio_bytes") = server::MediaLimits{}.max_audio_bytes,
+      py::arg("image_tokens") = server::MediaLimits{}.image_tokens,
+      py::arg("allow_media_urls") = false,
+      py::arg("media_url_timeout_s") = server::MediaLimits{}.url_timeout_s,
+      py::arg("no_vision") = false, py::arg("no_audio") = false, py::arg("mcp_media_dir") = "",
       "Runs the OpenAI-compatible server until request_stop(); returns the "
       "exit code. Blocks the "
       "calling thread with the GIL released; installs no signal handlers.");

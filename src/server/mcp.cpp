@@ -1,14 +1,25 @@
 #include "server/mcp.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <vector>
 
 #include "build_info.h"
+#include "common/errors.h"
 #include "server/openai.h"
 
 namespace torchtpu::server {
@@ -37,6 +48,18 @@ std::string fixed(double value, int digits) {
   char buffer[64];
   std::snprintf(buffer, sizeof(buffer), "%.*f", digits, value);
   return buffer;
+}
+
+// "a string", "an array", ... as the request parsers name JSON types (openai.cpp's type_name,
+// which the fuzz harness does not link).
+const char* json_type_name(const ojson& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
 }
 
 ojson rpc_error(const ojson& id, int code, const std::string& message) {
@@ -99,13 +122,22 @@ class ServerClient {
     return ToolError("cannot reach " + url_ + path + ": " + httplib::to_string(error));
   }
 
-  // The server's own error message for a failed request.
-  ToolError refused(const std::string& path, const httplib::Response& res) const {
+  // The server's own error message for a failed request; `explain`, when given, rewrites it
+  // from the message and the error's param (the request field it names).
+  ToolError refused(const std::string& path, const httplib::Response& res,
+                    const std::function<std::string(const std::string&, const std::string&)>&
+                        explain = {}) const {
     std::string message = res.body;
+    std::string param;
     try {
-      message = ojson::parse(res.body).at("error").at("message").get<std::string>();
+      const ojson error = ojson::parse(res.body).at("error");
+      message = error.at("message").get<std::string>();
+      if (error.contains("param") && error["param"].is_string()) {
+        param = error["param"].get<std::string>();
+      }
     } catch (const std::exception&) {
     }
+    if (explain) message = explain(message, param);
     return ToolError(url_ + path + " answered HTTP " + std::to_string(res.status) + ": " + message);
   }
 
@@ -114,7 +146,186 @@ class ServerClient {
   std::string authorization_;
 };
 
-ojson tool_list() {
+// Media files for ask and stream ---------------------------------------------------------------
+
+std::string encode_base64(const std::string& bytes) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 3 <= bytes.size(); i += 3) {
+    const uint32_t group = static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])) << 16 |
+                           static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8 |
+                           static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 2]));
+    for (int shift : {18, 12, 6, 0}) out.push_back(kAlphabet[group >> shift & 63]);
+  }
+  if (i < bytes.size()) {
+    const bool two = i + 2 == bytes.size();
+    const uint32_t group =
+        static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])) << 16 |
+        (two ? static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8 : 0);
+    out.push_back(kAlphabet[group >> 18 & 63]);
+    out.push_back(kAlphabet[group >> 12 & 63]);
+    out.push_back(two ? kAlphabet[group >> 6 & 63] : '=');
+    out.push_back('=');
+  }
+  return out;
+}
+
+// The media type the file's first bytes show: PNG, JPEG or WebP for images (what the server
+// decodes), WAV (RIFF/WAVE) for audio; empty for anything else. The server decodes it again.
+std::string sniff(MediaKind kind, const std::string& b) {
+  const auto at = [&](size_t offset, std::string_view magic) {
+    return b.size() >= offset + magic.size() && b.compare(offset, magic.size(), magic) == 0;
+  };
+  if (kind == MediaKind::kAudio) return at(0, "RIFF") && at(8, "WAVE") ? "audio/wav" : "";
+  if (at(0, "\x89PNG\r\n\x1a\n")) return "image/png";
+  if (at(0, "\xff\xd8\xff")) return "image/jpeg";
+  if (at(0, "RIFF") && at(8, "WEBP")) return "image/webp";
+  return "";
+}
+
+// One file an `images` or `audio` argument named, read.
+struct MediaFile {
+  MediaKind kind = MediaKind::kImage;
+  std::string label;  // 'images[0]' (cat.png): how errors name it
+  std::string mime;
+  std::string bytes;
+};
+
+// `path` is `dir` or lies below it (both absolute and lexically normal, no trailing '/').
+bool inside(const std::string& path, const std::string& dir) {
+  if (dir == "/") return !path.empty() && path[0] == '/';
+  return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
+                         path[dir.size()] == '/');
+}
+
+std::string without_trailing_slash(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Reads the file `path` names, as `files` allows. ToolError naming the argument and the path for
+// a path that is refused, missing, unreadable, not a regular file, larger than its limit, or not
+// of its kind.
+MediaFile read_media_file(const McpFiles& files, MediaKind kind, const std::string& arg,
+                          const std::string& path) {
+  const bool image = kind == MediaKind::kImage;
+  MediaFile file{kind, "'" + arg + "' (" + path + ")", "", ""};
+  if (path.empty()) throw ToolError("'" + arg + "' is empty; name a file");
+  // The system calls would read the path only up to the NUL: refused, not cut short.
+  if (path.find('\0') != std::string::npos) {
+    throw ToolError("'" + arg + "' holds a NUL character, which no file path has");
+  }
+  if (files.scope == McpFiles::Scope::kNone) {
+    throw ToolError("'" + arg + "' names a file, and " + files.refusal);
+  }
+  const bool confined = files.scope == McpFiles::Scope::kDirectory;
+  const std::string outside =
+      file.label +
+      " is outside --mcp-media-dir, the one directory this server's MCP tools read "
+      "files from (relative paths are read from it)";
+  const std::string linked_out =
+      file.label +
+      " leads out of --mcp-media-dir through a symbolic link; this server's MCP "
+      "tools read only files inside it";
+  const auto os_error = [&](int error) {
+    if (error == ENOENT || error == ENOTDIR) {
+      return ToolError(file.label + ": no such file" + (confined ? " in --mcp-media-dir" : ""));
+    }
+    if (error == ELOOP && confined) return ToolError(linked_out);
+    return ToolError(file.label + " cannot be read: " + std::strerror(error));
+  };
+  std::string open_path = path;
+  if (confined) {
+    // Lexically first, so that a path outside is refused without a look at the file system (no
+    // telling a remote caller which files exist there), then as the file system resolves it.
+    const std::filesystem::path given(path);
+    const std::string lexical = without_trailing_slash(
+        (given.is_absolute() ? given : files.directory / given).lexically_normal().string());
+    if (!inside(lexical, files.directory) &&
+        !(given.is_absolute() && inside(lexical, files.given))) {
+      throw ToolError(outside);
+    }
+    char resolved[PATH_MAX];
+    if (!::realpath(lexical.c_str(), resolved)) throw os_error(errno);
+    open_path = resolved;
+    if (!inside(open_path, files.directory)) throw ToolError(linked_out);
+  }
+  Fd fd;
+  // O_NONBLOCK: a FIFO is not waited on (fstat refuses it below). Confined, the resolved path has
+  // no link left, so one that appears now is refused (O_NOFOLLOW on the last component, the
+  // /proc check below for the others).
+  fd.fd = ::open(open_path.c_str(),
+                 O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | (confined ? O_NOFOLLOW : 0));
+  if (fd.fd < 0) throw os_error(errno);
+  if (confined) {
+    char opened[PATH_MAX];
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd.fd);
+    const ssize_t n = ::readlink(proc.c_str(), opened, sizeof(opened) - 1);
+    if (n > 0 && !inside(std::string(opened, static_cast<size_t>(n)), files.directory)) {
+      throw ToolError(linked_out);
+    }
+  }
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) throw os_error(errno);
+  if (S_ISDIR(st.st_mode)) throw ToolError(file.label + " is a directory, not a file");
+  if (!S_ISREG(st.st_mode)) throw ToolError(file.label + " is not a regular file");
+  const int64_t limit = image ? files.max_image_bytes : files.max_audio_bytes;
+  const std::string flag = image ? "--max-image-bytes" : "--max-audio-bytes";
+  const auto too_large = [&](int64_t size) {
+    return ToolError(file.label + " is " + std::to_string(size) + " bytes, more than " + flag +
+                     " " + std::to_string(limit));
+  };
+  if (static_cast<int64_t>(st.st_size) > limit) throw too_large(st.st_size);
+  // To the end, but never past the limit: a file that grew since fstat is refused too.
+  file.bytes.reserve(static_cast<size_t>(st.st_size));
+  char chunk[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw os_error(errno);
+    if (n == 0) break;
+    file.bytes.append(chunk, static_cast<size_t>(n));
+    if (static_cast<int64_t>(file.bytes.size()) > limit) {
+      throw ToolError(file.label + " grew past " + flag + " " + std::to_string(limit) +
+                      " bytes while it was read");
+    }
+  }
+  file.mime = sniff(kind, file.bytes);
+  if (file.mime.empty()) {
+    throw ToolError(file.label + (image ? " is not a PNG, JPEG or WebP image"
+                                        : " is not a WAV file (RIFF/WAVE)"));
+  }
+  return file;
+}
+
+ojson tool_list(const McpFiles& files) {
+  // What a path in `images` and `audio` may name, as this MCP server reads files.
+  std::string where;
+  switch (files.scope) {
+    case McpFiles::Scope::kAny:
+      where = "Paths on the machine of this MCP server, which runs as the caller's own process.";
+      break;
+    case McpFiles::Scope::kDirectory:
+      where =
+          "Paths of files inside the server's media directory (--mcp-media-dir); relative "
+          "paths are read from it.";
+      break;
+    case McpFiles::Scope::kNone:
+      where =
+          "This MCP server is reached over HTTP and reads no files (its server was not "
+          "started with --mcp-media-dir), so any path is refused.";
+      break;
+  }
   const ojson generation_args = {
       {"type", "object"},
       {"properties",
@@ -132,7 +343,19 @@ ojson tool_list() {
          {{"type", "object"},
           {"description",
            "A JSON Schema the answer must follow: the server enforces it while decoding "
-           "(response_format json_schema), so the answer is JSON valid for it."}}}}},
+           "(response_format json_schema), so the answer is JSON valid for it."}}},
+        {"images",
+         {{"type", "array"},
+          {"items", {{"type", "string"}}},
+          {"description",
+           std::string("Image files (PNG, JPEG or WebP) the model sees before the prompt, in ") +
+               "order. " + where}}},
+        {"audio",
+         {{"type", "array"},
+          {"items", {{"type", "string"}}},
+          {"description",
+           std::string("WAV files the model hears after the images, before the prompt, in ") +
+               "order. " + where}}}}},
       {"required", {"prompt"}},
       {"additionalProperties", false}};
   const ojson no_args = {{"type", "object"}, {"additionalProperties", false}};
@@ -148,7 +371,8 @@ ojson tool_list() {
       {tool("ask", "Ask the model",
             "Sends one chat message to the model and returns its answer, with a footer: model, "
             "finish reason, prompt and completion tokens, prompt read time, decode rate, round "
-            "trip.",
+            "trip. Image and WAV files named in images and audio go into the message before the "
+            "prompt (images, then audio, then the text).",
             generation_args, false),
        tool("stream", "Ask the model, streamed",
             "Like ask, but streams the answer: one progress notification per chunk.",
@@ -174,6 +398,8 @@ struct GenerationArgs {
   std::optional<double> temperature;
   std::optional<int64_t> seed;
   std::optional<ojson> schema;
+  std::vector<std::string> images;  // file paths, read by read_media
+  std::vector<std::string> audio;
 };
 
 GenerationArgs parse_generation_args(const ojson& args) {
@@ -200,20 +426,98 @@ GenerationArgs parse_generation_args(const ojson& args) {
     } else if (key == "schema") {
       if (!value.is_object()) throw ToolError("'schema' must be a JSON Schema object");
       g.schema = value;
+    } else if (key == "images" || key == "audio") {
+      if (!value.is_array()) {
+        throw ToolError("'" + key + "' must be an array of file paths (strings), got " +
+                        json_type_name(value));
+      }
+      auto& paths = key == "images" ? g.images : g.audio;
+      for (size_t i = 0; i < value.size(); ++i) {
+        if (!value[i].is_string()) {
+          throw ToolError("'" + key + "[" + std::to_string(i) + "]' must be a file path (a " +
+                          "string), got " + json_type_name(value[i]));
+        }
+        paths.push_back(value[i].get<std::string>());
+      }
     } else {
       throw ToolError("unknown argument '" + key +
                       "' (ask and stream take prompt, system, max_tokens, temperature, seed, "
-                      "schema)");
+                      "schema, images, audio)");
     }
   }
   if (g.prompt.empty()) throw ToolError("'prompt' is required and must not be empty");
   return g;
 }
 
-ojson chat_body(const GenerationArgs& g, bool stream) {
+// The files of `images` and `audio`, read in that order (the order of their parts).
+std::vector<MediaFile> read_media(const GenerationArgs& g, const McpFiles& files) {
+  std::vector<MediaFile> media;
+  if (g.images.empty() && g.audio.empty()) return media;
+  const size_t count = g.images.size() + g.audio.size();
+  if (files.scope != McpFiles::Scope::kNone && static_cast<int64_t>(count) > files.max_items) {
+    throw ToolError("'images' and 'audio' name " + std::to_string(count) +
+                    " files together, more than --max-media " + std::to_string(files.max_items));
+  }
+  for (size_t i = 0; i < g.images.size(); ++i) {
+    media.push_back(read_media_file(files, MediaKind::kImage, "images[" + std::to_string(i) + "]",
+                                    g.images[i]));
+  }
+  for (size_t i = 0; i < g.audio.size(); ++i) {
+    media.push_back(
+        read_media_file(files, MediaKind::kAudio, "audio[" + std::to_string(i) + "]", g.audio[i]));
+  }
+  return media;
+}
+
+// The user message's index in chat_body's messages.
+size_t user_index(const GenerationArgs& g) { return g.system.empty() ? 0 : 1; }
+
+// The server's error message with the request field it names (messages[U].content[K]...) told as
+// the tool argument that became that part: 'images[0]' (cat.png) for an image with no vision
+// encoder to read it, one over the server's limit, one its decoder cannot read.
+std::string explain_media_error(const GenerationArgs& g, const std::vector<MediaFile>& media,
+                                const std::string& message, const std::string& param) {
+  const std::string prefix = "messages[" + std::to_string(user_index(g)) + "].content[";
+  if (param.compare(0, prefix.size(), prefix) != 0) return message;
+  const size_t close = param.find(']', prefix.size());
+  if (close == std::string::npos) return message;
+  size_t k = 0;
+  try {
+    k = std::stoul(param.substr(prefix.size(), close - prefix.size()));
+  } catch (const std::exception&) {
+    return message;
+  }
+  if (k >= media.size()) return message;
+  std::string out = message;
+  const std::string quoted = "'" + param + "'";
+  for (size_t at = out.find(quoted); at != std::string::npos;
+       at = out.find(quoted, at + media[k].label.size())) {
+    out.replace(at, quoted.size(), media[k].label);
+  }
+  return out;
+}
+
+ojson chat_body(const GenerationArgs& g, const std::vector<MediaFile>& media, bool stream) {
   ojson messages = ojson::array();
   if (!g.system.empty()) messages.push_back({{"role", "system"}, {"content", g.system}});
-  messages.push_back({{"role", "user"}, {"content", g.prompt}});
+  if (media.empty()) {
+    messages.push_back({{"role", "user"}, {"content", g.prompt}});
+  } else {
+    // The order `generate --chat` uses: the images, the clips, then the text.
+    ojson content = ojson::array();
+    for (const MediaFile& m : media) {
+      if (m.kind == MediaKind::kImage) {
+        content.push_back(
+            {{"type", "image_url"},
+             {"image_url", {{"url", "data:" + m.mime + ";base64," + encode_base64(m.bytes)}}}});
+      } else {
+        content.push_back({{"type", "input_audio"},
+                           {"input_audio", {{"data", encode_base64(m.bytes)}, {"format", "wav"}}}});
+      }
+    }
+    content.push_back({{"type", "text"}, {"text", g.prompt}});
+    messages.push_back({{"role", "user"}, {"content", std::move(content)}});
+  }
   ojson body = {{"messages", messages}, {"max_tokens", g.max_tokens}, {"stream", stream}};
   if (g.temperature) body["temperature"] = *g.temperature;
   if (g.seed) body["seed"] = *g.seed;
@@ -264,14 +568,19 @@ struct Answer {
   }
 };
 
-ojson ask(const ServerClient& server, const ojson& args) {
+ojson ask(const ServerClient& server, const McpFiles& files, const ojson& args) {
   const GenerationArgs g = parse_generation_args(args);
+  const std::vector<MediaFile> media = read_media(g, files);
   const auto start = Clock::now();
   const std::string path = "/v1/chat/completions";
-  auto result = server.client(3600)->Post(path.c_str(), server.headers(), dump(chat_body(g, false)),
-                                          "application/json");
+  auto result = server.client(3600)->Post(path.c_str(), server.headers(),
+                                          dump(chat_body(g, media, false)), "application/json");
   if (!result) throw server.unreachable(path, result.error());
-  if (result->status != 200) throw server.refused(path, *result);
+  if (result->status != 200) {
+    throw server.refused(path, *result, [&](const std::string& message, const std::string& param) {
+      return explain_media_error(g, media, message, param);
+    });
+  }
   Answer a;
   a.round_trip_s = seconds_since(start);
   try {
@@ -289,9 +598,10 @@ ojson ask(const ServerClient& server, const ojson& args) {
   return a.result();
 }
 
-ojson stream(const ServerClient& server, const ojson& args, const ojson& progress_token,
-             const McpNotify& notify) {
+ojson stream(const ServerClient& server, const McpFiles& files, const ojson& args,
+             const ojson& progress_token, const McpNotify& notify) {
   const GenerationArgs g = parse_generation_args(args);
+  const std::vector<MediaFile> media = read_media(g, files);
   const auto start = Clock::now();
   const std::string path = "/v1/chat/completions";
   Answer a;
@@ -341,7 +651,7 @@ ojson stream(const ServerClient& server, const ojson& args, const ojson& progres
   req.path = path;
   req.headers = server.headers();
   req.headers.emplace("Accept", "text/event-stream");
-  req.body = dump(chat_body(g, true));
+  req.body = dump(chat_body(g, media, true));
   req.set_header("Content-Type", "application/json");
   int status = 0;
   std::string error_body;
@@ -377,7 +687,9 @@ ojson stream(const ServerClient& server, const ojson& args, const ojson& progres
   if (!sent) throw server.unreachable(path, error);
   if (status != 200) {
     res.body = error_body;
-    throw server.refused(path, res);
+    throw server.refused(path, res, [&](const std::string& message, const std::string& param) {
+      return explain_media_error(g, media, message, param);
+    });
   }
   a.round_trip_s = seconds_since(start);
   return a.result();
@@ -467,8 +779,8 @@ ojson call_tool(const McpTarget& target, const ojson& params, const McpNotify& n
     if (name != "ask" && name != "stream" && !args.empty()) {
       throw ToolError(name + " takes no arguments");
     }
-    if (name == "ask") return ask(server, args);
-    if (name == "stream") return stream(server, args, progress_token, notify);
+    if (name == "ask") return ask(server, target.files, args);
+    if (name == "stream") return stream(server, target.files, args, progress_token, notify);
     if (name == "engine_info") return engine_info(server);
     if (name == "endpoint_status") return endpoint_status(server);
     return serving_metrics(server);
@@ -503,6 +815,23 @@ ojson initialize_result(const ojson& params) {
 
 }  // namespace
 
+McpFiles mcp_media_directory(const std::string& dir) {
+  if (dir.empty()) throw ValueError("--mcp-media-dir must name a directory, got \"\"");
+  char resolved[PATH_MAX];
+  if (!::realpath(dir.c_str(), resolved)) {
+    throw ValueError("--mcp-media-dir " + dir + ": " + std::strerror(errno));
+  }
+  struct stat st {};
+  if (::stat(resolved, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw ValueError("--mcp-media-dir " + dir + " is not a directory");
+  }
+  McpFiles files;
+  files.scope = McpFiles::Scope::kDirectory;
+  files.directory = resolved;
+  files.given = without_trailing_slash(std::filesystem::absolute(dir).lexically_normal().string());
+  return files;
+}
+
 std::optional<ojson> handle_mcp_message(const McpTarget& target, const ojson& message,
                                         const McpNotify& notify) {
   if (!message.is_object()) {
@@ -527,7 +856,7 @@ std::optional<ojson> handle_mcp_message(const McpTarget& target, const ojson& me
     } else if (method == "ping") {
       result = ojson::object();
     } else if (method == "tools/list") {
-      result = {{"tools", tool_list()}};
+      result = {{"tools", tool_list(target.files)}};
     } else if (method == "tools/call") {
       result = call_tool(target, params, notify);
     } else {
@@ -584,7 +913,7 @@ void send_json(httplib::Response& res, int status, const ojson& body) {
   res.set_content(dump(body), "application/json");
 }
 
-void handle_mcp_post(const httplib::Request& req, httplib::Response& res) {
+void handle_mcp_post(const McpFiles& files, const httplib::Request& req, httplib::Response& res) {
   if (!origin_allowed(req)) {
     send_json(res, 403,
               rpc_error(nullptr, kInvalidRequest,
@@ -613,7 +942,7 @@ void handle_mcp_post(const httplib::Request& req, httplib::Response& res) {
   const std::string host =
       req.local_addr.find(':') != std::string::npos ? "[" + req.local_addr + "]" : req.local_addr;
   McpTarget target{"http://" + host + ":" + std::to_string(req.local_port),
-                   req.get_header_value("Authorization")};
+                   req.get_header_value("Authorization"), files};
   const bool wants_progress =
       message.is_object() && message.value("method", ojson()) == "tools/call" &&
       message.contains("params") && message["params"].is_object() &&
@@ -649,10 +978,13 @@ void handle_mcp_post(const httplib::Request& req, httplib::Response& res) {
 
 }  // namespace
 
-void add_mcp_routes(
-    httplib::Server& http,
-    const std::function<httplib::Server::Handler(httplib::Server::Handler)>& guard) {
-  httplib::Server::Handler post = handle_mcp_post;
+void add_mcp_routes(httplib::Server& http,
+                    const std::function<httplib::Server::Handler(httplib::Server::Handler)>& guard,
+                    McpFiles files) {
+  httplib::Server::Handler post = [files = std::move(files)](const httplib::Request& req,
+                                                             httplib::Response& res) {
+    handle_mcp_post(files, req, res);
+  };
   http.Post("/mcp", guard ? guard(post) : post);
   auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
     res.set_header("Allow", "POST");

@@ -2,25 +2,57 @@
 // tools `ask`, `stream`, `engine_info`, `endpoint_status` and `serving_metrics`, each an HTTP
 // client of the server's base URL, so the same tools serve Streamable HTTP at /mcp (on the server
 // and the proxy) and stdio (`torchtpu-cpp mcp --url URL`). Protocol revisions 2025-06-18 and
-// 2025-11-25.
+// 2025-11-25. ask and stream take image and WAV files by path (`images`, `audio`), read by the
+// MCP server's own process as McpFiles allows and sent on as data: URL / input_audio parts.
+// Nothing here needs libtorch: the mcp fuzz harness compiles mcp.cpp alone.
 #pragma once
 
 #include <httplib.h>
 
+#include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
+#include "media/kinds.h"
+
 namespace torchtpu::server {
 
 using ojson = nlohmann::ordered_json;
+
+// Which files ask and stream may read for their `images` and `audio` arguments. A path names a
+// file on the machine that runs the MCP server, which is the caller's own machine only over stdio.
+struct McpFiles {
+  enum class Scope {
+    kNone,       // every path refused before the file system is touched (/mcp by default)
+    kAny,        // any file the process can read (stdio: the user's own process)
+    kDirectory,  // only regular files whose realpath lies inside `directory` (--mcp-media-dir)
+  };
+  Scope scope = Scope::kNone;
+  std::string directory;  // kDirectory: the directory's realpath (mcp_media_directory)
+  std::string given;      // kDirectory: the directory as named, absolute and lexically normal
+  // Checked before a file is read: more files, or a larger one, is refused.
+  int64_t max_items = kMaxMediaItems;          // --max-media
+  int64_t max_image_bytes = int64_t{8} << 20;  // --max-image-bytes
+  int64_t max_audio_bytes = int64_t{8} << 20;  // --max-audio-bytes
+  // kNone: what the refusal tells the caller to do instead.
+  std::string refusal =
+      "this MCP server is reached over HTTP and reads no files unless `torchtpu-cpp serve` was "
+      "started with --mcp-media-dir DIR (then only files inside DIR); over stdio "
+      "(`torchtpu-cpp mcp`) the tools read the caller's own files";
+};
+
+// McpFiles of Scope::kDirectory for `dir`: ValueError naming --mcp-media-dir when it does not
+// exist or is not a directory.
+McpFiles mcp_media_directory(const std::string& dir);
 
 // The server the tools call.
 struct McpTarget {
   std::string base_url;       // http://host:port; a trailing /v1 or / is ignored
   std::string authorization;  // the Authorization header to send; empty for none
+  McpFiles files;             // what `images` and `audio` may name; default: nothing
 };
 
 // Sends one JSON-RPC notification to the client; false once the client is gone.
@@ -42,9 +74,10 @@ void serve_mcp_stdio(const McpTarget& target, std::istream& in, std::ostream& ou
 // SSE stream when the call reports progress; GET and DELETE get 405 (no server-initiated stream,
 // no sessions). The tools call the server that received the request, at the address it was
 // received on, with the request's Authorization header. `guard` wraps the POST handler (the
-// server's authentication); empty for none.
+// server's authentication); empty for none. `files`: what the tools may read (default: nothing).
 void add_mcp_routes(
     httplib::Server& http,
-    const std::function<httplib::Server::Handler(httplib::Server::Handler)>& guard = {});
+    const std::function<httplib::Server::Handler(httplib::Server::Handler)>& guard = {},
+    McpFiles files = {});
 
 }  // namespace torchtpu::server

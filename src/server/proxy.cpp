@@ -428,11 +428,20 @@ int Proxy::run() {
   http.set_keep_alive_timeout(2);
   add_web_routes(http);
   // The tools call this proxy back with the request's Authorization header, so they pass here too.
-  add_mcp_routes(http, [this](httplib::Server::Handler handler) {
-    return [this, handler](const httplib::Request& req, httplib::Response& res) {
-      if (authorized(req, res)) handler(req, res);
-    };
-  });
+  // They read no files: a path in ask's images or audio is refused (docs/API.md, "MCP tools").
+  McpFiles no_files;
+  no_files.refusal =
+      "the proxy's MCP tools read no files; use the tools over stdio (`torchtpu-cpp mcp --url "
+      "PROXY`), where they read the caller's own files, or the upstream server's /mcp if it was "
+      "started with --mcp-media-dir";
+  add_mcp_routes(
+      http,
+      [this](httplib::Server::Handler handler) {
+        return [this, handler](const httplib::Request& req, httplib::Response& res) {
+          if (authorized(req, res)) handler(req, res);
+        };
+      },
+      std::move(no_files));
   http.Get("/proxy/status", [this](const httplib::Request& req, httplib::Response& res) {
     if (authorized(req, res)) status(res);
   });

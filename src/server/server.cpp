@@ -399,7 +399,8 @@ class Server {
         model_names_(model_names(options)),
         model_id_(model_names_.front()),
         metrics_(parse_metrics_compat(options.metrics_compat), model_id_),
-        scheduler_(scheduler_options(options)) {
+        scheduler_(scheduler_options(options)),
+        mcp_files_(mcp_files(options)) {
     demo_ = options.model_dir.empty();
     fingerprint_ = std::string("fp_torchtpu_cpp_") + TORCHTPU_GIT_REVISION;
   }
@@ -480,6 +481,18 @@ class Server {
   ojson completion_logprobs_json(const std::vector<TokenLogprob>& entries, size_t& offset) const;
   std::string endpoint_label(const std::string& path) const;
 
+  // What the MCP tools at /mcp may read for their images and audio: nothing, or the files inside
+  // --mcp-media-dir within the media limits. Throws ValueError for a --mcp-media-dir that is no
+  // directory.
+  static McpFiles mcp_files(const ServeOptions& options) {
+    McpFiles files;
+    if (!options.mcp_media_dir.empty()) files = mcp_media_directory(options.mcp_media_dir);
+    files.max_items = options.media.max_items;
+    files.max_image_bytes = options.media.max_image_bytes;
+    files.max_audio_bytes = options.media.max_audio_bytes;
+    return files;
+  }
+
   ServeOptions options_;
   EngineFactory make_engine_;
   bool demo_ = false;
@@ -523,6 +536,7 @@ class Server {
   int64_t active_ = 0;
 
   Scheduler scheduler_;
+  const McpFiles mcp_files_;
 
   std::atomic<int64_t> open_connections_{0};  // counted by CountingPool
 };
@@ -539,6 +553,8 @@ void Server::load() {
   engine_options.threads = options_.threads;
   engine_options.int4 = parse_int4_weights(options_.int4);
   engine_options.quantize_int4 = parse_quantize(options_.quantize);
+  engine_options.no_vision = options_.no_vision;
+  engine_options.no_audio = options_.no_audio;
   engine_ = make_engine_ ? make_engine_(engine_options) : std::make_unique<Engine>(engine_options);
   if (!engine_) throw std::runtime_error("the engine factory returned no engine");
   tokenizer_ =
@@ -1560,7 +1576,8 @@ void Server::set_up_routes(httplib::Server& http) {
                 true));
 
   add_web_routes(http);
-  add_mcp_routes(http, [this](httplib::Server::Handler h) { return guarded(h, false); });
+  add_mcp_routes(
+      http, [this](httplib::Server::Handler h) { return guarded(h, false); }, mcp_files_);
 
   // Everything that reaches here without a body: unknown routes, wrong methods, bodies too large.
   http.set_error_handler(httplib::Server::HandlerWithResponse(

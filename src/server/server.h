@@ -51,6 +51,12 @@ struct ServeOptions {
   std::string hosted_by = "torchtpu-cpp";  // "python" when hosted by torchtpu_cpp.serve
   int64_t max_body_bytes = 8 << 20;        // larger request bodies get 413
   MediaLimits media;                       // images and audio in requests
+  // Leave the checkpoint's image / audio tower unloaded: such parts are then a 400 naming the flag.
+  bool no_vision = false;
+  bool no_audio = false;
+  // The one directory the MCP tools at /mcp may read `images` and `audio` files from (realpath,
+  // inside it only); empty: they read none (docs/API.md, "MCP tools").
+  std::string mcp_media_dir;
   // SIGINT/SIGTERM call request_stop(). A host that owns its signals (Python) sets this false and
   // calls request_stop() itself.
   bool install_signal_handlers = true;

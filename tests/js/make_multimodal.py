@@ -1,6 +1,7 @@
 """Writes a tiny Gemma 4 checkpoint with a vision and an audio encoder (random weights) with
 transformers' own Gemma4ForConditionalGeneration.save_pretrained: the demo checkpoint's text
-model, tokenizer and chat template, plus small towers. Used by tests/js/media.test.mjs.
+model, tokenizer and chat template, plus small towers. Used by tests/js (makeMultimodalCheckpoint in
+server_helpers.mjs) and tests/python/test_serve_python.py.
 
 usage: make_multimodal.py DEMO_DIR OUT_DIR"""
 

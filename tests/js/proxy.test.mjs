@@ -49,6 +49,26 @@ test("the proxy serves the chat page and reports its upstream", async () => {
   assert.equal(status.upstream_health_status, 200);
 });
 
+test("the proxy's MCP tools read no files: a path in ask's images is refused unread", async () => {
+  const res = await fetch(`${proxyUrl}/mcp`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Accept: "application/json, text/event-stream" },
+    body: JSON.stringify({
+      jsonrpc: "2.0", id: 1, method: "tools/call",
+      params: { name: "ask", arguments: { prompt: "What is this?", images: ["/etc/passwd"] } },
+    }),
+  });
+  assert.equal(res.status, 200);
+  const { result } = await res.json();
+  assert.equal(result.isError, true);
+  assert.equal(
+    result.content[0].text,
+    "'images[0]' names a file, and the proxy's MCP tools read no files; use the tools over stdio " +
+      "(`torchtpu-cpp mcp --url PROXY`), where they read the caller's own files, or the upstream " +
+      "server's /mcp if it was started with --mcp-media-dir",
+  );
+});
+
 test("a stream passes through whole", async () => {
   const client = new OpenAI({ apiKey: "none", baseURL: `${proxyUrl}/v1`, maxRetries: 0 });
   const direct = new OpenAI({ apiKey: "none", baseURL: a.baseURL, maxRetries: 0 });

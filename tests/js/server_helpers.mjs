@@ -1,6 +1,7 @@
 // Starts `torchtpu-cpp serve` (or `proxy`) on a free port and stops it; shared by the server test
 // files and bench/serve_bench.mjs.
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
+import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -14,6 +15,50 @@ export function cliPath() {
   return cli;
 }
 
+// The cache directory startServer gives the servers (XDG_CACHE_HOME), where the demo checkpoint is
+// written the first time a server starts without --model.
+export function cacheDir() {
+  return process.env.XDG_CACHE_HOME ?? path.join(os.tmpdir(), "torchtpu-js-cache");
+}
+
+// The widely used 1x1 PNG placeholder, base64.
+export const PNG =
+  "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+// A WAV file written from the RIFF/WAVE specification, base64: PCM 16-bit mono at 16 kHz, 0.1 s
+// of silence.
+export function wav() {
+  const samples = 1600;
+  const b = Buffer.alloc(44 + samples * 2);
+  b.write("RIFF", 0);
+  b.writeUInt32LE(36 + samples * 2, 4);
+  b.write("WAVEfmt ", 8);
+  b.writeUInt32LE(16, 16);
+  b.writeUInt16LE(1, 20);
+  b.writeUInt16LE(1, 22);
+  b.writeUInt32LE(16000, 24);
+  b.writeUInt32LE(32000, 28);
+  b.writeUInt16LE(2, 32);
+  b.writeUInt16LE(16, 34);
+  b.write("data", 36);
+  b.writeUInt32LE(samples * 2, 40);
+  return b.toString("base64");
+}
+
+// A tiny Gemma 4 checkpoint with a vision and an audio encoder (random weights), written by
+// make_multimodal.py with $TORCHTPU_PYTHON (the project's, which has transformers) into a new
+// temporary directory, whose path it returns. It borrows the demo checkpoint's text model,
+// tokenizer and template, so a server without --model must have started first (startServer).
+export function makeMultimodalCheckpoint() {
+  const demo = path.join(cacheDir(), "torchtpu-cpp", "demo-v1");
+  if (!fs.existsSync(path.join(demo, "config.json"))) {
+    throw new Error(`${demo} has no checkpoint: start a server without --model first`);
+  }
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-multimodal-"));
+  execFileSync(process.env.TORCHTPU_PYTHON ?? "python3", [path.join(here, "make_multimodal.py"), demo, dir]);
+  return dir;
+}
+
 // Resolves to {url, baseURL, child, stop()} once the server answers /health with 200.
 export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_000 } = {}) {
   const child = spawn(cliPath(), ["serve", "--port", "0", ...args], {
@@ -22,7 +67,7 @@ export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_00
       // other test processes on small CI machines.
       OMP_NUM_THREADS: "1",
       ...process.env,
-      XDG_CACHE_HOME: process.env.XDG_CACHE_HOME ?? path.join(os.tmpdir(), "torchtpu-js-cache"),
+      XDG_CACHE_HOME: cacheDir(),
       ...env,
     },
     stdio: ["ignore", "pipe", "pipe"],

@@ -1,10 +1,12 @@
 # The chat page (Playwright driving Debian's Chromium), the MCP tools (the official MCP SDK client
-# over stdio and Streamable HTTP) and the proxy, against `torchtpu-cpp serve` on the demo checkpoint.
+# over stdio and Streamable HTTP) and the proxy, against `torchtpu-cpp serve` on the demo checkpoint
+# (js_mcp also on the tiny checkpoint with both towers that make_multimodal.py writes with the
+# project's Python, for ask's image and audio files).
 find_program(NODE_EXECUTABLE node)
 find_program(CHROMIUM_EXECUTABLE NAMES chromium chromium-browser)
 if(NODE_EXECUTABLE AND TARGET torchtpu-cpp AND TARGET torchtpu_server)
   set(_web_env
-      "TORCHTPU_CLI=$<TARGET_FILE:torchtpu-cpp>;XDG_CACHE_HOME=${CMAKE_BINARY_DIR}/js-cache;TORCHTPU_TEST_ARTIFACTS=${CMAKE_BINARY_DIR}/test-artifacts")
+      "TORCHTPU_CLI=$<TARGET_FILE:torchtpu-cpp>;XDG_CACHE_HOME=${CMAKE_BINARY_DIR}/js-cache;TORCHTPU_TEST_ARTIFACTS=${CMAKE_BINARY_DIR}/test-artifacts;TORCHTPU_PYTHON=${Python3_EXECUTABLE}")
   add_test(NAME js_mcp
            COMMAND ${NODE_EXECUTABLE} --test --test-concurrency=1
                    ${CMAKE_CURRENT_LIST_DIR}/mcp.test.mjs

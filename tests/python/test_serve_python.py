@@ -214,3 +214,267 @@ def test_the_python_host_takes_the_router_options(cli, checkpoint):
     finally:
         if server.proc.poll() is None:
             server.proc.kill()
+
+
+# Images and audio (#19) -----------------------------------------------------------------------
+
+# A bad value of each media flag, and the line both hosts print for it (the server's own check,
+# check_media_limits and mcp_media_directory, names the flag).
+MEDIA_FLAG_ERRORS = [
+    (["--max-media", "33"], "error: --max-media must be between 0 and 32, got 33"),
+    (["--max-image-bytes", "0"], "error: --max-image-bytes must be between 1 and 2^30, got 0"),
+    (
+        ["--max-audio-bytes", str((1 << 30) + 1)],
+        "error: --max-audio-bytes must be between 1 and 2^30, got 1073741825",
+    ),
+    (
+        ["--image-tokens", "100"],
+        "error: --image-tokens must be 70, 140, 280, 560 or 1120, got 100",
+    ),
+    (
+        ["--media-url-timeout", "0"],
+        "error: --media-url-timeout must be above 0 and at most 600 seconds, got 0.0",
+    ),
+    (
+        ["--mcp-media-dir", "/nonexistent-torchtpu-media"],
+        "error: --mcp-media-dir /nonexistent-torchtpu-media: No such file or directory",
+    ),
+]
+
+
+def _python_host_env():
+    import torchtpu_cpp
+
+    return dict(os.environ, PYTHONPATH=str(pathlib.Path(torchtpu_cpp.__file__).parents[1]))
+
+
+def test_the_python_host_refuses_bad_media_flags_as_serve_does(cli, checkpoint):
+    env = _python_host_env()
+    common = ["--model", checkpoint, "--port", "0"]
+    for flags, line in MEDIA_FLAG_ERRORS:
+        for cmd in (
+            [cli.path, "serve", *common, *flags],
+            [sys.executable, "-m", "torchtpu_cpp.serve", *common, *flags],
+        ):
+            try:
+                proc = subprocess.run(
+                    cmd, check=False, capture_output=True, text=True, env=env, timeout=120
+                )
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{cmd} did not refuse {flags}: still running after 120 s")
+            assert proc.returncode == 2, (cmd, proc.stderr)
+            assert proc.stderr.strip().splitlines()[-1] == line, (cmd, proc.stderr)
+            assert "serving" not in proc.stdout, cmd
+
+
+@pytest.fixture(scope="module")
+def multimodal(checkpoint, tmp_path_factory):
+    """The tiny checkpoint with a vision and an audio encoder that tests/js/make_multimodal.py
+    writes (transformers' save_pretrained), on `checkpoint`'s text model and tokenizer."""
+    out = tmp_path_factory.mktemp("multimodal")
+    subprocess.run(
+        [sys.executable, str(REPO_DIR / "tests" / "js" / "make_multimodal.py"), checkpoint, out],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return str(out)
+
+
+def _png(size):
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (size, size), (200, 30, 90)).save(out, "PNG")
+    return out.getvalue()
+
+
+def _wav(seconds=0.1):
+    import io
+    import wave
+
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(b"\0\0" * int(16000 * seconds))
+    return out.getvalue()
+
+
+def _b64(data):
+    import base64
+
+    return base64.b64encode(data).decode()
+
+
+def _image_part(png, detail=None):
+    part = {"url": "data:image/png;base64," + _b64(png)}
+    if detail:
+        part["detail"] = detail
+    return {"type": "image_url", "image_url": part}
+
+
+def _audio_part(wav):
+    return {"type": "input_audio", "input_audio": {"data": _b64(wav), "format": "wav"}}
+
+
+def _chat(server, *parts, max_tokens=2):
+    content = [*parts, {"type": "text", "text": "What is this?"}]
+    status, text = server.post(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens},
+    )
+    return status, json.loads(text)
+
+
+def _mcp_ask(server, **arguments):
+    """The /mcp ask tool's result."""
+    status, text = server.post(
+        "/mcp",
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {
+                "name": "ask",
+                "arguments": {"prompt": "What is this?", "max_tokens": 2, **arguments},
+            },
+        },
+    )
+    assert status == 200, text
+    return json.loads(text)["result"]
+
+
+def test_the_python_host_takes_the_media_flags(multimodal, tmp_path):
+    """--no-vision, --max-media, --max-audio-bytes and --mcp-media-dir reach the server: the
+    modalities it lists, the 400s naming the flags, and the MCP tools reading files inside the
+    directory only."""
+    media = tmp_path / "media"
+    media.mkdir()
+    (media / "clip.wav").write_bytes(_wav())
+    (tmp_path / "outside.wav").write_bytes(_wav())
+    big = _wav(0.5)
+    server = Server(
+        [
+            sys.executable,
+            "-m",
+            "torchtpu_cpp.serve",
+            "--model",
+            multimodal,
+            "--port",
+            "0",
+            "--context",
+            "1024",
+            "--no-vision",
+            "--max-media",
+            "1",
+            "--max-audio-bytes",
+            str(len(big) - 1),
+            "--mcp-media-dir",
+            str(media),
+        ],
+        _python_host_env(),
+    )
+    try:
+        models = json.loads(server.get("/v1/models")[1])
+        assert models["data"][0]["modalities"] == ["text", "audio"]
+
+        status, body = _chat(server, _image_part(_png(8)))
+        assert status == 400, body
+        assert body["error"]["message"] == (
+            "'messages[0].content[0].image_url.url' is an image, and this server was started "
+            "with --no-vision"
+        )
+        status, body = _chat(server, _audio_part(_wav()), _audio_part(_wav()))
+        assert status == 400, body
+        assert body["error"]["message"] == (
+            "the request holds 2 images and audio clips, more than this server's --max-media 1"
+        )
+        status, body = _chat(server, _audio_part(big))
+        assert status == 400, body
+        assert body["error"]["message"].endswith(f"more than --max-audio-bytes {len(big) - 1}")
+        status, body = _chat(server, _audio_part(_wav()))
+        assert status == 200, body
+
+        # The MCP tools read the clip inside --mcp-media-dir and nothing outside it.
+        result = _mcp_ask(server, audio=["clip.wav"])
+        assert result["isError"] is False, result
+        assert result["structuredContent"]["prompt_tokens"] == body["usage"]["prompt_tokens"]
+        result = _mcp_ask(server, audio=["../outside.wav"])
+        assert result["isError"] is True
+        assert result["content"][0]["text"] == (
+            "'audio[0]' (../outside.wav) is outside --mcp-media-dir, the one directory this "
+            "server's MCP tools read files from (relative paths are read from it)"
+        )
+    finally:
+        server.stop()
+
+
+def test_the_python_host_takes_the_image_flags(multimodal):
+    """--no-audio, --image-tokens and --allow-media-urls (with --media-url-timeout) reach the
+    server: audio is refused naming the flag, an image without detail gets --image-tokens' budget
+    (the prompt of detail "low", 70: 64 soft tokens for this image, where the default 280 gives
+    256), and an http URL is fetched."""
+    import http.server
+    import threading
+
+    png = _png(64)
+
+    class Images(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(png)))
+            self.end_headers()
+            self.wfile.write(png)
+
+        def log_message(self, *args):
+            pass
+
+    images = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Images)
+    threading.Thread(target=images.serve_forever, daemon=True).start()
+    server = Server(
+        [
+            sys.executable,
+            "-m",
+            "torchtpu_cpp.serve",
+            "--model",
+            multimodal,
+            "--port",
+            "0",
+            "--context",
+            "2048",
+            "--no-audio",
+            "--image-tokens",
+            "70",
+            "--allow-media-urls",
+            "--media-url-timeout",
+            "30",
+        ],
+        _python_host_env(),
+    )
+    try:
+        models = json.loads(server.get("/v1/models")[1])
+        assert models["data"][0]["modalities"] == ["text", "image"]
+        status, body = _chat(server, _audio_part(_wav()))
+        assert status == 400, body
+        assert body["error"]["message"] == (
+            "'messages[0].content[0].input_audio.data' is audio, and this server was started "
+            "with --no-audio"
+        )
+        tokens = {}
+        for detail in (None, "auto", "low"):
+            status, body = _chat(server, _image_part(png, detail))
+            assert status == 200, body
+            tokens[detail] = body["usage"]["prompt_tokens"]
+        assert tokens[None] == tokens["auto"] == tokens["low"], tokens
+        url = f"http://127.0.0.1:{images.server_address[1]}/dot.png"
+        status, body = _chat(server, {"type": "image_url", "image_url": {"url": url}})
+        assert status == 200, body
+        assert body["usage"]["prompt_tokens"] == tokens[None]
+    finally:
+        server.stop()
+        images.shutdown()

@@ -92,6 +92,58 @@ def _parse_args(argv):
         help="seconds after SIGTERM during which /health answers 503 while requests "
         "are still served",
     )
+    # Images and audio in requests (#19): the names, defaults and checks of `torchtpu-cpp serve`
+    # (the server checks the values and names the flag: error: --max-media must be ...).
+    p.add_argument(
+        "--max-media",
+        type=int,
+        default=8,
+        help="images and audio clips a request may hold",
+    )
+    p.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=8 << 20,
+        help="largest image accepted, as encoded (a data: URL's base64 counts in "
+        "--max-body-bytes too)",
+    )
+    p.add_argument(
+        "--max-audio-bytes", type=int, default=8 << 20, help="largest WAV file accepted"
+    )
+    p.add_argument(
+        "--image-tokens",
+        type=int,
+        default=280,
+        help="an image's soft tokens when a request's detail is auto: 70, 140, 280, 560 "
+        "or 1120",
+    )
+    p.add_argument(
+        "--allow-media-urls",
+        action="store_true",
+        help="fetch http(s) image URLs that requests name (off: only data: URLs)",
+    )
+    p.add_argument(
+        "--media-url-timeout",
+        type=float,
+        default=10.0,
+        help="seconds one image URL fetch may take in all",
+    )
+    p.add_argument(
+        "--no-vision",
+        action="store_true",
+        help="do not load the checkpoint's image tower (images are then a 400)",
+    )
+    p.add_argument(
+        "--no-audio",
+        action="store_true",
+        help="do not load the checkpoint's audio tower (audio is then a 400)",
+    )
+    p.add_argument(
+        "--mcp-media-dir",
+        default="",
+        help="a directory whose files the MCP tools at /mcp may read for their images and "
+        "audio (only inside it; default: none, file paths refused)",
+    )
     return p.parse_args(argv)
 
 
@@ -141,6 +193,15 @@ def main(argv=None):
                 drain_grace_s=args.drain_grace,
                 parallel=args.parallel,
                 cache_mb=args.cache_mb,
+                max_media=args.max_media,
+                max_image_bytes=args.max_image_bytes,
+                max_audio_bytes=args.max_audio_bytes,
+                image_tokens=args.image_tokens,
+                allow_media_urls=args.allow_media_urls,
+                media_url_timeout_s=args.media_url_timeout,
+                no_vision=args.no_vision,
+                no_audio=args.no_audio,
+                mcp_media_dir=args.mcp_media_dir,
             )
         except BaseException as e:  # noqa: BLE001 (raised again on the main thread)
             outcome["error"] = e
@@ -156,6 +217,10 @@ def main(argv=None):
     server.start()
     while server.is_alive():
         server.join(0.5)
+    if isinstance(outcome.get("error"), ValueError):
+        # A bad option, named by the server's check: said as `torchtpu-cpp serve` says it.
+        print(f"error: {outcome['error']}", file=sys.stderr, flush=True)
+        return 2
     if "error" in outcome:
         raise outcome["error"]
     return outcome["code"]
