@@ -4,16 +4,13 @@
 // the 400 naming its field; /v1/models says which modalities the checkpoint reads. A second server
 // reads a tiny checkpoint with both towers that transformers' save_pretrained writes
 // (make_multimodal.py), where corrupt files are 400s and valid ones are answered. The
-// PNG is the widely used 1x1 placeholder; the WAV is written here from the RIFF/WAVE specification.
+// PNG is the widely used 1x1 placeholder; the WAV is silentWav (server_helpers.mjs).
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import http from "node:http";
-import os from "node:os";
-import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
-import { startServer } from "./server_helpers.mjs";
+import { makeMultimodalCheckpoint, silentWav, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const PNG =
@@ -21,23 +18,7 @@ const PNG =
 const PNG_URL = `data:image/png;base64,${PNG}`;
 
 // PCM 16-bit mono at 16 kHz, 0.1 s of silence.
-function wav() {
-  const samples = 1600;
-  const b = Buffer.alloc(44 + samples * 2);
-  b.write("RIFF", 0);
-  b.writeUInt32LE(36 + samples * 2, 4);
-  b.write("WAVEfmt ", 8);
-  b.writeUInt32LE(16, 16);
-  b.writeUInt16LE(1, 20);
-  b.writeUInt16LE(1, 22);
-  b.writeUInt32LE(16000, 24);
-  b.writeUInt32LE(32000, 28);
-  b.writeUInt16LE(2, 32);
-  b.writeUInt16LE(16, 34);
-  b.write("data", 36);
-  b.writeUInt32LE(samples * 2, 40);
-  return b.toString("base64");
-}
+const wav = () => silentWav(1600);
 
 let server;
 let client;
@@ -216,21 +197,15 @@ describe("media", () => {
 });
 
 describe("media on a checkpoint with vision and audio encoders", () => {
+  let dir;
   let mm;
   let mmClient;
   let images;  // a local HTTP server for --allow-media-urls
   let imagesUrl;
 
   before(async () => {
-    // The demo checkpoint the first server wrote (startServer's cache) lends its text model,
-    // tokenizer and template.
-    const cache = process.env.XDG_CACHE_HOME ?? path.join(os.tmpdir(), "torchtpu-js-cache");
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-multimodal-"));
-    execFileSync(process.env.TORCHTPU_PYTHON ?? "python3", [
-      path.join(import.meta.dirname, "make_multimodal.py"),
-      path.join(cache, "torchtpu-cpp", "demo-v1"),
-      dir,
-    ]);
+    // The demo checkpoint the first server wrote lends its text model, tokenizer and template.
+    dir = makeMultimodalCheckpoint();
     images = http.createServer((req, res) => {
       if (req.url === "/dot.png") {
         res.writeHead(200, { "content-type": "image/png" }).end(Buffer.from(PNG, "base64"));
@@ -251,6 +226,7 @@ describe("media on a checkpoint with vision and audio encoders", () => {
   after(async () => {
     await mm?.stop();
     images?.close();
+    if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
   test("/v1/models lists text, image and audio", async () => {

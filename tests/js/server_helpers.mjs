@@ -1,6 +1,7 @@
 // Starts `torchtpu-cpp serve` (or `proxy`) on a free port and stops it; shared by the server test
 // files and bench/serve_bench.mjs.
-import { spawn } from "node:child_process";
+import { execFileSync, spawn } from "node:child_process";
+import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -14,6 +15,44 @@ export function cliPath() {
   return cli;
 }
 
+// Where the servers keep the demo checkpoint they write (XDG_CACHE_HOME; ctest sets it).
+export function cacheHome() {
+  return process.env.XDG_CACHE_HOME ?? path.join(os.tmpdir(), "torchtpu-js-cache");
+}
+
+// A tiny Gemma 4 checkpoint with a vision and an audio encoder (random weights) in a new temporary
+// directory, written by make_multimodal.py with the project's Python (TORCHTPU_PYTHON: the venv
+// with transformers; ctest sets it). It lends the demo checkpoint's text model, tokenizer and
+// template, so a server started without --model (startServer) must have written that first.
+export function makeMultimodalCheckpoint() {
+  const demo = path.join(cacheHome(), "torchtpu-cpp", "demo-v1");
+  if (!fs.existsSync(path.join(demo, "config.json"))) {
+    throw new Error(`no demo checkpoint in ${demo}: start a server without --model first`);
+  }
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-multimodal-"));
+  execFileSync(process.env.TORCHTPU_PYTHON ?? "python3", [path.join(here, "make_multimodal.py"), demo, dir]);
+  return dir;
+}
+
+// A WAV file (RIFF/WAVE, 16-bit PCM mono at 16 kHz, written from the specification) of `samples`
+// samples of silence, base64.
+export function silentWav(samples = 1600) {
+  const b = Buffer.alloc(44 + samples * 2);
+  b.write("RIFF", 0);
+  b.writeUInt32LE(36 + samples * 2, 4);
+  b.write("WAVEfmt ", 8);
+  b.writeUInt32LE(16, 16);
+  b.writeUInt16LE(1, 20);
+  b.writeUInt16LE(1, 22);
+  b.writeUInt32LE(16000, 24);
+  b.writeUInt32LE(32000, 28);
+  b.writeUInt16LE(2, 32);
+  b.writeUInt16LE(16, 34);
+  b.write("data", 36);
+  b.writeUInt32LE(samples * 2, 40);
+  return b.toString("base64");
+}
+
 // Resolves to {url, baseURL, child, stop()} once the server answers /health with 200.
 export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_000 } = {}) {
   const child = spawn(cliPath(), ["serve", "--port", "0", ...args], {
@@ -22,7 +61,7 @@ export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_00
       // other test processes on small CI machines.
       OMP_NUM_THREADS: "1",
       ...process.env,
-      XDG_CACHE_HOME: process.env.XDG_CACHE_HOME ?? path.join(os.tmpdir(), "torchtpu-js-cache"),
+      XDG_CACHE_HOME: cacheHome(),
       ...env,
     },
     stdio: ["ignore", "pipe", "pipe"],
