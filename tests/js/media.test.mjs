@@ -6,6 +6,7 @@
 // (make_multimodal.py), where corrupt files are 400s and valid ones are answered. The PNG and the
 // WAV are server_helpers.mjs's.
 import assert from "node:assert/strict";
+import fs from "node:fs";
 import http from "node:http";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
@@ -191,6 +192,7 @@ describe("media", () => {
 });
 
 describe("media on a checkpoint with vision and audio encoders", () => {
+  let dir;
   let mm;
   let mmClient;
   let images;  // a local HTTP server for --allow-media-urls
@@ -198,7 +200,7 @@ describe("media on a checkpoint with vision and audio encoders", () => {
 
   before(async () => {
     // The demo checkpoint the first server wrote lends its text model, tokenizer and template.
-    const dir = makeMultimodalCheckpoint();
+    dir = makeMultimodalCheckpoint();
     images = http.createServer((req, res) => {
       if (req.url === "/dot.png") {
         res.writeHead(200, { "content-type": "image/png" }).end(Buffer.from(PNG, "base64"));
@@ -219,6 +221,7 @@ describe("media on a checkpoint with vision and audio encoders", () => {
   after(async () => {
     await mm?.stop();
     images?.close();
+    if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
   test("/v1/models lists text, image and audio", async () => {

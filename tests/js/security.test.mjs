@@ -154,6 +154,9 @@ describe("the server", () => {
       const csp = res.headers.get("content-security-policy") ?? "";
       assert.match(csp, /(^|; )default-src 'self'(;|$)/, path);
       assert.match(csp, /(^|; )script-src 'self'(;|$)/, path);
+      // Attached images and audio show as <img> and <audio> of data: URLs, and nothing else.
+      assert.match(csp, /(^|; )img-src 'self' data:(;|$)/, path);
+      assert.match(csp, /(^|; )media-src 'self' data:(;|$)/, path);
       assert.match(csp, /(^|; )object-src 'none'(;|$)/, path);
       assert.match(csp, /(^|; )frame-ancestors 'none'(;|$)/, path);
       assert.doesNotMatch(csp, /unsafe-inline|unsafe-eval/, path);

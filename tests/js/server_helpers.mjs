@@ -25,10 +25,9 @@ export function cacheDir() {
 export const PNG =
   "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
 
-// A WAV file written from the RIFF/WAVE specification, base64: PCM 16-bit mono at 16 kHz, 0.1 s
-// of silence.
-export function wav() {
-  const samples = 1600;
+// A WAV file written from the RIFF/WAVE specification, base64: PCM 16-bit mono at 16 kHz,
+// `samples` samples of silence (0.1 s by default).
+export function wav(samples = 1600) {
   const b = Buffer.alloc(44 + samples * 2);
   b.write("RIFF", 0);
   b.writeUInt32LE(36 + samples * 2, 4);

@@ -1,7 +1,7 @@
 # The chat page (Playwright driving Debian's Chromium), the MCP tools (the official MCP SDK client
 # over stdio and Streamable HTTP) and the proxy, against `torchtpu-cpp serve` on the demo checkpoint
-# (js_mcp also on the tiny checkpoint with both towers that make_multimodal.py writes with the
-# project's Python, for ask's image and audio files).
+# (js_mcp and the chat page's images and audio also on the tiny checkpoint with both towers that
+# make_multimodal.py writes with the project's Python).
 find_program(NODE_EXECUTABLE node)
 find_program(CHROMIUM_EXECUTABLE NAMES chromium chromium-browser)
 if(NODE_EXECUTABLE AND TARGET torchtpu-cpp AND TARGET torchtpu_server)
@@ -25,6 +25,9 @@ if(NODE_EXECUTABLE AND TARGET torchtpu-cpp AND TARGET torchtpu_server)
            COMMAND ${NODE_EXECUTABLE} --test --test-concurrency=1
                    ${CMAKE_CURRENT_LIST_DIR}/web.test.mjs
            WORKING_DIRECTORY ${CMAKE_CURRENT_LIST_DIR})
+  # The media tests write a tiny multimodal checkpoint with the project's Python (transformers),
+  # as js_media does (tests/js/wire.cmake).
   set_tests_properties(js_web PROPERTIES
-    ENVIRONMENT "${_web_env};CHROMIUM=${CHROMIUM_EXECUTABLE}" TIMEOUT 600 LABELS server)
+    ENVIRONMENT "${_web_env};CHROMIUM=${CHROMIUM_EXECUTABLE};TORCHTPU_PYTHON=${Python3_EXECUTABLE}"
+    TIMEOUT 600 LABELS server)
 endif()

@@ -1,14 +1,21 @@
 // The chat page at / of `torchtpu-cpp serve` (demo checkpoint, greedy) in Debian's Chromium,
 // driven by playwright-core: a streamed reply, the conversation carried into the next prompt
 // (seen in the server's prompt token counter), Stop cancelling the decode (the server's cancel
-// counter), the side panel's build, and markup in a reply shown as text.
+// counter), the side panel's build, and markup in a reply shown as text. Then images and audio
+// (#19): the attach controls follow /v1/models' modalities (none for the text-only demo), the
+// server's 400 for media shows as the reply's error, and on a tiny checkpoint with both encoders
+// (make_multimodal.py) a canvas-drawn PNG, a recording from Chromium's fake microphone and a WAV
+// file go to the server as OpenAI content parts, show in the conversation and are answered, and
+// wrong files are refused in the page.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { after, before, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 import { chromium } from "playwright-core";
-import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
+import {
+  eventually, makeMultimodalCheckpoint, metric, metrics, wav, startServer,
+} from "./server_helpers.mjs";
 
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 const ARTIFACTS = process.env.TORCHTPU_TEST_ARTIFACTS ?? path.join(os.tmpdir(), "torchtpu-test-artifacts");
@@ -28,6 +35,8 @@ before(async () => {
     args: [
       "--no-sandbox", "--disable-gpu", "--disable-background-networking",
       "--disable-component-update", "--disable-sync", "--no-first-run",
+      // A microphone that plays a beep, allowed without asking.
+      "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
     ],
   });
   page = context.pages()[0] ?? (await context.newPage());
@@ -209,4 +218,310 @@ test("the JSON output switch asks for a JSON object, and the reply is one", asyn
   await send("Again, as text.", 4);
   assert.equal(JSON.parse((await request).postData()).response_format, undefined);
   await waitForState("done");
+});
+
+// A PNG drawn on a canvas in `p`: {url (data:), bytes}.
+async function canvasPng(p, width, height) {
+  const url = await p.evaluate(([w, h]) => {
+    const canvas = document.createElement("canvas");
+    canvas.width = w;
+    canvas.height = h;
+    const g = canvas.getContext("2d");
+    g.fillStyle = "#1565c0";
+    g.fillRect(0, 0, w, h);
+    g.fillStyle = "#ffca28";
+    g.fillRect(w / 4, h / 4, w / 2, h / 2);
+    return canvas.toDataURL("image/png");
+  }, [width, height]);
+  return { url, bytes: Buffer.from(url.slice(url.indexOf(",") + 1), "base64") };
+}
+
+// Which of the attach controls `p` shows, once it has read the model's modalities.
+async function controls(p, modalities) {
+  await p.waitForSelector(`body[data-modalities="${modalities}"]`, { state: "attached" });
+  const shown = [];
+  for (const id of ["attach-image", "attach-audio", "record"]) {
+    if (await p.locator(`#${id}`).isVisible()) shown.push(id);
+  }
+  return shown;
+}
+
+test("on the text-only demo checkpoint the page offers no attachments", async () => {
+  assert.deepEqual(await controls(page, "text"), []);
+  assert.equal(await page.locator("#media-tools").isVisible(), false);
+  assert.equal(await page.locator("#attachments").isVisible(), false);
+});
+
+test("a model with one tower gets its controls only, and the server's 400 shows as an error", async () => {
+  // /v1/models as a server with one tower would answer it. The demo server itself reads neither,
+  // so the image the page then sends gets the server's 400, as from one started with --no-vision.
+  const claim = (modalities) => page.route("**/v1/models", async (route) => {
+    const models = await (await route.fetch()).json();
+    models.data[0].modalities = modalities;
+    await route.fulfill({ json: models });
+  });
+  try {
+    await claim(["text", "audio"]);
+    await page.reload();
+    assert.deepEqual(await controls(page, "text audio"), ["attach-audio", "record"]);
+    await page.unroute("**/v1/models");
+    await claim(["text", "image"]);
+    await page.reload();
+    assert.deepEqual(await controls(page, "text image"), ["attach-image"]);
+    const png = await canvasPng(page, 8, 8);
+    await page.setInputFiles("#image-file", { name: "dot.png", mimeType: "image/png", buffer: png.bytes });
+    await page.locator("#attachments .chip").waitFor();
+    await send("What is this?", 4);
+    await waitForState("error");
+    assert.equal(
+      await lastReply().locator(".meta").textContent(),
+      "error: 'messages[0].content[0].image_url.url' is an image, and this checkpoint has no vision " +
+        "encoder (its config.json has no vision_config)",
+    );
+    assert.equal(await lastReply().evaluate((el) => el.classList.contains("error")), true);
+  } finally {
+    await page.unroute("**/v1/models");
+  }
+  await page.reload();
+  assert.deepEqual(await controls(page, "text"), []);
+});
+
+describe("images and audio on a checkpoint with vision and audio encoders", () => {
+  const MM_MODEL = "tiny-multimodal";
+  let dir;
+  let mm;
+  let mmPage;
+  const violations = [];  // Content-Security-Policy reports from the console
+
+  before(async () => {
+    // The demo checkpoint the first server wrote lends its text model, tokenizer and template.
+    dir = makeMultimodalCheckpoint();
+    mm = await startServer(["--model", dir, "--model-id", MM_MODEL, "--context", "4096"]);
+    await context.grantPermissions(["microphone"], { origin: mm.url });
+    mmPage = await context.newPage();
+    mmPage.on("console", (m) => {
+      if (/Content Security Policy/i.test(m.text())) violations.push(m.text().slice(0, 200));
+    });
+    await mmPage.goto(mm.url + "/");
+  });
+
+  after(async () => {
+    await mmPage?.close();
+    await mm?.stop();
+    if (dir) fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  const reply = () => mmPage.locator(".message.assistant").last();
+  const userTurn = () => mmPage.locator(".message.user").last();
+
+  // A new chat, and nothing left attached by an earlier test.
+  async function fresh() {
+    await mmPage.click("#clear");
+    const remove = mmPage.locator("#attachments .remove");
+    while (await remove.count()) await remove.first().click();
+  }
+
+  // Sends what the composer holds with `text`; resolves to the request body the page sent.
+  async function sendMedia(text, maxTokens = 8) {
+    await mmPage.fill("#max-tokens", String(maxTokens));
+    await mmPage.fill("#input", text);
+    const request = mmPage.waitForRequest("**/v1/chat/completions");
+    await mmPage.click("#send");
+    return JSON.parse((await request).postData());
+  }
+
+  // Waits for the last reply to end, as `state`.
+  async function replyEnds(state = "done") {
+    const ended = await mmPage.waitForFunction(() => {
+      const replies = document.querySelectorAll(".message.assistant");
+      const last = replies[replies.length - 1];
+      return last && last.dataset.state !== "streaming" && last.dataset.state;
+    }, null, { timeout: 120_000 });
+    assert.equal(await ended.jsonValue(), state, await reply().textContent());
+  }
+
+  async function answerDirectly(messages, maxTokens) {
+    const res = await fetch(`${mm.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({
+        model: MM_MODEL, messages, max_tokens: maxTokens, temperature: 0,
+        chat_template_kwargs: { enable_thinking: false },
+      }),
+    });
+    assert.equal(res.status, 200, await res.clone().text());
+    return (await res.json()).choices[0].message.content;
+  }
+
+  // The fields of a 16-bit PCM WAV file's header and its length.
+  function readWav(bytes) {
+    assert.equal(bytes.toString("latin1", 0, 4), "RIFF");
+    assert.equal(bytes.readUInt32LE(4), bytes.length - 8);
+    assert.equal(bytes.toString("latin1", 8, 16), "WAVEfmt ");
+    const fmt = {
+      format: bytes.readUInt16LE(20), channels: bytes.readUInt16LE(22),
+      rate: bytes.readUInt32LE(24), byteRate: bytes.readUInt32LE(28),
+      blockAlign: bytes.readUInt16LE(32), bits: bytes.readUInt16LE(34),
+    };
+    assert.equal(bytes.toString("latin1", 36, 40), "data");
+    const size = bytes.readUInt32LE(40);
+    assert.equal(size, bytes.length - 44);
+    let peak = 0;
+    for (let i = 44; i + 1 < bytes.length; i += 2) peak = Math.max(peak, Math.abs(bytes.readInt16LE(i)));
+    return { ...fmt, seconds: size / fmt.byteRate, peak };
+  }
+
+  test("the page offers an image picker, a WAV picker and recording", async () => {
+    assert.deepEqual(await controls(mmPage, "text image audio"), ["attach-image", "attach-audio", "record"]);
+    for (const id of ["attach-image", "attach-audio", "record"]) {
+      assert.equal(await mmPage.locator(`#${id}`).isEnabled(), true, id);
+    }
+    assert.equal(await mmPage.getAttribute("#image-file", "accept"), "image/png,image/jpeg,image/webp");
+  });
+
+  test("an attached PNG goes as an image_url part before the text, shows, and is answered", async () => {
+    const png = await canvasPng(mmPage, 48, 32);
+    await mmPage.setInputFiles("#image-file", { name: "squares.png", mimeType: "image/png", buffer: png.bytes });
+    const chip = mmPage.locator("#attachments .chip.image");
+    await chip.waitFor();
+    assert.match(await chip.textContent(), /squares\.png/);
+    assert.equal(await chip.locator("img").getAttribute("src"), png.url);
+
+    const question = "What is in this picture?";
+    const sent = await sendMedia(question);
+    assert.deepEqual(sent.messages, [
+      { role: "user", content: [{ type: "image_url", image_url: { url: png.url } }, { type: "text", text: question }] },
+    ]);
+    assert.equal(await mmPage.locator("#attachments").isVisible(), false);
+    // The user turn shows the image (loaded: the policy allows data: images), then the text.
+    const img = userTurn().locator(".media img");
+    assert.equal(await img.getAttribute("src"), png.url);
+    await mmPage.waitForFunction(() => document.querySelector(".message.user .media img")?.naturalWidth === 48);
+    assert.equal(await userTurn().locator(".content").textContent(), question);
+    await replyEnds();
+    const answer = await reply().locator(".content").textContent();
+    assert.match(await reply().locator(".meta").textContent(), /finish length · \d+ prompt \+ 8 completion tokens/);
+    // Greedy: the server answers the request the page sent with the same text.
+    assert.equal(answer, await answerDirectly(sent.messages, 8));
+
+    // The next turn carries the image in the conversation, as content parts.
+    const next = await sendMedia("And the colours?", 4);
+    await replyEnds();
+    assert.deepEqual(next.messages.map((m) => m.role), ["user", "assistant", "user"]);
+    assert.deepEqual(next.messages[0], sent.messages[0]);
+    assert.equal(next.messages[1].content, answer);
+    assert.equal(next.messages[2].content, "And the colours?");
+  });
+
+  test("a recording becomes a 16 kHz WAV input_audio part after the image, plays, and is answered", async () => {
+    await fresh();
+    const started = Date.now();
+    await mmPage.click("#record");
+    await mmPage.waitForFunction(() => /Stop recording \(0:01\)/.test(document.getElementById("record").textContent));
+    await mmPage.waitForTimeout(300);
+    await mmPage.click("#record");
+    const recorded = (Date.now() - started) / 1000;
+    const clip = mmPage.locator("#attachments .chip.audio");
+    await clip.waitFor();
+    assert.match(await clip.textContent(), /recording 1 \(0:01\)/);
+    assert.equal(await mmPage.textContent("#record"), "Record");
+    // Attached after the clip, and still sent before it.
+    const png = await canvasPng(mmPage, 16, 16);
+    await mmPage.setInputFiles("#image-file", { name: "small.png", mimeType: "image/png", buffer: png.bytes });
+    await mmPage.locator("#attachments .chip").nth(1).waitFor();
+
+    const sent = await sendMedia("What do you hear?");
+    const content = sent.messages[0].content;
+    assert.deepEqual(content.map((p) => p.type), ["image_url", "input_audio", "text"]);
+    assert.equal(content[0].image_url.url, png.url);
+    assert.equal(content[1].input_audio.format, "wav");
+    const wav = readWav(Buffer.from(content[1].input_audio.data, "base64"));
+    assert.deepEqual(
+      [wav.format, wav.channels, wav.rate, wav.byteRate, wav.blockAlign, wav.bits],
+      [1, 1, 16000, 32000, 2, 16],
+    );
+    // At least the second the button counted and at most the time between the clicks: a WAV
+    // whose header and samples disagree on the rate would be longer or shorter.
+    assert.ok(wav.seconds >= 1 && wav.seconds <= recorded + 0.2, `${wav.seconds} s of WAV, ${recorded} s between the clicks`);
+    assert.ok(wav.peak > 1000, `the fake microphone's beep peaks at ${wav.peak}`);
+
+    // The user turn plays the clip: its <audio> loaded the data: URL (media-src allows it).
+    const audio = userTurn().locator(".media audio");
+    assert.equal(await audio.getAttribute("src"), `data:audio/wav;base64,${content[1].input_audio.data}`);
+    assert.equal(await audio.evaluate((el) => el.controls), true);
+    await mmPage.waitForFunction(() => document.querySelector(".message.user .media audio")?.readyState >= 1);
+    const duration = await audio.evaluate((el) => el.duration);
+    assert.ok(Math.abs(duration - wav.seconds) < 0.05, `<audio> lasts ${duration} s, the WAV ${wav.seconds} s`);
+    assert.equal(await userTurn().locator(".media img").count(), 1);
+    await replyEnds();
+    assert.equal(await reply().locator(".content").textContent(), await answerDirectly(sent.messages, 8));
+    fs.mkdirSync(ARTIFACTS, { recursive: true });
+    await mmPage.screenshot({ path: path.join(ARTIFACTS, "chat_page_media.png"), fullPage: true });
+  });
+
+  test("a WAV file is sent as it is, with no text if none is typed", async () => {
+    await fresh();
+    const data = wav(24000);
+    await mmPage.setInputFiles("#audio-file", { name: "quiet.wav", mimeType: "audio/wav", buffer: Buffer.from(data, "base64") });
+    const clip = mmPage.locator("#attachments .chip.audio");
+    await clip.waitFor();
+    assert.match(await clip.textContent(), /quiet\.wav \(0:01\)/);
+    const sent = await sendMedia("", 4);
+    assert.deepEqual(sent.messages, [
+      { role: "user", content: [{ type: "input_audio", input_audio: { data, format: "wav" } }] },
+    ]);
+    assert.equal(await userTurn().locator(".media audio").count(), 1);
+    await replyEnds();
+  });
+
+  test("wrong files are refused in the page with a message, and a chip can be removed", async () => {
+    await fresh();
+    const refused = async (selector, file, message) => {
+      await mmPage.setInputFiles(selector, file);
+      await eventually(async () => (await mmPage.textContent("#attach-error")) !== "", "a message");
+      assert.equal(await mmPage.locator("#attach-error").isVisible(), true);
+      assert.match(await mmPage.textContent("#attach-error"), message);
+      assert.equal(await mmPage.locator("#attachments .chip").count(), 0);
+    };
+    await refused("#image-file", { name: "notes.txt", mimeType: "text/plain", buffer: Buffer.from("not an image") },
+      /^"notes\.txt" is not a PNG, JPEG or WebP image \(it is text\/plain\)$/);
+    await refused("#image-file", { name: "anim.gif", mimeType: "image/gif", buffer: Buffer.from("GIF89a\x01\x00\x01\x00") },
+      /^"anim\.gif" is not a PNG, JPEG or WebP image \(it is image\/gif\)$/);
+    const png = await canvasPng(mmPage, 8, 8);
+    const big = Buffer.concat([png.bytes, Buffer.alloc(5 << 20)]);
+    await refused("#image-file", { name: "big.png", mimeType: "image/png", buffer: big },
+      /^"big\.png" is 5\.0 MiB, more than the 4\.0 MiB the page sends$/);
+    await refused("#audio-file", { name: "song.mp3", mimeType: "audio/mpeg", buffer: Buffer.from("ID3\x03\x00\x00\x00") },
+      /^"song\.mp3" is not a WAV file; the server reads WAV audio only$/);
+    await refused("#audio-file", { name: "long.wav", mimeType: "audio/wav", buffer: Buffer.from(wav(16000 * 31), "base64") },
+      /^"long\.wav" is 31\.0 s long, more than the 30 s the server reads$/);
+
+    // A good file clears the message; its chip's × takes it off again, and the message goes as text.
+    await mmPage.setInputFiles("#image-file", { name: "ok.png", mimeType: "image/png", buffer: png.bytes });
+    await mmPage.locator("#attachments .chip").waitFor();
+    assert.equal(await mmPage.locator("#attach-error").isVisible(), false);
+    await mmPage.click("#attachments .chip .remove");
+    assert.equal(await mmPage.locator("#attachments").isVisible(), false);
+    const sent = await sendMedia("Just text.", 2);
+    assert.equal(sent.messages[0].content, "Just text.");
+    await replyEnds();
+  });
+
+  test("the server's 400 for an unreadable image shows as the reply's error", async () => {
+    await fresh();
+    const png = await canvasPng(mmPage, 8, 8);
+    // A PNG signature the page accepts, and a body the server's decoder cannot read.
+    const broken = png.bytes.subarray(0, 30);
+    await mmPage.setInputFiles("#image-file", { name: "broken.png", mimeType: "image/png", buffer: broken });
+    await mmPage.locator("#attachments .chip").waitFor();
+    await sendMedia("What is this?");
+    await replyEnds("error");
+    assert.match(
+      await reply().locator(".meta").textContent(),
+      /^error: 'messages\[0\]\.content\[0\]\.image_url\.url' is not a readable image: /,
+    );
+    assert.equal(await reply().evaluate((el) => el.classList.contains("error")), true);
+    // Nothing the page showed broke its Content-Security-Policy.
+    assert.deepEqual(violations, []);
+  });
 });

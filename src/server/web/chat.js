@@ -2,11 +2,27 @@
 // conversation, cancels with Stop (aborting the fetch closes the connection, and the server stops
 // the decode), and shows the engine's build and decode rate. Model and server text only ever
 // reaches the page through textContent: nothing it says is parsed as markup.
+//
+// When /v1/models says the model reads images or audio, the composer attaches PNG, JPEG and WebP
+// images, WAV files and microphone recordings (turned into 16 kHz mono 16-bit WAV here: the server
+// reads WAV only). They go as OpenAI content parts, images, then audio, then the text, and stay in
+// the conversation that every request carries; the log shows them as <img> and <audio> of their
+// data: URLs (the page's Content-Security-Policy allows data: for img-src and media-src).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 const conversation = [];  // {role, content} turns sent with every request
 let controller = null;    // aborts the reply being streamed
+
+// Per item: as base64 in the request it counts 4/3 of this against the server's --max-body-bytes
+// (8 MiB by default), with room left for the conversation.
+const MAX_FILE_BYTES = 4 << 20;
+const MAX_AUDIO_SECONDS = 30;  // the longest clip the server reads
+const WAV_RATE = 16000;        // what Gemma 4's audio encoder reads (the server resamples others)
+const IMAGE_TYPES = ["image/png", "image/jpeg", "image/webp"];
+// What the next message carries: {kind: "image" | "audio", name, label, mime, data (base64)}.
+const attachments = [];
+let recording = null;  // {recorder, started, timer, ticker} while the microphone records
 
 function requestHeaders() {
   const headers = { "Content-Type": "application/json" };
@@ -20,10 +36,36 @@ function scrollToEnd() {
   log.scrollTop = log.scrollHeight;
 }
 
-// One message in the log; `show(delta)` adds a streamed delta to it.
-function addMessage(role, text = "") {
+const dataUrl = (item) => `data:${item.mime};base64,${item.data}`;
+
+// An <img> or <audio controls> of an attachment's data: URL.
+function mediaElement(item) {
+  if (item.kind === "image") {
+    const img = document.createElement("img");
+    img.src = dataUrl(item);
+    img.alt = item.name;
+    img.title = item.label;
+    return img;
+  }
+  const audio = document.createElement("audio");
+  audio.controls = true;
+  audio.preload = "metadata";
+  audio.src = dataUrl(item);
+  audio.title = item.label;
+  return audio;
+}
+
+// One message in the log, its images and audio above its text; `show(delta)` adds a streamed
+// delta to it.
+function addMessage(role, text = "", media = []) {
   const el = document.createElement("div");
   el.className = `message ${role}`;
+  if (media.length) {
+    const row = document.createElement("div");
+    row.className = "media";
+    row.append(...media.map(mediaElement));
+    el.append(row);
+  }
   const thinking = document.createElement("details");
   thinking.className = "thinking";
   thinking.hidden = true;
@@ -85,9 +127,23 @@ function setBusy(busy) {
   $("clear").disabled = busy;
 }
 
-async function send(text) {
-  conversation.push({ role: "user", content: text });
-  addMessage("user", text);
+// A user turn's content: the text alone, or OpenAI content parts, the media (in the order given)
+// and then the text.
+function userContent(text, media) {
+  if (!media.length) return text;
+  const parts = media.map((item) =>
+    item.kind === "image"
+      ? { type: "image_url", image_url: { url: dataUrl(item) } }
+      : { type: "input_audio", input_audio: { data: item.data, format: "wav" } });
+  if (text) parts.push({ type: "text", text });
+  return parts;
+}
+
+async function send(text, media = []) {
+  // Images, then audio, then the text: the order the CLI uses (generate --image … --audio …).
+  media = [...media.filter((m) => m.kind === "image"), ...media.filter((m) => m.kind === "audio")];
+  conversation.push({ role: "user", content: userContent(text, media) });
+  addMessage("user", text, media);
   const view = addMessage("assistant");
   view.el.dataset.state = "streaming";
   const system = $("system").value.trim();
@@ -168,6 +224,245 @@ async function send(text) {
   }
 }
 
+// --- Attachments --------------------------------------------------------------------------------
+
+function attachError(message) {
+  $("attach-error").textContent = message;
+}
+
+const ascii = (bytes, from, to) => String.fromCharCode(...bytes.subarray(from, to));
+
+function base64(bytes) {
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(binary);
+}
+
+const mib = (n) => `${(n / (1 << 20)).toFixed(1)} MiB`;
+const size = (n) => (n < 1 << 20 ? `${Math.ceil(n / 1024)} KiB` : mib(n));
+const clock = (s) => `${Math.floor(s / 60)}:${String(Math.floor(s % 60)).padStart(2, "0")}`;
+
+// The image type the bytes start with: PNG, JPEG or WebP's signature, else null.
+function imageType(bytes) {
+  const png = [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a];
+  if (bytes.length >= 8 && png.every((b, i) => bytes[i] === b)) return "image/png";
+  if (bytes.length >= 3 && bytes[0] === 0xff && bytes[1] === 0xd8 && bytes[2] === 0xff) return "image/jpeg";
+  if (bytes.length >= 12 && ascii(bytes, 0, 4) === "RIFF" && ascii(bytes, 8, 12) === "WEBP") {
+    return "image/webp";
+  }
+  return null;
+}
+
+// A RIFF/WAVE file's length in seconds (its data chunk over the fmt chunk's byte rate), else null.
+function wavSeconds(bytes) {
+  if (bytes.length < 12 || ascii(bytes, 0, 4) !== "RIFF" || ascii(bytes, 8, 12) !== "WAVE") return null;
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  let byteRate = 0;
+  for (let at = 12; at + 8 <= bytes.length;) {
+    const id = ascii(bytes, at, at + 4);
+    const length = view.getUint32(at + 4, true);
+    if (id === "fmt " && length >= 16 && at + 24 <= bytes.length) byteRate = view.getUint32(at + 16, true);
+    if (id === "data") return byteRate ? Math.min(length, bytes.length - at - 8) / byteRate : null;
+    at += 8 + length + (length & 1);
+  }
+  return null;
+}
+
+// 16-bit PCM mono WAV of samples in [-1, 1].
+function encodeWav(samples, rate) {
+  const view = new DataView(new ArrayBuffer(44 + samples.length * 2));
+  const tag = (at, text) => [...text].forEach((c, i) => view.setUint8(at + i, c.charCodeAt(0)));
+  tag(0, "RIFF");
+  view.setUint32(4, 36 + samples.length * 2, true);
+  tag(8, "WAVE");
+  tag(12, "fmt ");
+  view.setUint32(16, 16, true);        // the fmt chunk's size
+  view.setUint16(20, 1, true);         // PCM
+  view.setUint16(22, 1, true);         // one channel
+  view.setUint32(24, rate, true);
+  view.setUint32(28, rate * 2, true);  // bytes per second
+  view.setUint16(32, 2, true);         // bytes per frame
+  view.setUint16(34, 16, true);        // bits per sample
+  tag(36, "data");
+  view.setUint32(40, samples.length * 2, true);
+  samples.forEach((x, i) => {
+    const s = Math.max(-1, Math.min(1, x));
+    view.setInt16(44 + i * 2, s < 0 ? s * 0x8000 : s * 0x7fff, true);
+  });
+  return new Uint8Array(view.buffer);
+}
+
+// A recording (whatever MediaRecorder wrote: WebM/Opus in Chromium) as 16 kHz mono WAV: decoding
+// in a 16 kHz context resamples it, and the channels are averaged. At most 30 s of it: the
+// recorder stops itself then, a few milliseconds late.
+async function recordingToWav(blob) {
+  const context = new OfflineAudioContext(1, 1, WAV_RATE);
+  const decoded = await context.decodeAudioData(await blob.arrayBuffer());
+  const mono = new Float32Array(Math.min(decoded.length, MAX_AUDIO_SECONDS * WAV_RATE));
+  for (let c = 0; c < decoded.numberOfChannels; c++) {
+    const channel = decoded.getChannelData(c);
+    for (let i = 0; i < mono.length; i++) mono[i] += channel[i] / decoded.numberOfChannels;
+  }
+  return encodeWav(mono, WAV_RATE);
+}
+
+function renderAttachments() {
+  const box = $("attachments");
+  box.replaceChildren(
+    ...attachments.map((item) => {
+      const chip = document.createElement("div");
+      chip.className = `chip ${item.kind}`;
+      const label = document.createElement("span");
+      label.textContent = item.label;
+      const remove = document.createElement("button");
+      remove.type = "button";
+      remove.className = "remove";
+      remove.textContent = "×";
+      remove.title = `Remove ${item.name}`;
+      remove.setAttribute("aria-label", remove.title);
+      remove.addEventListener("click", () => {
+        attachments.splice(attachments.indexOf(item), 1);
+        renderAttachments();
+      });
+      chip.append(mediaElement(item), label, remove);
+      return chip;
+    }),
+  );
+  box.hidden = attachments.length === 0;
+}
+
+function attach(kind, name, label, mime, bytes) {
+  attachments.push({ kind, name, label: `${name} (${label})`, mime, data: base64(bytes) });
+}
+
+// Checks a picked file in the page (its type from its bytes, its size, a clip's length) and adds
+// it, or says why not.
+async function attachFile(file, kind) {
+  if (file.size > MAX_FILE_BYTES) {
+    throw new Error(
+      `"${file.name}" is ${mib(file.size)}, more than the ${mib(MAX_FILE_BYTES)} the page sends`);
+  }
+  const bytes = new Uint8Array(await file.arrayBuffer());
+  if (kind === "image") {
+    const mime = imageType(bytes);
+    if (!mime) {
+      throw new Error(`"${file.name}" is not a PNG, JPEG or WebP image` +
+        (file.type && !IMAGE_TYPES.includes(file.type) ? ` (it is ${file.type})` : ""));
+    }
+    attach(kind, file.name, size(bytes.length), mime, bytes);
+  } else {
+    const seconds = wavSeconds(bytes);
+    if (seconds === null) {
+      throw new Error(`"${file.name}" is not a WAV file; the server reads WAV audio only`);
+    }
+    if (seconds > MAX_AUDIO_SECONDS) {
+      throw new Error(`"${file.name}" is ${seconds.toFixed(1)} s long, ` +
+        `more than the ${MAX_AUDIO_SECONDS} s the server reads`);
+    }
+    attach(kind, file.name, clock(seconds), "audio/wav", bytes);
+  }
+}
+
+async function attachFiles(input, kind) {
+  attachError("");
+  const problems = [];
+  for (const file of input.files) {
+    try {
+      await attachFile(file, kind);
+    } catch (error) {
+      problems.push(error.message);
+    }
+  }
+  input.value = "";  // picking the same file again fires change again
+  attachError(problems.join("; "));
+  renderAttachments();
+}
+
+function canRecord() {
+  return Boolean(navigator.mediaDevices?.getUserMedia) && typeof MediaRecorder !== "undefined";
+}
+
+async function startRecording() {
+  attachError("");
+  let stream;
+  $("record").disabled = true;  // while the browser asks for the microphone
+  try {
+    stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+  } catch (error) {
+    attachError(`the microphone: ${error.message || error.name}`);
+    return;
+  } finally {
+    $("record").disabled = false;
+  }
+  const recorder = new MediaRecorder(stream);
+  const chunks = [];
+  recorder.addEventListener("dataavailable", (event) => {
+    if (event.data.size) chunks.push(event.data);
+  });
+  recorder.addEventListener("stop", async () => {
+    clearTimeout(recording.timer);
+    clearInterval(recording.ticker);
+    stream.getTracks().forEach((track) => track.stop());
+    recording = null;
+    $("record").textContent = "Record";
+    $("record").classList.remove("recording");
+    try {
+      const wav = await recordingToWav(new Blob(chunks, { type: recorder.mimeType }));
+      const seconds = (wav.length - 44) / 2 / WAV_RATE;
+      const n = attachments.filter((a) => a.name.startsWith("recording")).length + 1;
+      attach("audio", `recording ${n}`, clock(seconds), "audio/wav", wav);
+      renderAttachments();
+    } catch (error) {
+      attachError(`the recording could not be read: ${error.message}`);
+    }
+  });
+  recorder.start();
+  recording = {
+    recorder,
+    started: performance.now(),
+    // The server reads clips up to 30 s.
+    timer: setTimeout(() => recorder.stop(), MAX_AUDIO_SECONDS * 1000),
+    ticker: setInterval(() => {
+      const seconds = (performance.now() - recording.started) / 1000;
+      $("record").textContent = `Stop recording (${clock(seconds)})`;
+    }, 250),
+  };
+  $("record").textContent = "Stop recording (0:00)";
+  $("record").classList.add("recording");
+}
+
+// Shows the attach controls the model's modalities call for; attachments it cannot read leave.
+function applyModalities(list) {
+  const image = list.includes("image");
+  const audio = list.includes("audio");
+  document.body.dataset.modalities = list.join(" ");
+  $("attach-image").hidden = !image;
+  $("attach-audio").hidden = !audio;
+  $("record").hidden = !audio;
+  $("media-tools").hidden = !image && !audio;
+  if (audio && !canRecord()) {
+    $("record").disabled = true;
+    $("record").title = "Recording needs a secure page: https, or http on localhost or 127.0.0.1";
+  }
+  for (let i = attachments.length - 1; i >= 0; i--) {
+    if (!list.includes(attachments[i].kind)) attachments.splice(i, 1);
+  }
+  renderAttachments();
+}
+
+async function loadModalities() {
+  try {
+    const response = await fetch("/v1/models", { headers: requestHeaders() });
+    if (!response.ok) return;
+    const list = (await response.json()).data?.[0]?.modalities;
+    applyModalities(Array.isArray(list) ? list : ["text"]);
+  } catch {
+    // Text only until the next load.
+  }
+}
+
 function prometheus(text) {
   const values = {};
   for (const line of text.split("\n")) {
@@ -219,6 +514,7 @@ async function loadEngine() {
     $("info-layout").textContent =
       `${l.full_rings} full + ${l.sliding_rings} sliding rings, ` +
       `${l.shared_layers} shared layers, context ${l.context}`;
+    loadModalities();
   } catch (error) {
     $("status").textContent = `/v1/engine: ${error.message}`;
   }
@@ -228,9 +524,16 @@ document.addEventListener("DOMContentLoaded", () => {
   $("composer").addEventListener("submit", (event) => {
     event.preventDefault();
     const text = $("input").value.trim();
-    if (!text || controller) return;
+    if ((!text && !attachments.length) || controller) return;
+    if (recording) {
+      attachError("Stop the recording first: it is attached when it ends");
+      return;
+    }
     $("input").value = "";
-    send(text);
+    attachError("");
+    const media = attachments.splice(0);
+    renderAttachments();
+    send(text, media);
   });
   $("input").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) {
@@ -242,6 +545,14 @@ document.addEventListener("DOMContentLoaded", () => {
   $("clear").addEventListener("click", () => {
     conversation.length = 0;
     $("log").replaceChildren();
+  });
+  $("attach-image").addEventListener("click", () => $("image-file").click());
+  $("attach-audio").addEventListener("click", () => $("audio-file").click());
+  $("image-file").addEventListener("change", () => attachFiles($("image-file"), "image"));
+  $("audio-file").addEventListener("change", () => attachFiles($("audio-file"), "audio"));
+  $("record").addEventListener("click", () => {
+    if (recording) recording.recorder.stop();
+    else startRecording();
   });
   $("temperature").addEventListener("input", () => {
     $("temperature-value").textContent = $("temperature").value;

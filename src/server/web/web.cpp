@@ -25,10 +25,12 @@ void send_asset(const WebAsset& asset, httplib::Response& res) {
   res.set_content(std::string(asset.content), content_type(asset.name));
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Content-Type-Options", "nosniff");
-  // The page talks only to its own origin and runs only its own script.
+  // The page talks only to its own origin and runs only its own script. Attached images and audio
+  // are shown as <img> and <audio> of their data: URLs, so img-src and media-src allow data:.
   res.set_header("Content-Security-Policy",
                  "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                 "object-src 'none'; base-uri 'none'; frame-ancestors 'none'");
+                 "media-src 'self' data:; object-src 'none'; base-uri 'none'; "
+                 "frame-ancestors 'none'");
 }
 
 }  // namespace
