@@ -14,6 +14,7 @@ import urllib.request
 
 import pytest
 
+REPO_DIR = pathlib.Path(__file__).resolve().parents[2]
 VOLATILE = {"id", "created", "timings"}
 
 CHAT = {
