@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cctype>
@@ -189,6 +190,16 @@ void Engine::check_prompt(const std::vector<int64_t>& ids, const std::vector<Med
       soft_tokens += m.soft_tokens;
     }
     if (items > 0) check_tower(kind);
+    // An image the tower cannot take (more patches along a side than its position tables hold)
+    // is the caller's error, found here rather than when the batch admits it.
+    for (size_t i = 0; image && i < media.size(); ++i) {
+      if (media[i].kind != kind) continue;
+      try {
+        vision_->check(media[i].pixels, media[i].positions);
+      } catch (const c10::ValueError& e) {
+        throw ValueError("media item " + std::to_string(i) + ": " + e.what_without_backtrace());
+      }
+    }
     const bool in_config = image ? c.vision.has_value() : c.audio.has_value();
     if (!in_config) continue;  // the token id may be an ordinary one of a text-only vocabulary
     const int64_t token = image ? c.image_token_id : c.audio_token_id;

@@ -155,9 +155,8 @@ at::Tensor VisionTower::attention(const Layer& w, const at::Tensor& x, const at:
   return w.o_proj(out.transpose(1, 2).reshape({B, T, -1}));
 }
 
-at::Tensor VisionTower::embed(const at::Tensor& pixels, const at::Tensor& positions) const {
+VisionTower::Grid VisionTower::grid(const at::Tensor& pixels, const at::Tensor& positions) const {
   const auto& c = config_;
-  const auto& o = options_;
   const int64_t patch_width = 3 * c.patch_size * c.patch_size;
   const int64_t k = c.pooling_kernel_size;
   TORCH_CHECK_VALUE(pixels.dim() == 2 && pixels.size(1) == patch_width &&
@@ -196,7 +195,18 @@ at::Tensor VisionTower::embed(const at::Tensor& pixels, const at::Tensor& positi
   TORCH_CHECK_VALUE(at::bincount(bin, {}, soft_tokens).eq(k * k).all().item<bool>(),
                     "image patch positions must each appear once (", P, " patches, grid ", grid_w,
                     " x ", grid_h, ")");
+  return {real, host_positions, bin, soft_tokens};
+}
 
+void VisionTower::check(const at::Tensor& pixels, const at::Tensor& positions) const {
+  grid(pixels, positions);
+}
+
+at::Tensor VisionTower::embed(const at::Tensor& pixels, const at::Tensor& positions) const {
+  const auto& c = config_;
+  const auto& o = options_;
+  const int64_t k = c.pooling_kernel_size;
+  const auto [real, host_positions, bin, soft_tokens] = grid(pixels, positions);
   const auto real_device = real.to(pixels.device());
   auto px = pixels.index({real_device}).to(o.device, at::kFloat);
   const auto pos = host_positions.to(o.device);

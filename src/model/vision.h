@@ -32,11 +32,24 @@ class VisionTower {
   // pooling_kernel_size. Returns [soft_tokens, text hidden_size] in the compute dtype on the
   // model's device, soft_tokens = real patches / pooling_kernel_size^2.
   at::Tensor embed(const at::Tensor& pixels, const at::Tensor& positions) const;
+  // The checks embed makes of its inputs, without running the tower, so that a caller can refuse
+  // an image before queueing it: c10::ValueError naming what is wrong (shape, dtype, positions
+  // beyond the position tables, patches that do not tile the pooling grid).
+  void check(const at::Tensor& pixels, const at::Tensor& positions) const;
 
   const VisionConfig& config() const { return config_; }
   int64_t text_hidden_size() const { return text_hidden_size_; }
 
  private:
+  // The real patches of an image (padding rows dropped) and the pooling bin of each.
+  struct Grid {
+    at::Tensor real;            // [P_in] bool, on the host
+    at::Tensor positions;       // [P, 2] int64 (x, y), on the host
+    at::Tensor bin;             // [P] int64, the soft token each patch pools into
+    int64_t soft_tokens = 0;
+  };
+  Grid grid(const at::Tensor& pixels, const at::Tensor& positions) const;
+
   struct Layer {
     at::Tensor input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,
         post_feedforward_layernorm;  // f32, via the compute dtype

@@ -271,6 +271,23 @@ describe("media on a checkpoint with vision and audio encoders", () => {
       `${again.usage.prompt_tokens_details.cached_tokens} cached`);
   });
 
+  test("an image with more patches than the tower's position tables is a 400, and the server goes on", async () => {
+    // detail "high" asks for 1,120 soft tokens: 66 x 66 patches on this square image, beyond the
+    // tiny tower's position_embedding_size of 64.
+    const err = await chatErrorFrom(mmClient, "tiny-multimodal", {
+      type: "image_url",
+      image_url: { url: PNG_URL, detail: "high" },
+    });
+    assert.equal(err.status, 400);
+    assert.match(err.message, /^400 media item 0: image patch positions must lie in \[0, position_embedding_size = 64\)/);
+    const ok = await mmClient.chat.completions.create({
+      model: "tiny-multimodal",
+      max_tokens: 2,
+      messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: PNG_URL, detail: "low" } }] }],
+    });
+    assert.equal(ok.usage.completion_tokens, 2);
+  });
+
   test("Anthropic's count_tokens counts an image as the soft tokens the model reads", async () => {
     const post = async (route, content) => {
       const res = await fetch(`${mm.url}/v1/messages${route}`, {
