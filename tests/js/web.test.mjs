@@ -8,6 +8,7 @@
 // file go to the server as OpenAI content parts, show in the conversation and are answered, and
 // wrong files are refused in the page.
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -474,6 +475,28 @@ describe("images and audio on a checkpoint with vision and audio encoders", () =
     await replyEnds();
   });
 
+  test("an MP3 file is sent as format mp3 and answered", async () => {
+    await fresh();
+    // One second of a tone, encoded by libsndfile (soundfile, in the project's Python).
+    const mp3 = execFileSync(process.env.TORCHTPU_PYTHON ?? "python3", ["-c", [
+      "import io, sys, numpy as np, soundfile as sf",
+      "t = np.arange(16000) / 16000",
+      "out = io.BytesIO()",
+      "sf.write(out, 0.2 * np.sin(2 * np.pi * 440 * t), 16000, format='MP3')",
+      "sys.stdout.buffer.write(out.getvalue())",
+    ].join("\n")]);
+    await mmPage.setInputFiles("#audio-file", { name: "tone.mp3", mimeType: "audio/mpeg", buffer: mp3 });
+    const clip = mmPage.locator("#attachments .chip.audio");
+    await clip.waitFor();
+    assert.match(await clip.textContent(), /tone\.mp3 \(0:01\)/);
+    const sent = await sendMedia("", 4);
+    assert.deepEqual(sent.messages, [
+      { role: "user", content: [{ type: "input_audio", input_audio: { data: mp3.toString("base64"), format: "mp3" } }] },
+    ]);
+    assert.equal(await userTurn().locator(".media audio").count(), 1);
+    await replyEnds();
+  });
+
   test("wrong files are refused in the page with a message, and a chip can be removed", async () => {
     await fresh();
     const refused = async (selector, file, message) => {
@@ -492,7 +515,9 @@ describe("images and audio on a checkpoint with vision and audio encoders", () =
     await refused("#image-file", { name: "big.png", mimeType: "image/png", buffer: big },
       /^"big\.png" is 5\.0 MiB, more than the 4\.0 MiB the page sends$/);
     await refused("#audio-file", { name: "song.mp3", mimeType: "audio/mpeg", buffer: Buffer.from("ID3\x03\x00\x00\x00") },
-      /^"song\.mp3" is not a WAV file; the server reads WAV audio only$/);
+      /^"song\.mp3" is not a readable MP3 file$/);
+    await refused("#audio-file", { name: "song.ogg", mimeType: "audio/ogg", buffer: Buffer.from("OggS\x00\x02\x00\x00") },
+      /^"song\.ogg" is not a WAV or MP3 file; the server reads those$/);
     await refused("#audio-file", { name: "long.wav", mimeType: "audio/wav", buffer: Buffer.from(wav(16000 * 31), "base64") },
       /^"long\.wav" is 31\.0 s long, more than the 30 s the server reads$/);
 

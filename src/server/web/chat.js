@@ -4,8 +4,8 @@
 // reaches the page through textContent: nothing it says is parsed as markup.
 //
 // When /v1/models says the model reads images or audio, the composer attaches PNG, JPEG and WebP
-// images, WAV files and microphone recordings (turned into 16 kHz mono 16-bit WAV here: the server
-// reads WAV only). They go as OpenAI content parts, images, then audio, then the text, and stay in
+// images, WAV and MP3 files and microphone recordings (turned into 16 kHz mono 16-bit WAV here:
+// the server reads WAV and MP3). They go as OpenAI content parts, images, then audio, then the text, and stay in
 // the conversation that every request carries; the log shows them as <img> and <audio> of their
 // data: URLs (the page's Content-Security-Policy allows data: for img-src and media-src).
 "use strict";
@@ -134,7 +134,8 @@ function userContent(text, media) {
   const parts = media.map((item) =>
     item.kind === "image"
       ? { type: "image_url", image_url: { url: dataUrl(item) } }
-      : { type: "input_audio", input_audio: { data: item.data, format: "wav" } });
+      : { type: "input_audio",
+          input_audio: { data: item.data, format: item.mime === "audio/mpeg" ? "mp3" : "wav" } });
   if (text) parts.push({ type: "text", text });
   return parts;
 }
@@ -294,6 +295,22 @@ function encodeWav(samples, rate) {
   return new Uint8Array(view.buffer);
 }
 
+// MP3 as the server tells it: an ID3 tag or an MPEG frame sync first.
+function isMp3(bytes) {
+  return (bytes.length >= 3 && ascii(bytes, 0, 3) === "ID3") ||
+    (bytes.length >= 2 && bytes[0] === 0xFF && (bytes[1] & 0xE0) === 0xE0);
+}
+
+// A clip's length as the browser decodes it, else null.
+async function decodedSeconds(bytes) {
+  try {
+    return (await new OfflineAudioContext(1, 1, WAV_RATE).decodeAudioData(bytes.slice().buffer))
+      .duration;
+  } catch {
+    return null;
+  }
+}
+
 // A recording (whatever MediaRecorder wrote: WebM/Opus in Chromium) as 16 kHz mono WAV: decoding
 // in a 16 kHz context resamples it, and the channels are averaged. At most 30 s of it: the
 // recorder stops itself then, a few milliseconds late.
@@ -353,15 +370,17 @@ async function attachFile(file, kind) {
     }
     attach(kind, file.name, size(bytes.length), mime, bytes);
   } else {
-    const seconds = wavSeconds(bytes);
+    const mp3 = isMp3(bytes);
+    const seconds = mp3 ? await decodedSeconds(bytes) : wavSeconds(bytes);
     if (seconds === null) {
-      throw new Error(`"${file.name}" is not a WAV file; the server reads WAV audio only`);
+      throw new Error(mp3 ? `"${file.name}" is not a readable MP3 file`
+        : `"${file.name}" is not a WAV or MP3 file; the server reads those`);
     }
     if (seconds > MAX_AUDIO_SECONDS) {
       throw new Error(`"${file.name}" is ${seconds.toFixed(1)} s long, ` +
         `more than the ${MAX_AUDIO_SECONDS} s the server reads`);
     }
-    attach(kind, file.name, clock(seconds), "audio/wav", bytes);
+    attach(kind, file.name, clock(seconds), mp3 ? "audio/mpeg" : "audio/wav", bytes);
   }
 }
 
