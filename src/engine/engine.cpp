@@ -121,8 +121,8 @@ int64_t physical_cores() {
 int64_t default_threads() {
   if (const char* env = std::getenv("OMP_NUM_THREADS")) {
     const std::string first(env, std::strcspn(env, ","));
-    if (!first.empty() && first.size() <= 6 &&
-        std::all_of(first.begin(), first.end(), ::isdigit) && std::stoll(first) > 0) {
+    if (!first.empty() && first.size() <= 6 && std::all_of(first.begin(), first.end(), ::isdigit) &&
+        std::stoll(first) > 0) {
       return std::stoll(first);
     }
   }

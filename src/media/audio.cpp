@@ -380,9 +380,11 @@ Waveform decode_audio(std::string_view bytes, double max_seconds) {
     std::snprintf(hex, sizeof(hex), "%02x", byte(i));
     start += (i ? " " : "") + std::string(hex);
   }
-  throw ValueError("audio is neither WAV (a RIFF/WAVE header) nor MP3 (an ID3 tag or an MPEG "
-                   "frame sync): its " + std::to_string(bytes.size()) + " bytes start " +
-                   (start.empty() ? "with nothing" : "with " + start));
+  throw ValueError(
+      "audio is neither WAV (a RIFF/WAVE header) nor MP3 (an ID3 tag or an MPEG "
+      "frame sync): its " +
+      std::to_string(bytes.size()) + " bytes start " +
+      (start.empty() ? "with nothing" : "with " + start));
 }
 
 AudioFeatures audio_features_from_file(std::string_view bytes, const AudioFeatureOptions& o) {

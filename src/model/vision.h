@@ -43,9 +43,9 @@ class VisionTower {
  private:
   // The real patches of an image (padding rows dropped) and the pooling bin of each.
   struct Grid {
-    at::Tensor real;            // [P_in] bool, on the host
-    at::Tensor positions;       // [P, 2] int64 (x, y), on the host
-    at::Tensor bin;             // [P] int64, the soft token each patch pools into
+    at::Tensor real;       // [P_in] bool, on the host
+    at::Tensor positions;  // [P, 2] int64 (x, y), on the host
+    at::Tensor bin;        // [P] int64, the soft token each patch pools into
     int64_t soft_tokens = 0;
   };
   Grid grid(const at::Tensor& pixels, const at::Tensor& positions) const;

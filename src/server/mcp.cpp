@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "build_info.h"
+#include "common/base64.h"
 #include "common/errors.h"
 #include "server/openai.h"
 
@@ -148,38 +149,19 @@ class ServerClient {
 
 // Media files for ask and stream ---------------------------------------------------------------
 
-std::string encode_base64(const std::string& bytes) {
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 3 <= bytes.size(); i += 3) {
-    const uint32_t group = static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])) << 16 |
-                           static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8 |
-                           static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 2]));
-    for (int shift : {18, 12, 6, 0}) out.push_back(kAlphabet[group >> shift & 63]);
-  }
-  if (i < bytes.size()) {
-    const bool two = i + 2 == bytes.size();
-    const uint32_t group =
-        static_cast<uint32_t>(static_cast<unsigned char>(bytes[i])) << 16 |
-        (two ? static_cast<uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8 : 0);
-    out.push_back(kAlphabet[group >> 18 & 63]);
-    out.push_back(kAlphabet[group >> 12 & 63]);
-    out.push_back(two ? kAlphabet[group >> 6 & 63] : '=');
-    out.push_back('=');
-  }
-  return out;
-}
-
-// The media type the file's first bytes show: PNG, JPEG or WebP for images (what the server
-// decodes), WAV (RIFF/WAVE) for audio; empty for anything else. The server decodes it again.
+// The media type the file's first bytes show: PNG, JPEG or WebP for images, WAV (RIFF/WAVE) or
+// MP3 (an ID3 tag or an MPEG frame sync) for audio, what the server decodes; empty for anything
+// else. The server decodes it again.
 std::string sniff(MediaKind kind, const std::string& b) {
   const auto at = [&](size_t offset, std::string_view magic) {
     return b.size() >= offset + magic.size() && b.compare(offset, magic.size(), magic) == 0;
   };
-  if (kind == MediaKind::kAudio) return at(0, "RIFF") && at(8, "WAVE") ? "audio/wav" : "";
+  if (kind == MediaKind::kAudio) {
+    if (at(0, "RIFF") && at(8, "WAVE")) return "audio/wav";
+    const bool sync = b.size() >= 2 && static_cast<unsigned char>(b[0]) == 0xFF &&
+                      (static_cast<unsigned char>(b[1]) & 0xE0) == 0xE0;
+    return at(0, "ID3") || sync ? "audio/mpeg" : "";
+  }
   if (at(0, "\x89PNG\r\n\x1a\n")) return "image/png";
   if (at(0, "\xff\xd8\xff")) return "image/jpeg";
   if (at(0, "RIFF") && at(8, "WEBP")) return "image/webp";
@@ -302,8 +284,8 @@ MediaFile read_media_file(const McpFiles& files, MediaKind kind, const std::stri
   }
   file.mime = sniff(kind, file.bytes);
   if (file.mime.empty()) {
-    throw ToolError(file.label + (image ? " is not a PNG, JPEG or WebP image"
-                                        : " is not a WAV file (RIFF/WAVE)"));
+    throw ToolError(file.label +
+                    (image ? " is not a PNG, JPEG or WebP image" : " is not a WAV or MP3 file"));
   }
   return file;
 }
@@ -354,7 +336,8 @@ ojson tool_list(const McpFiles& files) {
          {{"type", "array"},
           {"items", {{"type", "string"}}},
           {"description",
-           std::string("WAV files the model hears after the images, before the prompt, in ") +
+           std::string(
+               "WAV or MP3 files the model hears after the images, before the prompt, in ") +
                "order. " + where}}}}},
       {"required", {"prompt"}},
       {"additionalProperties", false}};
@@ -371,7 +354,7 @@ ojson tool_list(const McpFiles& files) {
       {tool("ask", "Ask the model",
             "Sends one chat message to the model and returns its answer, with a footer: model, "
             "finish reason, prompt and completion tokens, prompt read time, decode rate, round "
-            "trip. Image and WAV files named in images and audio go into the message before the "
+            "trip. Image and audio files named in images and audio go into the message before the "
             "prompt (images, then audio, then the text).",
             generation_args, false),
        tool("stream", "Ask the model, streamed",
@@ -512,7 +495,9 @@ ojson chat_body(const GenerationArgs& g, const std::vector<MediaFile>& media, bo
              {"image_url", {{"url", "data:" + m.mime + ";base64," + encode_base64(m.bytes)}}}});
       } else {
         content.push_back({{"type", "input_audio"},
-                           {"input_audio", {{"data", encode_base64(m.bytes)}, {"format", "wav"}}}});
+                           {"input_audio",
+                            {{"data", encode_base64(m.bytes)},
+                             {"format", m.mime == "audio/mpeg" ? "mp3" : "wav"}}}});
       }
     }
     content.push_back({{"type", "text"}, {"text", g.prompt}});

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "common/base64.h"
 #include "common/errors.h"
 #include "hub/http.h"
 #include "media/audio.h"
@@ -17,8 +18,8 @@ constexpr const char* kImageTypes[] = {"image/png", "image/jpeg", "image/webp"};
 // The names WAV goes by (RFC 2361's audio/vnd.wave, and the ones browsers and clients send), then
 // MP3's (RFC 3003's audio/mpeg and the common audio/mp3). The decoder goes by the bytes, not the
 // name: a WAV file sent as audio/mpeg reads as WAV.
-constexpr const char* kAudioTypes[] = {"audio/wav",  "audio/x-wav", "audio/wave",
-                                       "audio/vnd.wave", "audio/mpeg", "audio/mp3"};
+constexpr const char* kAudioTypes[] = {"audio/wav",      "audio/x-wav", "audio/wave",
+                                       "audio/vnd.wave", "audio/mpeg",  "audio/mp3"};
 
 template <size_t N>
 bool one_of(const std::string& s, const char* const (&list)[N]) {
@@ -145,16 +146,16 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
     // anything fetched or decoded.
     if (image ? !modalities.image : !modalities.audio) {
       const bool disabled = image ? modalities.image_disabled : modalities.audio_disabled;
-      const std::string why =
-          disabled ? std::string("this server was started with ") +
-                         (image ? "--no-vision" : "--no-audio")
-                   : std::string("this checkpoint has no ") + (image ? "vision" : "audio") +
-                         " encoder (its config.json has no " +
-                         (image ? "vision_config" : "audio_config") + ")";
-      throw ApiError(400,
-                     std::string("'") + s.param + "' is " + (image ? "an image" : "audio") +
-                         ", and " + why,
-                     "invalid_request_error", s.param, "unsupported_modality");
+      const std::string why = disabled ? std::string("this server was started with ") +
+                                             (image ? "--no-vision" : "--no-audio")
+                                       : std::string("this checkpoint has no ") +
+                                             (image ? "vision" : "audio") +
+                                             " encoder (its config.json has no " +
+                                             (image ? "vision_config" : "audio_config") + ")";
+      throw ApiError(
+          400,
+          std::string("'") + s.param + "' is " + (image ? "an image" : "audio") + ", and " + why,
+          "invalid_request_error", s.param, "unsupported_modality");
     }
     if (!s.url.empty()) part.bytes = fetch(s.url, s.param, limits, part.mime);
     if (static_cast<int64_t>(part.bytes.size()) > max_bytes) {

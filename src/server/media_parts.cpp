@@ -15,36 +15,6 @@ ojson modalities_json(const Modalities& modalities) {
   return out;
 }
 
-std::optional<std::string> decode_base64(const std::string& text) {
-  static const std::array<int8_t, 256> kValue = [] {
-    std::array<int8_t, 256> v{};
-    v.fill(-1);
-    const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (int i = 0; i < 64; ++i)
-      v[static_cast<unsigned char>(alphabet[i])] = static_cast<int8_t>(i);
-    return v;
-  }();
-  if (text.size() % 4 != 0) return std::nullopt;
-  size_t padding = 0;
-  if (!text.empty() && text.back() == '=') padding = text[text.size() - 2] == '=' ? 2 : 1;
-  std::string out;
-  out.reserve(text.size() / 4 * 3);
-  for (size_t i = 0; i < text.size(); i += 4) {
-    const bool last = i + 4 == text.size();
-    uint32_t group = 0;
-    for (size_t j = 0; j < 4; ++j) {
-      const bool pad = last && j >= 4 - padding;
-      const int8_t v = pad ? 0 : kValue[static_cast<unsigned char>(text[i + j])];
-      if (v < 0) return std::nullopt;
-      group = group << 6 | static_cast<uint32_t>(v);
-    }
-    out.push_back(static_cast<char>(group >> 16));
-    if (!last || padding < 2) out.push_back(static_cast<char>(group >> 8 & 0xff));
-    if (!last || padding < 1) out.push_back(static_cast<char>(group & 0xff));
-  }
-  return out;
-}
-
 void check_media_limits(const MediaLimits& limits) {
   if (limits.max_items < 0 || limits.max_items > kMaxMediaItems) {
     throw ValueError("--max-media must be between 0 and " + std::to_string(kMaxMediaItems) +

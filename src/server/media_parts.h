@@ -72,7 +72,4 @@ MediaSource audio_from_input_audio(const ojson& part, const std::string& param);
 // --image-tokens). ApiError 400 naming `param` for other values.
 int64_t image_tokens_for_detail(const ojson* detail, const std::string& param);
 
-// The bytes of standard base64 (RFC 4648 §4, padding required, no whitespace), or nullopt.
-std::optional<std::string> decode_base64(const std::string& text);
-
 }  // namespace torchtpu::server

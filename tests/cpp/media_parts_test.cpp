@@ -3,14 +3,14 @@
 // the decoders or the limits would, with a 400 naming that field. The data are independent
 // references: RFC 4648's base64 test vectors, a 1x1 PNG and a WAV header written from the format's
 // specification. The SDKs' view is tests/js/media.test.mjs.
-#include "server/media_load.h"
-
 #include <gtest/gtest.h>
 
 #include <functional>
 
+#include "common/base64.h"
 #include "server/anthropic.h"
 #include "server/demo.h"
+#include "server/media_load.h"
 #include "server/openai.h"
 #include "server/responses.h"
 #include "text/chat_template.h"
@@ -83,6 +83,20 @@ TEST(Base64, DecodesRfc4648sTestVectorsAndRefusesAnythingElse) {
   EXPECT_EQ(decode_base64("Zm9v!mFy"), std::nullopt);
   EXPECT_EQ(decode_base64("Zg==Zm9v"), std::nullopt);
   EXPECT_EQ(decode_base64("Zm9 v"), std::nullopt);
+}
+
+TEST(Base64, EncodesRfc4648sTestVectors) {
+  const std::pair<const char*, const char*> vectors[] = {{"", ""},
+                                                         {"f", "Zg=="},
+                                                         {"fo", "Zm8="},
+                                                         {"foo", "Zm9v"},
+                                                         {"foob", "Zm9vYg=="},
+                                                         {"fooba", "Zm9vYmE="},
+                                                         {"foobar", "Zm9vYmFy"}};
+  for (const auto& [bytes, text] : vectors) EXPECT_EQ(encode_base64(bytes), text);
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  EXPECT_EQ(decode_base64(encode_base64(all)), all);
 }
 
 TEST(ChatMedia, ImageAndAudioPartsBecomeTemplatePartsAndSourcesInOrder) {

@@ -250,7 +250,7 @@ describe("MCP media files on the text-only demo checkpoint", () => {
         [{ images: [file("missing.png")] }, `'images[0]' (${file("missing.png")}): no such file`],
         [{ images: [path.join(file("notes.txt"), "x.png")] }, `'images[0]' (${file("notes.txt")}/x.png): no such file`],
         [{ images: [file("notes.txt")] }, `'images[0]' (${file("notes.txt")}) is not a PNG, JPEG or WebP image`],
-        [{ audio: [file("dot.png")] }, `'audio[0]' (${file("dot.png")}) is not a WAV file (RIFF/WAVE)`],
+        [{ audio: [file("dot.png")] }, `'audio[0]' (${file("dot.png")}) is not a WAV or MP3 file`],
         [{ images: [file("sub")] }, `'images[0]' (${file("sub")}) is a directory, not a file`],
         [{ images: [file("dot.png"), "/dev/null"] }, "'images[1]' (/dev/null) is not a regular file"],
         [{ images: Array(9).fill(file("dot.png")) }, "'images' and 'audio' name 9 files together, more than --max-media 8"],
