@@ -5,7 +5,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-# libjpeg-dev (libjpeg-turbo), libpng-dev, libwebp-dev: image decoding (src/media).
+# libjpeg-dev (libjpeg-turbo), libpng-dev, libwebp-dev: image decoding; libmpg123-dev: MP3 (src/media).
 # clang and libclang-rt-dev: libFuzzer, for the harnesses of tests/fuzz (scripts/fuzz.sh).
 apt_packages=(build-essential cmake ninja-build git pkg-config python3-venv
   libjpeg-dev libpng-dev libwebp-dev libmpg123-dev
