@@ -355,6 +355,41 @@ def test_python_greedy_matches_transformers(checkpoint, reference, media_files, 
     )
 
 
+def test_w4a16_checkpoint_reads_media_as_transformers_does(
+    checkpoint, media_files, cli, tmp_path, report
+):
+    """Quantized as the published W4A16 checkpoints are (the text model's linears packed int4,
+    the towers kept dense by the ignore list), a checkpoint reads an image and a clip as
+    transformers does on the weights compressed-tensors decompresses from it."""
+    cli("quantize", checkpoint, tmp_path / "q", "--group", 32)
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    ignore = set(config["quantization_config"]["ignore"])
+    assert {r"re:model\.vision_tower\..*", r"re:model\.audio_tower\..*"} <= ignore, (
+        ignore
+    )
+    hf_tiny.dense_from_quantized(tmp_path / "q", tmp_path / "hf")
+    reference = Reference(str(tmp_path / "hf"))
+    ids = PROMPTS["text+image+audio"]()
+    expanded, kwargs = reference.inputs(
+        ids, [media_files["image"]], [media_files["samples"]]
+    )
+    engine = torchtpu_cpp.Engine(str(tmp_path / "q"), dtype="float32", context=1024)
+    assert "int4" in next(
+        s["format"] for s in engine.report()["storage"] if s["family"] == "linears"
+    )
+    media = engine.media(
+        images=[media_files["image"]],
+        audio=[media_files["clip"]],
+        image_tokens=IMAGE_TOKENS,
+    )
+    got = engine.logits(engine.expand_media(ids, media), media=media).numpy()
+    delta = float(np.abs(got - reference.logits(expanded, kwargs)).max())
+    report(
+        f"W4A16 with media vs transformers on the decompressed weights: |dlogit| {delta:.2e}"
+    )
+    assert delta <= TOL
+
+
 def test_python_takes_tensors_as_bytes_give_them(checkpoint, media_files):
     engine = torchtpu_cpp.Engine(checkpoint, dtype="float32", context=1024)
     rgb = torchtpu_cpp.decode_image(media_files["image"])
