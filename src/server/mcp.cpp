@@ -21,6 +21,7 @@
 #include "build_info.h"
 #include "common/base64.h"
 #include "common/errors.h"
+#include "common/json_type.h"
 #include "server/openai.h"
 
 namespace torchtpu::server {
@@ -49,18 +50,6 @@ std::string fixed(double value, int digits) {
   char buffer[64];
   std::snprintf(buffer, sizeof(buffer), "%.*f", digits, value);
   return buffer;
-}
-
-// "a string", "an array", ... as the request parsers name JSON types (openai.cpp's type_name,
-// which the fuzz harness does not link).
-const char* json_type_name(const ojson& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number_integer()) return "an integer";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  return "an object";
 }
 
 ojson rpc_error(const ojson& id, int code, const std::string& message) {

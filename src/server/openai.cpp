@@ -7,18 +7,8 @@
 
 namespace torchtpu::server {
 
-const char* type_name(const ojson& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_number_integer()) return "an integer";
-  if (v.is_number()) return "a number";
-  if (v.is_string()) return "a string";
-  if (v.is_array()) return "an array";
-  return "an object";
-}
-
 ApiError wrong_type(const std::string& param, const std::string& expected, const ojson& got) {
-  return ApiError(400, "'" + param + "' must be " + expected + ", got " + type_name(got),
+  return ApiError(400, "'" + param + "' must be " + expected + ", got " + json_type_name(got),
                   "invalid_request_error", param, "invalid_type");
 }
 
@@ -355,9 +345,9 @@ ojson parse_body(const std::string& text) {
                    "invalid_request_error", "", "json_too_deep");
   }
   if (!body.is_object()) {
-    throw ApiError(400,
-                   std::string("the request body must be a JSON object, got ") + type_name(body),
-                   "invalid_request_error", "", "invalid_json");
+    throw ApiError(
+        400, std::string("the request body must be a JSON object, got ") + json_type_name(body),
+        "invalid_request_error", "", "invalid_json");
   }
   return body;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/json_depth.h"
+#include "common/json_type.h"
 #include "grammar/grammar.h"
 #include "server/media_parts.h"
 
@@ -48,9 +49,9 @@ inline ojson parse_json(const std::string& text) {
   });
 }
 
-// The helpers every parser of a request body names its errors with: "a string", "an array", ...;
-// 400 "'PARAM' must be EXPECTED, got TYPE" (invalid_type); 400 "'PARAM' is required".
-const char* type_name(const ojson& v);
+// The helpers every parser of a request body names its errors with (the type as
+// common/json_type.h's json_type_name names it): 400 "'PARAM' must be EXPECTED, got TYPE"
+// (invalid_type); 400 "'PARAM' is required".
 ApiError wrong_type(const std::string& param, const std::string& expected, const ojson& got);
 ApiError missing(const std::string& param);
 // 400 "'PARAM' WHY" with code unsupported_value (a value this server does not implement) or
