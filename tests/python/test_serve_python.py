@@ -249,6 +249,12 @@ def _python_host_env():
     return dict(os.environ, PYTHONPATH=str(pathlib.Path(torchtpu_cpp.__file__).parents[1]))
 
 
+def _python_host(model, *flags):
+    """`python -m torchtpu_cpp.serve` on `model`, on a free port, with `flags`."""
+    command = [sys.executable, "-m", "torchtpu_cpp.serve", "--model", model, "--port", "0"]
+    return Server([*command, *flags], _python_host_env())
+
+
 def test_the_python_host_refuses_bad_media_flags_as_serve_does(cli, checkpoint):
     env = _python_host_env()
     common = ["--model", checkpoint, "--port", "0"]
@@ -358,26 +364,17 @@ def test_the_python_host_takes_the_media_flags(multimodal, tmp_path):
     (media / "clip.wav").write_bytes(_wav())
     (tmp_path / "outside.wav").write_bytes(_wav())
     big = _wav(0.5)
-    server = Server(
-        [
-            sys.executable,
-            "-m",
-            "torchtpu_cpp.serve",
-            "--model",
-            multimodal,
-            "--port",
-            "0",
-            "--context",
-            "1024",
-            "--no-vision",
-            "--max-media",
-            "1",
-            "--max-audio-bytes",
-            str(len(big) - 1),
-            "--mcp-media-dir",
-            str(media),
-        ],
-        _python_host_env(),
+    server = _python_host(
+        multimodal,
+        "--context",
+        "1024",
+        "--no-vision",
+        "--max-media",
+        "1",
+        "--max-audio-bytes",
+        str(len(big) - 1),
+        "--mcp-media-dir",
+        str(media),
     )
     try:
         models = json.loads(server.get("/v1/models")[1])
@@ -437,25 +434,16 @@ def test_the_python_host_takes_the_image_flags(multimodal):
 
     images = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Images)
     threading.Thread(target=images.serve_forever, daemon=True).start()
-    server = Server(
-        [
-            sys.executable,
-            "-m",
-            "torchtpu_cpp.serve",
-            "--model",
-            multimodal,
-            "--port",
-            "0",
-            "--context",
-            "2048",
-            "--no-audio",
-            "--image-tokens",
-            "70",
-            "--allow-media-urls",
-            "--media-url-timeout",
-            "30",
-        ],
-        _python_host_env(),
+    server = _python_host(
+        multimodal,
+        "--context",
+        "2048",
+        "--no-audio",
+        "--image-tokens",
+        "70",
+        "--allow-media-urls",
+        "--media-url-timeout",
+        "30",
     )
     try:
         models = json.loads(server.get("/v1/models")[1])
