@@ -387,9 +387,13 @@ Waveform decode_audio(std::string_view bytes, double max_seconds) {
       (start.empty() ? "with nothing" : "with " + start));
 }
 
-AudioFeatures audio_features_from_file(std::string_view bytes, const AudioFeatureOptions& o) {
-  const Waveform wave = decode_audio(bytes, static_cast<double>(o.max_samples) / o.sampling_rate);
+AudioFeatures audio_features_from_waveform(const Waveform& wave, const AudioFeatureOptions& o) {
   return audio_features(resample(wave.samples, wave.sample_rate, o.sampling_rate), o);
+}
+
+AudioFeatures audio_features_from_file(std::string_view bytes, const AudioFeatureOptions& o) {
+  return audio_features_from_waveform(
+      decode_audio(bytes, static_cast<double>(o.max_samples) / o.sampling_rate), o);
 }
 
 int64_t audio_soft_tokens(const at::Tensor& mask) {

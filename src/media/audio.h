@@ -1,5 +1,5 @@
-// Audio input for Gemma 4: WAV and MP3 decoding, resampling to the feature extractor's rate, and the
-// log-mel features of transformers' Gemma4AudioFeatureExtractor with the soft-token count of
+// Audio input for Gemma 4: WAV and MP3 decoding, resampling to the feature extractor's rate, and
+// the log-mel features of transformers' Gemma4AudioFeatureExtractor with the soft-token count of
 // Gemma4Processor.replace_audio_token. Runs on the host (CPU tensors); the audio tower moves
 // the features to its device.
 #pragma once
@@ -79,8 +79,11 @@ struct AudioFeatures {
 // ValueError for a clip too short for one valid frame or longer than max_samples.
 AudioFeatures audio_features(const at::Tensor& samples, const AudioFeatureOptions& options = {});
 
-// decode_audio (WAV or MP3), resampling to options.sampling_rate when the file has another rate,
-// then audio_features.
+// A decoded clip resampled to options.sampling_rate when it has another rate, then audio_features.
+AudioFeatures audio_features_from_waveform(const Waveform& wave,
+                                           const AudioFeatureOptions& options = {});
+
+// decode_audio (WAV or MP3), then audio_features_from_waveform.
 AudioFeatures audio_features_from_file(std::string_view bytes,
                                        const AudioFeatureOptions& options = {});
 

@@ -114,7 +114,7 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
   std::vector<MediaPart> parts;
   for (const MediaSource& s : sources) {
     const bool image = s.kind == MediaKind::kImage;
-    MediaPart part{s.kind, "", {}, s.mime, image ? s.image_tokens : 0, s.param};
+    MediaPart part{s.kind, "", {}, {}, s.mime, image ? s.image_tokens : 0, s.param};
     if (image && part.image_tokens == 0) part.image_tokens = limits.image_tokens;
     const int64_t max_bytes = image ? limits.max_image_bytes : limits.max_audio_bytes;
     const char* flag = image ? "--max-image-bytes" : "--max-audio-bytes";
@@ -169,7 +169,7 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
         image_limits.max_bytes = max_bytes;
         part.rgb = decode_image(part.bytes, image_limits);
       } else {
-        decode_audio(part.bytes);
+        part.wave = decode_audio(part.bytes);
       }
     } catch (const c10::ValueError& e) {
       throw unreadable(s, e.what_without_backtrace());

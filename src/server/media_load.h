@@ -8,15 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "media/audio.h"
 #include "server/media_parts.h"
 
 namespace torchtpu::server {
 
-// A content part read and checked: its bytes decode (decode_image / decode_audio) within the limits.
+// A content part read and checked: its bytes decode (decode_image / decode_audio) within the
+// limits.
 struct MediaPart {
   MediaKind kind = MediaKind::kImage;
   std::string bytes;
   at::Tensor rgb;            // images: the decoded pixels, RGB uint8 [3, H, W]
+  Waveform wave;             // clips: the decoded samples at the file's rate
   std::string mime;          // image/png | image/jpeg | image/webp | one of the WAV or MP3 types
   int64_t image_tokens = 0;  // images: one of kImageSoftTokenBudgets
   std::string param;         // the field it came from, for errors found later

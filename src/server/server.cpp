@@ -1097,7 +1097,7 @@ std::vector<Media> Server::read_media(const std::vector<MediaSource>& sources) c
       media.push_back(
           part.kind == MediaKind::kImage
               ? image_media(preprocess_image(part.rgb, engine_->image_options(part.image_tokens)))
-              : audio_media(audio_features_from_file(part.bytes, engine_->audio_options())));
+              : audio_media(audio_features_from_waveform(part.wave, engine_->audio_options())));
     } catch (const ValueError& e) {
       throw ApiError(400, "'" + part.param + "': " + e.what(), "invalid_request_error", part.param,
                      "invalid_value");
