@@ -207,9 +207,6 @@ TORCHTPU_AVX512 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, 
 #define TORCHTPU_AMX                                                                    \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma,amx-tile,amx-int8")))
 
-// Rows of activations the AMX kernel takes: their hi and lo parts fill one 16-row tile.
-constexpr int64_t kAmxRows = 8;
-
 // Several rows at once through AMX. A sub-block of weights is unpacked to bytes once, and each of
 // its four 16-output tiles meets every row's hi and lo parts in one tdpbsud (signed activation
 // bytes times unsigned weight bytes: the int32 sums vpdpbusd makes), so a row costs only the f32
@@ -285,7 +282,7 @@ TORCHTPU_AMX inline void unpack_sub_block(const uint8_t* sub, uint8_t (*unpacked
 template <FloatType S>
 TORCHTPU_AMX inline void accumulate_sub_block(const BlockWeights& w, const QuantizedRows& a,
                                               int64_t block, int64_t kb,
-                                              const int32_t (*sums)[2 * kAmxRows][16],
+                                              const int32_t (*sums)[2 * kMaxRows][16],
                                               float (*acc)[kBlockRows]) {
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
   const int64_t at = (block * groups + kb / (w.group_size / kSubK)) * kBlockRows;
@@ -323,8 +320,8 @@ TORCHTPU_AMX void gemv_blocks_amx(const BlockWeights& w, const QuantizedRows& a,
                                   const int64_t (&b)[N], const Output& y) {
   const int64_t kb_count = w.k / kSubK, steps = kb_count * N;
   alignas(64) uint8_t unpacked[2][4][8][64];
-  alignas(64) int32_t sums[kLag + 1][4][2 * kAmxRows][16];
-  alignas(64) float acc[N][kAmxRows][kBlockRows];
+  alignas(64) int32_t sums[kLag + 1][4][2 * kMaxRows][16];
+  alignas(64) float acc[N][kMaxRows][kBlockRows];
   for (int n = 0; n < N; ++n) {
     for (int64_t m = 0; m < a.rows; ++m) std::fill(acc[n][m], acc[n][m] + kBlockRows, 0.0f);
   }
@@ -495,7 +492,7 @@ void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int6
 #if defined(__x86_64__)
   // Up to 3 rows stay with VNNI: one is bound by memory, and a whole E2B step at 2 rows measured
   // 1.17-1.4x more CPU time through AMX, 4 rows 0.66-0.87x, 8 rows 0.5-0.8x.
-  if (a.rows >= 4 && a.rows <= kAmxRows && a.lo == a.hi + a.rows * a.k && cpu::use_amx()) {
+  if (a.rows >= 4 && a.rows <= kMaxRows && a.lo == a.hi + a.rows * a.k && cpu::use_amx()) {
     switch (w.scale_type) {
       case FloatType::kBFloat16: return gemv_amx<FloatType::kBFloat16>(w, a, b0, b1, y);
       case FloatType::kHalf: return gemv_amx<FloatType::kHalf>(w, a, b0, b1, y);

@@ -61,7 +61,12 @@ struct Output {
   cpu::FloatType type = cpu::FloatType::kBFloat16;
 };
 
-// y[m][64b + r] = Σ_k x[m][k] · (u - zero)·scale for blocks [b0, b1) and every row of `a`.
+// Rows of `a` gemv_blocks takes in one call: the several-row kernel's activation tile holds their
+// hi and lo parts (16 tile rows).
+constexpr int64_t kMaxRows = 8;
+
+// y[m][64b + r] = Σ_k x[m][k] · (u - zero)·scale for blocks [b0, b1) and every row of `a`
+// (at most kMaxRows).
 void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
                  const Output& y);
 

@@ -81,11 +81,11 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(Int4Linear, EachStreamedRowMatchesThatRowAlone) {
   // An odd number of blocks (one thread's lone last block), zero points or not, f16 scales; rows
-  // 4 to 8 take the several-row kernel (AMX where the CPU has it), fewer the row-by-row one.
+  // 4 to 16 take the several-row kernel (AMX where the CPU has it), fewer the row-by-row one.
   for (const Case& c : {Case{256, 200, 32, false, at::kBFloat16},
                         Case{384, 320, 128, true, at::kHalf}}) {
     const auto blocks = repack_for_cpu(random_int4(c, 3));
-    for (const int64_t rows : {2, 5, 8}) {
+    for (const int64_t rows : {2, 5, 8, 13, 16}) {
       const auto x = random_input(rows, c.in, 4 + rows);
       const auto together = int4_linear(x, blocks);
       for (int64_t r = 0; r < rows; ++r) {

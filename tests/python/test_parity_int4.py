@@ -38,7 +38,9 @@ CONFIGS = [f"hf:{n}" for n in sorted(HF_CONFIGS)] + [
 # agrees on a handful. The suite's sums carry the "no further than transformers" bar.
 TOP1_SLACK = 4
 # Leads of at most this many bf16 ulps (of the best logit) are near-ties for two bf16 roundings.
-NEAR_TIE_ULPS = 4
+# Prompts of up to 16 tokens are read through the CPU kernel too (configs whose windows are under
+# 8 positions), so there the two caches differ from the first position on: leads of up to 7 seen.
+NEAR_TIE_ULPS = 8
 # (first-step KL, mean KL, top-1 agreement) of the engine and of transformers, per run.
 TOTALS = {}
 
