@@ -768,6 +768,16 @@ void load_decoder(TokenizerModel& m, const json& j, const std::string& where) {
   m.decoder.push_back(std::move(step));
 }
 
+// An id as tokenizers reads it (u32): an integer, never a float, which get<int64_t> would convert
+// with undefined behaviour when out of range (found by tests/fuzz/config_fuzz).
+int64_t id_of(const TokenizerModel& m, const json& v, const std::string& where) {
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0) ||
+      v.get<uint64_t>() > UINT32_MAX) {
+    m.fail(where + " is not a valid id: " + v.dump());
+  }
+  return v.get<int64_t>();
+}
+
 const json& special_ids(TokenizerModel& m, const json& specials, const std::string& name) {
   if (!specials.contains(name))
     m.fail("post_processor: special token \"" + name + "\" not defined");
@@ -789,8 +799,10 @@ void load_post_processor(TokenizerModel& m, const json& j) {
   bool seen_sequence = false;
   for (const json& item : j.value("single", json::array())) {
     if (item.contains("SpecialToken")) {
-      for (const json& id : special_ids(m, specials, item["SpecialToken"].value("id", ""))) {
-        (seen_sequence ? m.suffix_ids : m.prefix_ids).push_back(id.get<int64_t>());
+      const std::string name = item["SpecialToken"].value("id", "");
+      for (const json& id : special_ids(m, specials, name)) {
+        (seen_sequence ? m.suffix_ids : m.prefix_ids)
+            .push_back(id_of(m, id, "post_processor: special token \"" + name + "\" id"));
       }
     } else if (item.contains("Sequence")) {
       if (seen_sequence) m.fail("post_processor.single names the sequence twice");
@@ -880,9 +892,12 @@ void load_added_tokens(TokenizerModel& m, const json& list) {
     } else {
       t.id = (max_added >= model_size || model_size == 0) ? max_added + 1 : model_size;
     }
-    if (e.contains("id") && e["id"].get<int64_t>() != t.id) {
-      m.fail(where + " \"" + t.content + "\" has id " + std::to_string(e["id"].get<int64_t>()) +
-             " but the vocabulary gives it id " + std::to_string(t.id));
+    if (e.contains("id")) {
+      const int64_t id = id_of(m, e["id"], where + ".id");
+      if (id != t.id) {
+        m.fail(where + " \"" + t.content + "\" has id " + std::to_string(id) +
+               " but the vocabulary gives it id " + std::to_string(t.id));
+      }
     }
     max_added = std::max(max_added, t.id);
     m.added_ids[t.content] = t.id;
@@ -918,14 +933,11 @@ void build_tables(TokenizerModel& m) {
   for (size_t id = 0; id < m.pieces.size(); ++id) {
     if (m.known[id] && special_contents.count(m.pieces[id])) m.special[id] = 1;
   }
-  for (int64_t id : m.prefix_ids) {
-    if (id < 0 || id >= size || !m.known[static_cast<size_t>(id)]) {
-      m.fail("post_processor uses id " + std::to_string(id) + ", which is not in the vocabulary");
-    }
-  }
-  for (int64_t id : m.suffix_ids) {
-    if (id < 0 || id >= size || !m.known[static_cast<size_t>(id)]) {
-      m.fail("post_processor uses id " + std::to_string(id) + ", which is not in the vocabulary");
+  for (const auto* ids : {&m.prefix_ids, &m.suffix_ids}) {
+    for (int64_t id : *ids) {
+      if (id >= size || !m.known[static_cast<size_t>(id)]) {
+        m.fail("post_processor uses id " + std::to_string(id) + ", which is not in the vocabulary");
+      }
     }
   }
 }

@@ -152,6 +152,26 @@ TEST(Tokenizer, PostProcessorSpecialTokenWithoutIdsIsRefused) {
   EXPECT_NE(load_error(j).find("special token \"<bos>\" has no ids"), std::string::npos);
 }
 
+// An id of 1.33333e+103 was converted to int64 with undefined behaviour (found by
+// tests/fuzz/config_fuzz under UBSan); ids are integers in u32, as tokenizers reads them.
+TEST(Tokenizer, IdsThatAreNotU32IntegersAreRefused) {
+  for (const json& bad : {json(1.33333e+103), json(1.0), json(-1), json(4294967296), json("1")}) {
+    json j = tiny_tokenizer();
+    j["added_tokens"][1]["id"] = bad;
+    EXPECT_NE(load_error(j).find("added_tokens[1].id is not a valid id: " + bad.dump()),
+              std::string::npos)
+        << bad.dump();
+    j = tiny_tokenizer();
+    j["post_processor"]["special_tokens"]["<bos>"]["ids"] = {bad};
+    EXPECT_NE(load_error(j).find("special token \"<bos>\" id is not a valid id: " + bad.dump()),
+              std::string::npos)
+        << bad.dump();
+  }
+  json j = tiny_tokenizer();
+  j["post_processor"]["special_tokens"]["<bos>"]["ids"] = {4294967295};
+  EXPECT_NE(load_error(j).find("post_processor uses id 4294967295"), std::string::npos);
+}
+
 // A tokenizer.json nested a million deep overflowed the stack (found by feeding
 // tests/fuzz/config_fuzz such a file); it is refused while parsing.
 TEST(Tokenizer, JsonNestedTooDeepIsRefused) {
