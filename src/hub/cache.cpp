@@ -147,20 +147,30 @@ void RepoCache::write_tree(const std::string& commit, const std::vector<RepoFile
   write_atomically(root_ / "trees" / (commit + ".json"), j.dump(1));
 }
 
+// Two processes may link the same pointer at once (the blob's lock covers its download, not the
+// link). The link is made under a name of its own and renamed over the pointer, which replaces
+// whatever is there in one step: a remove followed by a create would let the other process's
+// create land in between and fail this one with "File exists".
 void RepoCache::link(const std::string& commit, const std::string& path,
                      const std::string& etag) const {
   fs::path link = pointer(commit, path);
   fs::path target = blob(etag);
   fs::create_directories(link.parent_path());
+  fs::path tmp = link;
+  tmp += "." + random_suffix() + ".tmp";
   std::error_code ec;
-  fs::remove(link, ec);
-  fs::create_symlink(relative_link_target(link, target), link, ec);
-  if (!ec) return;
-  if (ec != std::errc::operation_not_permitted && ec != std::errc::operation_not_supported) {
+  fs::create_symlink(relative_link_target(link, target), tmp, ec);
+  if (ec && ec != std::errc::operation_not_permitted && ec != std::errc::operation_not_supported) {
     throw std::runtime_error("cannot link " + link.string() + " to " + target.string() + ": " +
                              ec.message());
   }
-  fs::copy_file(target, link, fs::copy_options::overwrite_existing);
+  try {
+    if (ec) fs::copy_file(target, tmp, fs::copy_options::overwrite_existing);
+    fs::rename(tmp, link);
+  } catch (...) {
+    fs::remove(tmp, ec);
+    throw;
+  }
 }
 
 void RepoCache::tag_cache_dir() const {

@@ -8,11 +8,15 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "cli/download_command.h"
 #include "common/errors.h"
@@ -236,6 +240,44 @@ TEST(HubCache, RefsTreesAndLinksRoundTrip) {
   EXPECT_TRUE(fs::is_symlink(ptr));
   EXPECT_EQ(fs::read_symlink(ptr), fs::path("../../../blobs") / lfs.etag());
   EXPECT_EQ(fs::file_size(ptr), 5u);
+  fs::remove_all(dir);
+}
+
+// Two downloads of one snapshot link the same pointers. Linking by remove-then-create failed the
+// later one with "File exists" when the other's create fell in between (CI, test_hub.py's
+// concurrent downloads); threads linking one pointer at once, many times, force that ordering.
+TEST(HubCache, ConcurrentLinksOfOnePointerAllSucceed) {
+  fs::path dir = temp_dir("cache-race");
+  RepoCache c(dir, "org/name");
+  const std::string commit(40, 'a');
+  RepoFile f{"config.json", 5, std::string(40, 'b'), ""};
+  write(c.blob(f.etag()), "hello");
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 500;
+  std::atomic<int> failures{0};
+  std::string first_error;
+  std::mutex error_mutex;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < kRounds; ++i) {
+        try {
+          c.link(commit, f.path, f.etag());
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(error_mutex);
+          if (failures++ == 0) first_error = e.what();
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0) << first_error;
+  fs::path ptr = c.pointer(commit, f.path);
+  EXPECT_TRUE(fs::is_symlink(ptr));
+  EXPECT_EQ(fs::file_size(ptr), 5u);
+  std::vector<fs::path> left;
+  for (const auto& e : fs::directory_iterator(ptr.parent_path())) left.push_back(e.path());
+  EXPECT_EQ(left, std::vector<fs::path>{ptr}) << "a temporary link was left behind";
   fs::remove_all(dir);
 }
 
