@@ -115,11 +115,40 @@ def _normalise(value):
     return value
 
 
+def _text_only(event):
+    """The choice of a chunk that carries text and nothing else, or None."""
+    if not isinstance(event, dict) or len(event.get("choices", [])) != 1:
+        return None
+    choice = event["choices"][0]
+    if choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
+        return None
+    if "delta" in choice:
+        return choice if set(choice["delta"]) == {"content"} else None
+    return choice if "text" in choice else None
+
+
+def _join_text_chunks(events):
+    """Consecutive text-only chunks as one. A stream sends whatever text the engine produced
+    since its last write, so where the text splits into chunks depends on timing (a loaded
+    machine joins pieces), not on the answer."""
+    joined = []
+    for event in events:
+        choice, last = _text_only(event), _text_only(joined[-1]) if joined else None
+        if choice is None or last is None:
+            joined.append(event)
+        elif "delta" in choice:
+            last["delta"]["content"] += choice["delta"]["content"]
+        else:
+            last["text"] += choice["text"]
+    return joined
+
+
 def _answer(status, text):
-    """JSON bodies as data, SSE streams as the list of their events."""
+    """JSON bodies as data, SSE streams as the list of their events, text chunks joined."""
     if text.startswith("data:"):
         events = [e[len("data:") :].strip() for e in text.split("\n\n") if e.strip()]
-        return status, [e if e == "[DONE]" else _normalise(json.loads(e)) for e in events]
+        events = [e if e == "[DONE]" else _normalise(json.loads(e)) for e in events]
+        return status, _join_text_chunks(events)
     return status, _normalise(json.loads(text))
 
 
