@@ -62,4 +62,23 @@ bool peer_closed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
+int bind_listener(httplib::Server& http, const std::string& host, int port) {
+  // httplib hands every socket it creates for the listener to the socket options, the last one
+  // being the one bound; the defaults (address reuse) are kept.
+  int listening = -1;
+  http.set_socket_options([&listening](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listening = sock;
+  });
+  int bound = -1;
+  if (port == 0) {
+    bound = http.bind_to_any_port(host);
+  } else if (http.bind_to_port(host, port)) {
+    bound = port;
+  }
+  http.set_socket_options(httplib::default_socket_options);
+  if (bound > 0 && listening >= 0 && ::listen(listening, kListenBacklog) != 0) return -1;
+  return bound > 0 ? bound : -1;
+}
+
 }  // namespace torchtpu::server

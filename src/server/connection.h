@@ -3,7 +3,11 @@
 // and peer address and port are the request's. A TCP connection's four values are unique among live
 // sockets, and the socket stays open until the handler and its content provider return, so the
 // descriptor found remains this connection's for as long as the request is served.
+//
+// And the listening socket's accept queue: see bind_listener.
 #pragma once
+
+#include <httplib.h>
 
 #include <string>
 
@@ -17,5 +21,18 @@ int find_connection_socket(const std::string& local_addr, int local_port,
 // True once the peer has closed or reset the connection (poll + recv(MSG_PEEK), as newer
 // cpp-httplib does for Request::is_connection_closed). Never blocks; false for fd < 0.
 bool peer_closed(int fd);
+
+// The accept queue bind_listener asks for (the kernel caps it at net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
+
+// Binds `http` to host:port (port 0: any free port) as bind_to_port / bind_to_any_port do, and
+// returns the port, or -1 if it cannot bind. cpp-httplib 0.11 listens with a backlog of 5, fixed in
+// Debian's compiled library: a burst of more new connections than the listener thread accepts at
+// once overflows the kernel's queue, the handshake's last packet is dropped, and the client waits
+// out a retransmit (a second or more). A client that gives up within that time never reaches the
+// server, so its request is neither answered nor counted (the soak's lost cancel under load). The
+// listening socket is therefore put to listen() once more with kListenBacklog, which Linux takes
+// as the new queue length.
+int bind_listener(httplib::Server& http, const std::string& host, int port);
 
 }  // namespace torchtpu::server

@@ -456,13 +456,8 @@ int Proxy::run() {
   http.Delete(everything, forward);
   http.Options(everything, forward);
 
-  int port = options_.port;
-  if (port == 0) {
-    port = std::max(http.bind_to_any_port(options_.host), 0);
-  } else if (!http.bind_to_port(options_.host, port)) {
-    port = 0;
-  }
-  if (port == 0) {
+  const int port = bind_listener(http, options_.host, options_.port);
+  if (port < 0) {
     pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
     sigaction(SIGPIPE, &old_pipe, nullptr);
     throw std::runtime_error("cannot listen on " + options_.host + ":" +

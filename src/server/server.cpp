@@ -1672,14 +1672,8 @@ int Server::run() {
   http.set_keep_alive_timeout(kKeepAliveSeconds);
   set_up_routes(http);
 
-  int port = options_.port;
-  if (port == 0) {
-    port = http.bind_to_any_port(options_.host);
-    if (port < 0) port = 0;
-  } else if (!http.bind_to_port(options_.host, port)) {
-    port = 0;
-  }
-  if (port == 0) {
+  const int port = bind_listener(http, options_.host, options_.port);
+  if (port < 0) {
     throw std::runtime_error("cannot listen on " + options_.host + ":" +
                              std::to_string(options_.port) +
                              " (address in use, not local, or not allowed)");

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "common/errors.h"
 #include "server/connection.h"
@@ -463,6 +465,50 @@ TEST(Connection, PeerClosedOnlyOnceTheClientHasGone) {
   c.client = -1;
   EXPECT_TRUE(peer_closed(c.accepted));
   EXPECT_FALSE(peer_closed(-1));
+}
+
+// Connections that complete their handshake at once while nobody accepts them: as many as the
+// listener's accept queue holds, the rest wait for a SYN retransmit (a second or more).
+int connections_completed_at_once(int port, int count) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  std::vector<pollfd> pending;
+  for (int i = 0; i < count; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    pending.push_back({fd, POLLOUT, 0});
+  }
+  int completed = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (std::chrono::steady_clock::now() < deadline && completed < count) {
+    poll(pending.data(), pending.size(), 50);
+    completed = 0;
+    for (const auto& p : pending) {
+      int error = 1;
+      socklen_t len = sizeof(error);
+      getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &error, &len);
+      if ((p.revents & POLLOUT) && error == 0) ++completed;
+    }
+  }
+  for (const auto& p : pending) close(p.fd);
+  return completed;
+}
+
+// httplib's own bind listens with a backlog of 5: of a burst of 64 connections about 6 complete
+// before the listener thread accepts, and under load the others' clients wait (issue #16's soak).
+TEST(Connection, BindListenerQueuesABurstOfConnections) {
+  httplib::Server widened;
+  const int port = bind_listener(widened, "127.0.0.1", 0);
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(connections_completed_at_once(port, 64), 64);
+
+  httplib::Server plain;
+  const int plain_port = plain.bind_to_any_port("127.0.0.1");
+  ASSERT_GT(plain_port, 0);
+  EXPECT_LT(connections_completed_at_once(plain_port, 64), 64)
+      << "httplib's own backlog took the burst: bind_listener's second listen() proves nothing here";
 }
 
 TEST(Demo, EmbeddedChatTemplateIsGemma4s) {

@@ -226,12 +226,22 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
     // A left request is counted once the engine reaches it, after the requests queued before it:
     // on a loaded machine that took over 30 s once (fresh clone, 2026-11-30), so the bound is the
     // soak's own hang limit.
-    const quiet = async (expected) =>
-      eventually(async () => {
-        const m = await metrics(server.url);
-        return metric(m, "torchtpu_queue_depth") === 0 &&
-          metric(m, "torchtpu_requests_cancelled_total") >= expected;
-      }, `${expected} cancels counted and an empty queue`, HANG_MS);
+    // A timeout names what the server showed last, so a lost cancel and a slow queue tell apart.
+    const quiet = async (expected) => {
+      let seen = "";
+      try {
+        await eventually(async () => {
+          const m = await metrics(server.url);
+          const [queued, cancels, running] = ["torchtpu_queue_depth",
+            "torchtpu_requests_cancelled_total", "torchtpu_running_requests"].map((n) => metric(m, n));
+          seen = `queue ${queued}, cancels ${cancels}, running ${running}; answered: ` +
+            m.split("\n").filter((l) => l.startsWith("torchtpu_requests_total{")).join(", ");
+          return queued === 0 && cancels >= expected;
+        }, `${expected} cancels counted and an empty queue`, HANG_MS);
+      } catch (e) {
+        throw new Error(`${e.message} (last seen: ${seen})`);
+      }
+    };
 
     const start = Date.now();
     const leftInWarmup = await run(server.url, warmup, PROFILE.clients);
