@@ -64,10 +64,14 @@ bool peer_closed(int fd) {
 
 int bind_listener(httplib::Server& http, const std::string& host, int port) {
   // httplib hands every socket it creates for the listener to the socket options, the last one
-  // being the one bound; the defaults (address reuse) are kept.
+  // being the one bound. Its default sets SO_REUSEPORT, which lets a second server bind a port
+  // that one already listens on (the kernel then shares the connections between them); only
+  // SO_REUSEADDR is set, so a port in use is refused and a restart may still bind a port whose old
+  // connections linger in TIME_WAIT.
   int listening = -1;
   http.set_socket_options([&listening](socket_t sock) {
-    httplib::default_socket_options(sock);
+    const int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
     listening = sock;
   });
   int bound = -1;

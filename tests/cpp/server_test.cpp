@@ -511,6 +511,14 @@ TEST(Connection, BindListenerQueuesABurstOfConnections) {
       << "httplib's own backlog took the burst: bind_listener's second listen() proves nothing here";
 }
 
+// httplib's default socket options (SO_REUSEPORT) let a second server bind a port in use.
+TEST(Connection, BindListenerRefusesAPortAnotherServerListensOn) {
+  httplib::Server first, second;
+  const int port = bind_listener(first, "127.0.0.1", 0);
+  ASSERT_GT(port, 0);
+  EXPECT_EQ(bind_listener(second, "127.0.0.1", port), -1);
+}
+
 TEST(Demo, EmbeddedChatTemplateIsGemma4s) {
   const std::string t = gemma4_chat_template();
   EXPECT_EQ(t.size(), 18569u);  // data/gemma4/SOURCES.md: the published file's length
