@@ -81,8 +81,8 @@ int bind_listener(httplib::Server& http, const std::string& host, int port) {
     bound = port;
   }
   http.set_socket_options(httplib::default_socket_options);
-  if (bound > 0 && listening >= 0 && ::listen(listening, kListenBacklog) != 0) return -1;
-  return bound > 0 ? bound : -1;
+  if (bound <= 0 || ::listen(listening, kListenBacklog) != 0) return -1;
+  return bound;
 }
 
 }  // namespace torchtpu::server

@@ -508,7 +508,7 @@ TEST(Connection, BindListenerQueuesABurstOfConnections) {
   const int plain_port = plain.bind_to_any_port("127.0.0.1");
   ASSERT_GT(plain_port, 0);
   EXPECT_LT(connections_completed_at_once(plain_port, 64), 64)
-      << "httplib's own backlog took the burst: bind_listener's second listen() proves nothing here";
+      << "httplib's own backlog took the burst: bind_listener's listen() proves nothing here";
 }
 
 // httplib's default socket options (SO_REUSEPORT) let a second server bind a port in use.
