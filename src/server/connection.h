@@ -29,10 +29,10 @@ constexpr int kListenBacklog = 1024;
 // returns the port, or -1 if it cannot bind (a port another server listens on included).
 // cpp-httplib 0.11 listens with a backlog of 5, fixed in Debian's compiled library: a burst of
 // more new connections than the listener thread accepts at once overflows the kernel's queue, the
-// handshake's last packet is dropped, and the client waits out a retransmit (a second or more). A client that gives up within that time never reaches the
-// server, so its request is neither answered nor counted (the soak's lost cancel under load). The
-// listening socket is therefore put to listen() once more with kListenBacklog, which Linux takes
-// as the new queue length.
+// handshake's last packet is dropped, and the client waits out a retransmit (a second or more).
+// A client that gives up within that time never reaches the server, so its request is neither
+// answered nor counted (the soak's lost cancel under load). The listening socket is therefore put
+// to listen() once more with kListenBacklog, which Linux takes as the new queue length.
 int bind_listener(httplib::Server& http, const std::string& host, int port);
 
 }  // namespace torchtpu::server
