@@ -134,13 +134,29 @@ TORCHTPU_AVX512 void store_tile(const Output& y, int64_t m, int64_t column, __m5
 // 4 KiB: +40% over none, the hardware prefetcher alone stops at page boundaries).
 constexpr int64_t kPrefetchAhead = 4 * kSubBytes;
 
-// One row of activations against N blocks at once, sub-block by sub-block: N streams from DRAM
-// in flight per thread (measured 1 thread: 10.8 GB/s with one stream, 13.5 with two). Per block,
-// the 4 tiles' 8 int32 accumulators are independent, so the vpdpbusd latency chains overlap; a
-// second row re-reads the blocks from L2.
+// A thread's blocks [b0, b1) as two streams from DRAM, its first half alongside its second half
+// (measured 1 thread: 10.8 GB/s with one stream, 13.5 with two): kernel(blocks) for each pair,
+// then for the odd one out.
+template <typename Kernel>
+void for_block_pairs(int64_t b0, int64_t b1, Kernel&& kernel) {
+  const int64_t half = (b1 - b0) / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t pair[2] = {b0 + i, b0 + half + i};
+    kernel(pair);
+  }
+  if ((b1 - b0) % 2) {
+    const int64_t last[1] = {b1 - 1};
+    kernel(last);
+  }
+}
+
+// One row of activations (the only one: several go through gemv_blocks_rows) against N blocks at
+// once, sub-block by sub-block. Per block, the 4 tiles' 8 int32 accumulators are independent, so
+// the vpdpbusd latency chains overlap.
 template <FloatType S, int N>
-TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows& a, int64_t m,
-                                     const int64_t (&b)[N], bool prefetch, const Output& y) {
+TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows& a,
+                                     const int64_t (&b)[N], const Output& y) {
+  constexpr int64_t m = 0;
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
   const int64_t per_group = w.group_size / kSubK;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -156,10 +172,8 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
     const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[ai]), sum_lo = _mm512_set1_ps(a.sum_lo[ai]);
     for (int n = 0; n < N; ++n) {
       const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
-      if (prefetch) {
-        for (int64_t p = 0; p < kSubBytes; p += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
-        }
+      for (int64_t p = 0; p < kSubBytes; p += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
       }
       __m512i i1[4], i2[4];
       for (int t = 0; t < 4; ++t) i1[t] = i2[t] = _mm512_setzero_si512();
@@ -189,18 +203,107 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
   }
 }
 
-// A thread's blocks [b0, b1) as two streams: its first half alongside its second half.
-template <FloatType S>
-TORCHTPU_AVX512 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0,
-                                 int64_t b1, const Output& y) {
-  const int64_t half = (b1 - b0) / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const int64_t pair[2] = {b0 + i, b0 + half + i};
-    for (int64_t m = 0; m < a.rows; ++m) gemv_blocks_row<S, 2>(w, a, m, pair, m == 0, y);
+
+// Several rows at once with VNNI, for CPUs without AMX (and 2-3 rows on those with it): each
+// 64 bytes of weights is unpacked once for every row, and a row's int32 sums and f32 epilogue are
+// gemv_blocks_row's, operation for operation, so each row gets the bits it gets alone.
+//
+// One weight tile (16 outputs) of a sub-block for rows [M0, M0 + G): their 2·G accumulators stay
+// in registers, which holds up to 5 rows (6 spilled: 1.3x slower per row, measured in L2), and it
+// must be inlined (called, 4 rows were 1.13x slower).
+template <FloatType S, int M0, int G>
+TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
+    const BlockWeights& w, const QuantizedRows& a, const uint8_t* tile, int64_t kb, int64_t at,
+    float (*acc)[16]) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512i i1[G], i2[G];
+  for (int m = 0; m < G; ++m) i1[m] = i2[m] = _mm512_setzero_si512();
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x = _mm512_loadu_si512(tile + c * 64);
+    const __m512i lo = _mm512_and_si512(x, low4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
+    for (int m = 0; m < G; ++m) {
+      const int64_t off = (M0 + m) * a.k + kb * kSubK;
+      const auto* ah = reinterpret_cast<const int32_t*>(a.hi + off);
+      const auto* al = reinterpret_cast<const int32_t*>(a.lo + off);
+      i1[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i1[m], lo, _mm512_set1_epi32(ah[2 * c])),
+                                  hi, _mm512_set1_epi32(ah[2 * c + 1]));
+      i2[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i2[m], lo, _mm512_set1_epi32(al[2 * c])),
+                                  hi, _mm512_set1_epi32(al[2 * c + 1]));
+    }
   }
-  if ((b1 - b0) % 2) {
-    const int64_t last[1] = {b1 - 1};
-    for (int64_t m = 0; m < a.rows; ++m) gemv_blocks_row<S, 1>(w, a, m, last, m == 0, y);
+  const __m512 zero = load_zeros(w.zero, at);
+  const __m512 scale = cpu::load16<S>(w.scale, at);
+  for (int m = 0; m < G; ++m) {
+    const int64_t ai = (M0 + m) * (w.k / kSubK) + kb;
+    const __m512 f1 =
+        _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_hi[ai]), _mm512_cvtepi32_ps(i1[m]));
+    const __m512 f2 =
+        _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_lo[ai]), _mm512_cvtepi32_ps(i2[m]));
+    const __m512 f = _mm512_fmadd_ps(f2, _mm512_set1_ps(a.d_lo[ai]),
+                                     _mm512_mul_ps(f1, _mm512_set1_ps(a.d[ai])));
+    float* out = acc[M0 + m];
+    _mm512_store_ps(out, _mm512_fmadd_ps(f, scale, _mm512_load_ps(out)));
+  }
+}
+
+// R rows (2 to 8) against N blocks side by side, as gemv_blocks_row streams them; more than 5
+// rows go through each tile in two groups, the second meeting the weights in L1.
+template <FloatType S, int N, int R>
+TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows& a,
+                                      const int64_t (&b)[N], const Output& y) {
+  constexpr int kFirst = R <= 5 ? R : (R + 1) / 2;
+  const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
+  const int64_t per_group = w.group_size / kSubK;
+  alignas(64) float acc[N][4][R][kBlockRows / 4] = {};
+  for (int64_t kb = 0; kb < kb_count; ++kb) {
+    for (int n = 0; n < N; ++n) {
+      const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
+      for (int64_t p = 0; p < kSubBytes; p += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
+      }
+      const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
+      for (int t = 0; t < 4; ++t) {
+        tile_rows<S, 0, kFirst>(w, a, sub + t * 256, kb, at + 16 * t, acc[n][t]);
+        if constexpr (R > kFirst) {
+          tile_rows<S, kFirst, R - kFirst>(w, a, sub + t * 256, kb, at + 16 * t, acc[n][t]);
+        }
+      }
+    }
+  }
+  for (int n = 0; n < N; ++n) {
+    for (int m = 0; m < R; ++m) {
+      for (int t = 0; t < 4; ++t) {
+        store_tile(y, m, b[n] * kBlockRows + 16 * t, _mm512_load_ps(acc[n][t][m]));
+      }
+    }
+  }
+}
+
+template <FloatType S, int R>
+void gemv_rows_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
+                      const Output& y) {
+  for_block_pairs(b0, b1, [&]<int N>(const int64_t (&blocks)[N]) {
+    if constexpr (R == 1) {
+      gemv_blocks_row<S, N>(w, a, blocks, y);
+    } else {
+      gemv_blocks_rows<S, N, R>(w, a, blocks, y);
+    }
+  });
+}
+
+template <FloatType S>
+void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
+                 const Output& y) {
+  switch (a.rows) {
+    case 1: return gemv_rows_avx512<S, 1>(w, a, b0, b1, y);
+    case 2: return gemv_rows_avx512<S, 2>(w, a, b0, b1, y);
+    case 3: return gemv_rows_avx512<S, 3>(w, a, b0, b1, y);
+    case 4: return gemv_rows_avx512<S, 4>(w, a, b0, b1, y);
+    case 5: return gemv_rows_avx512<S, 5>(w, a, b0, b1, y);
+    case 6: return gemv_rows_avx512<S, 6>(w, a, b0, b1, y);
+    case 7: return gemv_rows_avx512<S, 7>(w, a, b0, b1, y);
+    default: return gemv_rows_avx512<S, kMaxRows>(w, a, b0, b1, y);
   }
 }
 
@@ -360,21 +463,15 @@ TORCHTPU_AMX void gemv_blocks_amx(const BlockWeights& w, const QuantizedRows& a,
 #undef TORCHTPU_MULTIPLY_SUB_BLOCK
 #undef TORCHTPU_STORE_SUMS
 
-// gemv_avx512's two streams per thread, every row at once. The activation tiles read hi and lo
+// for_block_pairs' two streams per thread, every row at once. The activation tiles read hi and lo
 // as one matrix: lo must follow hi directly.
 template <FloatType S>
 TORCHTPU_AMX void gemv_amx(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
                            const Output& y) {
   configure_tiles(a.rows);
-  const int64_t half = (b1 - b0) / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    const int64_t pair[2] = {b0 + i, b0 + half + i};
-    gemv_blocks_amx<S, 2>(w, a, pair, y);
-  }
-  if ((b1 - b0) % 2) {
-    const int64_t last[1] = {b1 - 1};
-    gemv_blocks_amx<S, 1>(w, a, last, y);
-  }
+  for_block_pairs(b0, b1, [&]<int N>(const int64_t (&blocks)[N]) {
+    gemv_blocks_amx<S, N>(w, a, blocks, y);
+  });
   _tile_release();
 }
 
@@ -491,7 +588,9 @@ void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int6
                  const Output& y) {
 #if defined(__x86_64__)
   // Up to 3 rows stay with VNNI: one is bound by memory, and a whole E2B step at 2 rows measured
-  // 1.17-1.4x more CPU time through AMX, 4 rows 0.66-0.87x, 8 rows 0.5-0.8x.
+  // 1.17-1.4x more CPU time through AMX, 4 rows 0.66-0.87x, 8 rows 0.5-0.8x. (Measured against
+  // VNNI taking the rows one after another, before gemv_blocks_rows; not yet measured again on a
+  // CPU with AMX.)
   if (a.rows >= 4 && a.rows <= kMaxRows && a.lo == a.hi + a.rows * a.k && cpu::use_amx()) {
     switch (w.scale_type) {
       case FloatType::kBFloat16: return gemv_amx<FloatType::kBFloat16>(w, a, b0, b1, y);

@@ -61,8 +61,8 @@ struct Output {
   cpu::FloatType type = cpu::FloatType::kBFloat16;
 };
 
-// Rows of `a` gemv_blocks takes in one call: the several-row kernel's activation tile holds their
-// hi and lo parts (16 tile rows).
+// Rows of `a` gemv_blocks takes in one call: the AMX kernel's activation tile holds their hi and
+// lo parts (16 tile rows), and the VNNI kernel has a version for each row count up to it.
 constexpr int64_t kMaxRows = 8;
 
 // y[m][64b + r] = Σ_k x[m][k] · (u - zero)·scale for blocks [b0, b1) and every row of `a`

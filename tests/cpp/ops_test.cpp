@@ -53,7 +53,7 @@ TEST_P(E2BShapes, ErrorAgainstFloat64IsAtMostTwiceThatOfBf16Linear) {
   const auto packed = random_int4(c, 1);
   const auto blocks = repack_for_cpu(packed);
   const auto weights = dequantize(packed, at::kBFloat16);
-  for (int64_t rows : {1, 3}) {
+  for (int64_t rows : {1, 3, 8, 16}) {
     const auto x = random_input(rows, c.in, 2 + rows);
     const auto exact = at::linear(x.to(at::kDouble), weights.to(at::kDouble));
     const double ours = rms(int4_linear(x, blocks).to(at::kDouble) - exact);
@@ -80,12 +80,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{6144, 1536, 64, false, at::kHalf}));
 
 TEST(Int4Linear, EachStreamedRowMatchesThatRowAlone) {
-  // An odd number of blocks (one thread's lone last block), zero points or not, f16 scales; rows
-  // 4 to 16 take the several-row kernel (AMX where the CPU has it), fewer the row-by-row one.
+  // An odd number of blocks (one thread's lone last block), zero points or not, f16 scales; each
+  // row count from 2 to 8 has a kernel of its own (VNNI, AMX from 4 rows where the CPU has it),
+  // and 13 and 16 rows stream the weights in two passes.
   for (const Case& c : {Case{256, 200, 32, false, at::kBFloat16},
                         Case{384, 320, 128, true, at::kHalf}}) {
     const auto blocks = repack_for_cpu(random_int4(c, 3));
-    for (const int64_t rows : {2, 5, 8, 13, 16}) {
+    for (const int64_t rows : {2, 3, 4, 5, 6, 7, 8, 13, 16}) {
       const auto x = random_input(rows, c.in, 4 + rows);
       const auto together = int4_linear(x, blocks);
       for (int64_t r = 0; r < rows; ++r) {
