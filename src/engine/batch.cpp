@@ -27,6 +27,12 @@ const BatchOptions& checked(const BatchOptions& options) {
   return options;
 }
 
+// Prompt tokens a step reads beside decoding rows by default. Without AMX, a 4,096-token prompt
+// read beside a stream in chunks of 512 took 46 s and held the stream up to 7.6 s between two
+// tokens; in chunks of 128 it took 45 s, with gaps of at most 1.6 s (E2B, 2 cores;
+// docs/BENCHMARKS.md, "Several rows without AMX").
+constexpr int64_t kDefaultSharedChunk = 128;
+
 }  // namespace
 
 Batch::Batch(Engine& engine, const BatchOptions& options)
@@ -35,7 +41,8 @@ Batch::Batch(Engine& engine, const BatchOptions& options)
       fixed_shape_(!engine.model_options().attend_filled_slots),
       sampler_(options.rows, engine.config().vocab_size, engine.options().device, fixed_shape_) {
   if (options_.step_tokens == 0) {
-    options_.step_tokens = engine.options().prefill_chunk + options_.rows;
+    options_.step_tokens =
+        std::min(engine.options().prefill_chunk, kDefaultSharedChunk) + options_.rows;
   }
   if (options_.step_tokens <= options_.rows) {
     throw ValueError("step_tokens (" + std::to_string(options_.step_tokens) +
@@ -253,9 +260,12 @@ std::vector<int64_t> Batch::step() {
   }
 
   // Prompt chunks take what the decoding rows leave of the budget, the oldest sequence first.
+  // While no row decodes, no one waits on the step: it reads a whole prefill chunk at least.
   const auto decoding =
       std::count_if(rows_.begin(), rows_.end(), [](const Row& r) { return r.decoding(); });
-  int64_t budget = options_.step_tokens - decoding;
+  int64_t budget = decoding > 0
+                       ? options_.step_tokens - decoding
+                       : std::max(options_.step_tokens, engine_.options().prefill_chunk);
   std::vector<int64_t> reading;
   for (int64_t i = 0; i < options_.rows; ++i) {
     if (rows_[i].request && !rows_[i].decoding()) reading.push_back(i);

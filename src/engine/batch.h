@@ -26,9 +26,10 @@ namespace torchtpu {
 
 struct BatchOptions {
   int64_t rows = 4;  // sequences in the rings at once; more submissions wait in a queue
-  // Tokens one step may put through the model: one per decoding row, the rest for prompt chunks
-  // (each at most the engine's prefill_chunk). It bounds how long a prompt being read delays the
-  // other rows' next token. Must exceed `rows`, so a prompt always advances. 0: prefill_chunk +
+  // Tokens one step may put through the model while some row decodes: one per decoding row, the
+  // rest for prompt chunks (each at most the engine's prefill_chunk). It bounds how long a prompt
+  // being read delays the other rows' next token; a step with no row decoding reads up to a whole
+  // prefill_chunk. Must exceed `rows`, so a prompt always advances. 0: min(prefill_chunk, 128) +
   // rows.
   int64_t step_tokens = 0;
   // The prefix cache's budget (engine/prefix_cache.h): 0 keeps none. A sequence leaving its row

@@ -508,8 +508,9 @@ void bind_engine(py::module_& m) {
           },
           "A Batch of `rows` sequences decoded together over this engine's weights (rings of its "
           "own, each row as large as the engine's context). step_tokens: tokens one step may "
-          "put through the model (one per decoding row, the rest for prompt chunks); 0: "
-          "prefill_chunk + rows. cache_mb: the prefix cache's budget in MiB (0: none), "
+          "put through the model while a row decodes (one per decoding row, the rest for prompt "
+          "chunks; with none decoding, a step reads up to a whole prefill_chunk); 0: "
+          "min(prefill_chunk, 128) + rows. cache_mb: the prefix cache's budget in MiB (0: none), "
           "cache_block its block of positions. ValueError for rows < 1, step_tokens <= rows, a "
           "negative cache_mb or a cache_block below 1.",
           py::arg("rows") = 4, py::arg("step_tokens") = 0, py::arg("cache_mb") = 0.0,

@@ -216,6 +216,21 @@ TEST(Batch, ALongPromptIsReadInChunksWhileOtherRowsGetATokenEveryStep) {
   EXPECT_EQ(results.at(reader).tokens, engine.decode(long_prompt, greedy(8)).tokens);
 }
 
+TEST(Batch, AStepWithNoRowDecodingReadsAWholePrefillChunk) {
+  auto engine = make_engine("cpu", /*chunk=*/16);
+  Batch batch(engine, {.rows = 2, .step_tokens = 5});
+  const auto prompt = prompt_of(40, 3);
+  const int64_t id = batch.submit(prompt, greedy(6));
+  int64_t steps = 0;
+  while (batch.stats().decoding == 0) {
+    ASSERT_TRUE(batch.step().empty());
+    ++steps;
+  }
+  // 40 tokens in chunks of 16: three steps, where the budget of 5 would have taken eight.
+  EXPECT_EQ(steps, 3);
+  EXPECT_EQ(run(batch).at(id).tokens, engine.decode(prompt, greedy(6)).tokens);
+}
+
 TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
   auto engine = make_engine();
   EXPECT_THROW(Batch(engine, {.rows = 0}), ValueError);
