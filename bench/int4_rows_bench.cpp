@@ -1,0 +1,65 @@
+// The int4 operator alone at the row counts a Batch step gives it (issue #17): E2B's linear shapes
+// with random packed weights, bf16 activations, in the CPU kernel's blocks, one intra-op thread by
+// default. Per row count, the best of RUNS timings of CALLS calls each, as microseconds per call,
+// per row, and the call's time over the one-row call's. Prints one JSON object; docs/BENCHMARKS.md
+// has the numbers ("Several rows without AMX").
+//
+//   int4_rows_bench [RUNS=20] [CALLS=20] [THREADS=1]
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "ops/int4_linear.h"
+#include "quant/quantize.h"
+
+using namespace torchtpu;
+
+int main(int argc, char** argv) {
+  const int runs = argc > 1 ? std::atoi(argv[1]) : 20;
+  const int calls = argc > 2 ? std::atoi(argv[2]) : 20;
+  at::set_num_threads(argc > 3 ? std::atoi(argv[3]) : 1);
+  struct Shape {
+    const char* name;
+    int64_t in, out;
+  };
+  // 1536 x 1536 stays in L2 (the kernel's arithmetic alone); the MLP's up projection streams from
+  // memory.
+  const std::vector<Shape> shapes = {{"1536x1536 (in L2)", 1536, 1536},
+                                     {"gate/up 1536x6144", 1536, 6144}};
+  nlohmann::json out = {{"isa", ops::int4_cpu_isa()},
+                        {"threads", at::get_num_threads()},
+                        {"runs", runs},
+                        {"calls", calls},
+                        {"shapes", nlohmann::json::array()}};
+  for (const auto& shape : shapes) {
+    at::manual_seed(1);
+    const auto dense = (at::randn({shape.out, shape.in}) * 0.05).to(at::kBFloat16);
+    const auto w = ops::repack_for_cpu(quantize_weight(dense, {32, true, at::kBFloat16}, "bench"));
+    nlohmann::json rows = nlohmann::json::array();
+    double one_row = 0;
+    for (const int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16}) {
+      const auto x = at::randn({m, shape.in}).to(at::kBFloat16);
+      double best = 1e30;
+      for (int r = 0; r < runs; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        for (int c = 0; c < calls; ++c) ops::int4_linear(x, w);
+        const std::chrono::duration<double, std::micro> took =
+            std::chrono::steady_clock::now() - start;
+        best = std::min(best, took.count() / calls);
+      }
+      if (m == 1) one_row = best;
+      rows.push_back({{"rows", m},
+                      {"us_per_call", best},
+                      {"us_per_row", best / m},
+                      {"call_over_one_row", best / one_row}});
+    }
+    out["shapes"].push_back({{"shape", shape.name}, {"rows", rows}});
+  }
+  std::cout << out.dump(1) << "\n";
+}
