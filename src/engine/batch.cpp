@@ -28,8 +28,8 @@ const BatchOptions& checked(const BatchOptions& options) {
 }
 
 // Prompt tokens a step reads beside decoding rows by default. Without AMX, a 4,096-token prompt
-// read beside a stream in chunks of 512 took 46 s and held the stream up to 7.6 s between two
-// tokens; in chunks of 128 it took 45 s, with gaps of at most 1.6 s (E2B, 2 cores;
+// read beside a stream in chunks of 512 held the stream up to 5.5-7.6 s between two tokens; in
+// chunks of 128, 1.6-1.9 s, for a read 0.98-1.25x as long (E2B, 2 cores, two pairs of runs;
 // docs/BENCHMARKS.md, "Several rows without AMX").
 constexpr int64_t kDefaultSharedChunk = 128;
 
