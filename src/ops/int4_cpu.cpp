@@ -150,13 +150,12 @@ void for_block_pairs(int64_t b0, int64_t b1, Kernel&& kernel) {
   }
 }
 
-// One row of activations (the only one: several go through gemv_blocks_rows) against N blocks at
+// The one row of activations of `a` (several go through gemv_blocks_rows) against N blocks at
 // once, sub-block by sub-block. Per block, the 4 tiles' 8 int32 accumulators are independent, so
 // the vpdpbusd latency chains overlap.
 template <FloatType S, int N>
 TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows& a,
                                      const int64_t (&b)[N], const Output& y) {
-  constexpr int64_t m = 0;
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
   const int64_t per_group = w.group_size / kSubK;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
@@ -165,11 +164,10 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
     for (int t = 0; t < 4; ++t) acc[n][t] = _mm512_setzero_ps();
   }
   for (int64_t kb = 0; kb < kb_count; ++kb) {
-    const auto* ah = reinterpret_cast<const int32_t*>(a.hi + m * a.k + kb * kSubK);
-    const auto* al = reinterpret_cast<const int32_t*>(a.lo + m * a.k + kb * kSubK);
-    const int64_t ai = m * kb_count + kb;
-    const __m512 d = _mm512_set1_ps(a.d[ai]), d_lo = _mm512_set1_ps(a.d_lo[ai]);
-    const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[ai]), sum_lo = _mm512_set1_ps(a.sum_lo[ai]);
+    const auto* ah = reinterpret_cast<const int32_t*>(a.hi + kb * kSubK);
+    const auto* al = reinterpret_cast<const int32_t*>(a.lo + kb * kSubK);
+    const __m512 d = _mm512_set1_ps(a.d[kb]), d_lo = _mm512_set1_ps(a.d_lo[kb]);
+    const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[kb]), sum_lo = _mm512_set1_ps(a.sum_lo[kb]);
     for (int n = 0; n < N; ++n) {
       const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
       for (int64_t p = 0; p < kSubBytes; p += 64) {
@@ -199,10 +197,9 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
     }
   }
   for (int n = 0; n < N; ++n) {
-    for (int t = 0; t < 4; ++t) store_tile(y, m, b[n] * kBlockRows + 16 * t, acc[n][t]);
+    for (int t = 0; t < 4; ++t) store_tile(y, 0, b[n] * kBlockRows + 16 * t, acc[n][t]);
   }
 }
-
 
 // Several rows at once with VNNI, for CPUs without AMX (and 2-3 rows on those with it): each
 // 64 bytes of weights is unpacked once for every row, and a row's int32 sums and f32 epilogue are
