@@ -1,10 +1,10 @@
 // The int4 operator alone at the row counts a Batch step gives it (issue #17): E2B's linear shapes
 // with random packed weights, bf16 activations, in the CPU kernel's blocks, one intra-op thread by
-// default. Per row count, the best of RUNS timings of CALLS calls each, as microseconds per call,
-// per row, and the call's time over the one-row call's. Prints one JSON object; docs/BENCHMARKS.md
-// has the numbers ("Several rows without AMX").
+// default. Per row count, after one untimed run, the best of RUNS timings of CALLS calls each, as
+// microseconds per call, per row, and the call's time over the one-row call's. Prints one JSON
+// object; docs/BENCHMARKS.md has the numbers ("Several rows without AMX").
 //
-//   int4_rows_bench [RUNS=20] [CALLS=20] [THREADS=1]
+//   int4_rows_bench [RUNS=100] [CALLS=10] [THREADS=1]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -21,8 +21,8 @@
 using namespace torchtpu;
 
 int main(int argc, char** argv) {
-  const int runs = argc > 1 ? std::atoi(argv[1]) : 20;
-  const int calls = argc > 2 ? std::atoi(argv[2]) : 20;
+  const int runs = argc > 1 ? std::atoi(argv[1]) : 100;
+  const int calls = argc > 2 ? std::atoi(argv[2]) : 10;
   at::set_num_threads(argc > 3 ? std::atoi(argv[3]) : 1);
   struct Shape {
     const char* name;
@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
     for (const int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16}) {
       const auto x = at::randn({m, shape.in}).to(at::kBFloat16);
       double best = 1e30;
+      for (int c = 0; c < calls; ++c) ops::int4_linear(x, w);
       for (int r = 0; r < runs; ++r) {
         const auto start = std::chrono::steady_clock::now();
         for (int c = 0; c < calls; ++c) ops::int4_linear(x, w);
