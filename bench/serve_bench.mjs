@@ -36,7 +36,10 @@ if (!url) {
   if (!existsSync(process.env.TORCHTPU_CLI)) {
     throw new Error(`no server binary at ${process.env.TORCHTPU_CLI}; set TORCHTPU_CLI or --url`);
   }
-  server = await startServer(serveArgs);
+  // The tests' helper pins the server to one intra-op thread; a benchmark keeps the caller's
+  // OMP_NUM_THREADS, or "0", which the engine reads as "the physical cores".
+  const threads = process.env.OMP_NUM_THREADS ?? "0";
+  server = await startServer(serveArgs, { env: { OMP_NUM_THREADS: threads } });
   url = server.url;
 }
 const apiKey = process.env.TORCHTPU_API_KEY ?? "none";
