@@ -134,6 +134,26 @@ TORCHTPU_AVX512 void store_tile(const Output& y, int64_t m, int64_t column, __m5
 // 4 KiB: +40% over none, the hardware prefetcher alone stops at page boundaries).
 constexpr int64_t kPrefetchAhead = 4 * kSubBytes;
 
+// Asks for the nibbles kPrefetchAhead bytes on from sub-block `sub`.
+TORCHTPU_AVX512 inline void prefetch_ahead(const uint8_t* sub) {
+  for (int64_t p = 0; p < kSubBytes; p += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
+  }
+}
+
+// The f32 epilogue of every kernel, one tile of one row and sub-block: its int32 sums against the
+// activations' hi and lo parts (i1, i2) less the zero points' share, times the activations' steps
+// and the weights' scales, added to acc. Every kernel calling this one is what gives a row the
+// same bits whichever kernel takes it.
+TORCHTPU_AVX512 inline __m512 accumulate(__m512 acc, __m512i i1, __m512i i2, __m512 zero,
+                                         __m512 scale, __m512 sum_hi, __m512 sum_lo, __m512 d,
+                                         __m512 d_lo) {
+  const __m512 f1 = _mm512_fnmadd_ps(zero, sum_hi, _mm512_cvtepi32_ps(i1));
+  const __m512 f2 = _mm512_fnmadd_ps(zero, sum_lo, _mm512_cvtepi32_ps(i2));
+  const __m512 f = _mm512_fmadd_ps(f2, d_lo, _mm512_mul_ps(f1, d));
+  return _mm512_fmadd_ps(f, scale, acc);
+}
+
 // A thread's blocks [b0, b1) as two streams from DRAM, its first half alongside its second half
 // (measured 1 thread: 10.8 GB/s with one stream, 13.5 with two): kernel(blocks) for each pair,
 // then for the odd one out.
@@ -170,9 +190,7 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
     const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[kb]), sum_lo = _mm512_set1_ps(a.sum_lo[kb]);
     for (int n = 0; n < N; ++n) {
       const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
-      for (int64_t p = 0; p < kSubBytes; p += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
-      }
+      prefetch_ahead(sub);
       __m512i i1[4], i2[4];
       for (int t = 0; t < 4; ++t) i1[t] = i2[t] = _mm512_setzero_si512();
       for (int c = 0; c < 4; ++c) {
@@ -188,11 +206,8 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
       }
       const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
       for (int t = 0; t < 4; ++t) {
-        const __m512 zero = load_zeros(w.zero, at + 16 * t);
-        const __m512 f1 = _mm512_fnmadd_ps(zero, sum_hi, _mm512_cvtepi32_ps(i1[t]));
-        const __m512 f2 = _mm512_fnmadd_ps(zero, sum_lo, _mm512_cvtepi32_ps(i2[t]));
-        const __m512 f = _mm512_fmadd_ps(f2, d_lo, _mm512_mul_ps(f1, d));
-        acc[n][t] = _mm512_fmadd_ps(f, cpu::load16<S>(w.scale, at + 16 * t), acc[n][t]);
+        acc[n][t] = accumulate(acc[n][t], i1[t], i2[t], load_zeros(w.zero, at + 16 * t),
+                               cpu::load16<S>(w.scale, at + 16 * t), sum_hi, sum_lo, d, d_lo);
       }
     }
   }
@@ -202,8 +217,8 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
 }
 
 // Several rows at once with VNNI, for CPUs without AMX (and 2-3 rows on those with it): each
-// 64 bytes of weights is unpacked once for every row, and a row's int32 sums and f32 epilogue are
-// gemv_blocks_row's, operation for operation, so each row gets the bits it gets alone.
+// 64 bytes of weights is unpacked once for every row; a row's int32 sums are gemv_blocks_row's and
+// its epilogue is `accumulate`, so each row gets the bits it gets alone.
 //
 // One weight tile (16 outputs) of a sub-block for rows [M0, M0 + G): their 2·G accumulators stay
 // in registers, which holds up to 5 rows (6 spilled: 1.3x slower per row, measured in L2), and it
@@ -233,14 +248,10 @@ TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
   const __m512 scale = cpu::load16<S>(w.scale, at);
   for (int m = 0; m < G; ++m) {
     const int64_t ai = (M0 + m) * (w.k / kSubK) + kb;
-    const __m512 f1 =
-        _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_hi[ai]), _mm512_cvtepi32_ps(i1[m]));
-    const __m512 f2 =
-        _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_lo[ai]), _mm512_cvtepi32_ps(i2[m]));
-    const __m512 f = _mm512_fmadd_ps(f2, _mm512_set1_ps(a.d_lo[ai]),
-                                     _mm512_mul_ps(f1, _mm512_set1_ps(a.d[ai])));
     float* out = acc[M0 + m];
-    _mm512_store_ps(out, _mm512_fmadd_ps(f, scale, _mm512_load_ps(out)));
+    _mm512_store_ps(out, accumulate(_mm512_load_ps(out), i1[m], i2[m], zero, scale,
+                                    _mm512_set1_ps(a.sum_hi[ai]), _mm512_set1_ps(a.sum_lo[ai]),
+                                    _mm512_set1_ps(a.d[ai]), _mm512_set1_ps(a.d_lo[ai])));
   }
 }
 
@@ -256,9 +267,7 @@ TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows
   for (int64_t kb = 0; kb < kb_count; ++kb) {
     for (int n = 0; n < N; ++n) {
       const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
-      for (int64_t p = 0; p < kSubBytes; p += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
-      }
+      prefetch_ahead(sub);
       const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
       for (int t = 0; t < 4; ++t) {
         tile_rows<S, 0, kFirst>(w, a, sub + t * 256, kb, at + 16 * t, acc[n][t]);
@@ -310,8 +319,7 @@ void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int6
 // Several rows at once through AMX. A sub-block of weights is unpacked to bytes once, and each of
 // its four 16-output tiles meets every row's hi and lo parts in one tdpbsud (signed activation
 // bytes times unsigned weight bytes: the int32 sums vpdpbusd makes), so a row costs only the f32
-// epilogue. That epilogue is gemv_blocks_row's, operation for operation, so each row gets the bits
-// it gets alone.
+// epilogue, `accumulate` as in the VNNI kernels, so each row gets the bits it gets alone.
 //
 // Tiles 0 and 1 hold the rows' hi parts and then their lo parts for one sub-block (2·rows × 32
 // bytes, even and odd sub-blocks), 2 and 3 a weight tile as bytes (8 rows of 4 inputs × 16
@@ -337,9 +345,7 @@ TORCHTPU_AMX void configure_tiles(int64_t rows) {
 // its 16 outputs), row 2c + 1 the high ones (8c+4..8c+7), so the rows run in input order.
 TORCHTPU_AMX inline void unpack_sub_block(const uint8_t* sub, uint8_t (*unpacked)[8][64]) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  for (int64_t p = 0; p < kSubBytes; p += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
-  }
+  prefetch_ahead(sub);
   for (int t = 0; t < 4; ++t) {
     for (int c = 0; c < 4; ++c) {
       const __m512i x = _mm512_loadu_si512(sub + (t * 4 + c) * 64);
@@ -396,13 +402,10 @@ TORCHTPU_AMX inline void accumulate_sub_block(const BlockWeights& w, const Quant
     const __m512 d = _mm512_set1_ps(a.d[ai]), d_lo = _mm512_set1_ps(a.d_lo[ai]);
     const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[ai]), sum_lo = _mm512_set1_ps(a.sum_lo[ai]);
     for (int t = 0; t < 4; ++t) {
-      const __m512i i1 = _mm512_load_si512(sums[t][m]);
-      const __m512i i2 = _mm512_load_si512(sums[t][a.rows + m]);
-      const __m512 f1 = _mm512_fnmadd_ps(zero[t], sum_hi, _mm512_cvtepi32_ps(i1));
-      const __m512 f2 = _mm512_fnmadd_ps(zero[t], sum_lo, _mm512_cvtepi32_ps(i2));
-      const __m512 f = _mm512_fmadd_ps(f2, d_lo, _mm512_mul_ps(f1, d));
       float* out = acc[m] + 16 * t;
-      _mm512_store_ps(out, _mm512_fmadd_ps(f, scale[t], _mm512_load_ps(out)));
+      _mm512_store_ps(out, accumulate(_mm512_load_ps(out), _mm512_load_si512(sums[t][m]),
+                                      _mm512_load_si512(sums[t][a.rows + m]), zero[t], scale[t],
+                                      sum_hi, sum_lo, d, d_lo));
     }
   }
 }
