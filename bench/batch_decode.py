@@ -2,7 +2,7 @@
 two tokens of a running stream while a long prompt is read beside it.
 
     python bench/batch_decode.py --model DIR [--emb4 DIR] [--streams 1,2,4,8] [--new 64]
-        [--prompt 32] [--context 8192] [--dtype bfloat16] [--threads 0]
+        [--prompt 32] [--context 8192] [--dtype bfloat16] [--threads 0] [--int4-activation-bits 16]
         [--long-prompt 4096] [--step-tokens 0] [--turn-prompt 4000] [--cache-mb 1024]
         [--llamacpp GGUF] [--llamacpp-threads 2]
 
@@ -157,6 +157,7 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--int4-activation-bits", type=int, default=16, choices=(16, 8))
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--step-tokens", type=int, default=0)
     parser.add_argument("--long-prompt", type=int, default=0)
@@ -173,6 +174,7 @@ def main(argv=None) -> int:
         dtype=args.dtype,
         threads=args.threads,
         prefill_chunk=args.prefill_chunk,
+        int4_activation_bits=args.int4_activation_bits,
     )
     alone = engine.decode(prompt(args.prompt, 0, engine.vocab_size), args.new, stop=())
     out = {

@@ -2,7 +2,7 @@
 profiler scopes (gemma4::inputs, ::attention, ::mlp, ::per_layer_input, ::head, engine::sample).
 
     python bench/decode_profile.py --model DIR [--emb4 DIR] [--prompt-tokens 19] [--steps 32]
-        [--rows 1]
+        [--rows 1] [--int4-activation-bits 16]
 
 With --rows N above 1, N sequences decode together in one Batch (issue #17), each step making N
 tokens. Prints, per scope, milliseconds per decode step split into the linears
@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, default=8192)
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--rows", type=int, default=1)
+    parser.add_argument("--int4-activation-bits", type=int, default=16, choices=(16, 8))
     args = parser.parse_args(argv)
 
     import torch
@@ -87,7 +88,11 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     engine = torchtpu_cpp.Engine(
-        args.model, args.emb4, context=args.context, threads=args.threads
+        args.model,
+        args.emb4,
+        context=args.context,
+        threads=args.threads,
+        int4_activation_bits=args.int4_activation_bits,
     )
     ids = [2] + [1000 + i for i in range(args.prompt_tokens - 1)]
     if args.rows == 1:

@@ -1,10 +1,11 @@
 // The int4 operator alone at the row counts a Batch step gives it (issue #17): E2B's linear shapes
 // with random packed weights, bf16 activations, in the CPU kernel's blocks, one intra-op thread by
 // default. Per row count, after one untimed run, the best of RUNS timings of CALLS calls each, as
-// microseconds per call, per row, and the call's time over the one-row call's. Prints one JSON
-// object; docs/BENCHMARKS.md has the numbers ("Several rows without AMX").
+// microseconds per call, per row, and the call's time over the one-row call's, with the
+// activations at BITS (16, or 8: the fast mode). Prints one JSON object; docs/BENCHMARKS.md has
+// the numbers ("Several rows without AMX", "8-bit activations").
 //
-//   int4_rows_bench [RUNS=100] [CALLS=10] [THREADS=1]
+//   int4_rows_bench [RUNS=100] [CALLS=10] [THREADS=1] [BITS=16]
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   const int runs = argc > 1 ? std::atoi(argv[1]) : 100;
   const int calls = argc > 2 ? std::atoi(argv[2]) : 10;
   at::set_num_threads(argc > 3 ? std::atoi(argv[3]) : 1);
+  const int bits = argc > 4 ? std::atoi(argv[4]) : 16;
   struct Shape {
     const char* name;
     int64_t in, out;
@@ -34,13 +36,15 @@ int main(int argc, char** argv) {
                                      {"gate/up 1536x6144", 1536, 6144}};
   nlohmann::json out = {{"isa", ops::int4_cpu_isa()},
                         {"threads", at::get_num_threads()},
+                        {"activation_bits", bits},
                         {"runs", runs},
                         {"calls", calls},
                         {"shapes", nlohmann::json::array()}};
   for (const auto& shape : shapes) {
     at::manual_seed(1);
     const auto dense = (at::randn({shape.out, shape.in}) * 0.05).to(at::kBFloat16);
-    const auto w = ops::repack_for_cpu(quantize_weight(dense, {32, true, at::kBFloat16}, "bench"));
+    auto w = ops::repack_for_cpu(quantize_weight(dense, {32, true, at::kBFloat16}, "bench"));
+    w.activation_bits = bits;
     nlohmann::json rows = nlohmann::json::array();
     double one_row = 0;
     for (const int64_t m : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16}) {

@@ -16,6 +16,9 @@ void EngineFlags::add_to(CLI::App& cmd) {
                  "packed | composite | dequantized");
   cmd.add_option("--quantize", quantize,
                  "int4: quantize a dense checkpoint's linears and head at load (group 32) | none");
+  cmd.add_option("--int4-activation-bits", int4_activation_bits,
+                 "Bits of the activations the CPU int4 kernel multiplies: 16 | 8 (half the work for "
+                 "several rows at once, llama.cpp's Q8_0 numerics)");
   cmd.add_option("--threads", threads, "Intra-op threads (0: OMP_NUM_THREADS, else the physical cores)");
   cmd.add_flag("--no-vision", no_vision, "Do not load the checkpoint's image tower");
   cmd.add_flag("--no-audio", no_audio, "Do not load the checkpoint's audio tower");
@@ -32,6 +35,7 @@ EngineOptions EngineFlags::options() const {
   o.prefill_chunk = chunk;
   o.int4 = parse_int4_weights(int4);
   o.quantize_int4 = parse_quantize(quantize);
+  o.int4_activation_bits = int4_activation_bits;
   o.threads = threads;
   o.no_vision = no_vision;
   o.no_audio = no_audio;

@@ -35,6 +35,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--quantize", options->quantize,
                   "int4: quantize a dense checkpoint's linears and head at load | none")
       ->capture_default_str();
+  cmd->add_option("--int4-activation-bits", options->int4_activation_bits,
+                  "Bits of the activations the CPU int4 kernel multiplies: 16 | 8 (half the work "
+                  "for several rows at once, llama.cpp's Q8_0 numerics)")
+      ->capture_default_str();
   cmd->add_option("--api-key", options->api_key,
                   "Require 'Authorization: Bearer KEY' on everything but /health, /livez and "
                   "/metrics (default: $TORCHTPU_API_KEY)");

@@ -143,12 +143,17 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
     throw ValueError("prefill chunk must be at least 1, got " +
                      std::to_string(options.prefill_chunk));
   }
+  if (options.int4_activation_bits != 16 && options.int4_activation_bits != 8) {
+    throw ValueError("int4 activation bits must be 16 or 8, got " +
+                     std::to_string(options.int4_activation_bits));
+  }
   const auto start = Clock::now();
   c10::InferenceMode inference;
   model_ = std::make_unique<Gemma4>(
-      options.model_dir, ModelOptions{options.device, options.dtype, options.emb4_dir,
-                                      /*attend_filled_slots=*/options.device.is_cpu(), options.int4,
-                                      options.quantize_int4});
+      options.model_dir,
+      ModelOptions{options.device, options.dtype, options.emb4_dir,
+                   /*attend_filled_slots=*/options.device.is_cpu(), options.int4,
+                   options.quantize_int4, options.int4_activation_bits});
   const auto& c = model_->config();
   if (c.vision && !options.no_vision) {
     vision_ = std::make_unique<VisionTower>(options.model_dir, model_->options());

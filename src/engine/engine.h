@@ -30,6 +30,7 @@ struct EngineOptions {
   int64_t prefill_chunk = 512;  // prompt tokens read per forward pass
   Int4Weights int4 = Int4Weights::kAuto;
   bool quantize_int4 = false;  // ModelOptions::quantize_int4
+  int64_t int4_activation_bits = 16;  // ModelOptions::int4_activation_bits: 16 or 8
   int64_t threads = 0;         // intra-op threads; 0: default_threads()
   // Leave the checkpoint's image / audio tower unloaded (less memory; prompts with such media
   // are then refused).

@@ -21,6 +21,7 @@ nlohmann::json engine_report(const Engine& engine) {
           {"int4",
            {{"weights", int4_weights_name(engine.model_options().int4)},
             {"quantized_at_load", engine.model_options().quantize_int4},
+            {"activation_bits", engine.model_options().int4_activation_bits},
             {"cpu_kernel", ops::int4_cpu_isa()}}},
           {"load_s", engine.load_seconds()}};
 }

@@ -149,8 +149,9 @@ Linear Gemma4::int4_linear(const PackedInt4& packed) const {
       (blocks && !ops::cpu_blocks_supported(packed))) {
     return {dequantize(packed, o.dtype).to(o.device), std::nullopt};
   }
-  if (blocks) return {at::Tensor(), ops::repack_for_cpu(packed)};
-  return {at::Tensor(), ops::int4_weight(packed.to(o.device))};
+  auto weight = blocks ? ops::repack_for_cpu(packed) : ops::int4_weight(packed.to(o.device));
+  weight.activation_bits = o.int4_activation_bits;
+  return {at::Tensor(), std::move(weight)};
 }
 
 Linear Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& module,

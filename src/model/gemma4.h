@@ -126,6 +126,9 @@ struct ModelOptions {
   // `--emb4` would (symmetric, group 32; the head with f16 scales), so a bf16 checkpoint decodes
   // from int4 without a file being written.
   bool quantize_int4 = false;
+  // The int4 operator's activation_bits for every int4 linear: 16, or 8 for the CPU kernel's fast
+  // mode for several rows (ops/int4_cpu.h).
+  int64_t int4_activation_bits = 16;
 };
 
 class Gemma4 {

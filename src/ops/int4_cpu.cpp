@@ -42,12 +42,16 @@ void gemv_portable(const BlockWeights& w, const QuantizedRows& a, int64_t b0, in
             for (int64_t kk = 0; kk < kSubK; ++kk) {
               const int32_t u = nibble(sub, r, kk);
               i1 += u * a.hi[m * a.k + kb * kSubK + kk];
-              i2 += u * a.lo[m * a.k + kb * kSubK + kk];
+              if (a.lo) i2 += u * a.lo[m * a.k + kb * kSubK + kk];
             }
             const int64_t ai = m * kb_count + kb;
             const float f1 = static_cast<float>(i1) - zero * a.sum_hi[ai];
-            const float f2 = static_cast<float>(i2) - zero * a.sum_lo[ai];
-            part += f1 * a.d[ai] + f2 * a.d_lo[ai];
+            if (a.lo) {
+              const float f2 = static_cast<float>(i2) - zero * a.sum_lo[ai];
+              part += f1 * a.d[ai] + f2 * a.d_lo[ai];
+            } else {
+              part += f1 * a.d[ai];
+            }
           }
           acc += part * cpu::load(w.scale_type, w.scale, at);
         }
@@ -86,31 +90,37 @@ void quantize_rows_portable(const void* x, FloatType type, int64_t rows, int64_t
       float xb[kSubK];
       for (int64_t i = 0; i < kSubK; ++i) xb[i] = cpu::load(type, x, m * k + kb * kSubK + i);
       int8_t* h = hi + m * k + kb * kSubK;
-      int8_t* l = lo + m * k + kb * kSubK;
       float amax = 0.0f;
       for (int64_t i = 0; i < kSubK; ++i) amax = std::max(amax, std::fabs(xb[i]));
       const int64_t at = m * blocks + kb;
       if (amax == 0.0f) {
         std::fill(h, h + kSubK, 0);
-        std::fill(l, l + kSubK, 0);
-        d[at] = d_lo[at] = sum_hi[at] = sum_lo[at] = 0.0f;
+        d[at] = sum_hi[at] = 0.0f;
+        if (lo) {
+          std::fill(lo + m * k + kb * kSubK, lo + m * k + (kb + 1) * kSubK, 0);
+          d_lo[at] = sum_lo[at] = 0.0f;
+        }
         continue;
       }
       const float step = amax / 127.0f, inv = 127.0f / amax;
       int32_t s1 = 0, s2 = 0;
       for (int64_t i = 0; i < kSubK; ++i) {
         const float q1 = std::clamp(round_even(xb[i] * inv), -127.0f, 127.0f);
-        const float rest = xb[i] - q1 * step;
-        const float q2 = std::clamp(round_even(rest * inv * 254.0f), -127.0f, 127.0f);
         h[i] = static_cast<int8_t>(q1);
-        l[i] = static_cast<int8_t>(q2);
         s1 += h[i];
-        s2 += l[i];
+        if (lo) {
+          const float rest = xb[i] - q1 * step;
+          const float q2 = std::clamp(round_even(rest * inv * 254.0f), -127.0f, 127.0f);
+          lo[m * k + kb * kSubK + i] = static_cast<int8_t>(q2);
+          s2 += static_cast<int8_t>(q2);
+        }
       }
       d[at] = step;
-      d_lo[at] = step / 254.0f;
       sum_hi[at] = static_cast<float>(s1);
-      sum_lo[at] = static_cast<float>(s2);
+      if (lo) {
+        d_lo[at] = step / 254.0f;
+        sum_lo[at] = static_cast<float>(s2);
+      }
     }
   }
 }
@@ -142,16 +152,22 @@ TORCHTPU_AVX512 inline void prefetch_ahead(const uint8_t* sub) {
 }
 
 // The f32 epilogue of every kernel, one tile of one row and sub-block: its int32 sums against the
-// activations' hi and lo parts (i1, i2) less the zero points' share, times the activations' steps
-// and the weights' scales, added to acc. Every kernel calling this one is what gives a row the
-// same bits whichever kernel takes it.
+// activations' hi and lo parts (i1, i2; i2 only when kLo) less the zero points' share, times the
+// activations' steps (row and sub-block `ai` of `a`) and the weights' scales, added to acc. Every
+// kernel calling this one is what gives a row the same bits whichever kernel takes it.
+template <bool kLo>
 TORCHTPU_AVX512 inline __m512 accumulate(__m512 acc, __m512i i1, __m512i i2, __m512 zero,
-                                         __m512 scale, __m512 sum_hi, __m512 sum_lo, __m512 d,
-                                         __m512 d_lo) {
-  const __m512 f1 = _mm512_fnmadd_ps(zero, sum_hi, _mm512_cvtepi32_ps(i1));
-  const __m512 f2 = _mm512_fnmadd_ps(zero, sum_lo, _mm512_cvtepi32_ps(i2));
-  const __m512 f = _mm512_fmadd_ps(f2, d_lo, _mm512_mul_ps(f1, d));
-  return _mm512_fmadd_ps(f, scale, acc);
+                                         __m512 scale, const QuantizedRows& a, int64_t ai) {
+  const __m512 f1 =
+      _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_hi[ai]), _mm512_cvtepi32_ps(i1));
+  const __m512 hi = _mm512_mul_ps(f1, _mm512_set1_ps(a.d[ai]));
+  if constexpr (!kLo) {
+    return _mm512_fmadd_ps(hi, scale, acc);
+  } else {
+    const __m512 f2 =
+        _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_lo[ai]), _mm512_cvtepi32_ps(i2));
+    return _mm512_fmadd_ps(_mm512_fmadd_ps(f2, _mm512_set1_ps(a.d_lo[ai]), hi), scale, acc);
+  }
 }
 
 // A thread's blocks [b0, b1) as two streams from DRAM, its first half alongside its second half
@@ -171,9 +187,9 @@ void for_block_pairs(int64_t b0, int64_t b1, Kernel&& kernel) {
 }
 
 // The one row of activations of `a` (several go through gemv_blocks_rows) against N blocks at
-// once, sub-block by sub-block. Per block, the 4 tiles' 8 int32 accumulators are independent, so
-// the vpdpbusd latency chains overlap.
-template <FloatType S, int N>
+// once, sub-block by sub-block. Per block, the 4 tiles' 8 (4 without lo parts) int32 accumulators
+// are independent, so the vpdpbusd latency chains overlap.
+template <FloatType S, int N, bool kLo>
 TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows& a,
                                      const int64_t (&b)[N], const Output& y) {
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
@@ -185,9 +201,7 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
   }
   for (int64_t kb = 0; kb < kb_count; ++kb) {
     const auto* ah = reinterpret_cast<const int32_t*>(a.hi + kb * kSubK);
-    const auto* al = reinterpret_cast<const int32_t*>(a.lo + kb * kSubK);
-    const __m512 d = _mm512_set1_ps(a.d[kb]), d_lo = _mm512_set1_ps(a.d_lo[kb]);
-    const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[kb]), sum_lo = _mm512_set1_ps(a.sum_lo[kb]);
+    const auto* al = reinterpret_cast<const int32_t*>(kLo ? a.lo + kb * kSubK : nullptr);
     for (int n = 0; n < N; ++n) {
       const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
       prefetch_ahead(sub);
@@ -195,19 +209,22 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
       for (int t = 0; t < 4; ++t) i1[t] = i2[t] = _mm512_setzero_si512();
       for (int c = 0; c < 4; ++c) {
         const __m512i h0 = _mm512_set1_epi32(ah[2 * c]), h1 = _mm512_set1_epi32(ah[2 * c + 1]);
-        const __m512i l0 = _mm512_set1_epi32(al[2 * c]), l1 = _mm512_set1_epi32(al[2 * c + 1]);
         for (int t = 0; t < 4; ++t) {
           const __m512i x = _mm512_loadu_si512(sub + (t * 4 + c) * 64);
           const __m512i lo = _mm512_and_si512(x, low4);
           const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
           i1[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i1[t], lo, h0), hi, h1);
-          i2[t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i2[t], lo, l0), hi, l1);
+          if constexpr (kLo) {
+            i2[t] = _mm512_dpbusd_epi32(
+                _mm512_dpbusd_epi32(i2[t], lo, _mm512_set1_epi32(al[2 * c])), hi,
+                _mm512_set1_epi32(al[2 * c + 1]));
+          }
         }
       }
       const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
       for (int t = 0; t < 4; ++t) {
-        acc[n][t] = accumulate(acc[n][t], i1[t], i2[t], load_zeros(w.zero, at + 16 * t),
-                               cpu::load16<S>(w.scale, at + 16 * t), sum_hi, sum_lo, d, d_lo);
+        acc[n][t] = accumulate<kLo>(acc[n][t], i1[t], i2[t], load_zeros(w.zero, at + 16 * t),
+                                    cpu::load16<S>(w.scale, at + 16 * t), a, kb);
       }
     }
   }
@@ -220,10 +237,11 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
 // 64 bytes of weights is unpacked once for every row; a row's int32 sums are gemv_blocks_row's and
 // its epilogue is `accumulate`, so each row gets the bits it gets alone.
 //
-// One weight tile (16 outputs) of a sub-block for rows [M0, M0 + G): their 2·G accumulators stay
-// in registers, which holds up to 5 rows (6 spilled: 1.3x slower per row, measured in L2), and it
-// must be inlined (called, 4 rows were 1.13x slower).
-template <FloatType S, int M0, int G>
+// One weight tile (16 outputs) of a sub-block for rows [M0, M0 + G): their 2·G accumulators (G
+// without lo parts) stay in registers, which holds up to 5 rows with lo parts (6 spilled: 1.3x
+// slower per row, measured in L2) and 8 without, and it must be inlined (called, 4 rows were 1.13x
+// slower).
+template <FloatType S, int M0, int G, bool kLo>
 TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
     const BlockWeights& w, const QuantizedRows& a, const uint8_t* tile, int64_t kb, int64_t at,
     float (*acc)[16]) {
@@ -237,30 +255,31 @@ TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
     for (int m = 0; m < G; ++m) {
       const int64_t off = (M0 + m) * a.k + kb * kSubK;
       const auto* ah = reinterpret_cast<const int32_t*>(a.hi + off);
-      const auto* al = reinterpret_cast<const int32_t*>(a.lo + off);
       i1[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i1[m], lo, _mm512_set1_epi32(ah[2 * c])),
                                   hi, _mm512_set1_epi32(ah[2 * c + 1]));
-      i2[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i2[m], lo, _mm512_set1_epi32(al[2 * c])),
-                                  hi, _mm512_set1_epi32(al[2 * c + 1]));
+      if constexpr (kLo) {
+        const auto* al = reinterpret_cast<const int32_t*>(a.lo + off);
+        i2[m] = _mm512_dpbusd_epi32(
+            _mm512_dpbusd_epi32(i2[m], lo, _mm512_set1_epi32(al[2 * c])), hi,
+            _mm512_set1_epi32(al[2 * c + 1]));
+      }
     }
   }
   const __m512 zero = load_zeros(w.zero, at);
   const __m512 scale = cpu::load16<S>(w.scale, at);
   for (int m = 0; m < G; ++m) {
-    const int64_t ai = (M0 + m) * (w.k / kSubK) + kb;
     float* out = acc[M0 + m];
-    _mm512_store_ps(out, accumulate(_mm512_load_ps(out), i1[m], i2[m], zero, scale,
-                                    _mm512_set1_ps(a.sum_hi[ai]), _mm512_set1_ps(a.sum_lo[ai]),
-                                    _mm512_set1_ps(a.d[ai]), _mm512_set1_ps(a.d_lo[ai])));
+    _mm512_store_ps(out, accumulate<kLo>(_mm512_load_ps(out), i1[m], i2[m], zero, scale, a,
+                                         (M0 + m) * (w.k / kSubK) + kb));
   }
 }
 
 // R rows (2 to 8) against N blocks side by side, as gemv_blocks_row streams them; more than 5
-// rows go through each tile in two groups, the second meeting the weights in L1.
-template <FloatType S, int N, int R>
+// rows with lo parts go through each tile in two groups, the second meeting the weights in L1.
+template <FloatType S, int N, int R, bool kLo>
 TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows& a,
                                       const int64_t (&b)[N], const Output& y) {
-  constexpr int kFirst = R <= 5 ? R : (R + 1) / 2;
+  constexpr int kFirst = !kLo || R <= 5 ? R : (R + 1) / 2;
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
   const int64_t per_group = w.group_size / kSubK;
   alignas(64) float acc[N][4][R][kBlockRows / 4] = {};
@@ -270,9 +289,10 @@ TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows
       prefetch_ahead(sub);
       const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
       for (int t = 0; t < 4; ++t) {
-        tile_rows<S, 0, kFirst>(w, a, sub + t * 256, kb, at + 16 * t, acc[n][t]);
+        tile_rows<S, 0, kFirst, kLo>(w, a, sub + t * 256, kb, at + 16 * t, acc[n][t]);
         if constexpr (R > kFirst) {
-          tile_rows<S, kFirst, R - kFirst>(w, a, sub + t * 256, kb, at + 16 * t, acc[n][t]);
+          tile_rows<S, kFirst, R - kFirst, kLo>(w, a, sub + t * 256, kb, at + 16 * t,
+                                                acc[n][t]);
         }
       }
     }
@@ -286,31 +306,38 @@ TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows
   }
 }
 
-template <FloatType S, int R>
+template <FloatType S, int R, bool kLo>
 void gemv_rows_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
                       const Output& y) {
   for_block_pairs(b0, b1, [&]<int N>(const int64_t (&blocks)[N]) {
     if constexpr (R == 1) {
-      gemv_blocks_row<S, N>(w, a, blocks, y);
+      gemv_blocks_row<S, N, kLo>(w, a, blocks, y);
     } else {
-      gemv_blocks_rows<S, N, R>(w, a, blocks, y);
+      gemv_blocks_rows<S, N, R, kLo>(w, a, blocks, y);
     }
   });
+}
+
+template <FloatType S, bool kLo>
+void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
+                 const Output& y) {
+  switch (a.rows) {
+    case 1: return gemv_rows_avx512<S, 1, kLo>(w, a, b0, b1, y);
+    case 2: return gemv_rows_avx512<S, 2, kLo>(w, a, b0, b1, y);
+    case 3: return gemv_rows_avx512<S, 3, kLo>(w, a, b0, b1, y);
+    case 4: return gemv_rows_avx512<S, 4, kLo>(w, a, b0, b1, y);
+    case 5: return gemv_rows_avx512<S, 5, kLo>(w, a, b0, b1, y);
+    case 6: return gemv_rows_avx512<S, 6, kLo>(w, a, b0, b1, y);
+    case 7: return gemv_rows_avx512<S, 7, kLo>(w, a, b0, b1, y);
+    default: return gemv_rows_avx512<S, kMaxRows, kLo>(w, a, b0, b1, y);
+  }
 }
 
 template <FloatType S>
 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
                  const Output& y) {
-  switch (a.rows) {
-    case 1: return gemv_rows_avx512<S, 1>(w, a, b0, b1, y);
-    case 2: return gemv_rows_avx512<S, 2>(w, a, b0, b1, y);
-    case 3: return gemv_rows_avx512<S, 3>(w, a, b0, b1, y);
-    case 4: return gemv_rows_avx512<S, 4>(w, a, b0, b1, y);
-    case 5: return gemv_rows_avx512<S, 5>(w, a, b0, b1, y);
-    case 6: return gemv_rows_avx512<S, 6>(w, a, b0, b1, y);
-    case 7: return gemv_rows_avx512<S, 7>(w, a, b0, b1, y);
-    default: return gemv_rows_avx512<S, kMaxRows>(w, a, b0, b1, y);
-  }
+  if (a.lo) return gemv_avx512<S, true>(w, a, b0, b1, y);
+  gemv_avx512<S, false>(w, a, b0, b1, y);
 }
 
 #define TORCHTPU_AMX                                                                    \
@@ -398,14 +425,11 @@ TORCHTPU_AMX inline void accumulate_sub_block(const BlockWeights& w, const Quant
     scale[t] = cpu::load16<S>(w.scale, at + 16 * t);
   }
   for (int64_t m = 0; m < a.rows; ++m) {
-    const int64_t ai = m * kb_count + kb;
-    const __m512 d = _mm512_set1_ps(a.d[ai]), d_lo = _mm512_set1_ps(a.d_lo[ai]);
-    const __m512 sum_hi = _mm512_set1_ps(a.sum_hi[ai]), sum_lo = _mm512_set1_ps(a.sum_lo[ai]);
     for (int t = 0; t < 4; ++t) {
       float* out = acc[m] + 16 * t;
-      _mm512_store_ps(out, accumulate(_mm512_load_ps(out), _mm512_load_si512(sums[t][m]),
-                                      _mm512_load_si512(sums[t][a.rows + m]), zero[t], scale[t],
-                                      sum_hi, sum_lo, d, d_lo));
+      _mm512_store_ps(out, accumulate<true>(_mm512_load_ps(out), _mm512_load_si512(sums[t][m]),
+                                            _mm512_load_si512(sums[t][a.rows + m]), zero[t],
+                                            scale[t], a, m * kb_count + kb));
     }
   }
 }
@@ -528,8 +552,11 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, int64_t rows, int64_t k
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
       if (amax == 0.0f) {
         std::fill(hi + off, hi + off + kSubK, 0);
-        std::fill(lo + off, lo + off + kSubK, 0);
-        d[at] = d_lo[at] = sum_hi[at] = sum_lo[at] = 0.0f;
+        d[at] = sum_hi[at] = 0.0f;
+        if (lo) {
+          std::fill(lo + off, lo + off + kSubK, 0);
+          d_lo[at] = sum_lo[at] = 0.0f;
+        }
         continue;
       }
       const float step = amax / 127.0f, inv = 127.0f / amax;
@@ -540,24 +567,28 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, int64_t rows, int64_t k
         const __m512 v = half ? x1 : x0;
         const __m512 q1 = _mm512_min_ps(
             _mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(v, vinv), kRound), neg_lim), lim);
+        const __m512i i1 = _mm512_cvtps_epi32(q1);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + off + 16 * half),
+                         _mm512_cvtepi32_epi8(i1));
+        s1 = _mm512_add_epi32(s1, i1);
+        if (!lo) continue;
         const __m512 rest = _mm512_sub_ps(v, _mm512_mul_ps(q1, vstep));
         const __m512 q2 = _mm512_min_ps(
             _mm512_max_ps(
                 _mm512_roundscale_ps(_mm512_mul_ps(_mm512_mul_ps(rest, vinv), v254), kRound),
                 neg_lim),
             lim);
-        const __m512i i1 = _mm512_cvtps_epi32(q1), i2 = _mm512_cvtps_epi32(q2);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + off + 16 * half),
-                         _mm512_cvtepi32_epi8(i1));
+        const __m512i i2 = _mm512_cvtps_epi32(q2);
         _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + off + 16 * half),
                          _mm512_cvtepi32_epi8(i2));
-        s1 = _mm512_add_epi32(s1, i1);
         s2 = _mm512_add_epi32(s2, i2);
       }
       d[at] = step;
-      d_lo[at] = step / 254.0f;
       sum_hi[at] = static_cast<float>(_mm512_reduce_add_epi32(s1));
-      sum_lo[at] = static_cast<float>(_mm512_reduce_add_epi32(s2));
+      if (lo) {
+        d_lo[at] = step / 254.0f;
+        sum_lo[at] = static_cast<float>(_mm512_reduce_add_epi32(s2));
+      }
     }
   }
 }
@@ -590,7 +621,7 @@ void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int6
   // Up to 3 rows stay with VNNI: one is bound by memory, and a whole E2B step at 2 rows measured
   // 1.17-1.4x more CPU time through AMX, 4 rows 0.66-0.87x, 8 rows 0.5-0.8x. (Measured against
   // VNNI taking the rows one after another, before gemv_blocks_rows; not yet measured again on a
-  // CPU with AMX.)
+  // CPU with AMX.) Rows without lo parts stay with VNNI: the AMX kernel's tiles hold both.
   if (a.rows >= 4 && a.rows <= kMaxRows && a.lo == a.hi + a.rows * a.k && cpu::use_amx()) {
     switch (w.scale_type) {
       case FloatType::kBFloat16: return gemv_amx<FloatType::kBFloat16>(w, a, b0, b1, y);

@@ -48,7 +48,7 @@ PackedInt4 as_packed(const at::Tensor& weight, const at::Tensor& scale,
 }
 
 void check_common(const at::Tensor& x, const at::Tensor& scale, int64_t group_size,
-                  int64_t out_features) {
+                  int64_t out_features, int64_t activation_bits) {
   TORCH_CHECK_VALUE(x.dim() >= 1, "int4_linear: x must have at least one dimension");
   TORCH_CHECK_VALUE(at::isFloatingType(x.scalar_type()),
                     "int4_linear: x must be floating point, got ", x.scalar_type());
@@ -59,13 +59,15 @@ void check_common(const at::Tensor& x, const at::Tensor& scale, int64_t group_si
                         scale.scalar_type() == at::kFloat,
                     "int4_linear: scale must be bfloat16, float16 or float32, got ",
                     scale.scalar_type());
+  TORCH_CHECK_VALUE(activation_bits == 16 || activation_bits == 8,
+                    "int4_linear: activation_bits must be 16 or 8, got ", activation_bits);
 }
 
 at::Tensor int4_linear_composite(const at::Tensor& x, const at::Tensor& weight,
                                  const at::Tensor& scale,
                                  const std::optional<at::Tensor>& zero_point, int64_t group_size,
-                                 int64_t out_features) {
-  check_common(x, scale, group_size, out_features);
+                                 int64_t out_features, int64_t activation_bits) {
+  check_common(x, scale, group_size, out_features, activation_bits);
   const int64_t in = x.size(-1);
   TORCH_CHECK_VALUE(weight.scalar_type() == at::kInt,
                     "int4_linear: this device takes compressed-tensors' layout (int32 weight), "
@@ -84,7 +86,8 @@ at::Tensor int4_linear_composite(const at::Tensor& x, const at::Tensor& weight,
 }
 
 at::Tensor int4_linear_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, int64_t, int64_t out_features) {
+                            const std::optional<at::Tensor>&, int64_t, int64_t out_features,
+                            int64_t) {
   return at::empty(output_shape(x, out_features), x.options());
 }
 
@@ -101,29 +104,30 @@ int4_cpu::BlockWeights block_weights(const at::Tensor& weight, const at::Tensor&
   return w;
 }
 
-// y[r0:r1] = x[r0:r1] · wᵀ through the streaming kernels: rows [r0, r1) quantized once, the
-// weights read once for all of them. Activations are tiny next to the weights; their buffers are
-// reused across calls.
+// y[r0:r1] = x[r0:r1] · wᵀ through the streaming kernels: rows [r0, r1) quantized once (with lo
+// parts for 16-bit activations), the weights read once for all of them. Activations are tiny next
+// to the weights; their buffers are reused across calls.
 void stream_rows(const int4_cpu::BlockWeights& w, const at::Tensor& x, int64_t r0, int64_t r1,
-                 at::Tensor& y, int64_t blocks) {
+                 at::Tensor& y, int64_t blocks, int64_t activation_bits) {
   const int64_t m = r1 - r0, k = w.k, blocks_k = k / kSubK, out_features = y.size(-1);
   thread_local std::vector<int8_t> parts;
   thread_local std::vector<float> stats;
   parts.resize(2 * m * k);
   stats.resize(4 * m * blocks_k);
+  const bool lo = activation_bits == 16;
   int4_cpu::QuantizedRows a;
   a.rows = m;
   a.k = k;
   a.hi = parts.data();
-  a.lo = parts.data() + m * k;
+  a.lo = lo ? parts.data() + m * k : nullptr;
   a.d = stats.data();
-  a.d_lo = stats.data() + m * blocks_k;
+  a.d_lo = lo ? stats.data() + m * blocks_k : nullptr;
   a.sum_hi = stats.data() + 2 * m * blocks_k;
-  a.sum_lo = stats.data() + 3 * m * blocks_k;
+  a.sum_lo = lo ? stats.data() + 3 * m * blocks_k : nullptr;
   const auto* first = static_cast<const char*>(x.data_ptr()) + r0 * k * x.element_size();
   int4_cpu::quantize_rows(first, cpu::float_type(x.scalar_type()), m, k, parts.data(),
-                          parts.data() + m * k, stats.data(), stats.data() + m * blocks_k,
-                          stats.data() + 2 * m * blocks_k, stats.data() + 3 * m * blocks_k);
+                          const_cast<int8_t*>(a.lo), stats.data(), const_cast<float*>(a.d_lo),
+                          stats.data() + 2 * m * blocks_k, const_cast<float*>(a.sum_lo));
   int4_cpu::Output out;
   out.data = static_cast<char*>(y.data_ptr()) + r0 * out_features * y.element_size();
   out.ld = out_features;
@@ -135,11 +139,12 @@ void stream_rows(const int4_cpu::BlockWeights& w, const at::Tensor& x, int64_t r
 
 at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                            const std::optional<at::Tensor>& zero_point, int64_t group_size,
-                           int64_t out_features) {
+                           int64_t out_features, int64_t activation_bits) {
   if (weight.scalar_type() != at::kByte) {
-    return int4_linear_composite(x, weight, scale, zero_point, group_size, out_features);
+    return int4_linear_composite(x, weight, scale, zero_point, group_size, out_features,
+                                 activation_bits);
   }
-  check_common(x, scale, group_size, out_features);
+  check_common(x, scale, group_size, out_features, activation_bits);
   const int64_t k = x.size(-1), blocks = ceil_div(out_features, kBlockRows);
   const int64_t groups = k / group_size;
   TORCH_CHECK_VALUE(k % kSubK == 0 && group_size % kSubK == 0 && k % group_size == 0,
@@ -177,7 +182,7 @@ at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   auto y = at::empty(output_shape(x, out_features), x.options());
   const int64_t passes = ceil_div(m, int4_cpu::kMaxRows);
   for (int64_t p = 0; p < passes; ++p) {
-    stream_rows(w, xc, p * m / passes, (p + 1) * m / passes, y, blocks);
+    stream_rows(w, xc, p * m / passes, (p + 1) * m / passes, y, blocks, activation_bits);
   }
   return y;
 }
@@ -199,13 +204,14 @@ std::vector<at::Tensor> int4_repack_op(const at::Tensor& weight, const at::Tenso
 
 // The op handle, looked up once.
 const c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                          const std::optional<at::Tensor>&, int64_t, int64_t)>&
+                                          const std::optional<at::Tensor>&, int64_t, int64_t,
+                                          int64_t)>&
 int4_linear_op() {
   static const auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torchtpu::int4_linear", "")
           .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, int64_t, int64_t)>();
+                            const std::optional<at::Tensor>&, int64_t, int64_t, int64_t)>();
   return op;
 }
 
@@ -214,7 +220,7 @@ int4_linear_op() {
 TORCH_LIBRARY(torchtpu, m) {
   m.def(
       "int4_linear(Tensor x, Tensor weight, Tensor scale, Tensor? zero_point, int group_size, "
-      "int out_features) -> Tensor");
+      "int out_features, int activation_bits=16) -> Tensor");
   m.def(
       "int4_repack(Tensor weight, Tensor scale, Tensor? zero_point, int group_size, "
       "int out_features) -> Tensor[]");
@@ -241,13 +247,15 @@ std::string Int4Weight::describe() const {
   std::string text = "int4(g" + std::to_string(group_size) + ", " + scales + " scales";
   if (zero_point.defined()) text += ", zero points";
   text += cpu_blocks() ? std::string(", cpu blocks ") + int4_cpu_isa() : ", compressed-tensors";
+  if (cpu_blocks() && activation_bits == 8) text += ", 8-bit activations";
   return text + ")";
 }
 
 at::Tensor int4_linear(const at::Tensor& x, const Int4Weight& w) {
   std::optional<at::Tensor> zero;
   if (w.zero_point.defined()) zero = w.zero_point;
-  return int4_linear_op().call(x, w.weight, w.scale, zero, w.group_size, w.out_features);
+  return int4_linear_op().call(x, w.weight, w.scale, zero, w.group_size, w.out_features,
+                               w.activation_bits);
 }
 
 Int4Weight int4_weight(const PackedInt4& packed) {
@@ -302,7 +310,8 @@ std::optional<FusedInt4> fuse_cpu_blocks(const std::vector<Int4Weight>& parts) {
   for (const auto& p : parts) {
     if (!p.cpu_blocks() || p.in_features != first.in_features || p.group_size != first.group_size ||
         p.scale.scalar_type() != first.scale.scalar_type() ||
-        p.zero_point.defined() != first.zero_point.defined()) {
+        p.zero_point.defined() != first.zero_point.defined() ||
+        p.activation_bits != first.activation_bits) {
       return std::nullopt;
     }
   }
@@ -318,6 +327,7 @@ std::optional<FusedInt4> fuse_cpu_blocks(const std::vector<Int4Weight>& parts) {
   auto& w = fused.whole;
   w.group_size = first.group_size;
   w.in_features = first.in_features;
+  w.activation_bits = first.activation_bits;
   // The last part's padding rows fall past out_features, as in any single weight.
   w.out_features = fused.offsets.back() + parts.back().out_features;
   w.weight = streamed_bytes({blocks, first.weight.size(1), kSubBytes});

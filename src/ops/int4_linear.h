@@ -2,7 +2,7 @@
 // pack-quantized), as a dispatcher operator (docs/ARCHITECTURE.md, "The int4 operator").
 //
 //   torchtpu::int4_linear(Tensor x, Tensor weight, Tensor scale, Tensor? zero_point,
-//                         int group_size, int out_features) -> Tensor
+//                         int group_size, int out_features, int activation_bits=16) -> Tensor
 //   torchtpu::int4_repack(Tensor weight, Tensor scale, Tensor? zero_point, int group_size,
 //                         int out_features) -> Tensor[]
 //
@@ -14,6 +14,9 @@
 //  - the CPU kernel's blocks (uint8 weight, ops/int4_cpu.h), made once at load by int4_repack on
 //    the CPU: the CPU kernel streams them with AVX-512 VNNI (or portable C++) for a few rows of x,
 //    and dequantizes into a bf16 matrix for oneDNN when x has many rows (prompt chunks) or is f32.
+// activation_bits (16 or 8) is the precision of x's rows when the CPU kernel streams the weights
+// (ops/int4_cpu.h); 8 is the fast mode for several rows at once. Where the weights are dequantized
+// instead (other devices, prompt chunks, f32) x keeps its dtype either way.
 // A Meta kernel gives shapes only. The CPU kernel takes either layout (the first through the
 // composite), which is how tests force the composite on the CPU.
 #pragma once
@@ -34,6 +37,7 @@ struct Int4Weight {
   int64_t group_size = 0;
   int64_t in_features = 0;
   int64_t out_features = 0;
+  int64_t activation_bits = 16;  // the operator's activation_bits
 
   bool cpu_blocks() const { return weight.scalar_type() == at::kByte; }
   int64_t nbytes() const;

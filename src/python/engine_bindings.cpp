@@ -99,10 +99,12 @@ Grammar to_grammar(const std::string& kind, const std::string& source) {
 EngineOptions engine_options(const std::string& model_dir, const std::optional<std::string>& emb4,
                              py::handle like, int64_t context, py::handle device, py::handle dtype,
                              int64_t prefill_chunk, int64_t threads, const std::string& int4,
-                             const std::optional<std::string>& quantize) {
+                             const std::optional<std::string>& quantize,
+                             int64_t int4_activation_bits) {
   EngineOptions options;
   options.threads = threads;
   options.int4 = parse_int4_weights(int4);
+  options.int4_activation_bits = int4_activation_bits;
   options.quantize_int4 = parse_quantize(quantize.value_or("none"));
   options.model_dir = model_dir;
   options.emb4_dir = emb4.value_or("");
@@ -382,9 +384,11 @@ void bind_engine(py::module_& m) {
       .def(py::init([](const std::string& model_dir, const std::optional<std::string>& emb4_dir,
                        py::handle like, int64_t context, py::handle device, py::handle dtype,
                        int64_t prefill_chunk, int64_t threads, const std::string& int4,
-                       const std::optional<std::string>& quantize, bool no_vision, bool no_audio) {
+                       const std::optional<std::string>& quantize, int64_t int4_activation_bits,
+                       bool no_vision, bool no_audio) {
              auto options = engine_options(model_dir, emb4_dir, like, context, device, dtype,
-                                           prefill_chunk, threads, int4, quantize);
+                                           prefill_chunk, threads, int4, quantize,
+                                           int4_activation_bits);
              options.no_vision = no_vision;
              options.no_audio = no_audio;
              return std::make_unique<PyEngine>(options);
@@ -392,7 +396,8 @@ void bind_engine(py::module_& m) {
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
            py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512, py::arg("threads") = 0,
-           py::arg("int4") = "auto", py::arg("quantize") = py::none(), py::arg("no_vision") = false,
+           py::arg("int4") = "auto", py::arg("quantize") = py::none(),
+           py::arg("int4_activation_bits") = 16, py::arg("no_vision") = false,
            py::arg("no_audio") = false)
       .def("layout",
            [](PyEngine& self) { return layout_dict(self.begin("Engine.layout").layout()); })

@@ -553,6 +553,7 @@ void Server::load() {
   engine_options.threads = options_.threads;
   engine_options.int4 = parse_int4_weights(options_.int4);
   engine_options.quantize_int4 = parse_quantize(options_.quantize);
+  engine_options.int4_activation_bits = options_.int4_activation_bits;
   engine_options.no_vision = options_.no_vision;
   engine_options.no_audio = options_.no_audio;
   engine_ = make_engine_ ? make_engine_(engine_options) : std::make_unique<Engine>(engine_options);

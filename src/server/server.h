@@ -29,6 +29,7 @@ struct ServeOptions {
   int64_t threads = 0;            // intra-op threads; 0: the physical cores
   std::string int4 = "auto";      // auto | packed | composite | dequantized (EngineOptions::int4)
   std::string quantize = "none";  // int4: quantize a dense checkpoint at load
+  int64_t int4_activation_bits = 16;  // EngineOptions::int4_activation_bits
   std::string api_key;        // non-empty: Bearer auth on everything but the probes and /metrics
   bool metrics_auth = false;  // /metrics needs the API key too
   // "vllm": the load gauges also under vLLM's names (vllm:num_requests_waiting, ...).

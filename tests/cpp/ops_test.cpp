@@ -28,6 +28,12 @@ struct Case {
   at::ScalarType scale_dtype;
 };
 
+// Names the case in test names (gtest otherwise prints its bytes, padding included).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.in << "x" << c.out << " g" << c.group << (c.symmetric ? " sym " : " asym ")
+      << c10::toString(c.scale_dtype);
+}
+
 PackedInt4 random_int4(const Case& c, uint64_t seed) {
   at::manual_seed(seed);
   const auto dense = (at::randn({c.out, c.in}) * 0.05).to(at::kBFloat16);
@@ -67,6 +73,34 @@ TEST_P(E2BShapes, ErrorAgainstFloat64IsAtMostTwiceThatOfBf16Linear) {
   }
 }
 
+// x as the 8-bit mode reads it, in float64: per row and block of 32, d = max|x| / 127 and
+// round-half-even(x / d) · d (llama.cpp's Q8_0 blocks, which the kernel's hi part is).
+at::Tensor q8_blocks(const at::Tensor& x) {
+  const auto blocks = x.to(at::kDouble).view({x.size(0), -1, 32});
+  const auto d = blocks.abs().amax(-1, /*keepdim=*/true) / 127.0;
+  const auto q = at::where(d > 0, at::round(blocks / d), at::zeros_like(blocks));
+  return (q * d).view(x.sizes());
+}
+
+TEST_P(E2BShapes, EightBitActivationsGiveTheProductsOfTheirQ8Blocks) {
+  const Case c = GetParam();
+  auto blocks = repack_for_cpu(random_int4(c, 1));
+  blocks.activation_bits = 8;
+  const auto weights = dequantize(random_int4(c, 1), at::kDouble);
+  for (int64_t rows : {1, 3, 8, 16}) {
+    const auto x = random_input(rows, c.in, 2 + rows);
+    const auto exact_q8 = at::linear(q8_blocks(x), weights);
+    const double ours = rms(int4_linear(x, blocks).to(at::kDouble) - exact_q8);
+    // What rounding the exact products to the bf16 output alone costs.
+    const double rounding = rms(exact_q8.to(at::kBFloat16).to(at::kDouble) - exact_q8);
+    const double mode = rms(exact_q8 - at::linear(x.to(at::kDouble), weights));
+    std::cout << "in " << c.in << " out " << c.out << " rows " << rows << ": 8-bit activations "
+              << "cost " << mode / rms(exact_q8) << " of the output's rms; the kernel is "
+              << ours / rms(exact_q8) << " from their exact products\n";
+    EXPECT_LE(ours, 1.5 * rounding) << "in " << c.in << " out " << c.out << " rows " << rows;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Ops, E2BShapes,
     ::testing::Values(Case{1536, 2048, 32, true, at::kBFloat16},   // q_proj (sliding)
@@ -82,19 +116,46 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(Int4Linear, EachStreamedRowMatchesThatRowAlone) {
   // An odd number of blocks (one thread's lone last block), zero points or not, f16 scales; each
   // row count from 2 to 8 has a kernel of its own (VNNI, AMX from 4 rows where the CPU has it),
-  // and 13 and 16 rows stream the weights in two passes.
+  // and 13 and 16 rows stream the weights in two passes. Both activation widths.
   for (const Case& c : {Case{256, 200, 32, false, at::kBFloat16},
                         Case{384, 320, 128, true, at::kHalf}}) {
-    const auto blocks = repack_for_cpu(random_int4(c, 3));
-    for (const int64_t rows : {2, 3, 4, 5, 6, 7, 8, 13, 16}) {
-      const auto x = random_input(rows, c.in, 4 + rows);
-      const auto together = int4_linear(x, blocks);
-      for (int64_t r = 0; r < rows; ++r) {
-        EXPECT_TRUE(at::equal(together[r], int4_linear(x.narrow(0, r, 1), blocks)[0]))
-            << "in " << c.in << ", row " << r << " of " << rows;
+    for (const int64_t bits : {16, 8}) {
+      auto blocks = repack_for_cpu(random_int4(c, 3));
+      blocks.activation_bits = bits;
+      for (const int64_t rows : {2, 3, 4, 5, 6, 7, 8, 13, 16}) {
+        const auto x = random_input(rows, c.in, 4 + rows);
+        const auto together = int4_linear(x, blocks);
+        for (int64_t r = 0; r < rows; ++r) {
+          EXPECT_TRUE(at::equal(together[r], int4_linear(x.narrow(0, r, 1), blocks)[0]))
+              << "in " << c.in << ", " << bits << "-bit activations, row " << r << " of "
+              << rows;
+        }
       }
     }
   }
+}
+
+TEST(Int4Linear, ActivationBitsAreSixteenOrEight) {
+  const Case c{64, 40, 32, true, at::kBFloat16};
+  const auto packed = random_int4(c, 12);
+  const auto x = random_input(1, 64, 13);
+  for (auto w : {repack_for_cpu(packed), int4_weight(packed)}) {
+    w.activation_bits = 4;
+    try {
+      int4_linear(x, w);
+      FAIL() << "activation_bits 4 was accepted";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("activation_bits must be 16 or 8, got 4"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // Where the weights are dequantized instead of streamed, 8 changes nothing.
+  auto blocks = repack_for_cpu(packed);
+  blocks.activation_bits = 8;
+  const auto chunk = random_input(40, 64, 14);
+  EXPECT_TRUE(at::equal(int4_linear(chunk, blocks),
+                        at::linear(chunk, dequantize(packed, at::kBFloat16))));
 }
 
 TEST(Int4Linear, PromptChunksUseExactlyTheDequantizedWeights) {

@@ -111,6 +111,7 @@ class Cli:
         dump=None,
         ignore_eos=True,
         int4=None,
+        activation_bits=None,
     ):
         """`generate --json`: returns (parsed JSON, dumped logits {name: float32 array} or None)."""
         args = [
@@ -139,6 +140,8 @@ class Cli:
             args += ["--dump-logits", dump]
         if int4:
             args += ["--int4", int4]
+        if activation_bits:
+            args += ["--int4-activation-bits", activation_bits]
         out = json.loads(self(*args).stdout)
         if not dump:
             return out, None

@@ -42,6 +42,28 @@ def test_decode_many_gives_each_prompt_its_tokens_alone(engine):
     assert batch.idle
 
 
+def test_eight_bit_activations_give_each_row_its_tokens_alone(cli, tmp_path):
+    """The 8-bit mode of the int4 kernel (bf16, packed int4) keeps every row's numerics its own:
+    with prompt chunks of 4 every forward pass has at most 4 + rows = 8 rows, so the kernel streams
+    all of them (up to 16), alone as in the batch, and a row's bits cannot depend on the others."""
+    dense = cli.make_tiny(tmp_path / "dense", seed=7, dtype="bf16", ple=32)
+    cli("quantize", dense, tmp_path / "q", "--group", 32)
+    engine = tt.Engine(
+        str(tmp_path / "q"),
+        context=CONTEXT,
+        dtype="bfloat16",
+        prefill_chunk=4,
+        threads=1,
+        int4_activation_bits=8,
+    )
+    prompts = [_prompt(n, seed) for seed, n in enumerate([1, 9, 30, 4, 17])]
+    batch = engine.batch(rows=4)
+    for kwargs in ({}, {"temperature": 0.8, "top_k": 40, "seed": 5}):
+        results = batch.decode_many(prompts, 16, stop=(), **kwargs)
+        for prompt, result in zip(prompts, results):
+            assert result.tokens == engine.decode(prompt, 16, stop=(), **kwargs).tokens
+
+
 def test_submit_and_step_with_joins_and_cancels_at_random_steps(engine):
     rng = random.Random(3)
     batch = engine.batch(rows=3, step_tokens=12)

@@ -84,6 +84,7 @@ def test_bad_input_is_value_error(engine, call, words):
         ({"threads": -1}, ["threads", "-1"]),
         ({"int4": "fast"}, ["int4 weights", "fast", "packed"]),
         ({"quantize": "int8"}, ["quantize", "int8", "int4"]),
+        ({"int4_activation_bits": 4}, ["int4 activation bits", "16 or 8", "got 4"]),
         # The tiny preset's per-layer inputs are 16 wide: not whole groups of 32.
         ({"quantize": "int4"}, ["--quantize int4", "per_layer_projection", "16"]),
     ],
@@ -97,7 +98,8 @@ def test_bad_engine_arguments_are_value_error(tiny, kwargs, words):
 
 def test_int4_operator_threads_and_weights_from_python(cli, tmp_path):
     """torch.ops.torchtpu.int4_linear is registered by the import, computes compressed-tensors'
-    linear through the composite and the CPU blocks, and Engine takes threads=/int4=/quantize=."""
+    linear through the composite and the CPU blocks (16- or 8-bit activations), and Engine takes
+    threads=/int4=/quantize=/int4_activation_bits=."""
     torch.manual_seed(0)
     out, inp = 40, 64
     packed = torch.randint(-(2**31), 2**31 - 1, (out, inp // 8), dtype=torch.int32)
@@ -114,6 +116,13 @@ def test_int4_operator_threads_and_weights_from_python(cli, tmp_path):
     assert streamed.shape == (3, out) and streamed.dtype == torch.bfloat16
     exact = x.double() @ dense.double().T
     assert (streamed.double() - exact).abs().max() <= 0.02 * exact.abs().max()
+    eight = torch.ops.torchtpu.int4_linear(
+        x, blocks, block_scale, None, 32, out, activation_bits=8
+    )
+    assert (eight.double() - exact).abs().max() <= 0.05 * exact.abs().max()
+    assert not torch.equal(eight, streamed)
+    with pytest.raises(ValueError, match="activation_bits must be 16 or 8, got 12"):
+        torch.ops.torchtpu.int4_linear(x, blocks, block_scale, None, 32, out, 12)
     meta = torch.ops.torchtpu.int4_linear(
         x.to("meta"), packed.to("meta"), scale.to("meta"), None, 32, out
     )
@@ -129,13 +138,17 @@ def test_int4_operator_threads_and_weights_from_python(cli, tmp_path):
         ({"threads": 1, "int4": "composite"}, "composite"),
         ({}, "packed"),
         ({"int4": "dequantized"}, "dequantized"),
+        ({"int4_activation_bits": 8}, "packed"),
     ):
         report = tt.Engine(str(tmp_path / "q"), context=32, **kwargs).report()
         assert report["int4"]["weights"] == weights
+        bits = kwargs.get("int4_activation_bits", 16)
+        assert report["int4"]["activation_bits"] == bits
         # Default: OMP_NUM_THREADS, which conftest.py sets.
         assert report["threads"] == kwargs.get("threads", int(os.environ["OMP_NUM_THREADS"]))
         linears = next(s for s in report["storage"] if s["family"] == "linears")
         assert ("int4(g32" in linears["format"]) == (weights != "dequantized"), linears
+        assert ("8-bit activations" in linears["format"]) == (bits == 8), linears
     quantized = tt.Engine(src, context=32, quantize="int4").report()
     assert quantized["int4"]["quantized_at_load"] is True
     formats = {s["family"]: s["format"] for s in quantized["storage"]}
