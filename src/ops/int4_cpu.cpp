@@ -82,45 +82,48 @@ void dequantize_portable(const BlockWeights& w, int64_t b0, int64_t b1, int64_t 
   }
 }
 
-void quantize_rows_portable(const void* x, FloatType type, int64_t rows, int64_t k, int8_t* hi,
-                            int8_t* lo, float* d, float* d_lo, float* sum_hi, float* sum_lo) {
-  const int64_t blocks = k / kSubK;
-  for (int64_t m = 0; m < rows; ++m) {
+// Each block's statistics from its hi and lo values (sums as exact floats and as the symmetric
+// zero point's int32 share), shared by both quantizers.
+void block_sums(const QuantizedRows& a, int64_t at, float step, int32_t s1, int32_t s2) {
+  a.d[at] = step;
+  a.sum_hi[at] = static_cast<float>(s1);
+  a.hi_start[at] = -8 * s1;
+  if (a.lo) {
+    a.d_lo[at] = step / 254.0f;
+    a.sum_lo[at] = static_cast<float>(s2);
+    a.lo_start[at] = -8 * s2;
+  }
+}
+
+void quantize_rows_portable(const void* x, FloatType type, const QuantizedRows& a) {
+  const int64_t k = a.k, blocks = k / kSubK;
+  for (int64_t m = 0; m < a.rows; ++m) {
     for (int64_t kb = 0; kb < blocks; ++kb) {
+      const int64_t at = m * blocks + kb, off = m * k + kb * kSubK;
       float xb[kSubK];
-      for (int64_t i = 0; i < kSubK; ++i) xb[i] = cpu::load(type, x, m * k + kb * kSubK + i);
-      int8_t* h = hi + m * k + kb * kSubK;
+      for (int64_t i = 0; i < kSubK; ++i) xb[i] = cpu::load(type, x, off + i);
       float amax = 0.0f;
       for (int64_t i = 0; i < kSubK; ++i) amax = std::max(amax, std::fabs(xb[i]));
-      const int64_t at = m * blocks + kb;
       if (amax == 0.0f) {
-        std::fill(h, h + kSubK, 0);
-        d[at] = sum_hi[at] = 0.0f;
-        if (lo) {
-          std::fill(lo + m * k + kb * kSubK, lo + m * k + (kb + 1) * kSubK, 0);
-          d_lo[at] = sum_lo[at] = 0.0f;
-        }
+        std::fill(a.hi + off, a.hi + off + kSubK, 0);
+        if (a.lo) std::fill(a.lo + off, a.lo + off + kSubK, 0);
+        block_sums(a, at, 0.0f, 0, 0);
         continue;
       }
       const float step = amax / 127.0f, inv = 127.0f / amax;
       int32_t s1 = 0, s2 = 0;
       for (int64_t i = 0; i < kSubK; ++i) {
         const float q1 = std::clamp(round_even(xb[i] * inv), -127.0f, 127.0f);
-        h[i] = static_cast<int8_t>(q1);
-        s1 += h[i];
-        if (lo) {
+        a.hi[off + i] = static_cast<int8_t>(q1);
+        s1 += a.hi[off + i];
+        if (a.lo) {
           const float rest = xb[i] - q1 * step;
           const float q2 = std::clamp(round_even(rest * inv * 254.0f), -127.0f, 127.0f);
-          lo[m * k + kb * kSubK + i] = static_cast<int8_t>(q2);
-          s2 += static_cast<int8_t>(q2);
+          a.lo[off + i] = static_cast<int8_t>(q2);
+          s2 += a.lo[off + i];
         }
       }
-      d[at] = step;
-      sum_hi[at] = static_cast<float>(s1);
-      if (lo) {
-        d_lo[at] = step / 254.0f;
-        sum_lo[at] = static_cast<float>(s2);
-      }
+      block_sums(a, at, step, s1, s2);
     }
   }
 }
@@ -151,21 +154,31 @@ TORCHTPU_AVX512 inline void prefetch_ahead(const uint8_t* sub) {
   }
 }
 
+// The zero points less the symmetric 8 that the int32 sums already took off (a.hi_start): what
+// the f32 epilogue still subtracts for asymmetric weights.
+TORCHTPU_AVX512 inline __m512 zero_rest(const uint8_t* zero, int64_t at) {
+  return _mm512_sub_ps(load_zeros(zero, at), _mm512_set1_ps(8.0f));
+}
+
 // The f32 epilogue of every kernel, one tile of one row and sub-block: its int32 sums against the
-// activations' hi and lo parts (i1, i2; i2 only when kLo) less the zero points' share, times the
-// activations' steps (row and sub-block `ai` of `a`) and the weights' scales, added to acc. Every
-// kernel calling this one is what gives a row the same bits whichever kernel takes it.
-template <bool kLo>
-TORCHTPU_AVX512 inline __m512 accumulate(__m512 acc, __m512i i1, __m512i i2, __m512 zero,
+// activations' hi and lo parts (i1, i2; i2 only when kLo), started at a.hi_start / a.lo_start,
+// less what asymmetric zero points still take (zero_rest; nothing when kSymmetric), times the
+// activations' steps (row and sub-block `ai` of `a`) and the weights' scales, added to acc. The
+// integers are exact in f32 whichever way the zero point is taken off, and every kernel calling
+// this one is what gives a row the same bits whichever kernel takes it.
+template <bool kLo, bool kSymmetric>
+TORCHTPU_AVX512 inline __m512 accumulate(__m512 acc, __m512i i1, __m512i i2, __m512 zero_rest,
                                          __m512 scale, const QuantizedRows& a, int64_t ai) {
-  const __m512 f1 =
-      _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_hi[ai]), _mm512_cvtepi32_ps(i1));
+  __m512 f1 = _mm512_cvtepi32_ps(i1);
+  if constexpr (!kSymmetric) f1 = _mm512_fnmadd_ps(zero_rest, _mm512_set1_ps(a.sum_hi[ai]), f1);
   const __m512 hi = _mm512_mul_ps(f1, _mm512_set1_ps(a.d[ai]));
   if constexpr (!kLo) {
     return _mm512_fmadd_ps(hi, scale, acc);
   } else {
-    const __m512 f2 =
-        _mm512_fnmadd_ps(zero, _mm512_set1_ps(a.sum_lo[ai]), _mm512_cvtepi32_ps(i2));
+    __m512 f2 = _mm512_cvtepi32_ps(i2);
+    if constexpr (!kSymmetric) {
+      f2 = _mm512_fnmadd_ps(zero_rest, _mm512_set1_ps(a.sum_lo[ai]), f2);
+    }
     return _mm512_fmadd_ps(_mm512_fmadd_ps(f2, _mm512_set1_ps(a.d_lo[ai]), hi), scale, acc);
   }
 }
@@ -189,7 +202,7 @@ void for_block_pairs(int64_t b0, int64_t b1, Kernel&& kernel) {
 // The one row of activations of `a` (several go through gemv_blocks_rows) against N blocks at
 // once, sub-block by sub-block. Per block, the 4 tiles' 8 (4 without lo parts) int32 accumulators
 // are independent, so the vpdpbusd latency chains overlap.
-template <FloatType S, int N, bool kLo>
+template <FloatType S, int N, bool kLo, bool kSym>
 TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows& a,
                                      const int64_t (&b)[N], const Output& y) {
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
@@ -206,7 +219,10 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
       const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
       prefetch_ahead(sub);
       __m512i i1[4], i2[4];
-      for (int t = 0; t < 4; ++t) i1[t] = i2[t] = _mm512_setzero_si512();
+      for (int t = 0; t < 4; ++t) {
+        i1[t] = _mm512_set1_epi32(a.hi_start[kb]);
+        i2[t] = kLo ? _mm512_set1_epi32(a.lo_start[kb]) : _mm512_setzero_si512();
+      }
       for (int c = 0; c < 4; ++c) {
         const __m512i h0 = _mm512_set1_epi32(ah[2 * c]), h1 = _mm512_set1_epi32(ah[2 * c + 1]);
         for (int t = 0; t < 4; ++t) {
@@ -223,8 +239,9 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
       }
       const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
       for (int t = 0; t < 4; ++t) {
-        acc[n][t] = accumulate<kLo>(acc[n][t], i1[t], i2[t], load_zeros(w.zero, at + 16 * t),
-                                    cpu::load16<S>(w.scale, at + 16 * t), a, kb);
+        const __m512 zero = kSym ? _mm512_setzero_ps() : zero_rest(w.zero, at + 16 * t);
+        acc[n][t] = accumulate<kLo, kSym>(acc[n][t], i1[t], i2[t], zero,
+                                          cpu::load16<S>(w.scale, at + 16 * t), a, kb);
       }
     }
   }
@@ -241,13 +258,17 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
 // without lo parts) stay in registers, which holds up to 5 rows with lo parts (6 spilled: 1.3x
 // slower per row, measured in L2) and 8 without, and it must be inlined (called, 4 rows were 1.13x
 // slower).
-template <FloatType S, int M0, int G, bool kLo>
+template <FloatType S, int M0, int G, bool kLo, bool kSym>
 TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
     const BlockWeights& w, const QuantizedRows& a, const uint8_t* tile, int64_t kb, int64_t at,
     float (*acc)[16]) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const int64_t kb_count = w.k / kSubK;
   __m512i i1[G], i2[G];
-  for (int m = 0; m < G; ++m) i1[m] = i2[m] = _mm512_setzero_si512();
+  for (int m = 0; m < G; ++m) {
+    i1[m] = _mm512_set1_epi32(a.hi_start[(M0 + m) * kb_count + kb]);
+    i2[m] = kLo ? _mm512_set1_epi32(a.lo_start[(M0 + m) * kb_count + kb]) : _mm512_setzero_si512();
+  }
   for (int c = 0; c < 4; ++c) {
     const __m512i x = _mm512_loadu_si512(tile + c * 64);
     const __m512i lo = _mm512_and_si512(x, low4);
@@ -265,18 +286,18 @@ TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
       }
     }
   }
-  const __m512 zero = load_zeros(w.zero, at);
+  const __m512 zero = kSym ? _mm512_setzero_ps() : zero_rest(w.zero, at);
   const __m512 scale = cpu::load16<S>(w.scale, at);
   for (int m = 0; m < G; ++m) {
     float* out = acc[M0 + m];
-    _mm512_store_ps(out, accumulate<kLo>(_mm512_load_ps(out), i1[m], i2[m], zero, scale, a,
-                                         (M0 + m) * (w.k / kSubK) + kb));
+    _mm512_store_ps(out, accumulate<kLo, kSym>(_mm512_load_ps(out), i1[m], i2[m], zero, scale, a,
+                                               (M0 + m) * kb_count + kb));
   }
 }
 
 // R rows (2 to 8) against N blocks side by side, as gemv_blocks_row streams them; more than 5
 // rows with lo parts go through each tile in two groups, the second meeting the weights in L1.
-template <FloatType S, int N, int R, bool kLo>
+template <FloatType S, int N, int R, bool kLo, bool kSym>
 TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows& a,
                                       const int64_t (&b)[N], const Output& y) {
   constexpr int kFirst = !kLo || R <= 5 ? R : (R + 1) / 2;
@@ -289,10 +310,10 @@ TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows
       prefetch_ahead(sub);
       const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
       for (int t = 0; t < 4; ++t) {
-        tile_rows<S, 0, kFirst, kLo>(w, a, sub + t * 256, kb, at + 16 * t, acc[n][t]);
+        tile_rows<S, 0, kFirst, kLo, kSym>(w, a, sub + t * 256, kb, at + 16 * t, acc[n][t]);
         if constexpr (R > kFirst) {
-          tile_rows<S, kFirst, R - kFirst, kLo>(w, a, sub + t * 256, kb, at + 16 * t,
-                                                acc[n][t]);
+          tile_rows<S, kFirst, R - kFirst, kLo, kSym>(w, a, sub + t * 256, kb, at + 16 * t,
+                                                      acc[n][t]);
         }
       }
     }
@@ -306,38 +327,43 @@ TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows
   }
 }
 
-template <FloatType S, int R, bool kLo>
+template <FloatType S, int R, bool kLo, bool kSym>
 void gemv_rows_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
                       const Output& y) {
   for_block_pairs(b0, b1, [&]<int N>(const int64_t (&blocks)[N]) {
     if constexpr (R == 1) {
-      gemv_blocks_row<S, N, kLo>(w, a, blocks, y);
+      gemv_blocks_row<S, N, kLo, kSym>(w, a, blocks, y);
     } else {
-      gemv_blocks_rows<S, N, R, kLo>(w, a, blocks, y);
+      gemv_blocks_rows<S, N, R, kLo, kSym>(w, a, blocks, y);
     }
   });
 }
 
-template <FloatType S, bool kLo>
+template <FloatType S, bool kLo, bool kSym>
 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
                  const Output& y) {
   switch (a.rows) {
-    case 1: return gemv_rows_avx512<S, 1, kLo>(w, a, b0, b1, y);
-    case 2: return gemv_rows_avx512<S, 2, kLo>(w, a, b0, b1, y);
-    case 3: return gemv_rows_avx512<S, 3, kLo>(w, a, b0, b1, y);
-    case 4: return gemv_rows_avx512<S, 4, kLo>(w, a, b0, b1, y);
-    case 5: return gemv_rows_avx512<S, 5, kLo>(w, a, b0, b1, y);
-    case 6: return gemv_rows_avx512<S, 6, kLo>(w, a, b0, b1, y);
-    case 7: return gemv_rows_avx512<S, 7, kLo>(w, a, b0, b1, y);
-    default: return gemv_rows_avx512<S, kMaxRows, kLo>(w, a, b0, b1, y);
+    case 1: return gemv_rows_avx512<S, 1, kLo, kSym>(w, a, b0, b1, y);
+    case 2: return gemv_rows_avx512<S, 2, kLo, kSym>(w, a, b0, b1, y);
+    case 3: return gemv_rows_avx512<S, 3, kLo, kSym>(w, a, b0, b1, y);
+    case 4: return gemv_rows_avx512<S, 4, kLo, kSym>(w, a, b0, b1, y);
+    case 5: return gemv_rows_avx512<S, 5, kLo, kSym>(w, a, b0, b1, y);
+    case 6: return gemv_rows_avx512<S, 6, kLo, kSym>(w, a, b0, b1, y);
+    case 7: return gemv_rows_avx512<S, 7, kLo, kSym>(w, a, b0, b1, y);
+    default: return gemv_rows_avx512<S, kMaxRows, kLo, kSym>(w, a, b0, b1, y);
   }
 }
 
+// The kernels for the rows' width (lo parts or not) and the weights' symmetry.
 template <FloatType S>
 void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
                  const Output& y) {
-  if (a.lo) return gemv_avx512<S, true>(w, a, b0, b1, y);
-  gemv_avx512<S, false>(w, a, b0, b1, y);
+  if (a.lo) {
+    if (w.zero) return gemv_avx512<S, true, false>(w, a, b0, b1, y);
+    return gemv_avx512<S, true, true>(w, a, b0, b1, y);
+  }
+  if (w.zero) return gemv_avx512<S, false, false>(w, a, b0, b1, y);
+  gemv_avx512<S, false, true>(w, a, b0, b1, y);
 }
 
 #define TORCHTPU_AMX                                                                    \
@@ -411,7 +437,8 @@ TORCHTPU_AMX inline void unpack_sub_block(const uint8_t* sub, uint8_t (*unpacked
   } while (0)
 
 // The f32 epilogue of sub-block kb of `block` for every row: sums[t][m] is row m's hi sum for
-// tile t, sums[t][rows + m] its lo sum.
+// tile t, sums[t][rows + m] its lo sum, both from zero (the tiles' start), so a.hi_start and
+// a.lo_start are added here.
 template <FloatType S>
 TORCHTPU_AMX inline void accumulate_sub_block(const BlockWeights& w, const QuantizedRows& a,
                                               int64_t block, int64_t kb,
@@ -421,15 +448,22 @@ TORCHTPU_AMX inline void accumulate_sub_block(const BlockWeights& w, const Quant
   const int64_t at = (block * groups + kb / (w.group_size / kSubK)) * kBlockRows;
   __m512 zero[4], scale[4];
   for (int t = 0; t < 4; ++t) {
-    zero[t] = load_zeros(w.zero, at + 16 * t);
+    zero[t] = zero_rest(w.zero, at + 16 * t);
     scale[t] = cpu::load16<S>(w.scale, at + 16 * t);
   }
   for (int64_t m = 0; m < a.rows; ++m) {
+    const int64_t ai = m * kb_count + kb;
+    const __m512i hi_start = _mm512_set1_epi32(a.hi_start[ai]);
+    const __m512i lo_start = _mm512_set1_epi32(a.lo_start[ai]);
     for (int t = 0; t < 4; ++t) {
       float* out = acc[m] + 16 * t;
-      _mm512_store_ps(out, accumulate<true>(_mm512_load_ps(out), _mm512_load_si512(sums[t][m]),
-                                            _mm512_load_si512(sums[t][a.rows + m]), zero[t],
-                                            scale[t], a, m * kb_count + kb));
+      const __m512i i1 = _mm512_add_epi32(_mm512_load_si512(sums[t][m]), hi_start);
+      const __m512i i2 = _mm512_add_epi32(_mm512_load_si512(sums[t][a.rows + m]), lo_start);
+      const __m512 sum = w.zero ? accumulate<true, false>(_mm512_load_ps(out), i1, i2, zero[t],
+                                                          scale[t], a, ai)
+                                : accumulate<true, true>(_mm512_load_ps(out), i1, i2, zero[t],
+                                                         scale[t], a, ai);
+      _mm512_store_ps(out, sum);
     }
   }
 }
@@ -539,24 +573,19 @@ TORCHTPU_AVX512 void dequantize_avx512(const BlockWeights& w, int64_t b0, int64_
 
 // quantize_rows_portable with 16 lanes: the same operations in the same order, so the same bits.
 template <FloatType F>
-TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, int64_t rows, int64_t k, int8_t* hi,
-                                          int8_t* lo, float* d, float* d_lo, float* sum_hi,
-                                          float* sum_lo) {
-  const int64_t blocks = k / kSubK;
+TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, const QuantizedRows& a) {
+  const int64_t k = a.k, blocks = k / kSubK;
   constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
   const __m512 lim = _mm512_set1_ps(127.0f), neg_lim = _mm512_set1_ps(-127.0f);
-  for (int64_t m = 0; m < rows; ++m) {
+  for (int64_t m = 0; m < a.rows; ++m) {
     for (int64_t kb = 0; kb < blocks; ++kb) {
       const int64_t at = m * blocks + kb, off = m * k + kb * kSubK;
       const __m512 x0 = cpu::load16<F>(x, off), x1 = cpu::load16<F>(x, off + 16);
       const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
       if (amax == 0.0f) {
-        std::fill(hi + off, hi + off + kSubK, 0);
-        d[at] = sum_hi[at] = 0.0f;
-        if (lo) {
-          std::fill(lo + off, lo + off + kSubK, 0);
-          d_lo[at] = sum_lo[at] = 0.0f;
-        }
+        std::fill(a.hi + off, a.hi + off + kSubK, 0);
+        if (a.lo) std::fill(a.lo + off, a.lo + off + kSubK, 0);
+        block_sums(a, at, 0.0f, 0, 0);
         continue;
       }
       const float step = amax / 127.0f, inv = 127.0f / amax;
@@ -568,10 +597,10 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, int64_t rows, int64_t k
         const __m512 q1 = _mm512_min_ps(
             _mm512_max_ps(_mm512_roundscale_ps(_mm512_mul_ps(v, vinv), kRound), neg_lim), lim);
         const __m512i i1 = _mm512_cvtps_epi32(q1);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + off + 16 * half),
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.hi + off + 16 * half),
                          _mm512_cvtepi32_epi8(i1));
         s1 = _mm512_add_epi32(s1, i1);
-        if (!lo) continue;
+        if (!a.lo) continue;
         const __m512 rest = _mm512_sub_ps(v, _mm512_mul_ps(q1, vstep));
         const __m512 q2 = _mm512_min_ps(
             _mm512_max_ps(
@@ -579,16 +608,11 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, int64_t rows, int64_t k
                 neg_lim),
             lim);
         const __m512i i2 = _mm512_cvtps_epi32(q2);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + off + 16 * half),
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a.lo + off + 16 * half),
                          _mm512_cvtepi32_epi8(i2));
         s2 = _mm512_add_epi32(s2, i2);
       }
-      d[at] = step;
-      sum_hi[at] = static_cast<float>(_mm512_reduce_add_epi32(s1));
-      if (lo) {
-        d_lo[at] = step / 254.0f;
-        sum_lo[at] = static_cast<float>(_mm512_reduce_add_epi32(s2));
-      }
+      block_sums(a, at, step, _mm512_reduce_add_epi32(s1), _mm512_reduce_add_epi32(s2));
     }
   }
 }
@@ -597,22 +621,17 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, int64_t rows, int64_t k
 
 }  // namespace
 
-void quantize_rows(const void* x, FloatType type, int64_t rows, int64_t k, int8_t* hi, int8_t* lo,
-                   float* d, float* d_lo, float* sum_hi, float* sum_lo) {
+void quantize_rows(const void* x, FloatType type, const QuantizedRows& a) {
 #if defined(__x86_64__)
   if (cpu::use_avx512()) {
     switch (type) {
-      case FloatType::kBFloat16:
-        return quantize_rows_avx512<FloatType::kBFloat16>(x, rows, k, hi, lo, d, d_lo, sum_hi,
-                                                          sum_lo);
-      case FloatType::kHalf:
-        return quantize_rows_avx512<FloatType::kHalf>(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
-      case FloatType::kFloat:
-        return quantize_rows_avx512<FloatType::kFloat>(x, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
+      case FloatType::kBFloat16: return quantize_rows_avx512<FloatType::kBFloat16>(x, a);
+      case FloatType::kHalf: return quantize_rows_avx512<FloatType::kHalf>(x, a);
+      case FloatType::kFloat: return quantize_rows_avx512<FloatType::kFloat>(x, a);
     }
   }
 #endif
-  quantize_rows_portable(x, type, rows, k, hi, lo, d, d_lo, sum_hi, sum_lo);
+  quantize_rows_portable(x, type, a);
 }
 
 void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,

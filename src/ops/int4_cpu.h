@@ -41,22 +41,24 @@ struct BlockWeights {
 };
 
 // Rows of activations quantized as described above; every array is [rows, k / 32] except hi/lo.
-// lo, d_lo and sum_lo are nullptr for 8-bit activations.
+// lo, d_lo, sum_lo and lo_start are nullptr for 8-bit activations.
 struct QuantizedRows {
-  const int8_t* hi = nullptr;  // [rows, k]
-  const int8_t* lo = nullptr;  // [rows, k]
-  const float* d = nullptr;
-  const float* d_lo = nullptr;    // d / 254, the step of lo
-  const float* sum_hi = nullptr;  // Σ hi per 32-block, as float (exact)
-  const float* sum_lo = nullptr;
+  int8_t* hi = nullptr;  // [rows, k]
+  int8_t* lo = nullptr;  // [rows, k]
+  float* d = nullptr;
+  float* d_lo = nullptr;    // d / 254, the step of lo
+  float* sum_hi = nullptr;  // Σ hi per 32-block, as float (exact)
+  float* sum_lo = nullptr;
+  // -8·Σ hi (lo): what a symmetric weight's zero point takes from a block's sum, so the VNNI
+  // kernels start their int32 sums there instead of subtracting it in f32 (the same exact value).
+  int32_t* hi_start = nullptr;
+  int32_t* lo_start = nullptr;
   int64_t rows = 0;
   int64_t k = 0;
 };
 
-// Quantizes x [rows, k] (row-major, in `type`) into the given buffers (sizes as QuantizedRows);
-// lo == nullptr: 8-bit activations, hi and its d and sum_hi only (d_lo and sum_lo untouched).
-void quantize_rows(const void* x, cpu::FloatType type, int64_t rows, int64_t k, int8_t* hi,
-                   int8_t* lo, float* d, float* d_lo, float* sum_hi, float* sum_lo);
+// Quantizes x [rows, k] (row-major, in `type`; k = a.k, rows = a.rows) into a's arrays.
+void quantize_rows(const void* x, cpu::FloatType type, const QuantizedRows& a);
 
 // Where gemv_blocks writes: row m of the result at data + m * ld elements, columns below `columns`
 // only (the padding rows of the last block are dropped), rounded to `type` (nearest even).

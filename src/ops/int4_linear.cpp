@@ -112,8 +112,10 @@ void stream_rows(const int4_cpu::BlockWeights& w, const at::Tensor& x, int64_t r
   const int64_t m = r1 - r0, k = w.k, blocks_k = k / kSubK, out_features = y.size(-1);
   thread_local std::vector<int8_t> parts;
   thread_local std::vector<float> stats;
+  thread_local std::vector<int32_t> starts;
   parts.resize(2 * m * k);
   stats.resize(4 * m * blocks_k);
+  starts.resize(2 * m * blocks_k);
   const bool lo = activation_bits == 16;
   int4_cpu::QuantizedRows a;
   a.rows = m;
@@ -124,10 +126,10 @@ void stream_rows(const int4_cpu::BlockWeights& w, const at::Tensor& x, int64_t r
   a.d_lo = lo ? stats.data() + m * blocks_k : nullptr;
   a.sum_hi = stats.data() + 2 * m * blocks_k;
   a.sum_lo = lo ? stats.data() + 3 * m * blocks_k : nullptr;
+  a.hi_start = starts.data();
+  a.lo_start = lo ? starts.data() + m * blocks_k : nullptr;
   const auto* first = static_cast<const char*>(x.data_ptr()) + r0 * k * x.element_size();
-  int4_cpu::quantize_rows(first, cpu::float_type(x.scalar_type()), m, k, parts.data(),
-                          const_cast<int8_t*>(a.lo), stats.data(), const_cast<float*>(a.d_lo),
-                          stats.data() + 2 * m * blocks_k, const_cast<float*>(a.sum_lo));
+  int4_cpu::quantize_rows(first, cpu::float_type(x.scalar_type()), a);
   int4_cpu::Output out;
   out.data = static_cast<char*>(y.data_ptr()) + r0 * out_features * y.element_size();
   out.ld = out_features;
