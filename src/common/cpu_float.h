@@ -37,7 +37,10 @@ inline FloatType float_type(c10::ScalarType t) {
   }
 }
 
+// Round to nearest even; NaN is bf16's quiet NaN, as c10::BFloat16 makes it (rounding a NaN's
+// bits could carry into the sign: the all-ones NaN that vector code makes would become 0).
 inline uint16_t bf16_bits(float f) {
+  if (std::isnan(f)) return 0x7FC0;
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
   bits += 0x7FFF + ((bits >> 16) & 1);
@@ -126,7 +129,9 @@ TORCHTPU_AVX512 inline __m512 load16(const void* p, int64_t i) {
 TORCHTPU_AVX512 inline __m512i bf16_round(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  return _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), lsb));
+  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded,
+                                 _mm512_set1_epi32(0x7FC00000));
 }
 
 // 16 f32 as 16 packed bf16.
