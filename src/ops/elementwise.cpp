@@ -5,7 +5,10 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <mutex>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "common/cpu_float.h"
 
@@ -95,33 +98,116 @@ extern "C" __m512 Sleef_tanhf16_u10(__m512);
 namespace torchtpu::ops {
 namespace {
 
+// GELU of 16 values rounded to F: the factor gelu_tanh_mul multiplies `up` by.
 template <FloatType F>
-TORCHTPU_AVX512 void gelu_mul_avx512(const void* gate, const void* up, int64_t i0, int64_t i1,
-                                     void* out) {
+TORCHTPU_AVX512 __m512 gelu16(__m512 x) {
   const __m512 beta = _mm512_set1_ps(kBeta), kappa = _mm512_set1_ps(kKappa);
-  const __m512 one = _mm512_set1_ps(1.0f), half = _mm512_set1_ps(0.5f);
-  int64_t i = i0;
-  for (; i + 16 <= i1; i += 16) {
-    const __m512 x = cpu::load16<F>(gate, i);
-    const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
-    // ATen's build contracts x + kappa·x³ into one FMA.
-    const __m512 inner = _mm512_mul_ps(beta, _mm512_fmadd_ps(kappa, cube, x));
-    const __m512 g = cpu::round16(
-        F, _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, Sleef_tanhf16_u10(inner))));
-    cpu::store16(F, out, i, _mm512_mul_ps(g, cpu::load16<F>(up, i)));
+  const __m512 cube = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  // ATen's build contracts x + kappa·x³ into one FMA.
+  const __m512 inner = _mm512_mul_ps(beta, _mm512_fmadd_ps(kappa, cube, x));
+  return cpu::round16(F, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x),
+                                       _mm512_add_ps(_mm512_set1_ps(1.0f), Sleef_tanhf16_u10(inner))));
+}
+
+// tanh(x / cap) · cap of 16 values, with F's roundings between the steps (storing rounds the last).
+template <FloatType F>
+TORCHTPU_AVX512 __m512 softcap16(__m512 x, float cap) {
+  const __m512 c = _mm512_set1_ps(cap);
+  const __m512 scaled = cpu::round16(F, _mm512_div_ps(x, c));
+  return _mm512_mul_ps(cpu::round16(F, Sleef_tanhf16_u10(scaled)), c);
+}
+
+// A 16-bit format has 65,536 values, so a function of one value is a table: entry u holds the
+// bits `f` gives the value whose bits are u, computed once by the vector code itself, so looking
+// it up gives the same bits as computing it (Sleef's tanh costs ~50 ns per 16 values here, a
+// lookup a few). One entry of padding: a 32-bit gather of entry 65535 stays inside.
+template <FloatType F, typename Fn>
+TORCHTPU_AVX512 std::vector<uint16_t> tabulate(Fn f) {
+  static_assert(F != FloatType::kFloat);
+  std::vector<uint16_t> in(65536), table(65536 + 1);
+  for (int64_t u = 0; u < 65536; ++u) in[u] = static_cast<uint16_t>(u);
+  for (int64_t u = 0; u < 65536; u += 16) {
+    cpu::store16(F, table.data(), u, f(cpu::load16<F>(in.data(), u)));
   }
-  gelu_mul_portable(F, gate, up, i, i1, out);
+  return table;
+}
+
+// Table entries for the 16 values at p + i, as 16-bit lanes.
+TORCHTPU_AVX512 __m256i look_up16(const uint16_t* table, const void* p, int64_t i) {
+  const __m512i bits = _mm512_cvtepu16_epi32(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+  return _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(bits, table, 2));
+}
+
+// The table entry of the value at p + i.
+inline uint16_t look_up(const uint16_t* table, const void* p, int64_t i) {
+  return table[static_cast<const uint16_t*>(p)[i]];
+}
+
+// gelu16 and softcap16 as what tabulate calls (lambdas cannot carry the target attribute).
+template <FloatType F>
+struct Gelu {
+  TORCHTPU_AVX512 __m512 operator()(__m512 x) const { return gelu16<F>(x); }
+};
+
+template <FloatType F>
+struct Softcap {
+  float cap;
+  TORCHTPU_AVX512 __m512 operator()(__m512 x) const { return softcap16<F>(x, cap); }
+};
+
+template <FloatType F>
+TORCHTPU_AVX512 const uint16_t* gelu_table() {
+  static const std::vector<uint16_t> table = tabulate<F>(Gelu<F>{});
+  return table.data();
+}
+
+// One table per cap a caller has asked for (a model has one).
+template <FloatType F>
+TORCHTPU_AVX512 const uint16_t* softcap_table(float cap) {
+  static std::mutex mutex;
+  static std::vector<std::pair<float, std::vector<uint16_t>>> tables;
+  const std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [c, table] : tables) {
+    if (c == cap) return table.data();
+  }
+  tables.emplace_back(cap, tabulate<F>(Softcap<F>{cap}));
+  return tables.back().second.data();
 }
 
 template <FloatType F>
+TORCHTPU_AVX512 void gelu_mul_avx512(const void* gate, const void* up, int64_t i0, int64_t i1,
+                                     void* out) {
+  int64_t i = i0;
+  if constexpr (F == FloatType::kFloat) {
+    for (; i + 16 <= i1; i += 16) {
+      cpu::store16(F, out, i, _mm512_mul_ps(gelu16<F>(cpu::load16<F>(gate, i)),
+                                            cpu::load16<F>(up, i)));
+    }
+    gelu_mul_portable(F, gate, up, i, i1, out);
+  } else {
+    const uint16_t* table = gelu_table<F>();
+    for (; i + 16 <= i1; i += 16) {
+      const __m256i g = look_up16(table, gate, i);
+      cpu::store16(F, out, i, _mm512_mul_ps(cpu::load16<F>(&g, 0), cpu::load16<F>(up, i)));
+    }
+    for (; i < i1; ++i) {
+      const uint16_t g = look_up(table, gate, i);
+      cpu::store(F, out, i, cpu::load(F, &g, 0) * cpu::load(F, up, i));
+    }
+  }
+}
+
+// For the 16-bit formats only: f32 keeps ATen's own ops (softcap_cpu).
+template <FloatType F>
 TORCHTPU_AVX512 void softcap_avx512(const void* x, float cap, int64_t i0, int64_t i1, void* out) {
-  const __m512 c = _mm512_set1_ps(cap);
+  const uint16_t* table = softcap_table<F>(cap);
+  auto* bits = static_cast<uint16_t*>(out);
   int64_t i = i0;
   for (; i + 16 <= i1; i += 16) {
-    const __m512 scaled = cpu::round16(F, _mm512_div_ps(cpu::load16<F>(x, i), c));
-    cpu::store16(F, out, i, _mm512_mul_ps(cpu::round16(F, Sleef_tanhf16_u10(scaled)), c));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), look_up16(table, x, i));
   }
-  softcap_portable(F, x, cap, i, i1, out);
+  for (; i < i1; ++i) bits[i] = look_up(table, x, i);
 }
 
 // rope_row_portable with 16 lanes while both halves have 16 values left.
@@ -206,7 +292,9 @@ at::Tensor softcap_cpu(const at::Tensor& x_in, double cap) {
       x,
       [&](auto f, int64_t i0, int64_t i1) {
 #if defined(__x86_64__)
-        softcap_avx512<decltype(f)::value>(x.data_ptr(), c, i0, i1, out.data_ptr());
+        if constexpr (decltype(f)::value != FloatType::kFloat) {
+          softcap_avx512<decltype(f)::value>(x.data_ptr(), c, i0, i1, out.data_ptr());
+        }
 #endif
       },
       [&](FloatType f, int64_t i0, int64_t i1) {

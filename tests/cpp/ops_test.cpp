@@ -438,6 +438,55 @@ TEST(GeluTanhMul, CpuKernelGivesTheAtenOpsBits) {
                         gelu_tanh_mul(g, wide.select(1, 1).contiguous())));
 }
 
+// Every value of a 16-bit format once, NaNs and infinities included.
+at::Tensor every_value(at::ScalarType dtype) {
+  return at::arange(-32768, 32768, at::kInt).to(at::kShort).view(dtype);
+}
+
+// Same bits, or NaN in both (the two may carry different NaN payloads).
+void expect_same_values(const at::Tensor& ours, const at::Tensor& aten, const char* what) {
+  const auto same = at::eq(ours.view(at::kShort), aten.view(at::kShort)) |
+                    (at::isnan(ours) & at::isnan(aten));
+  const int64_t differ = same.logical_not().sum().item<int64_t>();
+  EXPECT_EQ(differ, 0) << what << " " << c10::toString(ours.scalar_type()) << ": " << differ
+                       << " of " << ours.numel() << " inputs differ";
+}
+
+// The 16-bit kernels look their results up in a table of the whole domain (elementwise.cpp), so
+// every input is checked, not a sample.
+TEST(GeluTanhMul, EverySixteenBitInputGivesTheAtenOpsBits) {
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    const auto x = every_value(dtype);
+    const auto up = at::randn({x.numel()}).to(dtype);
+    const auto ours = gelu_tanh_mul(x, up);
+    const auto aten = at::gelu(x, "tanh") * up;
+    if (std::string(int4_cpu_isa()) != "portable") {
+      expect_same_values(ours, aten, "gelu_tanh_mul");
+    } else {
+      const auto finite = at::isfinite(aten);
+      EXPECT_TRUE(at::allclose(ours.masked_select(finite).to(at::kDouble),
+                               aten.masked_select(finite).to(at::kDouble), 1e-2, 1e-6));
+    }
+  }
+}
+
+TEST(Softcap, EverySixteenBitInputGivesTheAtenOpsBits) {
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    for (double cap : {30.0, 50.0}) {
+      const auto x = every_value(dtype);
+      const auto ours = softcap(x, cap);
+      const auto aten = at::tanh(x / cap) * cap;
+      if (std::string(int4_cpu_isa()) != "portable") {
+        expect_same_values(ours, aten, "softcap");
+      } else {
+        const auto finite = at::isfinite(aten);
+        EXPECT_TRUE(at::allclose(ours.masked_select(finite).to(at::kDouble),
+                                 aten.masked_select(finite).to(at::kDouble), 1e-2, 1e-6));
+      }
+    }
+  }
+}
+
 TEST(Softcap, CpuKernelGivesTheAtenOpsBits) {
   at::manual_seed(43);
   // Logits far inside and far beyond the cap, and a ragged length.
