@@ -87,15 +87,19 @@ def test_packed_int4_is_no_further_from_float64_than_transformers_bf16(
     cfg = hf_bf16.config.get_text_config()
     ids = hf_tiny.prompt(cfg.vocab_size, cfg.sliding_window + 9, 100)
 
-    out, logits = cli.generate(
-        str(tmp_path / "q"),
-        ids,
-        N_NEW,
-        dtype="bfloat16",
-        emb4=emb4,
-        int4="packed",
-        dump=str(tmp_path / "packed.safetensors"),
-    )
+    def packed(name, **kwargs):
+        return cli.generate(
+            str(tmp_path / "q"),
+            ids,
+            N_NEW,
+            dtype="bfloat16",
+            emb4=emb4,
+            int4="packed",
+            dump=str(tmp_path / f"{name}.safetensors"),
+            **kwargs,
+        )
+
+    out, logits = packed("packed")
     assert out["int4"]["weights"] == "packed"
     assert any(
         "cpu blocks" in s["format"] for s in out["storage"] if s["family"] == "linears"
@@ -153,16 +157,7 @@ def test_packed_int4_is_no_further_from_float64_than_transformers_bf16(
     assert exact[0] == exact[1], f"{label} {variant}: float32 composite vs CPU kernel"
 
     # The 8-bit mode (llama.cpp's Q8_0 activations) on its own greedy tokens.
-    eight, eight_logits = cli.generate(
-        str(tmp_path / "q"),
-        ids,
-        N_NEW,
-        dtype="bfloat16",
-        emb4=emb4,
-        int4="packed",
-        activation_bits=8,
-        dump=str(tmp_path / "eight.safetensors"),
-    )
+    eight, eight_logits = packed("eight", activation_bits=8)
     assert eight["int4"]["activation_bits"] == 8
     seq8 = ids + eight["tokens"]
     exact8 = Reference(str(tmp_path / "q"), emb4_dir=emb4, exact_int4=True).logits(seq8)
