@@ -4,8 +4,10 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -261,21 +263,72 @@ bool has_cpu_kernel(const at::Tensor& x) {
   return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat;
 }
 
+// The distance in elements between consecutive rows (last-dim vectors) of t, when each row is
+// contiguous and the rows are evenly spaced, as in a narrow of a wider tensor (the halves of the
+// fused gate/up output); nullopt otherwise.
+std::optional<int64_t> row_stride(const at::Tensor& t) {
+  const int64_t width = t.dim() ? t.size(-1) : 1;
+  if (t.dim() == 0 || (width > 1 && t.stride(-1) != 1)) return std::nullopt;
+  std::optional<int64_t> stride;
+  int64_t inner_size = 0, inner_stride = 0;
+  for (int64_t d = t.dim() - 2; d >= 0; --d) {
+    if (t.size(d) == 1) continue;
+    if (stride && t.stride(d) != inner_stride * inner_size) return std::nullopt;
+    if (!stride) stride = t.stride(d);
+    inner_size = t.size(d);
+    inner_stride = t.stride(d);
+  }
+  if (stride && *stride < width) return std::nullopt;
+  return stride.value_or(width);
+}
+
+// x, or a contiguous copy of it where its rows are not evenly spaced; with its row stride.
+std::pair<at::Tensor, int64_t> with_rows(const at::Tensor& x) {
+  if (const auto stride = row_stride(x)) return {x, *stride};
+  auto copy = x.contiguous();
+  return {copy, copy.dim() ? copy.size(-1) : 1};
+}
+
 at::Tensor gelu_tanh_mul_cpu(const at::Tensor& gate_in, const at::Tensor& up_in) {
   check(gate_in, up_in);
   if (!has_cpu_kernel(gate_in)) return gelu_tanh_mul_composite(gate_in, up_in);
-  const auto gate = gate_in.contiguous();
-  const auto up = up_in.contiguous();
-  auto out = at::empty_like(gate);
+  // 16-bit rows are read in place (the fused gate/up output's halves need no copies): their
+  // results are table entries, the same wherever a row's pieces fall. f32 computes, and matches
+  // ATen's bits only in ATen's flat order (its last few values take the scalar tanh), so it is
+  // made contiguous.
+  const bool f32 = gate_in.scalar_type() == at::kFloat;
+  const auto [gate, gate_stride] = with_rows(f32 ? gate_in.contiguous() : gate_in);
+  const auto [up, up_stride] = with_rows(f32 ? up_in.contiguous() : up_in);
+  auto out = at::empty(gate.sizes(), gate.options());
+  const int64_t width = out.dim() ? out.size(-1) : 1, elem = out.element_size();
+  const auto* g = static_cast<const char*>(gate.data_ptr());
+  const auto* u = static_cast<const char*>(up.data_ptr());
+  auto* o = static_cast<char*>(out.data_ptr());
+  // Output elements [i0, i1) as pieces that stay inside one row (one piece when both inputs are
+  // contiguous).
+  auto by_rows = [&](int64_t i0, int64_t i1, auto&& kernel) {
+    if (gate_stride == width && up_stride == width) {
+      return kernel(g + i0 * elem, u + i0 * elem, i1 - i0, o + i0 * elem);
+    }
+    for (int64_t i = i0; i < i1;) {
+      const int64_t r = i / width, c = i % width, n = std::min(i1 - i, width - c);
+      kernel(g + (r * gate_stride + c) * elem, u + (r * up_stride + c) * elem, n, o + i * elem);
+      i += n;
+    }
+  };
   elementwise(
-      gate,
+      out,
       [&](auto f, int64_t i0, int64_t i1) {
 #if defined(__x86_64__)
-        gelu_mul_avx512<decltype(f)::value>(gate.data_ptr(), up.data_ptr(), i0, i1, out.data_ptr());
+        by_rows(i0, i1, [](const void* gp, const void* up_p, int64_t n, void* op) {
+          gelu_mul_avx512<decltype(f)::value>(gp, up_p, 0, n, op);
+        });
 #endif
       },
       [&](FloatType f, int64_t i0, int64_t i1) {
-        gelu_mul_portable(f, gate.data_ptr(), up.data_ptr(), i0, i1, out.data_ptr());
+        by_rows(i0, i1, [f](const void* gp, const void* up_p, int64_t n, void* op) {
+          gelu_mul_portable(f, gp, up_p, 0, n, op);
+        });
       });
   return out;
 }

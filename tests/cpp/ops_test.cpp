@@ -431,11 +431,19 @@ TEST(GeluTanhMul, CpuKernelGivesTheAtenOpsBits) {
       EXPECT_LE(ours_err, 1.01 * aten_err) << c10::toString(dtype);
     }
   }
-  // A strided up (the per-layer input's slice) reads the same values.
+  // Rows read in place give the same values: a strided up (the per-layer input's slice), the two
+  // halves of a fused gate/up output ([2, 3, 2·6151], batch and time dims), and rows that are not
+  // evenly spaced (a transpose), which are copied first.
   const auto wide = at::randn({3, 2, 6151}).to(at::kBFloat16);
   const auto g = gate.to(at::kBFloat16);
   EXPECT_TRUE(at::equal(gelu_tanh_mul(g, wide.select(1, 1)),
                         gelu_tanh_mul(g, wide.select(1, 1).contiguous())));
+  const auto fused = (at::randn({2, 3, 2 * 6151}) * 4).to(at::kBFloat16);
+  const auto g2 = fused.narrow(-1, 0, 6151), u2 = fused.narrow(-1, 6151, 6151);
+  EXPECT_TRUE(at::equal(gelu_tanh_mul(g2, u2), gelu_tanh_mul(g2.contiguous(), u2.contiguous())));
+  const auto square = at::randn({64, 64}).to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(gelu_tanh_mul(square.t(), square),
+                        gelu_tanh_mul(square.t().contiguous(), square)));
 }
 
 // Every value of a 16-bit format once, NaNs and infinities included.
