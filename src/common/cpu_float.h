@@ -1,11 +1,12 @@
 // The float formats the CPU kernels (src/ops, the quantizer) read and write (bf16, IEEE half, f32):
 // scalar conversions, each rounding to nearest even as ATen's casts do, and on x86-64 their 16-lane
-// AVX-512 counterparts, with the run-time switch between the AVX-512 kernels and the portable
-// ones. Values are finite (weights, scales, activations, scores: NaN is not preserved).
+// AVX-512 and 8-lane AVX2 counterparts, with the run-time switch between the tiers of kernels
+// (AVX-512, AVX2, portable). NaN and infinities convert as ATen's casts convert them.
 #pragma once
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define TORCHTPU_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define TORCHTPU_AVX2 __attribute__((target("avx2,f16c,fma")))
 #endif
 
 namespace torchtpu::cpu {
@@ -54,37 +56,10 @@ inline float from_bf16(uint16_t h) {
   return f;
 }
 
-inline float from_half(uint16_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(man), -24);
-    return sign ? -v : v;
-  }
-  const uint32_t bits = sign | ((exp + 112) << 23) | (man << 13);
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+// IEEE half through c10::Half: round to nearest even, overflow to infinity, NaN kept.
+inline float from_half(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
 
-// f32 rounded to the nearest half value (within half's range), still as f32.
-inline float round_to_half(float f) {
-  if (f == 0.0f) return f;
-  int e;
-  std::frexp(f, &e);
-  const int ulp_exp = std::max(e - 11, -24);
-  return std::ldexp(std::nearbyint(std::ldexp(f, -ulp_exp)), ulp_exp);
-}
-
-// The bits of a value already rounded by round_to_half.
-inline uint16_t half_bits(float h) {
-  uint16_t sign = std::signbit(h) ? 0x8000 : 0;
-  const float a = std::fabs(h);
-  if (a < std::ldexp(1.0f, -14)) return sign | static_cast<uint16_t>(std::ldexp(a, 24));
-  int e;
-  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  return sign | static_cast<uint16_t>((e + 14) << 10) |
-         static_cast<uint16_t>(std::ldexp(m, 11) - 1024.0f);
-}
+inline float round_to_half(float f) { return static_cast<float>(c10::Half(f)); }
 
 inline float load(FloatType t, const void* p, int64_t i) {
   switch (t) {
@@ -108,7 +83,7 @@ inline float round_to(FloatType t, float v) {
 inline void store(FloatType t, void* p, int64_t i, float v) {
   switch (t) {
     case FloatType::kBFloat16: static_cast<uint16_t*>(p)[i] = bf16_bits(v); return;
-    case FloatType::kHalf: static_cast<uint16_t*>(p)[i] = half_bits(round_to_half(v)); return;
+    case FloatType::kHalf: static_cast<uint16_t*>(p)[i] = c10::Half(v).x; return;
     case FloatType::kFloat: static_cast<float*>(p)[i] = v; return;
   }
 }
@@ -166,16 +141,90 @@ TORCHTPU_AVX512 inline void store16(FloatType t, void* p, int64_t i, __m512 v,
   }
 }
 
+// The 8-lane AVX2 counterparts of load16, round16 and store16 (the same roundings).
+template <FloatType T>
+TORCHTPU_AVX2 inline __m256 load8(const void* p, int64_t i) {
+  if constexpr (T == FloatType::kFloat) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  const auto h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+  if constexpr (T == FloatType::kHalf) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+TORCHTPU_AVX2 inline __m256i bf16_round8(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
+  return _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(rounded),
+                                              _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                                              _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+
+TORCHTPU_AVX2 inline __m256 round8(FloatType t, __m256 v) {
+  switch (t) {
+    case FloatType::kBFloat16:
+      return _mm256_castsi256_ps(_mm256_and_si256(bf16_round8(v), _mm256_set1_epi32(~0xFFFF)));
+    case FloatType::kHalf:
+      return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    case FloatType::kFloat: return v;
+  }
+  return v;
+}
+
+// The first n (at most 8) lanes of v stored at p + i in the format t.
+TORCHTPU_AVX2 inline void store8(FloatType t, void* p, int64_t i, __m256 v, int n = 8) {
+  __m128i h;
+  switch (t) {
+    case FloatType::kBFloat16: {
+      const __m256i words = _mm256_srli_epi32(bf16_round8(v), 16);
+      h = _mm256_castsi256_si128(
+          _mm256_permute4x64_epi64(_mm256_packus_epi32(words, words), 0b1000));
+      break;
+    }
+    case FloatType::kHalf: h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); break;
+    case FloatType::kFloat:
+      if (n == 8) return _mm256_storeu_ps(static_cast<float*>(p) + i, v);
+      alignas(32) float f[8];
+      _mm256_store_ps(f, v);
+      std::copy(f, f + n, static_cast<float*>(p) + i);
+      return;
+  }
+  if (n == 8) return _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(p) + i), h);
+  alignas(16) uint16_t w[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(w), h);
+  std::copy(w, w + n, static_cast<uint16_t*>(p) + i);
+}
+
 #endif
 
-// True when the running CPU has AVX-512 F/BW/VL/VNNI and TORCHTPU_CPU_ISA is not "portable" (the
-// switch the tests use to run the portable kernels on this CPU too).
+// TORCHTPU_CPU_ISA, the tests' switch to run a lesser tier of kernels on this CPU too: "portable",
+// "avx2" or "avx512" (no AMX); unset: the best the CPU has.
+inline std::string_view forced_isa() {
+  const char* forced = std::getenv("TORCHTPU_CPU_ISA");
+  return forced ? std::string_view(forced) : std::string_view();
+}
+
+// True when the running CPU has AVX2, FMA and F16C and TORCHTPU_CPU_ISA is not "portable": the
+// kernels for x86-64 CPUs without AVX-512 (AMD Zen 1-3, Intel before Ice Lake or Alder Lake).
+inline bool use_avx2() {
+#if defined(__x86_64__)
+  static const bool use = [] {
+    if (forced_isa() == "portable") return false;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+  }();
+  return use;
+#else
+  return false;
+#endif
+}
+
+// True when use_avx2() holds, the running CPU has AVX-512 F/BW/VL/VNNI and TORCHTPU_CPU_ISA is
+// not "avx2".
 inline bool use_avx512() {
 #if defined(__x86_64__)
   static const bool use = [] {
-    const char* forced = std::getenv("TORCHTPU_CPU_ISA");
-    if (forced && std::string_view(forced) == "portable") return false;
-    __builtin_cpu_init();
+    if (!use_avx2() || forced_isa() == "avx2") return false;
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   }();
@@ -186,13 +235,11 @@ inline bool use_avx512() {
 }
 
 // True when use_avx512() holds, the CPU has AMX-INT8, Linux grants this process the tile data
-// (a once-per-process request) and TORCHTPU_CPU_ISA is not "avx512" (the tests' switch to run
-// the AVX-512 kernels alone on a CPU with AMX).
+// (a once-per-process request) and TORCHTPU_CPU_ISA is not "avx512".
 inline bool use_amx() {
 #if defined(__x86_64__) && defined(__linux__)
   static const bool use = [] {
-    const char* forced = std::getenv("TORCHTPU_CPU_ISA");
-    if (!use_avx512() || (forced && std::string_view(forced) == "avx512")) return false;
+    if (!use_avx512() || forced_isa() == "avx512") return false;
     if (!__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
     constexpr long kRequestPermission = 0x1023, kTileData = 18;  // ARCH_REQ_XCOMP_PERM, XTILEDATA
     return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
@@ -203,10 +250,13 @@ inline bool use_amx() {
 #endif
 }
 
-// "avx512-vnni+amx-int8", "avx512-vnni" or "portable": the kernels use_amx() and use_avx512()
-// picked.
+// "avx512-vnni+amx-int8", "avx512-vnni", "avx2" or "portable": the kernels use_amx(),
+// use_avx512() and use_avx2() picked.
 inline const char* isa() {
-  return use_amx() ? "avx512-vnni+amx-int8" : use_avx512() ? "avx512-vnni" : "portable";
+  return use_amx()      ? "avx512-vnni+amx-int8"
+         : use_avx512() ? "avx512-vnni"
+         : use_avx2()   ? "avx2"
+                        : "portable";
 }
 
 }  // namespace torchtpu::cpu

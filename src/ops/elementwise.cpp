@@ -69,13 +69,6 @@ void gelu_mul_portable(FloatType f, const void* gate, const void* up, int64_t i0
   }
 }
 
-void softcap_portable(FloatType f, const void* x, float cap, int64_t i0, int64_t i1, void* out) {
-  for (int64_t i = i0; i < i1; ++i) {
-    const float t = cpu::round_to(f, std::tanh(cpu::round_to(f, cpu::load(f, x, i) / cap)));
-    cpu::store(f, out, i, t * cap);
-  }
-}
-
 // Values [i0, i1) of one head's d: out = x·cos + rotate_half(x)·sin, rotate_half(x) = [-x2, x1].
 void rope_row_portable(FloatType f, const void* x, const void* cos, const void* sin, int64_t d,
                        int64_t i0, int64_t i1, void* out) {
@@ -93,9 +86,11 @@ void rope_row_portable(FloatType f, const void* x, const void* cos, const void* 
 }  // namespace
 }  // namespace torchtpu::ops
 
-// Sleef's 1-ulp tanh, the one ATen's vectorized GELU calls, exported by libtorch_cpu (declared in
-// torch's sleef.h only for translation units compiled with AVX-512 enabled).
+// Sleef's 1-ulp tanh, the one ATen's vectorized GELU calls (16 lanes in its AVX-512 kernels, 8 in
+// its AVX2 ones), exported by libtorch_cpu (declared in torch's sleef.h only for translation units
+// compiled with those ISAs enabled).
 extern "C" __m512 Sleef_tanhf16_u10(__m512);
+extern "C" __m256 Sleef_tanhf8_u10(__m256);
 
 namespace torchtpu::ops {
 namespace {
@@ -111,6 +106,16 @@ TORCHTPU_AVX512 __m512 gelu16(__m512 x) {
                                        _mm512_add_ps(_mm512_set1_ps(1.0f), Sleef_tanhf16_u10(inner))));
 }
 
+// gelu16 with 8 lanes (ATen's AVX2 build contracts the same way).
+template <FloatType F>
+TORCHTPU_AVX2 __m256 gelu8(__m256 x) {
+  const __m256 beta = _mm256_set1_ps(kBeta), kappa = _mm256_set1_ps(kKappa);
+  const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  const __m256 inner = _mm256_mul_ps(beta, _mm256_fmadd_ps(kappa, cube, x));
+  return cpu::round8(F, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x),
+                                      _mm256_add_ps(_mm256_set1_ps(1.0f), Sleef_tanhf8_u10(inner))));
+}
+
 // tanh(x / cap) · cap of 16 values, with F's roundings between the steps (storing rounds the last).
 template <FloatType F>
 TORCHTPU_AVX512 __m512 softcap16(__m512 x, float cap) {
@@ -119,54 +124,82 @@ TORCHTPU_AVX512 __m512 softcap16(__m512 x, float cap) {
   return _mm512_mul_ps(cpu::round16(F, Sleef_tanhf16_u10(scaled)), c);
 }
 
+template <FloatType F>
+TORCHTPU_AVX2 __m256 softcap8(__m256 x, float cap) {
+  const __m256 c = _mm256_set1_ps(cap);
+  const __m256 scaled = cpu::round8(F, _mm256_div_ps(x, c));
+  return _mm256_mul_ps(cpu::round8(F, Sleef_tanhf8_u10(scaled)), c);
+}
+
+#endif
+
 // A 16-bit format has 65,536 values, so a function of one value is a table: entry u holds the
-// bits `f` gives the value whose bits are u, computed once by the vector code itself, so looking
-// it up gives the same bits as computing it (Sleef's tanh costs ~50 ns per 16 values here, a
-// lookup a few). One entry of padding: a 32-bit gather of entry 65535 stays inside.
+// bits the running tier's kernel gives the value whose bits are u (computed once by that kernel
+// itself, so looking it up gives the same bits as computing it: Sleef's tanh costs ~50 ns per 16
+// values, a lookup a few). One entry of padding: a 32-bit gather of entry 65535 stays inside.
+// `f` is a functor with the tiers' kernels: avx512 (16 lanes), avx2 (8) and portable (one value).
 template <FloatType F, typename Fn>
-TORCHTPU_AVX512 std::vector<uint16_t> tabulate(Fn f) {
+std::vector<uint16_t> tabulate(Fn f) {
   static_assert(F != FloatType::kFloat);
   std::vector<uint16_t> in(65536), table(65536 + 1);
   for (int64_t u = 0; u < 65536; ++u) in[u] = static_cast<uint16_t>(u);
-  for (int64_t u = 0; u < 65536; u += 16) {
-    cpu::store16(F, table.data(), u, f(cpu::load16<F>(in.data(), u)));
+#if defined(__x86_64__)
+  if (cpu::use_avx512()) {
+    f.avx512(in.data(), table.data());
+    return table;
   }
+  if (cpu::use_avx2()) {
+    f.avx2(in.data(), table.data());
+    return table;
+  }
+#endif
+  for (int64_t u = 0; u < 65536; ++u) cpu::store(F, table.data(), u, f(cpu::load(F, in.data(), u)));
   return table;
 }
 
-// Table entries for the 16 values at p + i, as 16-bit lanes.
-TORCHTPU_AVX512 __m256i look_up16(const uint16_t* table, const void* p, int64_t i) {
-  const __m512i bits = _mm512_cvtepu16_epi32(
-      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
-  return _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(bits, table, 2));
-}
-
-// The table entry of the value at p + i.
-inline uint16_t look_up(const uint16_t* table, const void* p, int64_t i) {
-  return table[static_cast<const uint16_t*>(p)[i]];
-}
-
-// gelu16 and softcap16 as what tabulate calls (lambdas cannot carry the target attribute).
+// GELU rounded to F, and softcap, as tabulate's functors.
 template <FloatType F>
 struct Gelu {
-  TORCHTPU_AVX512 __m512 operator()(__m512 x) const { return gelu16<F>(x); }
+  float operator()(float x) const { return cpu::round_to(F, gelu(x)); }
+#if defined(__x86_64__)
+  TORCHTPU_AVX512 void avx512(const uint16_t* in, uint16_t* out) const {
+    for (int64_t u = 0; u < 65536; u += 16) cpu::store16(F, out, u, gelu16<F>(cpu::load16<F>(in, u)));
+  }
+  TORCHTPU_AVX2 void avx2(const uint16_t* in, uint16_t* out) const {
+    for (int64_t u = 0; u < 65536; u += 8) cpu::store8(F, out, u, gelu8<F>(cpu::load8<F>(in, u)));
+  }
+#endif
 };
 
 template <FloatType F>
 struct Softcap {
   float cap;
-  TORCHTPU_AVX512 __m512 operator()(__m512 x) const { return softcap16<F>(x, cap); }
+  float operator()(float x) const {
+    return cpu::round_to(F, std::tanh(cpu::round_to(F, x / cap))) * cap;
+  }
+#if defined(__x86_64__)
+  TORCHTPU_AVX512 void avx512(const uint16_t* in, uint16_t* out) const {
+    for (int64_t u = 0; u < 65536; u += 16) {
+      cpu::store16(F, out, u, softcap16<F>(cpu::load16<F>(in, u), cap));
+    }
+  }
+  TORCHTPU_AVX2 void avx2(const uint16_t* in, uint16_t* out) const {
+    for (int64_t u = 0; u < 65536; u += 8) {
+      cpu::store8(F, out, u, softcap8<F>(cpu::load8<F>(in, u), cap));
+    }
+  }
+#endif
 };
 
 template <FloatType F>
-TORCHTPU_AVX512 const uint16_t* gelu_table() {
+const uint16_t* gelu_table() {
   static const std::vector<uint16_t> table = tabulate<F>(Gelu<F>{});
   return table.data();
 }
 
 // One table per cap a caller has asked for (a model has one).
 template <FloatType F>
-TORCHTPU_AVX512 const uint16_t* softcap_table(float cap) {
+const uint16_t* softcap_table(float cap) {
   static std::mutex mutex;
   static std::vector<std::pair<float, std::vector<uint16_t>>> tables;
   const std::lock_guard<std::mutex> lock(mutex);
@@ -175,6 +208,39 @@ TORCHTPU_AVX512 const uint16_t* softcap_table(float cap) {
   }
   tables.emplace_back(cap, tabulate<F>(Softcap<F>{cap}));
   return tables.back().second.data();
+}
+
+// The table entry of the value at p + i.
+inline uint16_t look_up(const uint16_t* table, const void* p, int64_t i) {
+  return table[static_cast<const uint16_t*>(p)[i]];
+}
+
+// gelu_tanh_mul and softcap of 16-bit values [i0, i1), one lookup at a time: the tail of the
+// vector tiers, and the portable tier's whole (softcap's in the AVX2 tier too: its lookups are
+// copies, as fast one at a time).
+template <FloatType F>
+void gelu_mul_lookup(const void* gate, const void* up, int64_t i0, int64_t i1, void* out) {
+  const uint16_t* table = gelu_table<F>();
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint16_t g = look_up(table, gate, i);
+    cpu::store(F, out, i, cpu::load(F, &g, 0) * cpu::load(F, up, i));
+  }
+}
+
+template <FloatType F>
+void softcap_lookup(const void* x, float cap, int64_t i0, int64_t i1, void* out) {
+  const uint16_t* table = softcap_table<F>(cap);
+  auto* bits = static_cast<uint16_t*>(out);
+  for (int64_t i = i0; i < i1; ++i) bits[i] = look_up(table, x, i);
+}
+
+#if defined(__x86_64__)
+
+// Table entries for the 16 values at p + i, as 16-bit lanes.
+TORCHTPU_AVX512 __m256i look_up16(const uint16_t* table, const void* p, int64_t i) {
+  const __m512i bits = _mm512_cvtepu16_epi32(
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i)));
+  return _mm512_cvtepi32_epi16(_mm512_i32gather_epi32(bits, table, 2));
 }
 
 template <FloatType F>
@@ -193,11 +259,34 @@ TORCHTPU_AVX512 void gelu_mul_avx512(const void* gate, const void* up, int64_t i
       const __m256i g = look_up16(table, gate, i);
       cpu::store16(F, out, i, _mm512_mul_ps(cpu::load16<F>(&g, 0), cpu::load16<F>(up, i)));
     }
-    for (; i < i1; ++i) {
-      const uint16_t g = look_up(table, gate, i);
-      cpu::store(F, out, i, cpu::load(F, &g, 0) * cpu::load(F, up, i));
-    }
+    gelu_mul_lookup<F>(gate, up, i, i1, out);
   }
+}
+
+// gelu_mul_avx512 on 16-bit formats with 8 lanes.
+template <FloatType F>
+TORCHTPU_AVX2 void gelu_mul_avx2(const void* gate, const void* up, int64_t i0, int64_t i1,
+                                 void* out) {
+  const uint16_t* table = gelu_table<F>();
+  const auto* bits = static_cast<const uint16_t*>(gate);
+  int64_t i = i0;
+  for (; i + 8 <= i1; i += 8) {
+    const __m256i index =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits + i)));
+    const __m256i g = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), index, 2);
+    // The entry is the low half of each gathered lane: moved up it is a bf16's f32; a half
+    // goes through F16C.
+    __m256 factor;
+    if constexpr (F == FloatType::kBFloat16) {
+      factor = _mm256_castsi256_ps(_mm256_slli_epi32(g, 16));
+    } else {
+      const __m256i words = _mm256_and_si256(g, _mm256_set1_epi32(0xFFFF));
+      factor = _mm256_cvtph_ps(_mm256_castsi256_si128(
+          _mm256_permute4x64_epi64(_mm256_packus_epi32(words, words), 0b1000)));
+    }
+    cpu::store8(F, out, i, _mm256_mul_ps(factor, cpu::load8<F>(up, i)));
+  }
+  gelu_mul_lookup<F>(gate, up, i, i1, out);
 }
 
 // For the 16-bit formats only: f32 keeps ATen's own ops (softcap_cpu).
@@ -209,7 +298,7 @@ TORCHTPU_AVX512 void softcap_avx512(const void* x, float cap, int64_t i0, int64_
   for (; i + 16 <= i1; i += 16) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), look_up16(table, x, i));
   }
-  for (; i < i1; ++i) bits[i] = look_up(table, x, i);
+  softcap_lookup<F>(x, cap, i, i1, out);
 }
 
 // rope_row_portable with 16 lanes while both halves have 16 values left.
@@ -236,25 +325,25 @@ TORCHTPU_AVX512 void rope_row_avx512(const void* x, const void* cos, const void*
 }
 #endif
 
-// Runs kernel(f, i0, i1) over the elements of a bf16/f16/f32 tensor in parallel chunks of at
-// least 16 Ki elements, where `avx512<F>` is the 16-lane kernel for format F.
-template <typename Avx512, typename Portable>
-void elementwise(const at::Tensor& like, Avx512 avx512, Portable portable) {
+// Runs kernel(F, i0, i1) over the elements of a bf16/f16/f32 tensor in parallel chunks of at
+// least 16 Ki elements, F the format as a std::integral_constant: `avx512` where the AVX-512 tier
+// runs, `other` elsewhere.
+template <typename Avx512, typename Other>
+void elementwise(const at::Tensor& like, Avx512 avx512, Other other) {
   const FloatType f = cpu::float_type(like.scalar_type());
-  at::parallel_for(0, like.numel(), 16384, [&](int64_t i0, int64_t i1) {
-#if defined(__x86_64__)
-    if (cpu::use_avx512()) {
-      switch (f) {
-        case FloatType::kBFloat16:
-          return avx512(std::integral_constant<FloatType, FloatType::kBFloat16>{}, i0, i1);
-        case FloatType::kHalf:
-          return avx512(std::integral_constant<FloatType, FloatType::kHalf>{}, i0, i1);
-        case FloatType::kFloat:
-          return avx512(std::integral_constant<FloatType, FloatType::kFloat>{}, i0, i1);
-      }
+  auto run = [f](auto&& kernel, int64_t i0, int64_t i1) {
+    switch (f) {
+      case FloatType::kBFloat16:
+        return kernel(std::integral_constant<FloatType, FloatType::kBFloat16>{}, i0, i1);
+      case FloatType::kHalf:
+        return kernel(std::integral_constant<FloatType, FloatType::kHalf>{}, i0, i1);
+      case FloatType::kFloat:
+        return kernel(std::integral_constant<FloatType, FloatType::kFloat>{}, i0, i1);
     }
-#endif
-    portable(f, i0, i1);
+  };
+  at::parallel_for(0, like.numel(), 16384, [&](int64_t i0, int64_t i1) {
+    if (cpu::use_avx512()) return run(avx512, i0, i1);
+    run(other, i0, i1);
   });
 }
 
@@ -295,7 +384,10 @@ at::Tensor gelu_tanh_mul_cpu(const at::Tensor& gate_in, const at::Tensor& up_in)
   // 16-bit rows are read in place (the fused gate/up output's halves need no copies): their
   // results are table entries, the same wherever a row's pieces fall. f32 computes, and matches
   // ATen's bits only in ATen's flat order (its last few values take the scalar tanh), so it is
-  // made contiguous.
+  // made contiguous; without the AVX-512 tier f32 is ATen's own ops.
+  if (gate_in.scalar_type() == at::kFloat && !cpu::use_avx512()) {
+    return gelu_tanh_mul_composite(gate_in, up_in);
+  }
   const bool f32 = gate_in.scalar_type() == at::kFloat;
   const auto [gate, gate_stride] = with_rows(f32 ? gate_in.contiguous() : gate_in);
   const auto [up, up_stride] = with_rows(f32 ? up_in.contiguous() : up_in);
@@ -325,10 +417,15 @@ at::Tensor gelu_tanh_mul_cpu(const at::Tensor& gate_in, const at::Tensor& up_in)
         });
 #endif
       },
-      [&](FloatType f, int64_t i0, int64_t i1) {
-        by_rows(i0, i1, [f](const void* gp, const void* up_p, int64_t n, void* op) {
-          gelu_mul_portable(f, gp, up_p, 0, n, op);
-        });
+      [&](auto f, int64_t i0, int64_t i1) {
+        if constexpr (decltype(f)::value != FloatType::kFloat) {
+          by_rows(i0, i1, [](const void* gp, const void* up_p, int64_t n, void* op) {
+#if defined(__x86_64__)
+            if (cpu::use_avx2()) return gelu_mul_avx2<decltype(f)::value>(gp, up_p, 0, n, op);
+#endif
+            gelu_mul_lookup<decltype(f)::value>(gp, up_p, 0, n, op);
+          });
+        }
       });
   return out;
 }
@@ -350,8 +447,10 @@ at::Tensor softcap_cpu(const at::Tensor& x_in, double cap) {
         }
 #endif
       },
-      [&](FloatType f, int64_t i0, int64_t i1) {
-        softcap_portable(f, x.data_ptr(), c, i0, i1, out.data_ptr());
+      [&](auto f, int64_t i0, int64_t i1) {
+        if constexpr (decltype(f)::value != FloatType::kFloat) {
+          softcap_lookup<decltype(f)::value>(x.data_ptr(), c, i0, i1, out.data_ptr());
+        }
       });
   return out;
 }

@@ -148,7 +148,7 @@ TORCHTPU_AVX512 void store_tile(const Output& y, int64_t m, int64_t column, __m5
 constexpr int64_t kPrefetchAhead = 4 * kSubBytes;
 
 // Asks for the nibbles kPrefetchAhead bytes on from sub-block `sub`.
-TORCHTPU_AVX512 inline void prefetch_ahead(const uint8_t* sub) {
+inline void prefetch_ahead(const uint8_t* sub) {
   for (int64_t p = 0; p < kSubBytes; p += 64) {
     _mm_prefetch(reinterpret_cast<const char*>(sub + kPrefetchAhead + p), _MM_HINT_T0);
   }
@@ -327,43 +327,48 @@ TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows
   }
 }
 
-template <FloatType S, int R, bool kLo, bool kSym>
-void gemv_rows_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
-                      const Output& y) {
-  for_block_pairs(b0, b1, [&]<int N>(const int64_t (&blocks)[N]) {
-    if constexpr (R == 1) {
-      gemv_blocks_row<S, N, kLo, kSym>(w, a, blocks, y);
-    } else {
-      gemv_blocks_rows<S, N, R, kLo, kSym>(w, a, blocks, y);
+// Calls kernel.template operator()<S, R, kLo, kSym>() with w's scale format, a's row count (1 to
+// kMaxRows), whether a has lo parts and whether w is symmetric as compile-time arguments.
+template <typename Kernel>
+void with_shape(const BlockWeights& w, const QuantizedRows& a, Kernel&& kernel) {
+  auto rows = [&]<FloatType S, bool kLo, bool kSym>() {
+    switch (a.rows) {
+      case 1: return kernel.template operator()<S, 1, kLo, kSym>();
+      case 2: return kernel.template operator()<S, 2, kLo, kSym>();
+      case 3: return kernel.template operator()<S, 3, kLo, kSym>();
+      case 4: return kernel.template operator()<S, 4, kLo, kSym>();
+      case 5: return kernel.template operator()<S, 5, kLo, kSym>();
+      case 6: return kernel.template operator()<S, 6, kLo, kSym>();
+      case 7: return kernel.template operator()<S, 7, kLo, kSym>();
+      default: return kernel.template operator()<S, kMaxRows, kLo, kSym>();
     }
+  };
+  auto kinds = [&]<FloatType S>() {
+    if (a.lo) {
+      if (w.zero) return rows.template operator()<S, true, false>();
+      return rows.template operator()<S, true, true>();
+    }
+    if (w.zero) return rows.template operator()<S, false, false>();
+    return rows.template operator()<S, false, true>();
+  };
+  switch (w.scale_type) {
+    case FloatType::kBFloat16: return kinds.template operator()<FloatType::kBFloat16>();
+    case FloatType::kHalf: return kinds.template operator()<FloatType::kHalf>();
+    case FloatType::kFloat: return kinds.template operator()<FloatType::kFloat>();
+  }
+}
+
+void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
+                 const Output& y) {
+  with_shape(w, a, [&]<FloatType S, int R, bool kLo, bool kSym>() {
+    for_block_pairs(b0, b1, [&]<int N>(const int64_t (&blocks)[N]) {
+      if constexpr (R == 1) {
+        gemv_blocks_row<S, N, kLo, kSym>(w, a, blocks, y);
+      } else {
+        gemv_blocks_rows<S, N, R, kLo, kSym>(w, a, blocks, y);
+      }
+    });
   });
-}
-
-template <FloatType S, bool kLo, bool kSym>
-void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
-                 const Output& y) {
-  switch (a.rows) {
-    case 1: return gemv_rows_avx512<S, 1, kLo, kSym>(w, a, b0, b1, y);
-    case 2: return gemv_rows_avx512<S, 2, kLo, kSym>(w, a, b0, b1, y);
-    case 3: return gemv_rows_avx512<S, 3, kLo, kSym>(w, a, b0, b1, y);
-    case 4: return gemv_rows_avx512<S, 4, kLo, kSym>(w, a, b0, b1, y);
-    case 5: return gemv_rows_avx512<S, 5, kLo, kSym>(w, a, b0, b1, y);
-    case 6: return gemv_rows_avx512<S, 6, kLo, kSym>(w, a, b0, b1, y);
-    case 7: return gemv_rows_avx512<S, 7, kLo, kSym>(w, a, b0, b1, y);
-    default: return gemv_rows_avx512<S, kMaxRows, kLo, kSym>(w, a, b0, b1, y);
-  }
-}
-
-// The kernels for the rows' width (lo parts or not) and the weights' symmetry.
-template <FloatType S>
-void gemv_avx512(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
-                 const Output& y) {
-  if (a.lo) {
-    if (w.zero) return gemv_avx512<S, true, false>(w, a, b0, b1, y);
-    return gemv_avx512<S, true, true>(w, a, b0, b1, y);
-  }
-  if (w.zero) return gemv_avx512<S, false, false>(w, a, b0, b1, y);
-  gemv_avx512<S, false, true>(w, a, b0, b1, y);
 }
 
 #define TORCHTPU_AMX                                                                    \
@@ -551,8 +556,11 @@ TORCHTPU_AVX512 void dequantize_row_avx512(const BlockWeights& w, const uint8_t*
   }
 }
 
-TORCHTPU_AVX512 void dequantize_avx512(const BlockWeights& w, int64_t b0, int64_t b1,
-                                       int64_t out_rows, bool out_bf16, void* out) {
+// The loop of the vector dequantizers: row(w, tile, j, zero, scale, out_bf16, dst) writes row j
+// of `tile`'s 16 for one sub-block, its 32 values.
+template <typename Row>
+void for_each_dequantized_row(const BlockWeights& w, int64_t b0, int64_t b1, int64_t out_rows,
+                              bool out_bf16, void* out, Row row) {
   const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
   const int64_t per_group = w.group_size / kSubK;
   const int64_t elem = out_bf16 ? 2 : 4;
@@ -564,8 +572,8 @@ TORCHTPU_AVX512 void dequantize_avx512(const BlockWeights& w, int64_t b0, int64_
       for (int64_t r = 0; r < rows; ++r) {
         const float zero = w.zero ? w.zero[at + r] : 8.0f;
         auto* dst = static_cast<char*>(out) + ((b * kBlockRows + r) * w.k + kb * kSubK) * elem;
-        dequantize_row_avx512(w, sub + (r / 16) * 256, static_cast<int>(r % 16), zero,
-                              cpu::load(w.scale_type, w.scale, at + r), out_bf16, dst);
+        row(w, sub + (r / 16) * 256, static_cast<int>(r % 16), zero,
+            cpu::load(w.scale_type, w.scale, at + r), out_bf16, dst);
       }
     }
   }
@@ -617,6 +625,203 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, const QuantizedRows& a)
   }
 }
 
+// The AVX2 tier, for x86-64 CPUs without AVX-512 VNNI. Without vpdpbusd, vpmaddubsw multiplies a
+// lane's 4 weight bytes by the 4 activation bytes in pairs (s16; |u·x| ≤ 15·127, so a pair is at
+// most 3810 and the 8 pairs of a 32-input sub-block, 30480, still fit) and vpmaddwd adds the
+// pairs: the same exact int32 sums as vpdpbusd, from the same starts, and the same f32 epilogue,
+// so this tier gives the AVX-512 tier's bits.
+
+TORCHTPU_AVX2 inline __m256 zero_rest8(const uint8_t* zero, int64_t at) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(zero + at));
+  return _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), _mm256_set1_ps(8.0f));
+}
+
+// `accumulate` with 8 lanes.
+template <bool kLo, bool kSymmetric>
+TORCHTPU_AVX2 inline __m256 accumulate8(__m256 acc, __m256i i1, __m256i i2, __m256 zero_rest,
+                                        __m256 scale, const QuantizedRows& a, int64_t ai) {
+  __m256 f1 = _mm256_cvtepi32_ps(i1);
+  if constexpr (!kSymmetric) f1 = _mm256_fnmadd_ps(zero_rest, _mm256_set1_ps(a.sum_hi[ai]), f1);
+  const __m256 hi = _mm256_mul_ps(f1, _mm256_set1_ps(a.d[ai]));
+  if constexpr (!kLo) {
+    return _mm256_fmadd_ps(hi, scale, acc);
+  } else {
+    __m256 f2 = _mm256_cvtepi32_ps(i2);
+    if constexpr (!kSymmetric) {
+      f2 = _mm256_fnmadd_ps(zero_rest, _mm256_set1_ps(a.sum_lo[ai]), f2);
+    }
+    return _mm256_fmadd_ps(_mm256_fmadd_ps(f2, _mm256_set1_ps(a.d_lo[ai]), hi), scale, acc);
+  }
+}
+
+// The int32 sums of 8 outputs over one sub-block: u[i] holds the outputs' unsigned weights for
+// inputs 4i..4i+3, x the 32 activation bytes, `start` where the sums begin.
+TORCHTPU_AVX2 inline __m256i dot8(const __m256i (&u)[8], const int8_t* x, int32_t start) {
+  const auto* d = reinterpret_cast<const int32_t*>(x);
+  __m256i p[8];
+  for (int i = 0; i < 8; ++i) p[i] = _mm256_maddubs_epi16(u[i], _mm256_set1_epi32(d[i]));
+  const __m256i s = _mm256_add_epi16(
+      _mm256_add_epi16(_mm256_add_epi16(p[0], p[1]), _mm256_add_epi16(p[2], p[3])),
+      _mm256_add_epi16(_mm256_add_epi16(p[4], p[5]), _mm256_add_epi16(p[6], p[7])));
+  return _mm256_add_epi32(_mm256_madd_epi16(s, _mm256_set1_epi16(1)), _mm256_set1_epi32(start));
+}
+
+// Half a weight tile (8 outputs: lanes 0-7 or 8-15 of tile t, from `half` = the tile + 32·h) of a
+// sub-block, unpacked once, against every row of `a`; acc[m] is row m's 8 sums.
+template <FloatType S, int R, bool kLo, bool kSym>
+TORCHTPU_AVX2 __attribute__((always_inline)) inline void half_tile_rows(
+    const BlockWeights& w, const QuantizedRows& a, const uint8_t* half, int64_t kb, int64_t at,
+    float (*acc)[8]) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  __m256i u[8];
+  for (int c = 0; c < 4; ++c) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(half + c * 64));
+    u[2 * c] = _mm256_and_si256(x, low4);
+    u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(x, 4), low4);
+  }
+  const int64_t kb_count = w.k / kSubK;
+  const __m256 zero = kSym ? _mm256_setzero_ps() : zero_rest8(w.zero, at);
+  const __m256 scale = cpu::load8<S>(w.scale, at);
+  for (int m = 0; m < R; ++m) {
+    const int64_t ai = m * kb_count + kb, off = m * a.k + kb * kSubK;
+    const __m256i i1 = dot8(u, a.hi + off, a.hi_start[ai]);
+    const __m256i i2 = kLo ? dot8(u, a.lo + off, a.lo_start[ai]) : _mm256_setzero_si256();
+    _mm256_store_ps(acc[m], accumulate8<kLo, kSym>(_mm256_load_ps(acc[m]), i1, i2, zero, scale,
+                                                   a, ai));
+  }
+}
+
+// R rows (1 to 8) against N blocks side by side (for_block_pairs' streams), sub-block by
+// sub-block; every row takes the same operations whatever R is, so it gets the bits it gets alone.
+template <FloatType S, int N, int R, bool kLo, bool kSym>
+TORCHTPU_AVX2 void gemv_blocks_avx2(const BlockWeights& w, const QuantizedRows& a,
+                                    const int64_t (&b)[N], const Output& y) {
+  const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
+  const int64_t per_group = w.group_size / kSubK;
+  alignas(32) float acc[N][kBlockRows / 8][R][8] = {};
+  for (int64_t kb = 0; kb < kb_count; ++kb) {
+    for (int n = 0; n < N; ++n) {
+      const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
+      prefetch_ahead(sub);
+      const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
+      for (int h = 0; h < kBlockRows / 8; ++h) {
+        half_tile_rows<S, R, kLo, kSym>(w, a, sub + (h / 2) * 256 + (h % 2) * 32, kb, at + 8 * h,
+                                        acc[n][h]);
+      }
+    }
+  }
+  for (int n = 0; n < N; ++n) {
+    for (int h = 0; h < kBlockRows / 8; ++h) {
+      const int64_t column = b[n] * kBlockRows + 8 * h;
+      const int64_t count = std::min<int64_t>(8, y.columns - column);
+      if (count <= 0) continue;
+      for (int m = 0; m < R; ++m) {
+        cpu::store8(y.type, y.data, m * y.ld + column, _mm256_load_ps(acc[n][h][m]),
+                    static_cast<int>(count));
+      }
+    }
+  }
+}
+
+void gemv_avx2(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int64_t b1,
+               const Output& y) {
+  with_shape(w, a, [&]<FloatType S, int R, bool kLo, bool kSym>() {
+    for_block_pairs(b0, b1, [&]<int N>(const int64_t (&blocks)[N]) {
+      gemv_blocks_avx2<S, N, R, kLo, kSym>(w, a, blocks, y);
+    });
+  });
+}
+
+// dequantize_row_avx512 with 8 lanes.
+TORCHTPU_AVX2 void dequantize_row_avx2(const BlockWeights& w, const uint8_t* tile, int j,
+                                       float zero, float scale, bool out_bf16, void* out) {
+  const auto* words = reinterpret_cast<const int32_t*>(tile);
+  const __m128i x = _mm_set_epi32(words[3 * 16 + j], words[2 * 16 + j], words[16 + j], words[j]);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  const __m128i lo = _mm_and_si128(x, low4);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(x, 4), low4);
+  const __m128i ordered[2] = {_mm_unpacklo_epi32(lo, hi), _mm_unpackhi_epi32(lo, hi)};
+  const __m256 z = _mm256_set1_ps(zero), s = _mm256_set1_ps(scale);
+  for (int q = 0; q < 4; ++q) {
+    const __m128i bytes = q % 2 ? _mm_srli_si128(ordered[q / 2], 8) : ordered[q / 2];
+    const __m256 u = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    const __m256 v = cpu::round8(w.scale_type, _mm256_mul_ps(_mm256_sub_ps(u, z), s));
+    cpu::store8(out_bf16 ? FloatType::kBFloat16 : FloatType::kFloat, out, 8 * q, v);
+  }
+}
+
+// 32 int32 in [-127, 127] (four vectors, inputs in order) stored as bytes at dst.
+TORCHTPU_AVX2 inline void store_bytes(int8_t* dst, const __m256i (&q)[4]) {
+  // packs_epi32 then packs_epi16 leave the dwords in the order 0 2 4 6 1 3 5 7 of the four
+  // vectors' halves: the permutation puts the 32 bytes back in input order.
+  const __m256i bytes =
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+TORCHTPU_AVX2 inline int32_t total(const __m256i (&q)[4]) {
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  alignas(32) int32_t lanes[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), s);
+  int32_t sum = 0;
+  for (const int32_t v : lanes) sum += v;
+  return sum;
+}
+
+// quantize_rows_portable with 8 lanes: the same operations in the same order, so the same bits.
+template <FloatType F>
+TORCHTPU_AVX2 void quantize_rows_avx2(const void* x, const QuantizedRows& a) {
+  const int64_t k = a.k, blocks = k / kSubK;
+  constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m256 lim = _mm256_set1_ps(127.0f), neg_lim = _mm256_set1_ps(-127.0f);
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t m = 0; m < a.rows; ++m) {
+    for (int64_t kb = 0; kb < blocks; ++kb) {
+      const int64_t at = m * blocks + kb, off = m * k + kb * kSubK;
+      __m256 v[4];
+      __m256 amax8 = _mm256_setzero_ps();
+      for (int q = 0; q < 4; ++q) {
+        v[q] = cpu::load8<F>(x, off + 8 * q);
+        amax8 = _mm256_max_ps(amax8, _mm256_and_ps(v[q], magnitude));
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, amax8);
+      const float amax = *std::max_element(lanes, lanes + 8);
+      if (amax == 0.0f) {
+        std::fill(a.hi + off, a.hi + off + kSubK, 0);
+        if (a.lo) std::fill(a.lo + off, a.lo + off + kSubK, 0);
+        block_sums(a, at, 0.0f, 0, 0);
+        continue;
+      }
+      const float step = amax / 127.0f, inv = 127.0f / amax;
+      const __m256 vstep = _mm256_set1_ps(step), vinv = _mm256_set1_ps(inv);
+      const __m256 v254 = _mm256_set1_ps(254.0f);
+      __m256i q1[4], q2[4];
+      __m256 f1[4];
+      for (int q = 0; q < 4; ++q) {
+        f1[q] = _mm256_min_ps(
+            _mm256_max_ps(_mm256_round_ps(_mm256_mul_ps(v[q], vinv), kRound), neg_lim), lim);
+        q1[q] = _mm256_cvtps_epi32(f1[q]);
+      }
+      store_bytes(a.hi + off, q1);
+      if (!a.lo) {
+        block_sums(a, at, step, total(q1), 0);
+        continue;
+      }
+      for (int q = 0; q < 4; ++q) {
+        const __m256 rest = _mm256_sub_ps(v[q], _mm256_mul_ps(f1[q], vstep));
+        q2[q] = _mm256_cvtps_epi32(_mm256_min_ps(
+            _mm256_max_ps(
+                _mm256_round_ps(_mm256_mul_ps(_mm256_mul_ps(rest, vinv), v254), kRound), neg_lim),
+            lim));
+      }
+      store_bytes(a.lo + off, q2);
+      block_sums(a, at, step, total(q1), total(q2));
+    }
+  }
+}
+
 #endif
 
 }  // namespace
@@ -628,6 +833,13 @@ void quantize_rows(const void* x, FloatType type, const QuantizedRows& a) {
       case FloatType::kBFloat16: return quantize_rows_avx512<FloatType::kBFloat16>(x, a);
       case FloatType::kHalf: return quantize_rows_avx512<FloatType::kHalf>(x, a);
       case FloatType::kFloat: return quantize_rows_avx512<FloatType::kFloat>(x, a);
+    }
+  }
+  if (cpu::use_avx2()) {
+    switch (type) {
+      case FloatType::kBFloat16: return quantize_rows_avx2<FloatType::kBFloat16>(x, a);
+      case FloatType::kHalf: return quantize_rows_avx2<FloatType::kHalf>(x, a);
+      case FloatType::kFloat: return quantize_rows_avx2<FloatType::kFloat>(x, a);
     }
   }
 #endif
@@ -648,13 +860,8 @@ void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int6
       case FloatType::kFloat: return gemv_amx<FloatType::kFloat>(w, a, b0, b1, y);
     }
   }
-  if (cpu::use_avx512()) {
-    switch (w.scale_type) {
-      case FloatType::kBFloat16: return gemv_avx512<FloatType::kBFloat16>(w, a, b0, b1, y);
-      case FloatType::kHalf: return gemv_avx512<FloatType::kHalf>(w, a, b0, b1, y);
-      case FloatType::kFloat: return gemv_avx512<FloatType::kFloat>(w, a, b0, b1, y);
-    }
-  }
+  if (cpu::use_avx512()) return gemv_avx512(w, a, b0, b1, y);
+  if (cpu::use_avx2()) return gemv_avx2(w, a, b0, b1, y);
 #endif
   gemv_portable(w, a, b0, b1, y);
 }
@@ -662,7 +869,12 @@ void gemv_blocks(const BlockWeights& w, const QuantizedRows& a, int64_t b0, int6
 void dequantize_blocks(const BlockWeights& w, int64_t b0, int64_t b1, int64_t out_rows,
                        bool out_bf16, void* out) {
 #if defined(__x86_64__)
-  if (cpu::use_avx512()) return dequantize_avx512(w, b0, b1, out_rows, out_bf16, out);
+  if (cpu::use_avx512()) {
+    return for_each_dequantized_row(w, b0, b1, out_rows, out_bf16, out, dequantize_row_avx512);
+  }
+  if (cpu::use_avx2()) {
+    return for_each_dequantized_row(w, b0, b1, out_rows, out_bf16, out, dequantize_row_avx2);
+  }
 #endif
   dequantize_portable(w, b0, b1, out_rows, out_bf16, out);
 }

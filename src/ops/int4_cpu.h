@@ -1,6 +1,7 @@
 // The CPU side of torchtpu::int4_linear: the weight layout the decode kernel streams, the
-// activation quantization it multiplies with, and the kernels (AVX-512 VNNI where the CPU has it,
-// portable C++ elsewhere; both compute the same integer sums).
+// activation quantization it multiplies with, and the kernels (AMX and AVX-512 VNNI where the CPU
+// has them, AVX2 on x86-64 CPUs without AVX-512, portable C++ elsewhere; all compute the same
+// integer sums).
 //
 // Layout ("cpu blocks"). Output rows are cut into blocks of 64 (4 tiles of 16, the last block
 // padded with zero rows), the input dim into sub-blocks of 32. For block b and sub-block kb, 1024

@@ -69,7 +69,8 @@ struct FusedInt4 {
 };
 std::optional<FusedInt4> fuse_cpu_blocks(const std::vector<Int4Weight>& parts);
 
-// The ISA the CPU kernel runs with here ("avx512-vnni+amx-int8", "avx512-vnni" or "portable").
+// The ISA the CPU kernel runs with here ("avx512-vnni+amx-int8", "avx512-vnni", "avx2" or
+// "portable").
 const char* int4_cpu_isa();
 
 }  // namespace torchtpu::ops

@@ -55,29 +55,18 @@ void rms_norm_rows(const T* x, const float* weight, float eps, int64_t width, in
 }
 
 #if defined(__x86_64__)
-// 8 values from p + i as f32.
-template <cpu::FloatType F>
-TORCHTPU_AVX512 inline __m256 load8(const void* p, int64_t i) {
-  if constexpr (F == cpu::FloatType::kFloat) {
-    return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-  }
-  const auto h =
-      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
-  if constexpr (F == cpu::FloatType::kHalf) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 // rms_norm_rows with vectors: the eight partial sums are one 8-lane register, added in the same
-// order, and every product is rounded as there, so the output has the same bits.
+// order, and every product is rounded as there, so the output has the same bits. 8 lanes serve the
+// AVX-512 tier as well: rows are a few thousand values, read once.
 template <cpu::FloatType F>
-TORCHTPU_AVX512 void rms_norm_rows_avx512(const void* x, const float* weight, float eps,
+TORCHTPU_AVX2 void rms_norm_rows_avx2(const void* x, const float* weight, float eps,
                                           int64_t width, int64_t r0, int64_t r1, void* out) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t row = r * width;
     __m256 partial8 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= width; i += 8) {
-      const __m256 v = load8<F>(x, row + i);
+      const __m256 v = cpu::load8<F>(x, row + i);
       partial8 = _mm256_add_ps(partial8, _mm256_mul_ps(v, v));
     }
     float partial[8];
@@ -89,12 +78,12 @@ TORCHTPU_AVX512 void rms_norm_rows_avx512(const void* x, const float* weight, fl
     }
     for (float p : partial) sum += p;
     const float scale = row_scale(sum, width, eps);
-    const __m512 vscale = _mm512_set1_ps(scale);
+    const __m256 vscale = _mm256_set1_ps(scale);
     int64_t k = 0;
-    for (; k + 16 <= width; k += 16) {
-      __m512 v = _mm512_mul_ps(cpu::load16<F>(x, row + k), vscale);
-      if (weight) v = _mm512_mul_ps(v, _mm512_loadu_ps(weight + k));
-      cpu::store16(F, out, row + k, v);
+    for (; k + 8 <= width; k += 8) {
+      __m256 v = _mm256_mul_ps(cpu::load8<F>(x, row + k), vscale);
+      if (weight) v = _mm256_mul_ps(v, _mm256_loadu_ps(weight + k));
+      cpu::store8(F, out, row + k, v);
     }
     for (; k < width; ++k) {
       float v = cpu::load(F, x, row + k) * scale;
@@ -121,16 +110,16 @@ at::Tensor rms_norm_cpu(const at::Tensor& x, const std::optional<at::Tensor>& we
   // Rows are short: a thread takes at least 64 of them.
   at::parallel_for(0, rows, 64, [&](int64_t r0, int64_t r1) {
 #if defined(__x86_64__)
-    if (cpu::use_avx512()) {
+    if (cpu::use_avx2()) {
       const void* src = in.data_ptr();
       void* dst = out.data_ptr();
       switch (type) {
         case at::kBFloat16:
-          return rms_norm_rows_avx512<cpu::FloatType::kBFloat16>(src, w, e, width, r0, r1, dst);
+          return rms_norm_rows_avx2<cpu::FloatType::kBFloat16>(src, w, e, width, r0, r1, dst);
         case at::kHalf:
-          return rms_norm_rows_avx512<cpu::FloatType::kHalf>(src, w, e, width, r0, r1, dst);
+          return rms_norm_rows_avx2<cpu::FloatType::kHalf>(src, w, e, width, r0, r1, dst);
         default:
-          return rms_norm_rows_avx512<cpu::FloatType::kFloat>(src, w, e, width, r0, r1, dst);
+          return rms_norm_rows_avx2<cpu::FloatType::kFloat>(src, w, e, width, r0, r1, dst);
       }
     }
 #endif

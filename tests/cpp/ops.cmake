@@ -1,12 +1,15 @@
 # src/ops: torchtpu::int4_linear against float64 and at::linear references, run with the CPU's
-# best kernels, with AVX-512 alone (TORCHTPU_CPU_ISA=avx512: no AMX even where the CPU has it) and
-# with the portable ones (TORCHTPU_CPU_ISA=portable).
+# best kernels, with AVX-512 alone (TORCHTPU_CPU_ISA=avx512: no AMX even where the CPU has it), with
+# AVX2 alone (TORCHTPU_CPU_ISA=avx2: the tier of CPUs without AVX-512) and with the portable ones
+# (TORCHTPU_CPU_ISA=portable). A tier the CPU lacks runs the best one below it.
 if(TARGET torchtpu_ops)
   add_executable(ops_test ${CMAKE_CURRENT_LIST_DIR}/ops_test.cpp)
   target_link_libraries(ops_test PRIVATE torchtpu_ops GTest::gtest_main)
   gtest_discover_tests(ops_test TEST_PREFIX "ops." DISCOVERY_TIMEOUT 60)
   gtest_discover_tests(ops_test TEST_PREFIX "ops_avx512." DISCOVERY_TIMEOUT 60
                        PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=avx512")
+  gtest_discover_tests(ops_test TEST_PREFIX "ops_avx2." DISCOVERY_TIMEOUT 60
+                       PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=avx2")
   gtest_discover_tests(ops_test TEST_PREFIX "ops_portable." DISCOVERY_TIMEOUT 60
                        PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=portable")
 endif()

@@ -69,7 +69,7 @@ describe("models, engine, health", () => {
     assert.equal(e.engine_thread, "torchtpu-engine");
     assert.equal(e.threads, 1);
     assert.equal(e.int4.weights, "composite");
-    assert.match(e.int4.cpu_kernel, /^(avx512-vnni\+amx-int8|avx512-vnni|portable)$/);
+    assert.match(e.int4.cpu_kernel, /^(avx512-vnni\+amx-int8|avx512-vnni|avx2|portable)$/);
   });
 });
 
