@@ -16,7 +16,7 @@ namespace {
 using cpu::FloatType;
 
 // Query positions per row up to which the CPU kernel runs; longer chunks (prompt reading) take
-// the composite, whose matmuls oneDNN runs on AMX.
+// the composite, whose matmuls oneDNN runs on AMX (or in f32 below the AVX-512 tier).
 constexpr int64_t kMaxFusedQueries = 8;
 
 void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -132,21 +132,53 @@ TORCHTPU_AVX512 void axpy_avx512(float p, const void* v, float* acc, int64_t d) 
   }
   for (; i < d; ++i) acc[i] += p * cpu::load(F, v, i);
 }
+
+template <FloatType F>
+TORCHTPU_AVX2 float dot_avx2(const float* q, const void* k, int64_t d) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), cpu::load8<F>(k, i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), cpu::load8<F>(k, i + 8), a1);
+  }
+  for (; i + 8 <= d; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), cpu::load8<F>(k, i), a0);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, _mm256_add_ps(a0, a1));
+  float sum = 0.0f;
+  for (const float l : lanes) sum += l;
+  for (; i < d; ++i) sum += q[i] * cpu::load(F, k, i);
+  return sum;
+}
+
+template <FloatType F>
+TORCHTPU_AVX2 void axpy_avx2(float p, const void* v, float* acc, int64_t d) {
+  const __m256 pp = _mm256_set1_ps(p);
+  int64_t i = 0;
+  for (; i + 8 <= d; i += 8) {
+    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(pp, cpu::load8<F>(v, i), _mm256_loadu_ps(acc + i)));
+  }
+  for (; i < d; ++i) acc[i] += p * cpu::load(F, v, i);
+}
 #endif
 
+// The kernel tier attend runs with.
+enum class Tier { kPortable, kAvx2, kAvx512 };
+
 // Scores, softmax and the weighted sum of v for one query row, in the formula's roundings.
-template <FloatType F, bool kAvx512>
+template <FloatType F, Tier kTier>
 void attend(const Row& r, std::vector<float>& q, std::vector<float>& probs,
             std::vector<float>& acc) {
   auto dot = [&](const void* k) {
 #if defined(__x86_64__)
-    if constexpr (kAvx512) return dot_avx512<F>(q.data(), k, r.d);
+    if constexpr (kTier == Tier::kAvx512) return dot_avx512<F>(q.data(), k, r.d);
+    if constexpr (kTier == Tier::kAvx2) return dot_avx2<F>(q.data(), k, r.d);
 #endif
     return dot_portable<F>(q.data(), k, r.d);
   };
   auto axpy = [&](float p, const void* v) {
 #if defined(__x86_64__)
-    if constexpr (kAvx512) return axpy_avx512<F>(p, v, acc.data(), r.d);
+    if constexpr (kTier == Tier::kAvx512) return axpy_avx512<F>(p, v, acc.data(), r.d);
+    if constexpr (kTier == Tier::kAvx2) return axpy_avx2<F>(p, v, acc.data(), r.d);
 #endif
     axpy_portable<F>(p, v, acc.data(), r.d);
   };
@@ -185,7 +217,17 @@ at::Tensor attention_cpu(const at::Tensor& q_in, const at::Tensor& k, const at::
   const bool fits = (type == at::kBFloat16 || type == at::kHalf || type == at::kFloat) &&
                     query_pos.size(1) <= kMaxFusedQueries && k.stride(3) == 1 && v.stride(3) == 1 &&
                     k.strides() == v.strides();
-  if (!fits) return attention_composite(q_in, k, v, query_pos, key_pos, window);
+  if (!fits) {
+    // Below the AVX-512 tier ATen's bf16 and f16 matmuls are slow (oneDNN needs AVX-512 for
+    // them): a 512-token chunk's products ran at 2 GFLOP/s on Zen 3. There the formula runs on
+    // the same values in f32, rounded to the dtype once at the end.
+    if (type != at::kFloat && !cpu::use_avx512()) {
+      return attention_composite(q_in.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
+                                 query_pos, key_pos, window)
+          .to(type);
+    }
+    return attention_composite(q_in, k, v, query_pos, key_pos, window);
+  }
   const auto q = q_in.contiguous();
   const auto qpos = query_pos.contiguous();
   const auto kpos = key_pos.contiguous();
@@ -198,36 +240,41 @@ at::Tensor attention_cpu(const at::Tensor& q_in, const at::Tensor& k, const at::
   const auto* v_base = static_cast<const char*>(v.data_ptr());
   auto* out_base = static_cast<char*>(out.data_ptr());
   const FloatType f = cpu::float_type(type);
-  const bool avx512 = cpu::use_avx512();
+  const Tier tier = cpu::use_avx512() ? Tier::kAvx512
+                    : cpu::use_avx2() ? Tier::kAvx2
+                                      : Tier::kPortable;
+  // attend<F, kTier> for the runtime format and tier.
+  auto attend_row = [&](const Row& r, std::vector<float>& qf, std::vector<float>& probs,
+                        std::vector<float>& acc) {
+    auto with_tier = [&]<FloatType F>() {
+      switch (tier) {
+        case Tier::kAvx512: return attend<F, Tier::kAvx512>(r, qf, probs, acc);
+        case Tier::kAvx2: return attend<F, Tier::kAvx2>(r, qf, probs, acc);
+        case Tier::kPortable: return attend<F, Tier::kPortable>(r, qf, probs, acc);
+      }
+    };
+    switch (f) {
+      case FloatType::kBFloat16: return with_tier.template operator()<FloatType::kBFloat16>();
+      case FloatType::kHalf: return with_tier.template operator()<FloatType::kHalf>();
+      case FloatType::kFloat: return with_tier.template operator()<FloatType::kFloat>();
+    }
+  };
   at::parallel_for(0, B * kv_heads * R, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> qf, probs, acc;
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t b = u / (kv_heads * R), h = (u / R) % kv_heads, row = u % R;
       const int64_t kv_at = (b * k.stride(0) + h * k.stride(1)) * elem;
-      Row r{q_base + u * d * elem,
-            k_base + kv_at,
-            v_base + kv_at,
-            k.stride(2),
-            kpos.data_ptr<int64_t>() + b * S,
-            S,
-            qpos.data_ptr<int64_t>()[b * T + row % T],
-            window,
-            d,
-            out_base + u * d * elem};
-      switch (f) {
-        case FloatType::kBFloat16:
-          avx512 ? attend<FloatType::kBFloat16, true>(r, qf, probs, acc)
-                 : attend<FloatType::kBFloat16, false>(r, qf, probs, acc);
-          break;
-        case FloatType::kHalf:
-          avx512 ? attend<FloatType::kHalf, true>(r, qf, probs, acc)
-                 : attend<FloatType::kHalf, false>(r, qf, probs, acc);
-          break;
-        case FloatType::kFloat:
-          avx512 ? attend<FloatType::kFloat, true>(r, qf, probs, acc)
-                 : attend<FloatType::kFloat, false>(r, qf, probs, acc);
-          break;
-      }
+      const Row r{q_base + u * d * elem,
+                  k_base + kv_at,
+                  v_base + kv_at,
+                  k.stride(2),
+                  kpos.data_ptr<int64_t>() + b * S,
+                  S,
+                  qpos.data_ptr<int64_t>()[b * T + row % T],
+                  window,
+                  d,
+                  out_base + u * d * elem};
+      attend_row(r, qf, probs, acc);
     }
   });
   return out;

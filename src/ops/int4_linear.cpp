@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -23,7 +24,12 @@ using int4_cpu::kSubK;
 // Rows of x up to which the CPU kernel streams the weights (once per int4_cpu::kMaxRows rows: a
 // Batch of 16 sequences reads them twice); beyond, it dequantizes into bf16 and leaves the product
 // to oneDNN (AMX), which wins for prompt chunks. At 16 rows streaming costs a quarter of that.
-constexpr int64_t kMaxStreamedRows = 16;
+// The AVX2 tier streams every chunk: without AVX-512 its int8 products beat oneDNN's f32 (and
+// bf16 runs 7x slower than that; measured on Zen 3, docs/BENCHMARKS.md).
+int64_t max_streamed_rows() {
+  if (cpu::use_avx512() || !cpu::use_avx2()) return 16;
+  return std::numeric_limits<int64_t>::max();
+}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -170,13 +176,20 @@ at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   const auto rows = x.reshape({-1, k});
   const int64_t m = rows.size(0);
   const bool half_width = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
-  if (m > kMaxStreamedRows || !half_width) {
+  if (m > max_streamed_rows() || !half_width) {
     // f32 keeps compressed-tensors' exact dequantized values (the --dtype float32 numerics).
-    const bool bf16 = x.scalar_type() == at::kBFloat16;
-    auto dense = at::empty({out_features, k}, x.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+    // oneDNN multiplies bf16 fast only with AVX-512 (AMX, AVX512-BF16 or its AVX-512 kernels):
+    // below that tier a bf16 product ran 7x slower than f32 (Zen 3, 512 x 1536 x 6144), so there
+    // the same dequantized values are multiplied in f32 and the result rounded once.
+    const bool bf16_product = x.scalar_type() == at::kBFloat16 && cpu::use_avx512();
+    auto dense =
+        at::empty({out_features, k}, x.options().dtype(bf16_product ? at::kBFloat16 : at::kFloat));
     at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      int4_cpu::dequantize_blocks(w, b0, b1, out_features, bf16, dense.data_ptr());
+      int4_cpu::dequantize_blocks(w, b0, b1, out_features, bf16_product, dense.data_ptr());
     });
+    if (half_width && !cpu::use_avx512()) {
+      return at::linear(x.to(at::kFloat), dense).to(x.scalar_type());
+    }
     return at::linear(x, dense.to(x.scalar_type()));
   }
 

@@ -135,6 +135,26 @@ TEST(Int4Linear, EachStreamedRowMatchesThatRowAlone) {
   }
 }
 
+// A prompt chunk's product where the weights are dequantized for it: compressed-tensors' values
+// times x, in bf16 where oneDNN multiplies it fast (the AVX-512 tier), in f32 below it, rounded
+// to x's dtype once.
+at::Tensor dense_product(const at::Tensor& x, const PackedInt4& packed) {
+  if (std::string(int4_cpu_isa()).starts_with("avx512")) {
+    return at::linear(x, dequantize(packed, at::kBFloat16));
+  }
+  return at::linear(x.to(at::kFloat), dequantize(packed, at::kFloat)).to(x.scalar_type());
+}
+
+// What a prompt chunk (more rows than a Batch step) gives: the AVX2 tier streams chunks too (its
+// int8 products beat oneDNN's f32 there), so each row is that row streamed alone; the others
+// dequantize (dense_product).
+at::Tensor chunk_product(const at::Tensor& x, const PackedInt4& packed, const Int4Weight& blocks) {
+  if (std::string(int4_cpu_isa()) != "avx2") return dense_product(x, packed);
+  std::vector<at::Tensor> rows;
+  for (int64_t i = 0; i < x.size(0); ++i) rows.push_back(int4_linear(x.narrow(0, i, 1), blocks));
+  return at::cat(rows);
+}
+
 TEST(Int4Linear, ActivationBitsAreSixteenOrEight) {
   const Case c{64, 40, 32, true, at::kBFloat16};
   const auto packed = random_int4(c, 12);
@@ -150,21 +170,21 @@ TEST(Int4Linear, ActivationBitsAreSixteenOrEight) {
           << e.what();
     }
   }
-  // Where the weights are dequantized instead of streamed, 8 changes nothing.
+  // Where the weights are dequantized for a chunk, 8 changes nothing; where chunks stream, each
+  // row is its row alone at 8 bits.
   auto blocks = repack_for_cpu(packed);
   blocks.activation_bits = 8;
   const auto chunk = random_input(40, 64, 14);
-  EXPECT_TRUE(at::equal(int4_linear(chunk, blocks),
-                        at::linear(chunk, dequantize(packed, at::kBFloat16))));
+  EXPECT_TRUE(at::equal(int4_linear(chunk, blocks), chunk_product(chunk, packed, blocks)));
 }
 
-TEST(Int4Linear, PromptChunksUseExactlyTheDequantizedWeights) {
+TEST(Int4Linear, PromptChunksUseExactlyTheDequantizedWeightsOrStreamEachRow) {
   for (const Case& c : {Case{320, 100, 32, true, at::kBFloat16},
                         Case{128, 64, 64, false, at::kHalf}, Case{96, 48, 32, true, at::kFloat}}) {
     const auto packed = random_int4(c, 5);
     const auto blocks = repack_for_cpu(packed);
     const auto x = random_input(40, c.in, 6);
-    EXPECT_TRUE(at::equal(int4_linear(x, blocks), at::linear(x, dequantize(packed, at::kBFloat16))))
+    EXPECT_TRUE(at::equal(int4_linear(x, blocks), chunk_product(x, packed, blocks)))
         << "in " << c.in;
     // f32 activations keep compressed-tensors' values exactly too (the --dtype float32 numerics).
     const auto xf = x.narrow(0, 0, 1).to(at::kFloat);
@@ -377,10 +397,17 @@ TEST(Attention, CpuKernelIsAsCloseToFloat64AsTheAtenFormula) {
   }
 }
 
+// The formula in bf16 on the AVX-512 tier; below it (ATen's bf16 matmuls slow there) in f32 on
+// the same values, rounded once.
 TEST(Attention, ChunksBeyondTheFusedRowsTakeTheFormula) {
   const auto r = random_ring(1, 1, 2, 12, 64, 64, at::kBFloat16, 5);
-  EXPECT_TRUE(at::equal(attention(r.q, r.k, r.v, r.qpos, r.kpos, 0),
-                        attention_aten(r.q, r.k, r.v, r.qpos, r.kpos, 0)));
+  const auto expected =
+      std::string(int4_cpu_isa()).starts_with("avx512")
+          ? attention_aten(r.q, r.k, r.v, r.qpos, r.kpos, 0)
+          : attention_aten(r.q.to(at::kFloat), r.k.to(at::kFloat), r.v.to(at::kFloat), r.qpos,
+                           r.kpos, 0)
+                .to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(attention(r.q, r.k, r.v, r.qpos, r.kpos, 0), expected));
 }
 
 TEST(Attention, MetaShapesAndPreciseErrors) {
