@@ -42,16 +42,23 @@ void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
       "attention: key_pos must be [", k.size(0), ", ", k.size(2), "], got ", key_pos.sizes());
 }
 
-at::Tensor attention_composite(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& query_pos, const at::Tensor& key_pos,
-                               int64_t window) {
+// The formula, its two products in q's dtype. With f32_products they run in f32 on the same
+// values and are rounded to the dtype, as a bf16 or f16 matmul rounds its f32 sums: the same
+// roundings (up to the order of the sums), for CPUs where ATen's 16-bit matmuls are slow.
+at::Tensor attention_formula(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& query_pos, const at::Tensor& key_pos,
+                             int64_t window, bool f32_products) {
   check_shapes(q, k, v, query_pos, key_pos);
   const int64_t B = q.size(0), kv_heads = q.size(1), R = q.size(2);
   const int64_t T = query_pos.size(1), S = k.size(2);
+  auto matmul = [&](const at::Tensor& a, const at::Tensor& b) {
+    if (!f32_products) return at::matmul(a, b);
+    return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(q.scalar_type());
+  };
   // One query position computes (k·qᵀ)ᵀ: with a ring as the right operand, transposed, CPU bmm
   // copies all of K first.
   auto scores =
-      T == 1 ? at::matmul(k, q.transpose(2, 3)).transpose(2, 3) : at::matmul(q, k.transpose(2, 3));
+      T == 1 ? matmul(k, q.transpose(2, 3)).transpose(2, 3) : matmul(q, k.transpose(2, 3));
   auto qpos = query_pos.unsqueeze(2);  // [B, T, 1]
   auto kpos = key_pos.unsqueeze(1);    // [B, 1, S]
   auto keep = (kpos >= 0).logical_and(kpos <= qpos);
@@ -60,7 +67,13 @@ at::Tensor attention_composite(const at::Tensor& q, const at::Tensor& k, const a
                .masked_fill(keep.logical_not().view({B, 1, 1, T, S}),
                             -std::numeric_limits<double>::infinity());
   auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  return at::matmul(probs.view({B, kv_heads, R, S}), v);
+  return matmul(probs.view({B, kv_heads, R, S}), v);
+}
+
+at::Tensor attention_composite(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& query_pos, const at::Tensor& key_pos,
+                               int64_t window) {
+  return attention_formula(q, k, v, query_pos, key_pos, window, false);
 }
 
 at::Tensor attention_meta(const at::Tensor& q, const at::Tensor&, const at::Tensor&,
@@ -219,14 +232,9 @@ at::Tensor attention_cpu(const at::Tensor& q_in, const at::Tensor& k, const at::
                     k.strides() == v.strides();
   if (!fits) {
     // Below the AVX-512 tier ATen's bf16 and f16 matmuls are slow (oneDNN needs AVX-512 for
-    // them): a 512-token chunk's products ran at 2 GFLOP/s on Zen 3. There the formula runs on
-    // the same values in f32, rounded to the dtype once at the end.
-    if (type != at::kFloat && !cpu::use_avx512()) {
-      return attention_composite(q_in.to(at::kFloat), k.to(at::kFloat), v.to(at::kFloat),
-                                 query_pos, key_pos, window)
-          .to(type);
-    }
-    return attention_composite(q_in, k, v, query_pos, key_pos, window);
+    // them): a 512-token chunk's products ran at 2 GFLOP/s on Zen 3, 71% of reading it.
+    const bool f32_products = type != at::kFloat && !cpu::use_avx512();
+    return attention_formula(q_in, k, v, query_pos, key_pos, window, f32_products);
   }
   const auto q = q_in.contiguous();
   const auto qpos = query_pos.contiguous();

@@ -336,16 +336,22 @@ TEST(RmsNorm, MetaAndOtherDtypesTakeTheComposite) {
 }
 
 // The attention formula as ATen ops, written out here independently of the op's composite.
+// The formula; with f32_products its products run in f32 and are rounded to q's dtype.
 at::Tensor attention_aten(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& qpos, const at::Tensor& kpos, int64_t window) {
+                          const at::Tensor& qpos, const at::Tensor& kpos, int64_t window,
+                          bool f32_products = false) {
   const int64_t B = q.size(0), H = q.size(1), R = q.size(2), T = qpos.size(1), S = k.size(2);
-  auto scores = at::matmul(q, k.transpose(2, 3)).view({B, H, R / T, T, S});
+  auto matmul = [&](const at::Tensor& a, const at::Tensor& b) {
+    if (!f32_products) return at::matmul(a, b);
+    return at::matmul(a.to(at::kFloat), b.to(at::kFloat)).to(q.scalar_type());
+  };
+  auto scores = matmul(q, k.transpose(2, 3)).view({B, H, R / T, T, S});
   auto key = kpos.view({B, 1, 1, 1, S});
   auto query = qpos.view({B, 1, 1, T, 1});
   auto seen = (key >= 0) & (key <= query);
   if (window > 0) seen = seen & (key > query - window);
   auto probs = at::where(seen, scores, -INFINITY).to(at::kFloat).softmax(-1).to(q.scalar_type());
-  return at::matmul(probs.view({B, H, R, S}), v);
+  return matmul(probs.view({B, H, R, S}), v);
 }
 
 struct Ring {
@@ -397,17 +403,13 @@ TEST(Attention, CpuKernelIsAsCloseToFloat64AsTheAtenFormula) {
   }
 }
 
-// The formula in bf16 on the AVX-512 tier; below it (ATen's bf16 matmuls slow there) in f32 on
-// the same values, rounded once.
+// The formula in bf16 on the AVX-512 tier; below it (ATen's bf16 matmuls slow there) with its
+// products in f32, rounded to bf16 as a bf16 matmul rounds them.
 TEST(Attention, ChunksBeyondTheFusedRowsTakeTheFormula) {
   const auto r = random_ring(1, 1, 2, 12, 64, 64, at::kBFloat16, 5);
-  const auto expected =
-      std::string(int4_cpu_isa()).starts_with("avx512")
-          ? attention_aten(r.q, r.k, r.v, r.qpos, r.kpos, 0)
-          : attention_aten(r.q.to(at::kFloat), r.k.to(at::kFloat), r.v.to(at::kFloat), r.qpos,
-                           r.kpos, 0)
-                .to(at::kBFloat16);
-  EXPECT_TRUE(at::equal(attention(r.q, r.k, r.v, r.qpos, r.kpos, 0), expected));
+  const bool f32_products = !std::string(int4_cpu_isa()).starts_with("avx512");
+  EXPECT_TRUE(at::equal(attention(r.q, r.k, r.v, r.qpos, r.kpos, 0),
+                        attention_aten(r.q, r.k, r.v, r.qpos, r.kpos, 0, f32_products)));
 }
 
 TEST(Attention, MetaShapesAndPreciseErrors) {
