@@ -57,7 +57,9 @@ inline float from_bf16(uint16_t h) {
 }
 
 // IEEE half through c10::Half: round to nearest even, overflow to infinity, NaN kept.
-inline float from_half(uint16_t h) { return static_cast<float>(c10::Half(h, c10::Half::from_bits())); }
+inline float from_half(uint16_t h) {
+  return static_cast<float>(c10::Half(h, c10::Half::from_bits()));
+}
 
 inline float round_to_half(float f) { return static_cast<float>(c10::Half(f)); }
 
@@ -145,9 +147,15 @@ TORCHTPU_AVX512 inline void store16(FloatType t, void* p, int64_t i, __m512 v,
 template <FloatType T>
 TORCHTPU_AVX2 inline __m256 load8(const void* p, int64_t i) {
   if constexpr (T == FloatType::kFloat) return _mm256_loadu_ps(static_cast<const float*>(p) + i);
-  const auto h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+  const auto h =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
   if constexpr (T == FloatType::kHalf) return _mm256_cvtph_ps(h);
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// The 8 lanes of v, each below 2^16, as 8 packed 16-bit words.
+TORCHTPU_AVX2 inline __m128i low_words8(__m256i v) {
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0b1000));
 }
 
 TORCHTPU_AVX2 inline __m256i bf16_round8(__m256 v) {
@@ -174,13 +182,10 @@ TORCHTPU_AVX2 inline __m256 round8(FloatType t, __m256 v) {
 TORCHTPU_AVX2 inline void store8(FloatType t, void* p, int64_t i, __m256 v, int n = 8) {
   __m128i h;
   switch (t) {
-    case FloatType::kBFloat16: {
-      const __m256i words = _mm256_srli_epi32(bf16_round8(v), 16);
-      h = _mm256_castsi256_si128(
-          _mm256_permute4x64_epi64(_mm256_packus_epi32(words, words), 0b1000));
+    case FloatType::kBFloat16: h = low_words8(_mm256_srli_epi32(bf16_round8(v), 16)); break;
+    case FloatType::kHalf:
+      h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       break;
-    }
-    case FloatType::kHalf: h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); break;
     case FloatType::kFloat:
       if (n == 8) return _mm256_storeu_ps(static_cast<float*>(p) + i, v);
       alignas(32) float f[8];

@@ -112,8 +112,9 @@ TORCHTPU_AVX2 __m256 gelu8(__m256 x) {
   const __m256 beta = _mm256_set1_ps(kBeta), kappa = _mm256_set1_ps(kKappa);
   const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
   const __m256 inner = _mm256_mul_ps(beta, _mm256_fmadd_ps(kappa, cube, x));
-  return cpu::round8(F, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x),
-                                      _mm256_add_ps(_mm256_set1_ps(1.0f), Sleef_tanhf8_u10(inner))));
+  const __m256 half_x = _mm256_mul_ps(_mm256_set1_ps(0.5f), x);
+  const __m256 one_plus_tanh = _mm256_add_ps(_mm256_set1_ps(1.0f), Sleef_tanhf8_u10(inner));
+  return cpu::round8(F, _mm256_mul_ps(half_x, one_plus_tanh));
 }
 
 // tanh(x / cap) · cap of 16 values, with F's roundings between the steps (storing rounds the last).
@@ -163,10 +164,14 @@ struct Gelu {
   float operator()(float x) const { return cpu::round_to(F, gelu(x)); }
 #if defined(__x86_64__)
   TORCHTPU_AVX512 void avx512(const uint16_t* in, uint16_t* out) const {
-    for (int64_t u = 0; u < 65536; u += 16) cpu::store16(F, out, u, gelu16<F>(cpu::load16<F>(in, u)));
+    for (int64_t u = 0; u < 65536; u += 16) {
+      cpu::store16(F, out, u, gelu16<F>(cpu::load16<F>(in, u)));
+    }
   }
   TORCHTPU_AVX2 void avx2(const uint16_t* in, uint16_t* out) const {
-    for (int64_t u = 0; u < 65536; u += 8) cpu::store8(F, out, u, gelu8<F>(cpu::load8<F>(in, u)));
+    for (int64_t u = 0; u < 65536; u += 8) {
+      cpu::store8(F, out, u, gelu8<F>(cpu::load8<F>(in, u)));
+    }
   }
 #endif
 };
@@ -274,17 +279,9 @@ TORCHTPU_AVX2 void gelu_mul_avx2(const void* gate, const void* up, int64_t i0, i
     const __m256i index =
         _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits + i)));
     const __m256i g = _mm256_i32gather_epi32(reinterpret_cast<const int*>(table), index, 2);
-    // The entry is the low half of each gathered lane: moved up it is a bf16's f32; a half
-    // goes through F16C.
-    __m256 factor;
-    if constexpr (F == FloatType::kBFloat16) {
-      factor = _mm256_castsi256_ps(_mm256_slli_epi32(g, 16));
-    } else {
-      const __m256i words = _mm256_and_si256(g, _mm256_set1_epi32(0xFFFF));
-      factor = _mm256_cvtph_ps(_mm256_castsi256_si128(
-          _mm256_permute4x64_epi64(_mm256_packus_epi32(words, words), 0b1000)));
-    }
-    cpu::store8(F, out, i, _mm256_mul_ps(factor, cpu::load8<F>(up, i)));
+    // An entry is the low half of its gathered lane.
+    const __m128i entries = cpu::low_words8(_mm256_and_si256(g, _mm256_set1_epi32(0xFFFF)));
+    cpu::store8(F, out, i, _mm256_mul_ps(cpu::load8<F>(&entries, 0), cpu::load8<F>(up, i)));
   }
   gelu_mul_lookup<F>(gate, up, i, i1, out);
 }

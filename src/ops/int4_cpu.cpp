@@ -625,9 +625,9 @@ TORCHTPU_AVX512 void quantize_rows_avx512(const void* x, const QuantizedRows& a)
   }
 }
 
-// The AVX2 tier, for x86-64 CPUs without AVX-512 VNNI. Without vpdpbusd, vpmaddubsw multiplies a
-// lane's 4 weight bytes by the 4 activation bytes in pairs (s16; |u·x| ≤ 15·127, so a pair is at
-// most 3810 and the 8 pairs of a 32-input sub-block, 30480, still fit) and vpmaddwd adds the
+// The AVX2 tier, for x86-64 CPUs without AVX-512 VNNI. Without vpdpbusd, vpmaddubsw multiplies
+// a lane's 4 weight bytes by the 4 activation bytes in pairs (s16; |u·x| ≤ 15·127, so a pair is
+// at most 3810 and the 8 pairs of a 32-input sub-block, 30480, still fit) and vpmaddwd adds the
 // pairs: the same exact int32 sums as vpdpbusd, from the same starts, and the same f32 epilogue,
 // so this tier gives the AVX-512 tier's bits.
 
@@ -756,8 +756,8 @@ TORCHTPU_AVX2 inline void store_bytes(int8_t* dst, const __m256i (&q)[4]) {
   // vectors' halves: the permutation puts the 32 bytes back in input order.
   const __m256i bytes =
       _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
-                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), _mm256_permutevar8x32_epi32(bytes, order));
 }
 
 TORCHTPU_AVX2 inline int32_t total(const __m256i (&q)[4]) {

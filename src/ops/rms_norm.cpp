@@ -60,7 +60,7 @@ void rms_norm_rows(const T* x, const float* weight, float eps, int64_t width, in
 // AVX-512 tier as well: rows are a few thousand values, read once.
 template <cpu::FloatType F>
 TORCHTPU_AVX2 void rms_norm_rows_avx2(const void* x, const float* weight, float eps,
-                                          int64_t width, int64_t r0, int64_t r1, void* out) {
+                                      int64_t width, int64_t r0, int64_t r1, void* out) {
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t row = r * width;
     __m256 partial8 = _mm256_setzero_ps();
