@@ -4,6 +4,7 @@ if(TARGET torchtpu_engine AND TARGET torchtpu_standin)
   add_executable(batch_test ${CMAKE_CURRENT_LIST_DIR}/batch_test.cpp)
   target_include_directories(batch_test PRIVATE ${CMAKE_SOURCE_DIR}/tests/device)
   target_link_libraries(batch_test PRIVATE torchtpu_engine torchtpu_standin GTest::gtest_main)
+  torchtpu_precompile_aten(batch_test)
   gtest_discover_tests(batch_test TEST_PREFIX "engine_batch." DISCOVERY_TIMEOUT 60
                        PROPERTIES LABELS engine TIMEOUT 900
                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
@@ -12,6 +13,7 @@ endif()
 if(TARGET torchtpu_engine)
   add_executable(prefix_cache_test ${CMAKE_CURRENT_LIST_DIR}/prefix_cache_test.cpp)
   target_link_libraries(prefix_cache_test PRIVATE torchtpu_engine GTest::gtest_main)
+  torchtpu_precompile_aten(prefix_cache_test)
   gtest_discover_tests(prefix_cache_test TEST_PREFIX "engine_prefix_cache." DISCOVERY_TIMEOUT 60
                        PROPERTIES LABELS engine TIMEOUT 900
                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
@@ -21,6 +23,7 @@ endif()
 if(TARGET torchtpu_engine)
   add_executable(scheduler_test ${CMAKE_CURRENT_LIST_DIR}/scheduler_test.cpp)
   target_link_libraries(scheduler_test PRIVATE torchtpu_engine GTest::gtest_main)
+  torchtpu_precompile_aten(scheduler_test)
   gtest_discover_tests(scheduler_test TEST_PREFIX "engine_scheduler." DISCOVERY_TIMEOUT 60
                        PROPERTIES LABELS engine TIMEOUT 900
                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
@@ -29,5 +32,6 @@ endif()
 if(TARGET torchtpu_engine)
   add_executable(media_engine_test ${CMAKE_CURRENT_LIST_DIR}/media_engine_test.cpp)
   target_link_libraries(media_engine_test PRIVATE torchtpu_engine GTest::gtest_main)
+  torchtpu_precompile_aten(media_engine_test)
   gtest_discover_tests(media_engine_test DISCOVERY_TIMEOUT 60 PROPERTIES LABELS engine)
 endif()

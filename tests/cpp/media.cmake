@@ -3,5 +3,6 @@
 if(TARGET torchtpu_media)
   add_executable(media_test ${CMAKE_CURRENT_LIST_DIR}/media_test.cpp)
   target_link_libraries(media_test PRIVATE torchtpu_media GTest::gmock GTest::gtest_main)
+  torchtpu_precompile_aten(media_test)
   gtest_discover_tests(media_test TEST_PREFIX "media." DISCOVERY_TIMEOUT 60)
 endif()

@@ -5,6 +5,7 @@
 if(TARGET torchtpu_ops)
   add_executable(ops_test ${CMAKE_CURRENT_LIST_DIR}/ops_test.cpp)
   target_link_libraries(ops_test PRIVATE torchtpu_ops GTest::gtest_main)
+  torchtpu_precompile_aten(ops_test)
   gtest_discover_tests(ops_test TEST_PREFIX "ops." DISCOVERY_TIMEOUT 60)
   gtest_discover_tests(ops_test TEST_PREFIX "ops_avx512." DISCOVERY_TIMEOUT 60
                        PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=avx512")

@@ -4,8 +4,10 @@ if(TARGET torchtpu_quant)
   add_executable(quant_tool ${CMAKE_CURRENT_LIST_DIR}/quant_tool.cpp
                             ${CMAKE_SOURCE_DIR}/src/cli/quantize_command.cpp)
   target_link_libraries(quant_tool PRIVATE torchtpu_quant)
+  torchtpu_precompile_aten(quant_tool)
 
   add_executable(quant_test ${CMAKE_CURRENT_LIST_DIR}/quant_test.cpp)
   target_link_libraries(quant_test PRIVATE torchtpu_quant GTest::gtest_main)
+  torchtpu_precompile_aten(quant_test)
   gtest_discover_tests(quant_test DISCOVERY_TIMEOUT 60)
 endif()

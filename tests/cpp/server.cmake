@@ -4,6 +4,7 @@
 if(TARGET torchtpu_server)
   add_executable(server_test ${CMAKE_CURRENT_LIST_DIR}/server_test.cpp)
   target_link_libraries(server_test PRIVATE torchtpu_server GTest::gtest_main)
+  torchtpu_precompile_aten(server_test)
   add_test(NAME server_test COMMAND server_test)
   set_tests_properties(server_test PROPERTIES LABELS server
                        ENVIRONMENT "XDG_CACHE_HOME=${CMAKE_BINARY_DIR}/js-cache;OMP_NUM_THREADS=1")

@@ -3,5 +3,6 @@
 if(TARGET torchtpu_server)
   add_executable(structured_test ${CMAKE_CURRENT_LIST_DIR}/structured_test.cpp)
   target_link_libraries(structured_test PRIVATE torchtpu_server GTest::gtest_main)
+  torchtpu_precompile_aten(structured_test)
   gtest_discover_tests(structured_test TEST_PREFIX "structured." DISCOVERY_TIMEOUT 60)
 endif()
