@@ -12,7 +12,12 @@ endif()
 get_filename_component(_torchtpu_cargo_bin ${CARGO_EXECUTABLE} DIRECTORY)
 
 get_filename_component(_torchtpu_jinja_dir ${CMAKE_CURRENT_LIST_DIR}/../src/text/jinja ABSOLUTE)
-set(_torchtpu_jinja_target_dir ${CMAKE_BINARY_DIR}/cargo)
+# The Rust libraries are the same in every build tree of a checkout (the sanitized and fuzzing
+# builds instrument only C++), so the trees share cargo's target directories: cargo builds them
+# once, and a second tree's build finds them up to date.
+set(TORCHTPU_CARGO_TARGET_DIR ${CMAKE_SOURCE_DIR}/.cache/cargo
+    CACHE PATH "Where cargo builds the Rust libraries (shared by the build trees)")
+set(_torchtpu_jinja_target_dir ${TORCHTPU_CARGO_TARGET_DIR}/jinja)
 set(_torchtpu_jinja_lib
     ${_torchtpu_jinja_target_dir}/release/${CMAKE_STATIC_LIBRARY_PREFIX}torchtpu_jinja${CMAKE_STATIC_LIBRARY_SUFFIX})
 file(GLOB _torchtpu_jinja_sources CONFIGURE_DEPENDS ${_torchtpu_jinja_dir}/src/*.rs)

@@ -6,7 +6,7 @@ include_guard(GLOBAL)
 include(${CMAKE_CURRENT_LIST_DIR}/Jinja.cmake)  # CARGO_EXECUTABLE and _torchtpu_cargo_bin
 
 get_filename_component(_torchtpu_llg_dir ${CMAKE_CURRENT_LIST_DIR}/../src/grammar/llg ABSOLUTE)
-set(_torchtpu_llg_target_dir ${CMAKE_BINARY_DIR}/cargo-llg)
+set(_torchtpu_llg_target_dir ${TORCHTPU_CARGO_TARGET_DIR}/llg)
 set(_torchtpu_llg_lib
     ${_torchtpu_llg_target_dir}/release/${CMAKE_STATIC_LIBRARY_PREFIX}torchtpu_llg${CMAKE_STATIC_LIBRARY_SUFFIX})
 
