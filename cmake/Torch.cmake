@@ -30,9 +30,10 @@ message(STATUS "torchtpu-cpp: torch ${TORCHTPU_TORCH_VERSION} at ${TORCH_CMAKE_P
 # share one precompiled copy: torchtpu_precompile_aten(target ...). GCC takes a precompiled header
 # only where its code model (-fPIC for libraries, -fPIE for executables) and the macros it saw
 # still hold (-fopenmp defines _OPENMP: src/ops makes its own); elsewhere it warns and parses the
-# header as before.
+# header as before. A copy is built only for a target that reuses it (REUSE_FROM depends on it):
+# the Python-only build has no executable to precompile for.
 foreach(_model pic pie)
-  add_library(torchtpu_aten_${_model} OBJECT ${CMAKE_CURRENT_LIST_DIR}/aten_pch.cpp)
+  add_library(torchtpu_aten_${_model} OBJECT EXCLUDE_FROM_ALL ${CMAKE_CURRENT_LIST_DIR}/aten_pch.cpp)
   target_link_libraries(torchtpu_aten_${_model} PRIVATE ${TORCH_LIBRARIES})
   target_precompile_headers(torchtpu_aten_${_model} PRIVATE <ATen/ATen.h>)
 endforeach()
