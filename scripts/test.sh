@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Sets up (scripts/setup.sh) and runs every test suite through CTest: C++ (GoogleTest), Python
-# (pytest against transformers, tokenizers, compressed-tensors, huggingface_hub), JavaScript
-# (the official OpenAI and MCP clients, Playwright) and shell. Then the C++ suites once more,
-# built with AddressSanitizer and UndefinedBehaviorSanitizer (build-asan), and each fuzz harness
-# for a few seconds (build-fuzz, scripts/fuzz.sh). Extra arguments go to each ctest.
+# Sets up (scripts/setup.sh) and runs every test suite through CTest: Python (pytest against
+# transformers, tokenizers, compressed-tensors, huggingface_hub), JavaScript (the official OpenAI
+# and MCP clients, Playwright), Go and shell in the regular build; the C++ gtest suites built with
+# AddressSanitizer and UndefinedBehaviorSanitizer (build-asan, the only tree that builds them);
+# each fuzz harness for a few seconds (build-fuzz, scripts/fuzz.sh). Extra arguments go to each
+# ctest.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"

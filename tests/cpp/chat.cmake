@@ -4,9 +4,11 @@ if(NOT TARGET torchtpu_chat)
   include(${CMAKE_CURRENT_LIST_DIR}/../../src/text/chat.cmake)
 endif()
 
-add_executable(chat_template_test ${CMAKE_CURRENT_LIST_DIR}/chat_template_test.cpp)
-target_link_libraries(chat_template_test PRIVATE torchtpu_chat GTest::gtest_main)
-gtest_discover_tests(chat_template_test)
+if(TORCHTPU_GTESTS)
+  add_executable(chat_template_test ${CMAKE_CURRENT_LIST_DIR}/chat_template_test.cpp)
+  target_link_libraries(chat_template_test PRIVATE torchtpu_chat GTest::gtest_main)
+  gtest_discover_tests(chat_template_test)
+endif()
 
 # Renders templates for the Python cross-check against transformers (tests/python/chat.cmake).
 add_executable(chat_template_render ${CMAKE_CURRENT_LIST_DIR}/chat_template_render.cpp)

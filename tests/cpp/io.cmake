@@ -1,6 +1,8 @@
-add_executable(io_test ${CMAKE_CURRENT_SOURCE_DIR}/cpp/io_test.cpp)
-target_link_libraries(io_test PRIVATE torchtpu_io GTest::gmock GTest::gtest_main)
-gtest_discover_tests(io_test)
+if(TORCHTPU_GTESTS)
+  add_executable(io_test ${CMAKE_CURRENT_SOURCE_DIR}/cpp/io_test.cpp)
+  target_link_libraries(io_test PRIVATE torchtpu_io GTest::gmock GTest::gtest_main)
+  gtest_discover_tests(io_test)
+endif()
 
 # Prints what our reader sees in a safetensors file, for the Python cross-check.
 add_executable(safetensors_dump ${CMAKE_CURRENT_SOURCE_DIR}/cpp/safetensors_dump.cpp)

@@ -1,6 +1,6 @@
 # src/server's Responses and Messages wire formats: request parsing into chat messages, the
 # response store, and the renderers' events (no engine, no HTTP).
-if(TARGET torchtpu_server)
+if(TORCHTPU_GTESTS AND TARGET torchtpu_server)
   add_executable(wire_test ${CMAKE_CURRENT_LIST_DIR}/wire_test.cpp)
   target_link_libraries(wire_test PRIVATE torchtpu_server GTest::gtest_main)
   add_test(NAME wire_test COMMAND wire_test)
@@ -8,7 +8,7 @@ if(TARGET torchtpu_server)
 endif()
 
 # Images and audio in requests (#19): each front end's parts, and load_media's checks.
-if(TARGET torchtpu_server)
+if(TORCHTPU_GTESTS AND TARGET torchtpu_server)
   add_executable(media_parts_test ${CMAKE_CURRENT_LIST_DIR}/media_parts_test.cpp)
   target_link_libraries(media_parts_test PRIVATE torchtpu_server GTest::gtest_main)
   torchtpu_precompile_aten(media_parts_test)

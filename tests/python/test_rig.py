@@ -906,6 +906,11 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
         HF_ENDPOINT=hub.url,
         HF_HOME=str(tmp_path / "hf-home"),
         HF_HUB_DISABLE_XET="1",
+        # The boot path is under test, not the code the compilers make: unoptimized C++ (through
+        # scikit-build-core's CMAKE_ARGS) and Rust compile in about half the time. The optimized
+        # build of the same sources against the same torch is the regular tree's.
+        CMAKE_ARGS="-DCMAKE_CXX_FLAGS_RELEASE=-O0",
+        CARGO_PROFILE_RELEASE_OPT_LEVEL="0",
     )
     try:
         # Its own process group, so that a timeout also stops pip, cmake and the compilers.
