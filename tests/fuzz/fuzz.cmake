@@ -57,5 +57,5 @@ foreach(name ${_fuzzers})
                    -rss_limit_mb=4096 -print_final_stats=1
                    -artifact_prefix=${CMAKE_BINARY_DIR}/fuzz-artifacts/${name}-
                    ${_found} ${_fuzz_dir}/corpus/${name})
-  set_tests_properties(fuzz.${name} PROPERTIES LABELS fuzz)
+  set_tests_properties(fuzz.${name} PROPERTIES LABELS fuzz TIMEOUT 300)
 endforeach()

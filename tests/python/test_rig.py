@@ -927,7 +927,7 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
         except subprocess.TimeoutExpired:
             os.killpg(boot.pid, signal.SIGKILL)
             out, err = boot.communicate()
-            err += "\nthe boot did not finish in 1440 s and was killed"
+            err += "\nthe boot did not finish in 2340 s and was killed"
         print(out[-6000:], err[-6000:], sep="\n")
         cloud.state["guest_attr_dir"] = str(attrs)
         stages = json.loads(cloud.rig("progress", "--json").stdout)
