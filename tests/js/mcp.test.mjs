@@ -325,6 +325,7 @@ describe("MCP media files on the text-only demo checkpoint", () => {
 
 describe("MCP media files on a checkpoint with vision and audio encoders", () => {
   let mm;
+  let dir;
   // The server's own answer to PROMPT with these content parts before it.
   async function direct(parts) {
     const content = parts.length ? [...parts, { type: "text", text: PROMPT }] : PROMPT;
@@ -342,8 +343,9 @@ describe("MCP media files on a checkpoint with vision and audio encoders", () =>
   const clients = {};
 
   before(async () => {
+    dir = makeMultimodalCheckpoint();
     mm = await startServer([
-      "--model", makeMultimodalCheckpoint(), "--model-id", "tiny-multimodal", "--dtype", "float32",
+      "--model", dir, "--model-id", "tiny-multimodal", "--dtype", "float32",
       "--context", "2048", "--mcp-media-dir", media, "--max-media", "2", "--max-image-bytes", "4096",
     ]);
     for (const [name, make] of Object.entries({
@@ -358,6 +360,7 @@ describe("MCP media files on a checkpoint with vision and audio encoders", () =>
   after(async () => {
     for (const client of Object.values(clients)) await client.close();
     await mm?.stop();
+    if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
   test("an image and a clip reach the model: the answer and prompt tokens of the same parts sent directly", async () => {

@@ -160,6 +160,22 @@ def cli():
     return Cli(path)
 
 
+@pytest.fixture(scope="session")
+def need_disk():
+    """`need_disk(path, gigabytes, what)` fails the test before it starts when the file system of
+    `path` has less room than `what` takes: a full disk midway fails later tests too, with
+    messages about something else."""
+
+    def check(path, gigabytes, what):
+        import shutil
+
+        free = shutil.disk_usage(path).free / 1e9
+        if free < gigabytes:
+            pytest.fail(f"{what} needs {gigabytes} GB free in {path}; it has {free:.1f} GB")
+
+    return check
+
+
 _MEASURED = []
 
 

@@ -19,4 +19,4 @@ add_test(NAME py_parity_e2b
          COMMAND ${Python3_EXECUTABLE} -m pytest -q -x -p no:cacheprovider -m slow
                  ${CMAKE_CURRENT_LIST_DIR}/test_parity_reference.py)
 set_tests_properties(py_parity_e2b PROPERTIES ENVIRONMENT "${_parity_env}" TIMEOUT 3600
-                     LABELS "parity;slow")
+                     LABELS "parity;slow" RESOURCE_LOCK scratch_disk)

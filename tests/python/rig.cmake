@@ -7,4 +7,5 @@ add_test(NAME rig
 add_test(NAME rig_boot
          COMMAND ${Python3_EXECUTABLE} -m pytest -q -s -p no:cacheprovider -m slow
                  ${CMAKE_CURRENT_SOURCE_DIR}/python/test_rig.py)
-set_tests_properties(rig_boot PROPERTIES LABELS slow TIMEOUT 2400)
+# rig_boot and py_parity_e2b each fill about 10 GB of scratch disk: the lock keeps them apart.
+set_tests_properties(rig_boot PROPERTIES LABELS slow TIMEOUT 2400 RESOURCE_LOCK scratch_disk)

@@ -279,9 +279,10 @@ def test_engine_quantized_matches_reference(emb4, asym, cli, tmp_path, report):
 
 
 @pytest.fixture
-def e2b_checkpoint(cli, tmp_path):
+def e2b_checkpoint(cli, tmp_path, need_disk):
     """The full-size synthetic E2B checkpoint (about 10 GB at bf16), removed right after the test
     rather than left to pytest's rotation of old temporary directories."""
+    need_disk(tmp_path, 11, "the synthetic E2B checkpoint")
     out = tmp_path / "e2b"
     try:
         yield cli.make_tiny(out, preset="e2b", seed=1, dtype="bf16")

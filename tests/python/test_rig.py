@@ -854,7 +854,7 @@ def _torch_tpu_has_wheel() -> bool:
 
 
 @pytest.mark.slow
-def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, cloud):
+def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, cloud, need_disk):
     """The build-on-boot path on this machine: a fresh venv, the pinned pip spec from PyPI, the
     module built from the script's own tarball against that torch, the smoke stage on cpu."""
     assert shutil.which(f"python{PY_VERSION}"), f"python{PY_VERSION} must be on PATH"
@@ -888,6 +888,8 @@ def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, clo
         root = tmp_path / "root"
         print(f"another boot test holds {lock.name}: building in {root}")
     shutil.rmtree(root, ignore_errors=True)
+    # The venv with torch's CUDA libraries (6 GB), pip's unpacked wheels beside it, the build.
+    need_disk(root.parent, 10, "the boot's venv and build")
     # The weights stage downloads with huggingface_hub for real, from the fake Hub on loopback.
     hub = HubFixture()
     checkpoint = {"config.json": b'{"model_type": "gemma4"}', "model.safetensors": os.urandom(64)}
