@@ -4,6 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -20,16 +21,6 @@ namespace {
 using int4_cpu::kBlockRows;
 using int4_cpu::kSubBytes;
 using int4_cpu::kSubK;
-
-// Rows of x up to which the CPU kernel streams the weights (once per int4_cpu::kMaxRows rows: a
-// Batch of 16 sequences reads them twice); beyond, it dequantizes into bf16 and leaves the product
-// to oneDNN (AMX), which wins for prompt chunks. At 16 rows streaming costs a quarter of that.
-// The AVX2 tier streams every chunk: without AVX-512 its int8 products beat oneDNN's f32 (and
-// bf16 runs 7x slower than that; measured on Zen 3, docs/BENCHMARKS.md).
-int64_t max_streamed_rows() {
-  if (cpu::use_avx512() || !cpu::use_avx2()) return 16;
-  return std::numeric_limits<int64_t>::max();
-}
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -145,6 +136,59 @@ void stream_rows(const int4_cpu::BlockWeights& w, const at::Tensor& x, int64_t r
                    [&](int64_t b0, int64_t b1) { int4_cpu::gemv_blocks(w, a, b0, b1, out); });
 }
 
+// Blocks [b0, b1) of w as weights of their own (their first output row is row 0).
+int4_cpu::BlockWeights block_range(const int4_cpu::BlockWeights& w, int64_t b0) {
+  const int64_t per_block = w.k / w.group_size * kBlockRows;
+  auto r = w;
+  r.nibbles += b0 * (w.k / kSubK) * kSubBytes;
+  const int64_t scale_bytes = w.scale_type == cpu::FloatType::kFloat ? 4 : 2;
+  r.scale = static_cast<const char*>(w.scale) + b0 * per_block * scale_bytes;
+  if (r.zero) r.zero += b0 * per_block;
+  return r;
+}
+
+// Bytes of dequantized weights a thread multiplies at a time: they stay in its L2 between
+// being written and being read, where the whole dense matrix (4x the int4 bytes at bf16, 8x at
+// f32) went to DRAM and back (measured: a 17-token chunk of E2B read 4x slower than 16 rows
+// streamed).
+constexpr int64_t kDenseTileBytes = int64_t{1} << 20;
+
+// y = x · wᵀ for x [m, k] where the weights are dequantized for the product (prompt chunks, f32
+// activations): compressed-tensors' values, as dequantize_blocks writes them, a tile of whole
+// blocks at a time per thread, each tile multiplied by oneDNN on that thread. f32 keeps the exact
+// dequantized values (the --dtype float32 numerics). oneDNN multiplies bf16 fast only with
+// AVX-512 (AMX, AVX512-BF16 or its AVX-512 kernels): below that tier a bf16 product ran 7x slower
+// than f32 (Zen 3, 512 x 1536 x 6144), so there the same values are multiplied in f32 and the
+// result rounded once.
+at::Tensor dequantized_product(const int4_cpu::BlockWeights& w, const at::Tensor& x,
+                               int64_t blocks, int64_t out_features) {
+  const bool half_width = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  const bool bf16_product = x.scalar_type() == at::kBFloat16 && cpu::use_avx512();
+  const auto dense_type = bf16_product ? at::kBFloat16 : at::kFloat;
+  const auto product_x = half_width && !cpu::use_avx512() ? x.to(at::kFloat) : x;
+  const int64_t m = x.size(0), k = w.k;
+  const int64_t tile_blocks =
+      std::max<int64_t>(1, kDenseTileBytes / (kBlockRows * k * at::elementSize(dense_type)));
+  auto y = at::empty({m, out_features}, x.options());
+  // The pool's threads run ATen ops under the caller's inference mode (thread-local state that
+  // at::parallel_for does not carry): y may be an inference tensor.
+  const bool inference = c10::InferenceMode::is_enabled();
+  at::parallel_for(0, ceil_div(blocks, tile_blocks), 1, [&](int64_t t0, int64_t t1) {
+    const c10::InferenceMode mode(inference);
+    auto dense = at::empty({tile_blocks * kBlockRows, k}, x.options().dtype(dense_type));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b0 = t * tile_blocks, b1 = std::min(blocks, b0 + tile_blocks);
+      const int64_t row0 = b0 * kBlockRows;
+      const int64_t rows = std::min(b1 * kBlockRows, out_features) - row0;
+      int4_cpu::dequantize_blocks(block_range(w, b0), 0, b1 - b0, rows, bf16_product,
+                                  dense.data_ptr());
+      const auto tile = dense.narrow(0, 0, rows).to(product_x.scalar_type());
+      y.narrow(1, row0, rows).copy_(at::linear(product_x, tile));
+    }
+  });
+  return y;
+}
+
 at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale,
                            const std::optional<at::Tensor>& zero_point, int64_t group_size,
                            int64_t out_features, int64_t activation_bits) {
@@ -176,21 +220,8 @@ at::Tensor int4_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
   const auto rows = x.reshape({-1, k});
   const int64_t m = rows.size(0);
   const bool half_width = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
-  if (m > max_streamed_rows() || !half_width) {
-    // f32 keeps compressed-tensors' exact dequantized values (the --dtype float32 numerics).
-    // oneDNN multiplies bf16 fast only with AVX-512 (AMX, AVX512-BF16 or its AVX-512 kernels):
-    // below that tier a bf16 product ran 7x slower than f32 (Zen 3, 512 x 1536 x 6144), so there
-    // the same dequantized values are multiplied in f32 and the result rounded once.
-    const bool bf16_product = x.scalar_type() == at::kBFloat16 && cpu::use_avx512();
-    auto dense =
-        at::empty({out_features, k}, x.options().dtype(bf16_product ? at::kBFloat16 : at::kFloat));
-    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-      int4_cpu::dequantize_blocks(w, b0, b1, out_features, bf16_product, dense.data_ptr());
-    });
-    if (half_width && !cpu::use_avx512()) {
-      return at::linear(x.to(at::kFloat), dense).to(x.scalar_type());
-    }
-    return at::linear(x, dense.to(x.scalar_type()));
+  if (m > int4_cpu_streamed_rows() || !half_width) {
+    return dequantized_product(w, rows, blocks, out_features).view(output_shape(x, out_features));
   }
 
   const auto xc = rows.contiguous();
@@ -318,6 +349,18 @@ at::Tensor streamed_bytes(at::IntArrayRef shape) {
 }
 
 }  // namespace
+
+// Rows of x up to which the CPU kernel streams the weights (once per int4_cpu::kMaxRows rows: a
+// Batch of 16 sequences reads them twice; a chunk's later passes find a linear's weights in the
+// L3 cache); beyond, it dequantizes them tile by tile into bf16 and leaves the product to oneDNN
+// (AMX), which wins for long prompt chunks. On E2B shapes with AMX, streaming read 64 tokens 2x
+// and 96 tokens 1.35x as fast as the tiles, 128 tokens 0.75x (docs/BENCHMARKS.md).
+// The AVX2 tier streams every chunk: without AVX-512 its int8 products beat oneDNN's f32 (and
+// bf16 runs 7x slower than that; measured on Zen 3, docs/BENCHMARKS.md).
+int64_t int4_cpu_streamed_rows() {
+  if (cpu::use_avx512() || !cpu::use_avx2()) return 96;
+  return std::numeric_limits<int64_t>::max();
+}
 
 std::optional<FusedInt4> fuse_cpu_blocks(const std::vector<Int4Weight>& parts) {
   if (parts.size() < 2) return std::nullopt;

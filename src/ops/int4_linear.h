@@ -69,6 +69,10 @@ struct FusedInt4 {
 };
 std::optional<FusedInt4> fuse_cpu_blocks(const std::vector<Int4Weight>& parts);
 
+// Rows of x up to which the CPU kernel streams its blocks (a Batch step, a short prompt chunk);
+// beyond, it dequantizes them for a dense product.
+int64_t int4_cpu_streamed_rows();
+
 // The ISA the CPU kernel runs with here ("avx512-vnni+amx-int8", "avx512-vnni", "avx2" or
 // "portable").
 const char* int4_cpu_isa();

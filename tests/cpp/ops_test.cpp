@@ -145,11 +145,11 @@ at::Tensor dense_product(const at::Tensor& x, const PackedInt4& packed) {
   return at::linear(x.to(at::kFloat), dequantize(packed, at::kFloat)).to(x.scalar_type());
 }
 
-// What a prompt chunk (more rows than a Batch step) gives: the AVX2 tier streams chunks too (its
-// int8 products beat oneDNN's f32 there), so each row is that row streamed alone; the others
-// dequantize (dense_product).
+// What a prompt chunk gives: up to int4_cpu_streamed_rows() rows (every chunk on the AVX2 tier,
+// whose int8 products beat oneDNN's f32 there) stream the weights, so each row is that row
+// streamed alone; longer chunks dequantize (dense_product).
 at::Tensor chunk_product(const at::Tensor& x, const PackedInt4& packed, const Int4Weight& blocks) {
-  if (std::string(int4_cpu_isa()) != "avx2") return dense_product(x, packed);
+  if (x.size(0) > int4_cpu_streamed_rows()) return dense_product(x, packed);
   std::vector<at::Tensor> rows;
   for (int64_t i = 0; i < x.size(0); ++i) rows.push_back(int4_linear(x.narrow(0, i, 1), blocks));
   return at::cat(rows);
@@ -179,15 +179,35 @@ TEST(Int4Linear, ActivationBitsAreSixteenOrEight) {
 }
 
 TEST(Int4Linear, PromptChunksUseExactlyTheDequantizedWeightsOrStreamEachRow) {
+  // 2048 inputs: the dequantized bf16 weights go to oneDNN in tiles of 256 outputs, so 600 of them
+  // are three tiles, the last of them a part of a block.
   for (const Case& c : {Case{320, 100, 32, true, at::kBFloat16},
-                        Case{128, 64, 64, false, at::kHalf}, Case{96, 48, 32, true, at::kFloat}}) {
+                        Case{128, 64, 64, false, at::kHalf}, Case{96, 48, 32, true, at::kFloat},
+                        Case{2048, 600, 64, false, at::kBFloat16}}) {
     const auto packed = random_int4(c, 5);
     const auto blocks = repack_for_cpu(packed);
-    const auto x = random_input(40, c.in, 6);
-    EXPECT_TRUE(at::equal(int4_linear(x, blocks), chunk_product(x, packed, blocks)))
-        << "in " << c.in;
-    // f32 activations keep compressed-tensors' values exactly too (the --dtype float32 numerics).
-    const auto xf = x.narrow(0, 0, 1).to(at::kFloat);
+    // Streamed and, where a chunk can outgrow streaming (not on the AVX2 tier), dequantized.
+    std::vector<int64_t> chunks{40};
+    if (int4_cpu_streamed_rows() < 1000) chunks.push_back(int4_cpu_streamed_rows() + 3);
+    for (const int64_t rows : chunks) {
+      const auto x = random_input(rows, c.in, 6);
+      const auto y = int4_linear(x, blocks), want = chunk_product(x, packed, blocks);
+      if (rows <= int4_cpu_streamed_rows()) {
+        EXPECT_TRUE(at::equal(y, want)) << "in " << c.in << ", " << rows << " rows";
+        continue;
+      }
+      // oneDNN multiplies the dequantized weights a tile of outputs at a time, and may sum a
+      // tile's products in another order than the whole matrix's: each output is the same f32
+      // sum up to that order, rounded once to bf16, so at most one step of bf16 (8 significant
+      // bits: at most |w|·2⁻⁷) apart.
+      const auto w = want.to(at::kDouble);
+      const auto step = w.abs() * std::ldexp(1.0, -7);
+      const double worst = ((y.to(at::kDouble) - w).abs() - step - 1e-4).max().item<double>();
+      EXPECT_LE(worst, 0.0) << "in " << c.in << ", " << rows << " rows";
+    }
+    // f32 activations keep compressed-tensors' values exactly too (the --dtype float32 numerics),
+    // in tiles of 128 outputs at 2048 inputs.
+    const auto xf = random_input(3, c.in, 7).to(at::kFloat);
     EXPECT_TRUE(at::equal(int4_linear(xf, blocks), at::linear(xf, dequantize(packed, at::kFloat))));
   }
 }
