@@ -167,8 +167,10 @@ at::Tensor dequantized_product(const int4_cpu::BlockWeights& w, const at::Tensor
   const auto dense_type = bf16_product ? at::kBFloat16 : at::kFloat;
   const auto product_x = half_width && !cpu::use_avx512() ? x.to(at::kFloat) : x;
   const int64_t m = x.size(0), k = w.k;
+  // At most kDenseTileBytes, and small enough that every thread gets a tile.
+  const int64_t by_bytes = kDenseTileBytes / (kBlockRows * k * at::elementSize(dense_type));
   const int64_t tile_blocks =
-      std::max<int64_t>(1, kDenseTileBytes / (kBlockRows * k * at::elementSize(dense_type)));
+      std::max<int64_t>(1, std::min(by_bytes, ceil_div(blocks, at::get_num_threads())));
   auto y = at::empty({m, out_features}, x.options());
   // The pool's threads run ATen ops under the caller's inference mode (thread-local state that
   // at::parallel_for does not carry): y may be an inference tensor.
