@@ -136,7 +136,7 @@ void stream_rows(const int4_cpu::BlockWeights& w, const at::Tensor& x, int64_t r
                    [&](int64_t b0, int64_t b1) { int4_cpu::gemv_blocks(w, a, b0, b1, out); });
 }
 
-// Blocks [b0, b1) of w as weights of their own (their first output row is row 0).
+// w's blocks from b0 on as weights of their own (block b0's first output row is their row 0).
 int4_cpu::BlockWeights block_range(const int4_cpu::BlockWeights& w, int64_t b0) {
   const int64_t per_block = w.k / w.group_size * kBlockRows;
   auto r = w;
