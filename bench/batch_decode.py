@@ -3,13 +3,16 @@ two tokens of a running stream while a long prompt is read beside it.
 
     python bench/batch_decode.py --model DIR [--emb4 DIR] [--streams 1,2,4,8] [--new 64]
         [--prompt 32] [--context 8192] [--dtype bfloat16] [--threads 0] [--int4-activation-bits 16]
-        [--long-prompt 4096] [--step-tokens 0] [--turn-prompt 4000] [--cache-mb 1024]
+        [--rounds 1] [--long-prompt 4096] [--step-tokens 0] [--turn-prompt 4000] [--cache-mb 1024]
         [--llamacpp GGUF] [--llamacpp-threads 2]
 
 Each stream count runs `streams` prompts of `--prompt` tokens through Batch.decode_many (greedy,
 no stop ids, `--new` tokens each); the decode rate counts tokens after every stream's first one,
 over the time from the last first token to the last token. `Engine.decode` alone gives the
-single-stream baseline. With --long-prompt N, one stream decodes while an N-token prompt is read
+single-stream baseline. With --rounds N the sweep runs N times one after the other: each stream
+count reports the median of its rounds and, where the sweep has one stream, each round's rate
+over that round's one stream and their median, so that a slow spell of a shared machine between
+a one-stream run and a many-stream run moves one round's ratio, not the figure. With --long-prompt N, one stream decodes while an N-token prompt is read
 in chunks within --step-tokens; the longest gap between the running stream's tokens is reported
 beside its median gap. With --turn-prompt N, a first turn of N prompt tokens and then a second
 turn that repeats it, its reply and 19 more tokens run through a prefix cache of --cache-mb MiB;
@@ -65,6 +68,27 @@ def aggregate(engine, streams: int, args) -> dict:
         "aggregate_tok_s": after_first / span if span > 0 else None,
         "per_stream_tok_s": after_first / span / streams if span > 0 else None,
     }
+
+
+def over_rounds(rounds: list[list[dict]]) -> list[dict]:
+    """Per stream count, the median of its rounds' rates and, where the sweep has one stream, each
+    round's rate over that round's one stream."""
+    summary = []
+    for i, first in enumerate(rounds[0]):
+        rates = [r[i]["aggregate_tok_s"] for r in rounds]
+        if None in rates:  # a single token per stream has no decode span
+            summary.append(dict(first, aggregate_tok_s_rounds=rates))
+            continue
+        median = statistics.median(rates)
+        entry = dict(first, aggregate_tok_s=median, per_stream_tok_s=median / first["streams"])
+        entry["aggregate_tok_s_rounds"] = rates
+        ones = [next((b["aggregate_tok_s"] for b in r if b["streams"] == 1), None) for r in rounds]
+        if all(ones):
+            ratios = [rate / one for rate, one in zip(rates, ones)]
+            entry["over_one_stream_rounds"] = ratios
+            entry["over_one_stream"] = statistics.median(ratios)
+        summary.append(entry)
+    return summary
 
 
 def long_prompt_gap(engine, args) -> dict:
@@ -158,6 +182,7 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--int4-activation-bits", type=int, default=16, choices=(16, 8))
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--step-tokens", type=int, default=0)
     parser.add_argument("--long-prompt", type=int, default=0)
@@ -166,6 +191,8 @@ def main(argv=None) -> int:
     parser.add_argument("--llamacpp")
     parser.add_argument("--llamacpp-threads", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     engine = tt.Engine(
         args.model,
@@ -184,11 +211,14 @@ def main(argv=None) -> int:
         "context": args.context,
         "report": engine.report(),
         "alone_tok_s": (len(alone.tokens) - 1) / alone.decode_s,
-        "batches": [],
     }
-    for streams in (int(s) for s in args.streams.split(",")):
-        out["batches"].append(aggregate(engine, streams, args))
-        print(json.dumps(out["batches"][-1]), file=sys.stderr)
+    rounds = []
+    for _ in range(args.rounds):
+        rounds.append([])
+        for streams in (int(s) for s in args.streams.split(",")):
+            rounds[-1].append(aggregate(engine, streams, args))
+            print(json.dumps(rounds[-1][-1]), file=sys.stderr)
+    out["batches"] = over_rounds(rounds)
     if args.long_prompt:
         out["long_prompt"] = long_prompt_gap(engine, args)
     if args.turn_prompt:
