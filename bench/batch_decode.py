@@ -12,9 +12,10 @@ over the time from the last first token to the last token. `Engine.decode` alone
 single-stream baseline. With --rounds N the sweep runs N times one after the other: each stream
 count reports the median of its rounds and, where the sweep has one stream, each round's rate
 over that round's one stream and their median, so that a slow spell of a shared machine between
-a one-stream run and a many-stream run moves one round's ratio, not the figure. With --long-prompt N, one stream decodes while an N-token prompt is read
-in chunks within --step-tokens; the longest gap between the running stream's tokens is reported
-beside its median gap. With --turn-prompt N, a first turn of N prompt tokens and then a second
+a one-stream run and a many-stream run moves one round's ratio, not the figure. With
+--long-prompt N, one stream decodes while an N-token prompt is read in chunks within
+--step-tokens; the longest gap between the running stream's tokens is reported beside its median
+gap. With --turn-prompt N, a first turn of N prompt tokens and then a second
 turn that repeats it, its reply and 19 more tokens run through a prefix cache of --cache-mb MiB;
 their times to first token are reported side by side. With --llamacpp, the same sweep (same
 prompts, counts and rate) runs afterwards through llama.cpp's multi-sequence context
