@@ -54,8 +54,8 @@ fetch .venv/bin/python -m pip install -q --upgrade pip
 # rig's boot test (tests/python/test_rig.py) installs the same files into its fresh venv from the
 # disk instead of downloading them a second time (pip keeps no cache on these machines).
 torch_pin=$(grep -m 1 -E '^torch==' requirements.txt)
-installed=$(.venv/bin/python -c 'import importlib.metadata as m; print("torch==" + m.version("torch"))' \
-  2>/dev/null || true)
+installed=$(.venv/bin/python -c \
+  'import importlib.metadata as m; print("torch==" + m.version("torch"))' 2>/dev/null || true)
 if [ "$installed" != "$torch_pin" ]; then
   fetch .venv/bin/python -m pip download -q -d .cache/wheels "$torch_pin"
   .venv/bin/python -m pip install -q --no-index --find-links .cache/wheels "$torch_pin"
