@@ -74,6 +74,7 @@ def aggregate(engine, streams: int, args) -> dict:
 def over_rounds(rounds: list[list[dict]]) -> list[dict]:
     """Per stream count, the median of its rounds' rates and, where the sweep has one stream, each
     round's rate over that round's one stream."""
+    ones = [next((b["aggregate_tok_s"] for b in r if b["streams"] == 1), None) for r in rounds]
     summary = []
     for i, first in enumerate(rounds[0]):
         rates = [r[i]["aggregate_tok_s"] for r in rounds]
@@ -83,7 +84,6 @@ def over_rounds(rounds: list[list[dict]]) -> list[dict]:
         median = statistics.median(rates)
         entry = dict(first, aggregate_tok_s=median, per_stream_tok_s=median / first["streams"])
         entry["aggregate_tok_s_rounds"] = rates
-        ones = [next((b["aggregate_tok_s"] for b in r if b["streams"] == 1), None) for r in rounds]
         if all(ones):
             ratios = [rate / one for rate, one in zip(rates, ones)]
             entry["over_one_stream_rounds"] = ratios
