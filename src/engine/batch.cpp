@@ -4,6 +4,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "common/errors.h"
@@ -43,6 +44,13 @@ Batch::Batch(Engine& engine, const BatchOptions& options)
   if (options_.step_tokens == 0) {
     options_.step_tokens =
         std::min(engine.options().prefill_chunk, kDefaultSharedChunk) + options_.rows;
+  }
+  if (options_.pass_rows < 0) {
+    throw ValueError("pass_rows must be at least 0, got " + std::to_string(options_.pass_rows));
+  }
+  if (options_.pass_rows == 0) {
+    options_.pass_rows =
+        engine.options().device.is_cpu() ? 1 : std::numeric_limits<int64_t>::max();
   }
   if (options_.step_tokens <= options_.rows) {
     throw ValueError("step_tokens (" + std::to_string(options_.step_tokens) +
@@ -110,6 +118,8 @@ BatchStats Batch::stats() const {
   }
   s.capacity = options_.rows * engine_.options().context;
   s.steps = steps_;
+  s.prompt_passes = prompt_passes_;
+  s.prompt_tokens = prompt_tokens_;
   if (cache_) s.cache = cache_->stats();
   return s;
 }
@@ -155,9 +165,8 @@ void Batch::before_sampling(Row& row, int64_t index, const at::Tensor& logits) {
   if (row.output->constrained()) row.output->forbid(sampler_.forbidden(index));
 }
 
-int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished) {
-  const auto& prompt = row.request->prompt;
-  const auto n = static_cast<int64_t>(prompt.size());
+int64_t Batch::chunk_size(const Row& row, int64_t limit) const {
+  const int64_t n = static_cast<int64_t>(row.request->prompt.size());
   int64_t count = std::min({n - row.read, engine_.options().prefill_chunk, limit});
   // With a prefix cache, a chunk that crosses a multiple of the block ends there, so the state
   // at that point can be saved for prompts that share only the tokens up to it.
@@ -165,12 +174,88 @@ int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<in
   if (block > 0 && (row.read + count) / block > row.read / block && (row.read + count) % block) {
     count = (row.read + count) / block * block - row.read;
   }
+  return count;
+}
+
+int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished) {
+  const int64_t count = chunk_size(row, limit);
   auto row_rings = rings_.rows(index, 1);
-  const auto logits = engine_.read_chunk(row_rings, prompt, row.read, row.read + count, &row.media);
+  const auto logits = engine_.read_chunk(row_rings, row.request->prompt, row.read,
+                                         row.read + count, &row.media);
+  ++prompt_passes_;
+  chunk_read(row, index, count, logits, finished);
+  return count;
+}
+
+int64_t Batch::read_together(const std::vector<int64_t>& reading, int64_t budget,
+                             std::vector<int64_t>& finished) {
+  // The pass spans ring rows [lo, hi] with every chunk padded to the longest, T: rows between
+  // that read nothing ride along as padding alone. A row joins, oldest first, while the pass
+  // stays within the budget and pass_rows and its padding within half the tokens it reads.
+  // Chunks stay within a sliding window, so that the ring writes of every row's tokens stay
+  // whole (Gemma4::forward). Rows with images or audio read alone, with their soft tokens.
+  const int64_t window = engine_.config().sliding_window;
+  const int64_t cap = window > 0 ? std::min(budget, window) : budget;
+  std::vector<std::pair<int64_t, int64_t>> group;  // (row, tokens)
+  int64_t T = 0, real = 0, lo = options_.rows, hi = -1;
+  for (const int64_t i : reading) {
+    const Row& row = rows_[i];
+    if (!row.request || row.decoding() || !row.request->media.empty()) continue;
+    const int64_t count = chunk_size(row, cap);
+    if (count == 0) continue;
+    const int64_t t = std::max(T, count), l = std::min(lo, i), h = std::max(hi, i);
+    const int64_t padded = (h - l + 1) * t;
+    if (padded > std::min(budget, options_.pass_rows) || 2 * padded > 3 * (real + count)) {
+      continue;
+    }
+    group.emplace_back(i, count);
+    T = t;
+    real += count;
+    lo = l;
+    hi = h;
+  }
+  if (group.size() < 2) return 0;
+
+  const int64_t n = hi - lo + 1;
+  std::vector<int64_t> ids(n * T, 0), positions(n * T), lengths(n, 0);
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t j = 0; j < T; ++j) positions[b * T + j] = rows_[lo + b].position + j;
+  }
+  bool any_final = false;
+  for (const auto& [i, count] : group) {
+    const Row& row = rows_[i];
+    const auto& prompt = row.request->prompt;
+    std::copy_n(prompt.begin() + row.read, count, ids.begin() + (i - lo) * T);
+    lengths[i - lo] = count;
+    any_final |= row.read + count == static_cast<int64_t>(prompt.size());
+  }
+  const auto device = engine_.options().device;
+  auto on_device = [&](const std::vector<int64_t>& v, std::vector<int64_t> shape) {
+    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).view(shape).to(device);
+  };
+  auto rings = rings_.rows(lo, n);
+  const auto logits = engine_.model().forward(
+      on_device(ids, {n, T}), on_device(positions, {n, T}), &rings, /*last_only=*/true,
+      /*no_logits=*/!any_final, /*soft=*/nullptr, on_device(lengths, {n}));
+  ++prompt_passes_;
+  for (const auto& [i, count] : group) {
+    Row& row = rows_[i];
+    const bool last = row.read + count == static_cast<int64_t>(row.request->prompt.size());
+    chunk_read(row, i, count, last ? logits[i - lo].view({-1}) : at::Tensor(), finished);
+  }
+  return n * T;
+}
+
+void Batch::chunk_read(Row& row, int64_t index, int64_t count, const at::Tensor& logits,
+                       std::vector<int64_t>& finished) {
+  const auto& prompt = row.request->prompt;
+  const auto n = static_cast<int64_t>(prompt.size());
+  prompt_tokens_ += count;
   row.read += count;
   row.position = row.read;
   // The prompt's end is a reuse point too: a chat's next turn repeats this prompt, then the reply
   // as the template renders it, which need not be the tokens the model fed back.
+  const int64_t block = cache_ ? cache_->block() : 0;
   if (block > 0 && (row.read % block == 0 || row.read == n)) {
     const auto& key = row.request->cache_key;
     cache_->save({key.begin(), key.begin() + row.read}, rings_, index);
@@ -184,7 +269,6 @@ int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<in
     ++row.sampled;
     accept(row, index, row.token.item<int64_t>(), finished);
   }
-  return count;
 }
 
 void Batch::decode_rows(std::vector<int64_t>& finished) {
@@ -272,6 +356,9 @@ std::vector<int64_t> Batch::step() {
   }
   std::sort(reading.begin(), reading.end(),
             [&](int64_t a, int64_t b) { return rows_[a].request->id < rows_[b].request->id; });
+  for (int64_t used; budget > 0 && (used = read_together(reading, budget, finished)) > 0;) {
+    budget -= used;
+  }
   for (const int64_t i : reading) {
     while (budget > 0 && rows_[i].request && !rows_[i].decoding()) {
       budget -= read_chunk(rows_[i], i, budget, finished);

@@ -38,6 +38,11 @@ struct BatchOptions {
   // multiple end at it).
   int64_t cache_bytes = 0;
   int64_t cache_block = 256;
+  // Rows (padding included) one forward pass may take when it reads several sequences' prompt
+  // chunks together; 1: each prompt is read on its own. 0: 1 on the CPU, where one pass gains
+  // little over several (docs/BENCHMARKS.md, "Prompts read together"); elsewhere no limit beyond
+  // the step's budget, since one pass costs about what one sequence's does.
+  int64_t pass_rows = 0;
 };
 
 // What a Batch holds at the moment (a server's /metrics and /v1/engine).
@@ -47,6 +52,10 @@ struct BatchStats {
   int64_t reading = 0;   // rows reading their prompt
   int64_t decoding = 0;  // rows past their prompt
   int64_t steps = 0;     // steps run so far
+  // Forward passes that read prompt chunks, and the prompt tokens they read (not those restored
+  // from the prefix cache): several rows' chunks can share a pass.
+  int64_t prompt_passes = 0;
+  int64_t prompt_tokens = 0;
   // Positions the rows' rings hold or will hold once their prompts are read (a row's prompt
   // counts whole from the step that admits it, as a cache that reserves a prompt's blocks counts
   // them), and the positions they can hold (rows x context): a cache-use gauge.
@@ -58,8 +67,8 @@ struct BatchStats {
 class Batch {
  public:
   // Rings for `options.rows` sequences on the engine's device (each as large as the engine's
-  // own). The engine must outlive the batch. ValueError for rows < 1 or a step_tokens of rows or
-  // fewer.
+  // own). The engine must outlive the batch. ValueError for rows < 1, a step_tokens of rows or
+  // fewer, or a negative pass_rows.
   Batch(Engine& engine, const BatchOptions& options);
 
   // Queues a sequence and returns its id (0, 1, 2, ... per batch). The checks of Engine::decode
@@ -113,9 +122,20 @@ class Batch {
   };
 
   void admit(Row& row, int64_t index, Request request);
+  // How many prompt tokens a row reads next, given at most `limit`.
+  int64_t chunk_size(const Row& row, int64_t limit) const;
   // Reads up to `limit` more prompt tokens of a row; samples its first token after the last.
   // Returns the tokens read.
   int64_t read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished);
+  // Reads chunks of several of the `reading` rows (those still reading) in one forward pass,
+  // within `budget` tokens (padding counted). Returns the tokens the pass put through the model:
+  // 0 when fewer than two rows could share it.
+  int64_t read_together(const std::vector<int64_t>& reading, int64_t budget,
+                        std::vector<int64_t>& finished);
+  // After `count` prompt tokens of a row were read: the prefix cache's save points, and the first
+  // token from `logits` [vocab] once the prompt is whole.
+  void chunk_read(Row& row, int64_t index, int64_t count, const at::Tensor& logits,
+                  std::vector<int64_t>& finished);
   void decode_rows(std::vector<int64_t>& finished);
   // Reads a row's new token back: ends the row when the output or its budget says so.
   void accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>& finished);
@@ -137,6 +157,8 @@ class Batch {
   std::map<int64_t, DecodeResult> results_;
   int64_t next_id_ = 0;
   int64_t steps_ = 0;
+  int64_t prompt_passes_ = 0;
+  int64_t prompt_tokens_ = 0;
   at::Tensor pad_token_;  // [1] on the device: what a padding row feeds
   std::optional<PrefixCache> cache_;
 };

@@ -368,7 +368,8 @@ at::Tensor Gemma4::per_layer_inputs(const at::Tensor& ids, const at::Tensor& emb
 }
 
 at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& positions,
-                             const at::Tensor& cos, const at::Tensor& sin, Rings* rings,
+                             const at::Tensor& cos, const at::Tensor& sin,
+                             const at::Tensor& padding, Rings* rings,
                              std::vector<at::Tensor>& kv_views) const {
   const auto& c = config_;
   const auto& w = layers_[l];
@@ -442,7 +443,23 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
         auto all_v = at::cat({ring_v, v}, 2);
         auto all_pos = at::cat({ring_pos, positions}, 1);
         const int64_t n = std::min(T, ring.slots);
-        write(k.narrow(2, T - n, n), v.narrow(2, T - n, n), positions.narrow(1, T - n, n));
+        auto kk = k.narrow(2, T - n, n), vv = v.narrow(2, T - n, n);
+        auto pp = positions.narrow(1, T - n, n);
+        if (padding.defined()) {
+          // Padding writes back what its slots hold: its positions follow the row's tokens, so
+          // its slots are not theirs, and the entries there may still be in a window.
+          const auto pad = padding.narrow(1, T - n, n);
+          const auto slots = at::remainder(pp, ring.slots);
+          const auto on = slots.options();
+          const auto held = std::vector<at::indexing::TensorIndex>{
+              at::arange(B, on).view({B, 1, 1}), at::arange(kv_heads, on).view({1, kv_heads, 1}),
+              slots.unsqueeze(1)};
+          const auto pad4 = pad.view({B, 1, n, 1});
+          kk = at::where(pad4, ring.k.index(held), kk);
+          vv = at::where(pad4, ring.v.index(held), vv);
+          pp = at::where(pad, ring.kpos.gather(1, slots), pp);
+        }
+        write(kk, vv, pp);
         k = all_k;
         v = all_v;
         kpos = all_pos;
@@ -461,7 +478,8 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
 }
 
 at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
-                           bool last_only, bool no_logits, const SoftTokens* soft) const {
+                           bool last_only, bool no_logits, const SoftTokens* soft,
+                           const at::Tensor& lengths) const {
   const auto& c = config_;
   const auto dtype = options_.dtype;
   const int64_t B = ids.size(0), T = ids.size(1);
@@ -491,13 +509,26 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
   auto [cos_sliding, sin_sliding] = angles(inv_freq_sliding_);
   auto [cos_full, sin_full] = angles(inv_freq_full_);
 
+  const auto padding =
+      lengths.defined() ? at::arange(T, lengths.options()).unsqueeze(0) >= lengths.unsqueeze(1)
+                        : at::Tensor();
   // From the first shared layer on (or at the head, with no shared layers), only the last
   // position continues when `last_only`.
   auto keep_last_position = [&] {
     if (!last_only || h.size(1) == 1) return;
     const int64_t t = h.size(1) - 1;
+    // A row of padding alone continues from its first position, whose result nobody reads.
+    const auto last = lengths.defined() ? (lengths - 1).clamp_min(0) : at::Tensor();
     for (auto* x : {&h, &ple, &pos, &cos_sliding, &sin_sliding, &cos_full, &sin_full}) {
-      if (x->defined()) *x = x->narrow(1, t, 1);
+      if (!x->defined()) continue;
+      if (!last.defined()) {
+        *x = x->narrow(1, t, 1);
+        continue;
+      }
+      std::vector<int64_t> shape(x->dim(), 1), taken = x->sizes().vec();
+      shape[0] = B;
+      taken[1] = 1;
+      *x = x->gather(1, last.view(shape).expand(taken));
     }
   };
   std::vector<at::Tensor> kv_views(3 * c.num_hidden_layers);
@@ -512,7 +543,7 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
       RECORD_USER_SCOPE("gemma4::attention");
       auto attn = attention(l, rms_norm(h, w.input_layernorm, c.rms_norm_eps), pos,
                             sliding ? cos_sliding : cos_full, sliding ? sin_sliding : sin_full,
-                            rings, kv_views);
+                            padding, rings, kv_views);
       h = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
     }
 

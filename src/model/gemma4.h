@@ -147,14 +147,18 @@ class Gemma4 {
   // after the last non-shared layer, for prompt chunks before the final one.
   // Returns float32 logits [batch, T or 1, vocab], or an undefined tensor with no_logits.
   // `soft`: soft tokens for some positions of this pass (nullptr: ids alone).
+  // `lengths` ([batch] int64 on the device, with rings): row b's tokens are its first lengths[b]
+  // (0 to T); the rest are padding, which writes nothing into the rings, and with last_only row
+  // b continues from its position lengths[b] - 1. Several prompts read in one pass (a Batch).
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
                      bool last_only = false, bool no_logits = false,
-                     const SoftTokens* soft = nullptr) const;
+                     const SoftTokens* soft = nullptr, const at::Tensor& lengths = {}) const;
 
  private:
+  // `padding`: [batch, T] bool, true where forward's `lengths` say padding (undefined: none).
   at::Tensor attention(int64_t layer, const at::Tensor& x, const at::Tensor& positions,
-                       const at::Tensor& cos, const at::Tensor& sin, Rings* rings,
-                       std::vector<at::Tensor>& kv_views) const;
+                       const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& padding,
+                       Rings* rings, std::vector<at::Tensor>& kv_views) const;
   at::Tensor per_layer_inputs(const at::Tensor& ids, const at::Tensor& embeds) const;
   Linear linear_weight(const Checkpoint& ckpt, const std::string& module,
                        const std::vector<int64_t>& shape);

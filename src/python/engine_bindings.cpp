@@ -320,6 +320,8 @@ py::dict stats_dict(const BatchStats& stats) {
   d["reading"] = stats.reading;
   d["decoding"] = stats.decoding;
   d["steps"] = stats.steps;
+  d["prompt_passes"] = stats.prompt_passes;
+  d["prompt_tokens"] = stats.prompt_tokens;
   d["positions"] = stats.positions;
   d["capacity"] = stats.capacity;
   const auto& c = stats.cache;
@@ -503,23 +505,26 @@ void bind_engine(py::module_& m) {
       .def(
           "batch",
           [](py::object self, int64_t rows, int64_t step_tokens, double cache_mb,
-             int64_t cache_block) {
+             int64_t cache_block, int64_t pass_rows) {
             if (!(cache_mb >= 0)) {
               throw ValueError("cache_mb must be at least 0, got " + std::to_string(cache_mb));
             }
             const auto cache_bytes = static_cast<int64_t>(cache_mb * (1 << 20));
             return std::make_unique<PyBatch>(
-                std::move(self), BatchOptions{rows, step_tokens, cache_bytes, cache_block});
+                std::move(self),
+                BatchOptions{rows, step_tokens, cache_bytes, cache_block, pass_rows});
           },
           "A Batch of `rows` sequences decoded together over this engine's weights (rings of its "
           "own, each row as large as the engine's context). step_tokens: tokens one step may "
           "put through the model while a row decodes (one per decoding row, the rest for prompt "
           "chunks; with none decoding, a step reads up to a whole prefill_chunk); 0: "
           "min(prefill_chunk, 128) + rows. cache_mb: the prefix cache's budget in MiB (0: none), "
-          "cache_block its block of positions. ValueError for rows < 1, step_tokens <= rows, a "
-          "negative cache_mb or a cache_block below 1.",
+          "cache_block its block of positions. pass_rows: rows (padding included) one forward "
+          "pass may take when it reads several prompts together (1: each on its own; 0: 1 on "
+          "the CPU, no limit on other devices). ValueError for rows < 1, step_tokens <= rows, a "
+          "negative cache_mb or pass_rows, or a cache_block below 1.",
           py::arg("rows") = 4, py::arg("step_tokens") = 0, py::arg("cache_mb") = 0.0,
-          py::arg("cache_block") = 256);
+          py::arg("cache_block") = 256, py::arg("pass_rows") = 0);
   def_decoding(
       engine, "decode", "ids",
       "Decodes after `ids`: greedy unless temperature > 0, else sampled after logit_bias, "

@@ -1332,6 +1332,8 @@ ojson Server::engine_json() const {
                       {"reading", stats.batch.reading},
                       {"decoding", stats.batch.decoding},
                       {"steps", stats.batch.steps},
+                      {"prompt_passes", stats.batch.prompt_passes},
+                      {"prompt_tokens", stats.batch.prompt_tokens},
                       {"cache_positions", stats.batch.positions},
                       {"cache_capacity", stats.batch.capacity},
                       {"busy_seconds", stats.busy_s}};

@@ -231,6 +231,57 @@ TEST(Batch, AStepWithNoRowDecodingReadsAWholePrefillChunk) {
   EXPECT_EQ(run(batch).at(id).tokens, engine.decode(prompt, greedy(6)).tokens);
 }
 
+TEST(Batch, PromptsArrivingTogetherShareForwardPassesAndKeepTheirTokens) {
+  auto engine = make_engine("cpu", /*chunk=*/16);
+  // Four prompts of different lengths, longer than the sliding window (8), so the shared passes
+  // pad the shorter chunks and every row's rings wrap; greedy and seeded sampling.
+  std::vector<Job> jobs = {{prompt_of(19, 1), greedy(6)},
+                           {prompt_of(22, 2), sampled(6, 7)},
+                           {prompt_of(21, 3), greedy(6)},
+                           {prompt_of(23, 4), sampled(6, 8)}};
+  Batch batch(engine, {.rows = 4, .step_tokens = 100, .pass_rows = 64});
+  std::map<int64_t, Job> by_id;
+  for (const auto& job : jobs) by_id[batch.submit(job.prompt, job.options)] = job;
+  batch.step();
+  const auto stats = batch.stats();
+  EXPECT_EQ(stats.decoding, 4) << "every prompt read in the first step";
+  EXPECT_EQ(stats.prompt_tokens, 19 + 22 + 21 + 23);
+  // Chunks of at most 8 (the window), 4 rows to a pass, within the 100 tokens of a step with no
+  // row decoding: 8 of each, 8 of each, then their last 3 to 7 padded to 7. One by one, each
+  // prompt would take 2 passes (chunks of 16), 8 in all.
+  EXPECT_EQ(stats.prompt_passes, 3);
+  expect_as_alone(engine, by_id, run(batch));
+}
+
+TEST(Batch, APassOfPromptsAcrossADecodingRowLeavesItsRingsAsTheyWere) {
+  auto engine = make_engine("cpu", /*chunk=*/16);
+  Batch batch(engine, {.rows = 3, .step_tokens = 30, .pass_rows = 64});
+  // Rows 0 and 2 end after one token; row 1 decodes on, with a prompt past the window, so
+  // that a padding entry written into its sliding rings would replace one still in its window.
+  std::map<int64_t, Job> jobs;
+  for (const auto& job : std::vector<Job>{{prompt_of(5, 1), greedy(1)},
+                                          {prompt_of(13, 2), greedy(20)},
+                                          {prompt_of(6, 3), greedy(1)}}) {
+    jobs[batch.submit(job.prompt, job.options)] = job;
+  }
+  std::map<int64_t, DecodeResult> results;
+  for (int i = 0; i < 2; ++i) {
+    for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
+  }
+  ASSERT_EQ(results.size(), 2u) << "rows 0 and 2 are free";
+  const auto passes = batch.stats().prompt_passes;
+  // Two prompts into rows 0 and 2: one pass over rows 0-2, row 1 padding alone.
+  for (const auto& job :
+       std::vector<Job>{{prompt_of(7, 5), greedy(8)}, {prompt_of(7, 6), sampled(8, 3)}}) {
+    jobs[batch.submit(job.prompt, job.options)] = job;
+  }
+  batch.step();
+  EXPECT_EQ(batch.stats().prompt_passes, passes + 1);
+  EXPECT_EQ(batch.stats().decoding, 3);
+  for (auto& [id, result] : run(batch)) results[id] = std::move(result);
+  expect_as_alone(engine, jobs, results);
+}
+
 TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
   auto engine = make_engine();
   EXPECT_THROW(Batch(engine, {.rows = 0}), ValueError);
@@ -240,6 +291,12 @@ TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("step_tokens (4) must exceed rows (4)"), std::string::npos)
         << e.what();
+  }
+  try {
+    Batch(engine, {.rows = 2, .pass_rows = -3});
+    FAIL() << "a negative pass_rows was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(), "pass_rows must be at least 0, got -3");
   }
   Batch batch(engine, {.rows = 2});
   EXPECT_THROW(batch.submit({}, greedy(4)), ValueError);
@@ -258,7 +315,7 @@ TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
 TEST(Batch, OnTheStandinDeviceEveryStepRunsAllRowsWithPaddingAndMatchesTheCpu) {
   auto cpu = make_engine("cpu");
   auto standin = make_engine(standin::kName);
-  Batch batch(standin, {.rows = 4});
+  Batch batch(standin, {.rows = 4, .step_tokens = 24});
   std::vector<Job> jobs{{prompt_of(5, 1), greedy(24)}, {prompt_of(30, 2), sampled(12, 5)}};
   for (const auto& job : jobs) batch.submit(job.prompt, job.options);
   standin::start_recording();
@@ -269,14 +326,21 @@ TEST(Batch, OnTheStandinDeviceEveryStepRunsAllRowsWithPaddingAndMatchesTheCpu) {
         << "sequence " << i;
   }
   // Every decode step embeds all four rows' tokens, whatever the number of live ones; the prompt
-  // chunks (5 tokens, then 15 and 15 within the step budget of 20) are the only other lookups.
+  // chunks are the only other lookups: both prompts' first 5 and 8 tokens (the window) in one
+  // pass of 2 x 8, then the longer one's next 8 and last 14 alone, within the step budgets of 24
+  // and 23.
   std::map<std::string, int64_t> lookups;
   for (const auto& line : record) {
     if (line.rfind("aten::index_select(Float[512, 64], 0, ", 0) == 0) ++lookups[line];
   }
-  const std::string step = "aten::index_select(Float[512, 64], 0, Long[4])";
-  EXPECT_EQ(lookups[step], 23) << "one per token of the longer sequence after its first";
-  EXPECT_EQ(lookups.size(), 3u);
+  auto of = [&](int tokens) {
+    return lookups["aten::index_select(Float[512, 64], 0, Long[" + std::to_string(tokens) + "])"];
+  };
+  EXPECT_EQ(of(4), 23) << "one per token of the longer sequence after its first";
+  EXPECT_EQ(of(16), 1);
+  EXPECT_EQ(of(8), 1);
+  EXPECT_EQ(of(14), 1);
+  EXPECT_EQ(lookups.size(), 4u);
 }
 
 // Issue #20's one program per decode step, with rows joining, leaving and cancelled: every step

@@ -116,6 +116,7 @@ def test_on_tokens_streams_each_sequence_and_a_falsy_return_cancels_it(engine):
     [
         (lambda e: e.batch(rows=0), ["at least 1 row", "0"]),
         (lambda e: e.batch(rows=4, step_tokens=3), ["step_tokens (3)", "rows (4)"]),
+        (lambda e: e.batch(pass_rows=-1), ["pass_rows must be at least 0, got -1"]),
         (lambda e: e.batch().submit([], 4), ["empty"]),
         (lambda e: e.batch().submit([2, 512], 4), ["512", "vocabulary"]),
         (lambda e: e.batch().submit([2, 5], 0), ["max_new", "0"]),
@@ -185,23 +186,37 @@ def test_stats_count_queued_reading_and_decoding_rows(engine):
         "reading": 0,
         "decoding": 0,
         "steps": 0,
+        "prompt_passes": 0,
+        "prompt_tokens": 0,
         "positions": 0,
         "capacity": 2 * CONTEXT,
         "cache": NO_CACHE,
     }
     batch.step()
-    # Row 0 read its 3 tokens and fed its first generated one (4 positions); row 1 read 3 of
-    # its 40, which count whole (the row holds them once read); the third waits.
+    # Each prompt read in a pass of its own (the CPU's default): row 0 read its 3 tokens and fed
+    # its first generated one (4 positions); row 1 read 13 of its 40 (the rest of the step's
+    # prefill_chunk of 16), which count whole (the row holds them once read); the third waits.
     assert batch.stats() == {
         "rows": 2,
         "queued": 1,
         "reading": 1,
         "decoding": 1,
         "steps": 1,
+        "prompt_passes": 2,
+        "prompt_tokens": 3 + 13,
         "positions": 4 + 40,
         "capacity": 2 * CONTEXT,
         "cache": NO_CACHE,
     }
+
+
+def test_prompts_read_together_keep_their_tokens(engine):
+    prompts = [_prompt(n, seed) for seed, n in enumerate((13, 14, 12))]
+    batch = engine.batch(rows=3, step_tokens=60, pass_rows=64)
+    results = batch.decode_many(prompts, 6, stop=())
+    # One pass of 3 x 8 (the window), then one of the last 5, 6 and 4 padded to 6.
+    assert batch.stats()["prompt_passes"] == 2
+    assert [r.tokens for r in results] == [engine.decode(p, 6, stop=()).tokens for p in prompts]
 
 
 def test_gil_released_during_steps(tiny):
