@@ -3,12 +3,14 @@ two tokens of a running stream while a long prompt is read beside it.
 
     python bench/batch_decode.py --model DIR [--emb4 DIR] [--streams 1,2,4,8] [--new 64]
         [--prompt 32] [--context 8192] [--dtype bfloat16] [--threads 0] [--int4-activation-bits 16]
-        [--rounds 1] [--long-prompt 4096] [--step-tokens 0] [--turn-prompt 4000] [--cache-mb 1024]
-        [--llamacpp GGUF] [--llamacpp-threads 2]
+        [--rounds 1] [--long-prompt 4096] [--step-tokens 0] [--pass-rows 0] [--turn-prompt 4000]
+        [--cache-mb 1024] [--llamacpp GGUF] [--llamacpp-threads 2]
 
 Each stream count runs `streams` prompts of `--prompt` tokens through Batch.decode_many (greedy,
 no stop ids, `--new` tokens each); the decode rate counts tokens after every stream's first one,
-over the time from the last first token to the last token. `Engine.decode` alone gives the
+over the time from the last first token to the last token, and the median and the last stream's
+time to its first token are those of prompts that all arrive at once (read in passes of up to
+--pass-rows rows, Engine.batch's pass_rows). `Engine.decode` alone gives the
 single-stream baseline. With --rounds N the sweep runs N times one after the other: each stream
 count reports the median of its rounds and, where the sweep has one stream, each round's rate
 over that round's one stream and their median, so that a slow spell of a shared machine between
@@ -56,16 +58,20 @@ def aggregate(engine, streams: int, args) -> dict:
         lasts[index] = now
         return True
 
-    batch = engine.batch(rows=streams, step_tokens=args.step_tokens)
+    batch = engine.batch(rows=streams, step_tokens=args.step_tokens, pass_rows=args.pass_rows)
     start = time.perf_counter()
     results = batch.decode_many(prompts, args.new, stop=(), on_tokens=on_tokens)
     end = time.perf_counter()
     after_first = sum(len(r.tokens) - 1 for r in results)
     span = max(lasts.values()) - max(firsts.values())
+    waits = [first - start for first in firsts.values()]
     return {
         "streams": streams,
         "tokens": sum(len(r.tokens) for r in results),
         "wall_s": end - start,
+        # All prompts arrive at once: how long the median and the last stream wait for a token.
+        "first_token_s": statistics.median(waits),
+        "last_first_token_s": max(waits),
         "aggregate_tok_s": after_first / span if span > 0 else None,
         "per_stream_tok_s": after_first / span / streams if span > 0 else None,
     }
@@ -77,6 +83,13 @@ def over_rounds(rounds: list[list[dict]]) -> list[dict]:
     ones = [next((b["aggregate_tok_s"] for b in r if b["streams"] == 1), None) for r in rounds]
     summary = []
     for i, first in enumerate(rounds[0]):
+        first = dict(
+            first,
+            **{
+                key: statistics.median(r[i][key] for r in rounds)
+                for key in ("first_token_s", "last_first_token_s")
+            },
+        )
         rates = [r[i]["aggregate_tok_s"] for r in rounds]
         if None in rates:  # a single token per stream has no decode span
             summary.append(dict(first, aggregate_tok_s_rounds=rates))
@@ -186,6 +199,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--prefill-chunk", type=int, default=512)
     parser.add_argument("--step-tokens", type=int, default=0)
+    parser.add_argument("--pass-rows", type=int, default=0)
     parser.add_argument("--long-prompt", type=int, default=0)
     parser.add_argument("--turn-prompt", type=int, default=0)
     parser.add_argument("--cache-mb", type=float, default=1024)
