@@ -177,7 +177,7 @@ NO_CACHE = dict.fromkeys(
 
 
 def test_stats_count_queued_reading_and_decoding_rows(engine):
-    batch = engine.batch(rows=2, step_tokens=6)
+    batch = engine.batch(rows=2, step_tokens=6, pass_rows=1)
     for n in (3, 40, 5):
         batch.submit(_prompt(n), 4, stop=())
     assert batch.stats() == {
@@ -193,7 +193,7 @@ def test_stats_count_queued_reading_and_decoding_rows(engine):
         "cache": NO_CACHE,
     }
     batch.step()
-    # Each prompt read in a pass of its own (the CPU's default): row 0 read its 3 tokens and fed
+    # Each prompt read in a pass of its own (pass_rows 1): row 0 read its 3 tokens and fed
     # its first generated one (4 positions); row 1 read 13 of its 40 (the rest of the step's
     # prefill_chunk of 16), which count whole (the row holds them once read); the third waits.
     assert batch.stats() == {
