@@ -7,7 +7,6 @@
 #include <limits>
 #include <utility>
 
-#include "common/cpu_float.h"
 #include "common/errors.h"
 
 namespace torchtpu {
@@ -50,12 +49,13 @@ Batch::Batch(Engine& engine, const BatchOptions& options)
     throw ValueError("pass_rows must be at least 0, got " + std::to_string(options_.pass_rows));
   }
   // On the CPU a shared pass of eight 32-token prompts (E2B, 2 cores) gave the last its first
-  // token 0.53x as late with AMX (the dequantized tiles' bf16 products), the median 0.92-0.96x;
-  // without AMX the last 1.4x and the median 2.5x as late (docs/BENCHMARKS.md, "Prompts read
-  // together").
+  // token 0.53x as late with AMX, the median 0.92-0.96x, but without AMX the last 1.4x and the
+  // median 2.5x as late; and with AMX the server's heap grew 3.8-8.8% over js_soak's short run
+  // against 3.8-3.9% (oneDNN products built for each new row count). docs/BENCHMARKS.md,
+  // "Prompts read together".
   if (options_.pass_rows == 0) {
-    const bool one_pass_pays = !engine.options().device.is_cpu() || cpu::use_amx();
-    options_.pass_rows = one_pass_pays ? std::numeric_limits<int64_t>::max() : 1;
+    options_.pass_rows =
+        engine.options().device.is_cpu() ? 1 : std::numeric_limits<int64_t>::max();
   }
   if (options_.step_tokens <= options_.rows) {
     throw ValueError("step_tokens (" + std::to_string(options_.step_tokens) +

@@ -39,9 +39,9 @@ struct BatchOptions {
   int64_t cache_bytes = 0;
   int64_t cache_block = 256;
   // Rows (padding included) one forward pass may take when it reads several sequences' prompt
-  // chunks together; 1: each prompt is read on its own. 0: no limit beyond the step's budget,
-  // except on a CPU without AMX, where a shared pass took longer than one pass per prompt
-  // (docs/BENCHMARKS.md, "Prompts read together"): 1 there.
+  // chunks together; 1: each prompt is read on its own. 0: 1 on the CPU (docs/BENCHMARKS.md,
+  // "Prompts read together": faster with AMX, slower without, and the heap grows), elsewhere no
+  // limit beyond the step's budget, since there one pass costs about what one sequence's does.
   int64_t pass_rows = 0;
 };
 

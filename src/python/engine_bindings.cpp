@@ -520,8 +520,8 @@ void bind_engine(py::module_& m) {
           "chunks; with none decoding, a step reads up to a whole prefill_chunk); 0: "
           "min(prefill_chunk, 128) + rows. cache_mb: the prefix cache's budget in MiB (0: none), "
           "cache_block its block of positions. pass_rows: rows (padding included) one forward "
-          "pass may take when it reads several prompts together (1: each on its own; 0: no "
-          "limit, but 1 on a CPU without AMX). ValueError for rows < 1, step_tokens <= rows, a "
+          "pass may take when it reads several prompts together (1: each on its own; 0: 1 on "
+          "the CPU, no limit on other devices). ValueError for rows < 1, step_tokens <= rows, a "
           "negative cache_mb or pass_rows, or a cache_block below 1.",
           py::arg("rows") = 4, py::arg("step_tokens") = 0, py::arg("cache_mb") = 0.0,
           py::arg("cache_block") = 256, py::arg("pass_rows") = 0);
