@@ -51,8 +51,8 @@ Batch::Batch(Engine& engine, const BatchOptions& options)
   // On the CPU a shared pass of eight 32-token prompts (E2B, 2 cores) gave the last its first
   // token 0.53x as late with AMX, the median 0.92-0.96x, but without AMX the last 1.4x and the
   // median 2.5x as late; and with AMX the server's heap grew 3.8-8.8% over js_soak's short run
-  // against 3.8-3.9% (oneDNN products built for each new row count). docs/BENCHMARKS.md,
-  // "Prompts read together".
+  // against 3.8-3.9% (likely oneDNN products built for each new row count).
+  // docs/BENCHMARKS.md, "Prompts read together".
   if (options_.pass_rows == 0) {
     options_.pass_rows =
         engine.options().device.is_cpu() ? 1 : std::numeric_limits<int64_t>::max();
