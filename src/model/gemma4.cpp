@@ -411,12 +411,15 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
       // a (row, head, slot) index per entry. scatter_ would say both in one op, but on the CPU
       // it costs milliseconds per write on a full ring (measured: 8.5 ms against 20 µs for
       // index_copy_ on an 8,192-slot bf16 ring), and index_put_ about twice index_copy_.
-      auto write = [&](const at::Tensor& kk, const at::Tensor& vv, const at::Tensor& pos) {
+      // `kept`: the positions the slots record, when they are not `pos` (a batch's padding).
+      auto write = [&](const at::Tensor& kk, const at::Tensor& vv, const at::Tensor& pos,
+                       const at::Tensor& kept = {}) {
         const auto slots = at::remainder(pos, ring.slots);  // [B, n]
+        const auto& recorded = kept.defined() ? kept : pos;
         if (B == 1) {
           ring.k.index_copy_(2, slots[0], kk);
           ring.v.index_copy_(2, slots[0], vv);
-          ring.kpos.index_copy_(1, slots[0], pos);
+          ring.kpos.index_copy_(1, slots[0], recorded);
           return;
         }
         const auto on = slots.options();
@@ -424,7 +427,7 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
         const auto heads = at::arange(kv_heads, on).view({1, kv_heads, 1});
         ring.k.index_put_({rows, heads, slots.unsqueeze(1)}, kk);
         ring.v.index_put_({rows, heads, slots.unsqueeze(1)}, vv);
-        ring.kpos.index_put_({rows.view({B, 1}), slots}, pos);
+        ring.kpos.index_put_({rows.view({B, 1}), slots}, recorded);
       };
       if (T == 1) {
         // Decode: writing first is safe (the slot overwritten holds position p - slots, outside
@@ -444,10 +447,12 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
         auto all_pos = at::cat({ring_pos, positions}, 1);
         const int64_t n = std::min(T, ring.slots);
         auto kk = k.narrow(2, T - n, n), vv = v.narrow(2, T - n, n);
-        auto pp = positions.narrow(1, T - n, n);
+        const auto pp = positions.narrow(1, T - n, n);
+        at::Tensor kept;
         if (padding.defined()) {
           // Padding writes back what its slots hold: its positions follow the row's tokens, so
-          // its slots are not theirs, and the entries there may still be in a window.
+          // its slots are not theirs, and the entries there may still be in a window. The slots
+          // come from its own positions, whatever (or nothing, -1) they record.
           const auto pad = padding.narrow(1, T - n, n);
           const auto slots = at::remainder(pp, ring.slots);
           const auto on = slots.options();
@@ -457,9 +462,9 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
           const auto pad4 = pad.view({B, 1, n, 1});
           kk = at::where(pad4, ring.k.index(held), kk);
           vv = at::where(pad4, ring.v.index(held), vv);
-          pp = at::where(pad, ring.kpos.gather(1, slots), pp);
+          kept = at::where(pad, ring.kpos.gather(1, slots), pp);
         }
-        write(kk, vv, pp);
+        write(kk, vv, pp, kept);
         k = all_k;
         v = all_v;
         kpos = all_pos;
