@@ -199,6 +199,7 @@ int64_t Batch::read_together(const std::vector<int64_t>& reading, int64_t budget
   // stays within the budget and pass_rows and its padding within half the tokens it reads.
   // Chunks stay within a sliding window, so that the ring writes of every row's tokens stay
   // whole (Gemma4::forward). Rows with images or audio read alone, with their soft tokens.
+  if (options_.pass_rows < 2) return 0;  // no two rows fit: each prompt reads alone
   const int64_t window = engine_.config().sliding_window;
   const int64_t cap = window > 0 ? std::min(budget, window) : budget;
   std::vector<std::pair<int64_t, int64_t>> group;  // (row, tokens)
