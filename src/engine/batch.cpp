@@ -188,7 +188,7 @@ int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<in
   const auto logits = engine_.read_chunk(row_rings, row.request->prompt, row.read,
                                          row.read + count, &row.media);
   ++prompt_passes_;
-  chunk_read(row, index, count, logits, finished);
+  after_chunk(row, index, count, logits, finished);
   return count;
 }
 
@@ -247,13 +247,13 @@ int64_t Batch::read_together(const std::vector<int64_t>& reading, int64_t budget
   for (const auto& [i, count] : group) {
     Row& row = rows_[i];
     const bool last = row.read + count == static_cast<int64_t>(row.request->prompt.size());
-    chunk_read(row, i, count, last ? logits[i - lo].view({-1}) : at::Tensor(), finished);
+    after_chunk(row, i, count, last ? logits[i - lo].view({-1}) : at::Tensor(), finished);
   }
   return n * T;
 }
 
-void Batch::chunk_read(Row& row, int64_t index, int64_t count, const at::Tensor& logits,
-                       std::vector<int64_t>& finished) {
+void Batch::after_chunk(Row& row, int64_t index, int64_t count, const at::Tensor& logits,
+                        std::vector<int64_t>& finished) {
   const auto& prompt = row.request->prompt;
   const auto n = static_cast<int64_t>(prompt.size());
   prompt_tokens_ += count;

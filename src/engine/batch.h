@@ -134,8 +134,8 @@ class Batch {
                         std::vector<int64_t>& finished);
   // After `count` prompt tokens of a row were read: the prefix cache's save points, and the first
   // token from `logits` [vocab] once the prompt is whole.
-  void chunk_read(Row& row, int64_t index, int64_t count, const at::Tensor& logits,
-                  std::vector<int64_t>& finished);
+  void after_chunk(Row& row, int64_t index, int64_t count, const at::Tensor& logits,
+                   std::vector<int64_t>& finished);
   void decode_rows(std::vector<int64_t>& finished);
   // Reads a row's new token back: ends the row when the output or its budget says so.
   void accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>& finished);
