@@ -115,11 +115,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{6144, 1536, 64, false, at::kHalf}));
 
 TEST(Int4Linear, EachStreamedRowMatchesThatRowAlone) {
-  // An odd number of blocks (one thread's lone last block), zero points or not, f16 scales; each
-  // row count from 2 to 8 has a kernel of its own (VNNI, AMX from 4 rows where the CPU has it),
-  // and 13 and 16 rows stream the weights in two passes. Both activation widths.
+  // An odd number of blocks (one thread's lone last block), zero points or not, f16 and f32
+  // scales, an odd number of 32-input sub-blocks (the AMX kernel alternates two activation tiles
+  // by sub-block) in groups of three; each row count from 2 to 8 has a kernel of its own (VNNI,
+  // AMX from 4 rows where the CPU has it), and 13 and 16 rows stream the weights in two passes.
+  // Both activation widths.
   for (const Case& c : {Case{256, 200, 32, false, at::kBFloat16},
-                        Case{384, 320, 128, true, at::kHalf}}) {
+                        Case{384, 320, 128, true, at::kHalf}, Case{288, 130, 96, true, at::kFloat},
+                        Case{288, 130, 96, false, at::kBFloat16}}) {
     for (const int64_t bits : {16, 8}) {
       auto blocks = repack_for_cpu(random_int4(c, 3));
       blocks.activation_bits = bits;
