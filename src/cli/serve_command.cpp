@@ -59,6 +59,16 @@ void add_serve_command(CLI::App& app) {
                   "Prefix cache budget in MiB: finished requests' KV reused by requests that "
                   "start with the same tokens (0: off)")
       ->capture_default_str();
+  cmd->add_option("--step-tokens", options->step_tokens,
+                  "Tokens one step may put through the model while requests decode: one per "
+                  "decoding request, the rest read prompts in chunks (bounds how long a prompt "
+                  "being read holds the others' next token; 0: 128 + --parallel)")
+      ->capture_default_str();
+  cmd->add_option("--pass-rows", options->pass_rows,
+                  "Rows, padding included, one forward pass may take when prompts arriving "
+                  "together are read together (1: each on its own; 0: 1 on the CPU, no limit on "
+                  "accelerators)")
+      ->capture_default_str();
   cmd->add_option("--read-every", options->read_every,
                   "Decode steps between host reads (above 1 needs --parallel 1)")
       ->capture_default_str();

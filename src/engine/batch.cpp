@@ -125,6 +125,8 @@ BatchStats Batch::stats() const {
   s.steps = steps_;
   s.prompt_passes = prompt_passes_;
   s.prompt_tokens = prompt_tokens_;
+  s.step_tokens = options_.step_tokens;
+  s.pass_rows = options_.pass_rows;
   if (cache_) s.cache = cache_->stats();
   return s;
 }

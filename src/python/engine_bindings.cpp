@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -322,6 +323,10 @@ py::dict stats_dict(const BatchStats& stats) {
   d["steps"] = stats.steps;
   d["prompt_passes"] = stats.prompt_passes;
   d["prompt_tokens"] = stats.prompt_tokens;
+  d["step_tokens"] = stats.step_tokens;
+  d["pass_rows"] = stats.pass_rows == std::numeric_limits<int64_t>::max()
+                       ? py::object(py::none())
+                       : py::object(py::int_(stats.pass_rows));
   d["positions"] = stats.positions;
   d["capacity"] = stats.capacity;
   const auto& c = stats.cache;

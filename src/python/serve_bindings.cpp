@@ -23,7 +23,8 @@ void bind_serve(py::module_& m) {
          const std::string& quantize, int64_t int4_activation_bits,
          const std::vector<std::string>& served_model_names,
          bool metrics_auth, const std::string& metrics_compat, double drain_grace_s,
-         int64_t parallel, int64_t cache_mb, int64_t max_media, int64_t max_image_bytes,
+         int64_t parallel, int64_t cache_mb, int64_t step_tokens, int64_t pass_rows,
+         int64_t max_media, int64_t max_image_bytes,
          int64_t max_audio_bytes, int64_t image_tokens, bool allow_media_urls,
          double media_url_timeout_s, bool no_vision, bool no_audio,
          const std::string& mcp_media_dir) {
@@ -50,6 +51,8 @@ void bind_serve(py::module_& m) {
         options.drain_grace_s = drain_grace_s;
         options.parallel = parallel;
         options.cache_mb = cache_mb;
+        options.step_tokens = step_tokens;
+        options.pass_rows = pass_rows;
         options.media.max_items = max_media;
         options.media.max_image_bytes = max_image_bytes;
         options.media.max_audio_bytes = max_audio_bytes;
@@ -87,7 +90,8 @@ void bind_serve(py::module_& m) {
       py::arg("served_model_names") = std::vector<std::string>{},
       py::arg("metrics_auth") = false, py::arg("metrics_compat") = "none",
       py::arg("drain_grace_s") = 0.0, py::arg("parallel") = server::ServeOptions{}.parallel,
-      py::arg("cache_mb") = server::ServeOptions{}.cache_mb,
+      py::arg("cache_mb") = server::ServeOptions{}.cache_mb, py::arg("step_tokens") = 0,
+      py::arg("pass_rows") = 0,
       py::arg("max_media") = server::MediaLimits{}.max_items,
       py::arg("max_image_bytes") = server::MediaLimits{}.max_image_bytes,
       py::arg("max_audio_bytes") = server::MediaLimits{}.max_audio_bytes,

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -343,6 +344,8 @@ SchedulerOptions scheduler_options(const ServeOptions& options) {
   SchedulerOptions o;
   o.batch.rows = options.parallel;
   o.batch.cache_bytes = options.cache_mb << 20;
+  o.batch.step_tokens = options.step_tokens;
+  o.batch.pass_rows = options.pass_rows;
   o.max_queue = options.max_queue;
   o.read_every = options.read_every;
   return o;
@@ -1334,6 +1337,10 @@ ojson Server::engine_json() const {
                       {"steps", stats.batch.steps},
                       {"prompt_passes", stats.batch.prompt_passes},
                       {"prompt_tokens", stats.batch.prompt_tokens},
+                      {"step_tokens", stats.batch.step_tokens},
+                      {"pass_rows", stats.batch.pass_rows == std::numeric_limits<int64_t>::max()
+                                        ? ojson(nullptr)
+                                        : ojson(stats.batch.pass_rows)},
                       {"cache_positions", stats.batch.positions},
                       {"cache_capacity", stats.batch.capacity},
                       {"busy_seconds", stats.busy_s}};
@@ -1757,6 +1764,16 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   if (options.cache_mb < 0 || options.cache_mb > (int64_t{1} << 30)) {
     throw ValueError("--cache-mb must be between 0 and 2^30, got " +
                      std::to_string(options.cache_mb));
+  }
+  // The batch would refuse these too, but only once the model is loaded, and naming its fields.
+  if (options.step_tokens != 0 &&
+      (options.step_tokens <= options.parallel || options.step_tokens > (int64_t{1} << 20))) {
+    throw ValueError("--step-tokens must exceed --parallel (" + std::to_string(options.parallel) +
+                     ") and be at most 2^20, or be 0 for the default, got " +
+                     std::to_string(options.step_tokens));
+  }
+  if (options.pass_rows < 0) {
+    throw ValueError("--pass-rows must be at least 0, got " + std::to_string(options.pass_rows));
   }
   if (!(options.drain_grace_s >= 0 && options.drain_grace_s <= 3600)) {
     std::ostringstream given;

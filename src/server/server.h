@@ -44,6 +44,10 @@ struct ServeOptions {
   // The prefix cache's budget in MiB (0: none): a request starting with tokens a finished request
   // held (its prompt and reply: the next chat turn, a shared system prompt) reuses their KV.
   int64_t cache_mb = 1024;
+  // The batch's step budget and shared prompt passes (engine/batch.h's step_tokens and
+  // pass_rows; 0: their defaults).
+  int64_t step_tokens = 0;
+  int64_t pass_rows = 0;
   // Decode steps per host read; above 1 needs parallel 1 (a batch reads every step).
   int64_t read_every = 1;
   // tool_choice "auto" with tools: calls the model writes are held to the declared tools and

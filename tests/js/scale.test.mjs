@@ -205,6 +205,16 @@ describe("bad values of the new flags", () => {
       [["--drain-grace", "7200"], "error: --drain-grace must be between 0 and 3600 seconds, got 7200"],
       [["--metrics-compat", "sglang"], "error: --metrics-compat must be none or vllm, got 'sglang'"],
       [["--served-model-name", ""], "error: --served-model-name must not be empty"],
+      [["--parallel", "0"], "error: --parallel must be between 1 and 256, got 0"],
+      [["--parallel", "257"], "error: --parallel must be between 1 and 256, got 257"],
+      [["--cache-mb", "-1"], "error: --cache-mb must be between 0 and 2^30, got -1"],
+      [["--step-tokens", "4"],
+        "error: --step-tokens must exceed --parallel (4) and be at most 2^20, or be 0 for the " +
+        "default, got 4"],
+      [["--parallel", "2", "--step-tokens", "2000000"],
+        "error: --step-tokens must exceed --parallel (2) and be at most 2^20, or be 0 for the " +
+        "default, got 2000000"],
+      [["--pass-rows", "-1"], "error: --pass-rows must be at least 0, got -1"],
     ]) {
       const { code, stderr } = await refused(args);
       assert.equal(code, 2, `${args.join(" ")}: ${stderr}`);

@@ -14,9 +14,11 @@ let uncached;
 
 before(async () => {
   // float32: a sequence decoded beside others gives exactly the tokens it gives alone (bf16's
-  // matmuls may round differently with more rows).
+  // matmuls may round differently with more rows). `wide` reads prompts admitted in one step in
+  // shared passes, which the CPU does not by default.
   [wide, narrow, uncached] = await Promise.all([
-    startServer(["--context", "1024", "--max-queue", "16", "--parallel", "4", "--dtype", "float32"]),
+    startServer(["--context", "1024", "--max-queue", "16", "--parallel", "4", "--dtype", "float32",
+      "--pass-rows", "16"]),
     startServer(["--context", "1024", "--max-queue", "1", "--parallel", "1"]),
     startServer(["--context", "1024", "--cache-mb", "0", "--dtype", "float32"]),
   ]);
@@ -96,6 +98,9 @@ async function concurrentlyAsAlone(bodies) {
 
 test("16 concurrent clients with mixed lengths each get the answer they get alone", async () => {
   await concurrentlyAsAlone(Array.from({ length: 16 }, (_, i) => request(i)));
+  const { scheduler } = await (await fetch(`${wide.url}/v1/engine`)).json();
+  assert.equal(scheduler.pass_rows, 16);
+  assert.equal(scheduler.step_tokens, 128 + 4);
 });
 
 test("16 concurrent streams, sampled with seeds, each arrive whole", async () => {
@@ -144,6 +149,9 @@ test("the next turn of a chat reuses the previous turn from the prefix cache", a
   const engine = await (await fetch(`${uncached.url}/v1/engine`)).json();
   assert.equal(engine.prefix_cache.budget_bytes, 0);
   assert.equal(engine.parallel, 4);
+  // The defaults on the CPU: a pass per prompt, 128 prompt tokens a step beside the 4 rows.
+  assert.equal(engine.scheduler.pass_rows, 1);
+  assert.equal(engine.scheduler.step_tokens, 128 + 4);
 });
 
 test("a full queue answers 429 with Retry-After; queued work still completes", async () => {

@@ -188,6 +188,8 @@ def test_stats_count_queued_reading_and_decoding_rows(engine):
         "steps": 0,
         "prompt_passes": 0,
         "prompt_tokens": 0,
+        "step_tokens": 6,
+        "pass_rows": 1,
         "positions": 0,
         "capacity": 2 * CONTEXT,
         "cache": NO_CACHE,
@@ -204,9 +206,19 @@ def test_stats_count_queued_reading_and_decoding_rows(engine):
         "steps": 1,
         "prompt_passes": 2,
         "prompt_tokens": 3 + 13,
+        "step_tokens": 6,
+        "pass_rows": 1,
         "positions": 4 + 40,
         "capacity": 2 * CONTEXT,
         "cache": NO_CACHE,
+    }
+
+
+def test_stats_give_the_defaults_in_effect(engine):
+    # The step's budget: min(prefill_chunk 16, 128) + rows; on the CPU a pass per prompt.
+    assert {k: engine.batch(rows=3).stats()[k] for k in ("step_tokens", "pass_rows")} == {
+        "step_tokens": 16 + 3,
+        "pass_rows": 1,
     }
 
 

@@ -284,10 +284,21 @@ def _python_host(model, *flags):
     return Server([*command, *flags], _python_host_env())
 
 
-def test_the_python_host_refuses_bad_media_flags_as_serve_does(cli, checkpoint):
+# The batch's flags (#17), which the Python host passes on as it does the rest.
+BATCH_FLAG_ERRORS = [
+    (
+        ["--step-tokens", "4"],
+        "error: --step-tokens must exceed --parallel (4) and be at most 2^20, or be 0 for the "
+        "default, got 4",
+    ),
+    (["--pass-rows", "-2"], "error: --pass-rows must be at least 0, got -2"),
+]
+
+
+def test_the_python_host_refuses_bad_flags_as_serve_does(cli, checkpoint):
     env = _python_host_env()
     common = ["--model", checkpoint, "--port", "0"]
-    for flags, line in MEDIA_FLAG_ERRORS:
+    for flags, line in MEDIA_FLAG_ERRORS + BATCH_FLAG_ERRORS:
         for cmd in (
             [cli.path, "serve", *common, *flags],
             [sys.executable, "-m", "torchtpu_cpp.serve", *common, *flags],

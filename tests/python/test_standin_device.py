@@ -153,6 +153,8 @@ def test_batch_steps_are_one_program_as_rows_join_leave_and_sample_differently(
             live_rows.add(stats["decoding"])
     assert cancelled > 0 and live_rows == {1, 2, 3}
     assert len(programs) == 1
+    # Off the CPU prompts arriving together share passes with no limit but the step's budget.
+    assert batch.stats()["pass_rows"] is None
     for seq, (prompt, max_new, kwargs) in jobs.items():
         alone = cpu.decode(prompt, max_new, **kwargs).tokens
         got = results[seq]

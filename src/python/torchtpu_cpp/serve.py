@@ -51,6 +51,20 @@ def _parse_args(argv):
         help="prefix cache budget in MiB (0: off)",
     )
     p.add_argument(
+        "--step-tokens",
+        type=int,
+        default=0,
+        help="tokens one step may put through the model while requests decode "
+        "(0: 128 + --parallel)",
+    )
+    p.add_argument(
+        "--pass-rows",
+        type=int,
+        default=0,
+        help="rows one forward pass may take when prompts are read together "
+        "(1: each on its own; 0: 1 on the CPU, no limit on accelerators)",
+    )
+    p.add_argument(
         "--read-every",
         type=int,
         default=1,
@@ -193,6 +207,8 @@ def main(argv=None):
                 drain_grace_s=args.drain_grace,
                 parallel=args.parallel,
                 cache_mb=args.cache_mb,
+                step_tokens=args.step_tokens,
+                pass_rows=args.pass_rows,
                 max_media=args.max_media,
                 max_image_bytes=args.max_image_bytes,
                 max_audio_bytes=args.max_audio_bytes,
