@@ -1337,13 +1337,16 @@ ojson Server::engine_json() const {
                       {"steps", stats.batch.steps},
                       {"prompt_passes", stats.batch.prompt_passes},
                       {"prompt_tokens", stats.batch.prompt_tokens},
-                      {"step_tokens", stats.batch.step_tokens},
-                      {"pass_rows", stats.batch.pass_rows == std::numeric_limits<int64_t>::max()
-                                        ? ojson(nullptr)
-                                        : ojson(stats.batch.pass_rows)},
                       {"cache_positions", stats.batch.positions},
                       {"cache_capacity", stats.batch.capacity},
                       {"busy_seconds", stats.busy_s}};
+  // One sequence at a time there is no batch, so neither its step budget nor its passes.
+  if (options_.read_every == 1) {
+    out["scheduler"]["step_tokens"] = stats.batch.step_tokens;
+    out["scheduler"]["pass_rows"] = stats.batch.pass_rows == std::numeric_limits<int64_t>::max()
+                                        ? ojson(nullptr)
+                                        : ojson(stats.batch.pass_rows);
+  }
   out["prefix_cache"] = {{"budget_bytes", scheduler_.cache_budget()},
                          {"block", scheduler_.options().batch.cache_block},
                          {"hits", cache.hits},

@@ -198,6 +198,20 @@ describe("the drain", () => {
   });
 });
 
+describe("one sequence at a time (--read-every above 1)", () => {
+  test("/v1/engine gives no batch options, since there is no batch", async () => {
+    const server = await startServer(["--parallel", "1", "--read-every", "4", "--threads", "1"]);
+    try {
+      const { scheduler } = await (await fetch(`${server.url}/v1/engine`)).json();
+      assert.equal(scheduler.mode, "one sequence at a time (read_every > 1)");
+      assert.ok(!("step_tokens" in scheduler) && !("pass_rows" in scheduler),
+        JSON.stringify(scheduler));
+    } finally {
+      await server.stop();
+    }
+  });
+});
+
 describe("bad values of the new flags", () => {
   test("are refused at start with a message naming the flag", async () => {
     for (const [args, message] of [
