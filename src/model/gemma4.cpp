@@ -408,32 +408,35 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
       };
       // Each row writes at its own positions: position p into slot p % slots of its ring row.
       // One row (Engine::decode) takes index_copy_ along the slots; several take index_put_ with
-      // a (row, head, slot) index per entry. scatter_ would say both in one op, but on the CPU
-      // it costs milliseconds per write on a full ring (measured: 8.5 ms against 20 µs for
-      // index_copy_ on an 8,192-slot bf16 ring), and index_put_ about twice index_copy_.
-      // `kept`: the positions the slots record, when they are not `pos` (a batch's padding).
-      auto write = [&](const at::Tensor& kk, const at::Tensor& vv, const at::Tensor& pos,
-                       const at::Tensor& kept = {}) {
-        const auto slots = at::remainder(pos, ring.slots);  // [B, n]
-        const auto& recorded = kept.defined() ? kept : pos;
+      // `entries`, a (row, head, slot) index per entry. scatter_ would say both in one op, but on
+      // the CPU it costs milliseconds per write on a full ring (measured: 8.5 ms against 20 µs
+      // for index_copy_ on an 8,192-slot bf16 ring), and index_put_ about twice index_copy_.
+      auto entries = [&](const at::Tensor& slots) {  // slots: [B, n]
+        const auto on = slots.options();
+        return std::vector<at::indexing::TensorIndex>{
+            at::arange(B, on).view({B, 1, 1}), at::arange(kv_heads, on).view({1, kv_heads, 1}),
+            slots.unsqueeze(1)};
+      };
+      // `recorded`: the positions the slots record, the written positions but for a batch's
+      // padding.
+      auto write = [&](const at::Tensor& kk, const at::Tensor& vv, const at::Tensor& slots,
+                       const at::Tensor& recorded) {
         if (B == 1) {
           ring.k.index_copy_(2, slots[0], kk);
           ring.v.index_copy_(2, slots[0], vv);
           ring.kpos.index_copy_(1, slots[0], recorded);
           return;
         }
-        const auto on = slots.options();
-        const auto rows = at::arange(B, on).view({B, 1, 1});
-        const auto heads = at::arange(kv_heads, on).view({1, kv_heads, 1});
-        ring.k.index_put_({rows, heads, slots.unsqueeze(1)}, kk);
-        ring.v.index_put_({rows, heads, slots.unsqueeze(1)}, vv);
-        ring.kpos.index_put_({rows.view({B, 1}), slots}, recorded);
+        const auto index = entries(slots);
+        ring.k.index_put_(index, kk);
+        ring.v.index_put_(index, vv);
+        ring.kpos.index_put_({index[0].tensor().view({B, 1}), slots}, recorded);
       };
       if (T == 1) {
         // Decode: writing first is safe (the slot overwritten holds position p - slots, outside
         // every window), and attention then reads the ring: with every slot, one fixed-shape
         // program.
-        write(k, v, positions);
+        write(k, v, at::remainder(positions, ring.slots), positions);
         std::tie(k, v, kpos) = readable();
       } else {
         // A chunk: its own queries still need ring entries that its later tokens would
@@ -448,23 +451,20 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
         const int64_t n = std::min(T, ring.slots);
         auto kk = k.narrow(2, T - n, n), vv = v.narrow(2, T - n, n);
         const auto pp = positions.narrow(1, T - n, n);
-        at::Tensor kept;
+        const auto slots = at::remainder(pp, ring.slots);
+        auto recorded = pp;
         if (padding.defined()) {
           // Padding writes back what its slots hold: its positions follow the row's tokens, so
           // its slots are not theirs, and the entries there may still be in a window. The slots
-          // come from its own positions, whatever (or nothing, -1) they record.
+          // are its own positions', whatever (or nothing, -1) they record.
           const auto pad = padding.narrow(1, T - n, n);
-          const auto slots = at::remainder(pp, ring.slots);
-          const auto on = slots.options();
-          const auto held = std::vector<at::indexing::TensorIndex>{
-              at::arange(B, on).view({B, 1, 1}), at::arange(kv_heads, on).view({1, kv_heads, 1}),
-              slots.unsqueeze(1)};
+          const auto held = entries(slots);
           const auto pad4 = pad.view({B, 1, n, 1});
           kk = at::where(pad4, ring.k.index(held), kk);
           vv = at::where(pad4, ring.v.index(held), vv);
-          kept = at::where(pad, ring.kpos.gather(1, slots), pp);
+          recorded = at::where(pad, ring.kpos.gather(1, slots), pp);
         }
-        write(kk, vv, pp, kept);
+        write(kk, vv, slots, recorded);
         k = all_k;
         v = all_v;
         kpos = all_pos;

@@ -14,8 +14,9 @@ let uncached;
 
 before(async () => {
   // float32: a sequence decoded beside others gives exactly the tokens it gives alone (bf16's
-  // matmuls may round differently with more rows). `wide` reads prompts admitted in one step in
-  // shared passes, which the CPU does not by default.
+  // matmuls may round differently with more rows). `wide` lets prompts admitted in the same step
+  // share a pass, which the CPU does not by default; whether any do depends on when the requests
+  // arrive (tests/cpp/batch_test.cpp counts the passes).
   [wide, narrow, uncached] = await Promise.all([
     startServer(["--context", "1024", "--max-queue", "16", "--parallel", "4", "--dtype", "float32",
       "--pass-rows", "16"]),
