@@ -264,6 +264,13 @@ TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
     float (*acc)[16]) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int64_t kb_count = w.k / kSubK;
+  // Hidden from the optimizer, so that it cannot share one tile's activation broadcasts with the
+  // next tiles: it did (8 rows: 64 vectors), spilled them to the stack and fed vpdpbusd 64-byte
+  // stack loads, which a CPU with one 512-bit load a cycle (Zen 4) could not keep up with: 8 rows
+  // in L2 took 162 µs against 120 with a 4-byte broadcast per vpdpbusd (docs/BENCHMARKS.md).
+  const int8_t* hi_base = a.hi;
+  const int8_t* lo_base = a.lo;
+  asm("" : "+r"(hi_base), "+r"(lo_base));
   __m512i i1[G], i2[G];
   for (int m = 0; m < G; ++m) {
     i1[m] = _mm512_set1_epi32(a.hi_start[(M0 + m) * kb_count + kb]);
@@ -275,11 +282,11 @@ TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
     for (int m = 0; m < G; ++m) {
       const int64_t off = (M0 + m) * a.k + kb * kSubK;
-      const auto* ah = reinterpret_cast<const int32_t*>(a.hi + off);
+      const auto* ah = reinterpret_cast<const int32_t*>(hi_base + off);
       i1[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i1[m], lo, _mm512_set1_epi32(ah[2 * c])),
                                   hi, _mm512_set1_epi32(ah[2 * c + 1]));
       if constexpr (kLo) {
-        const auto* al = reinterpret_cast<const int32_t*>(a.lo + off);
+        const auto* al = reinterpret_cast<const int32_t*>(lo_base + off);
         i2[m] = _mm512_dpbusd_epi32(
             _mm512_dpbusd_epi32(i2[m], lo, _mm512_set1_epi32(al[2 * c])), hi,
             _mm512_set1_epi32(al[2 * c + 1]));
