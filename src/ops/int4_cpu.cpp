@@ -258,19 +258,30 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
 // without lo parts) stay in registers, which holds up to 5 rows with lo parts (6 spilled: 1.3x
 // slower per row, measured in L2) and 8 without, and it must be inlined (called, 4 rows were 1.13x
 // slower).
+// `rows` with its arrays' addresses hidden from the optimizer, so that it cannot share one tile's
+// broadcasts of activation bytes (and, kSteps, of their steps) with the block's next tiles: it did
+// (8 rows: 64 vectors of bytes, 16 of steps), spilled them to the stack and fed vpdpbusd and the
+// epilogue 64-byte stack loads, which a CPU with one 512-bit load a cycle (Zen 4) could not keep up
+// with. Measured there in L2 (docs/BENCHMARKS.md), 8 rows: 8-bit 162 -> 120 µs with the bytes
+// hidden, 16-bit 339 -> 268 with the bytes and 214 with the steps too; but 2 rows of 8-bit
+// activations, whose steps fit in registers, went 33 -> 42 µs with the steps hidden.
+template <bool kSteps>
+TORCHTPU_AVX512 inline QuantizedRows opaque(QuantizedRows rows) {
+  asm("" : "+r"(rows.hi), "+r"(rows.lo));
+  if constexpr (kSteps) {
+    asm("" : "+r"(rows.d), "+r"(rows.d_lo), "+r"(rows.sum_hi), "+r"(rows.sum_lo),
+        "+r"(rows.hi_start), "+r"(rows.lo_start));
+  }
+  return rows;
+}
+
 template <FloatType S, int M0, int G, bool kLo, bool kSym>
 TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
-    const BlockWeights& w, const QuantizedRows& a, const uint8_t* tile, int64_t kb, int64_t at,
+    const BlockWeights& w, const QuantizedRows& rows, const uint8_t* tile, int64_t kb, int64_t at,
     float (*acc)[16]) {
+  const QuantizedRows a = opaque<kLo>(rows);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int64_t kb_count = w.k / kSubK;
-  // Hidden from the optimizer, so that it cannot share one tile's activation broadcasts with the
-  // next tiles: it did (8 rows: 64 vectors), spilled them to the stack and fed vpdpbusd 64-byte
-  // stack loads, which a CPU with one 512-bit load a cycle (Zen 4) could not keep up with: 8 rows
-  // in L2 took 162 µs against 120 with a 4-byte broadcast per vpdpbusd (docs/BENCHMARKS.md).
-  const int8_t* hi_base = a.hi;
-  const int8_t* lo_base = a.lo;
-  asm("" : "+r"(hi_base), "+r"(lo_base));
   __m512i i1[G], i2[G];
   for (int m = 0; m < G; ++m) {
     i1[m] = _mm512_set1_epi32(a.hi_start[(M0 + m) * kb_count + kb]);
@@ -282,11 +293,11 @@ TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
     for (int m = 0; m < G; ++m) {
       const int64_t off = (M0 + m) * a.k + kb * kSubK;
-      const auto* ah = reinterpret_cast<const int32_t*>(hi_base + off);
+      const auto* ah = reinterpret_cast<const int32_t*>(a.hi + off);
       i1[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i1[m], lo, _mm512_set1_epi32(ah[2 * c])),
                                   hi, _mm512_set1_epi32(ah[2 * c + 1]));
       if constexpr (kLo) {
-        const auto* al = reinterpret_cast<const int32_t*>(lo_base + off);
+        const auto* al = reinterpret_cast<const int32_t*>(a.lo + off);
         i2[m] = _mm512_dpbusd_epi32(
             _mm512_dpbusd_epi32(i2[m], lo, _mm512_set1_epi32(al[2 * c])), hi,
             _mm512_set1_epi32(al[2 * c + 1]));
