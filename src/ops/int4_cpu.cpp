@@ -700,6 +700,9 @@ TORCHTPU_AVX2 __attribute__((always_inline)) inline void half_tile_rows(
   const int64_t kb_count = w.k / kSubK;
   const __m256 zero = kSym ? _mm256_setzero_ps() : zero_rest8(w.zero, at);
   const __m256 scale = cpu::load8<S>(w.scale, at);
+  // Unrolled for every row count: GCC unrolled up to 7 rows but kept 8 a loop, and 8 rows cost
+  // 226 µs in L2 against 7 rows' 169 (8-bit activations, this tier forced on Zen 4); unrolled 196.
+#pragma GCC unroll 8
   for (int m = 0; m < R; ++m) {
     const int64_t ai = m * kb_count + kb, off = m * a.k + kb * kSubK;
     const __m256i i1 = dot8(u, a.hi + off, a.hi_start[ai]);
