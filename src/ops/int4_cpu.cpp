@@ -250,6 +250,24 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
   }
 }
 
+// `rows` with the addresses of its bytes (kBytes) and of their steps (kSteps) hidden from the
+// optimizer, so that it cannot share one tile's broadcasts of them with the block's next tiles: it
+// did (8 rows: 64 vectors of bytes, 16 of steps), spilled them to the stack and fed vpdpbusd and
+// the epilogue 64-byte stack loads, which a CPU with one 512-bit load a cycle (Zen 4) could not
+// keep up with. Measured there in L2 (docs/BENCHMARKS.md), 8 rows: 8-bit 162 -> 120 µs with the
+// bytes hidden, 16-bit 339 -> 268 with the bytes and 214 with the steps too; but 2 rows of 8-bit
+// activations, whose steps fit in registers, went 33 -> 42 µs with the steps hidden, and up to 4
+// rows of 8-bit activations lose a little with the bytes hidden (3 rows 46 -> 51 µs).
+template <bool kBytes, bool kSteps>
+TORCHTPU_AVX512 inline QuantizedRows opaque(QuantizedRows rows) {
+  if constexpr (kBytes) asm("" : "+r"(rows.hi), "+r"(rows.lo));
+  if constexpr (kSteps) {
+    asm("" : "+r"(rows.d), "+r"(rows.d_lo), "+r"(rows.sum_hi), "+r"(rows.sum_lo),
+        "+r"(rows.hi_start), "+r"(rows.lo_start));
+  }
+  return rows;
+}
+
 // Several rows at once with VNNI, for CPUs without AMX (and 2-3 rows on those with it): each
 // 64 bytes of weights is unpacked once for every row; a row's int32 sums are gemv_blocks_row's and
 // its epilogue is `accumulate`, so each row gets the bits it gets alone.
@@ -258,28 +276,11 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
 // without lo parts) stay in registers, which holds up to 5 rows with lo parts (6 spilled: 1.3x
 // slower per row, measured in L2) and 8 without, and it must be inlined (called, 4 rows were 1.13x
 // slower).
-// `rows` with its arrays' addresses hidden from the optimizer, so that it cannot share one tile's
-// broadcasts of activation bytes (and, kSteps, of their steps) with the block's next tiles: it did
-// (8 rows: 64 vectors of bytes, 16 of steps), spilled them to the stack and fed vpdpbusd and the
-// epilogue 64-byte stack loads, which a CPU with one 512-bit load a cycle (Zen 4) could not keep up
-// with. Measured there in L2 (docs/BENCHMARKS.md), 8 rows: 8-bit 162 -> 120 µs with the bytes
-// hidden, 16-bit 339 -> 268 with the bytes and 214 with the steps too; but 2 rows of 8-bit
-// activations, whose steps fit in registers, went 33 -> 42 µs with the steps hidden.
-template <bool kSteps>
-TORCHTPU_AVX512 inline QuantizedRows opaque(QuantizedRows rows) {
-  asm("" : "+r"(rows.hi), "+r"(rows.lo));
-  if constexpr (kSteps) {
-    asm("" : "+r"(rows.d), "+r"(rows.d_lo), "+r"(rows.sum_hi), "+r"(rows.sum_lo),
-        "+r"(rows.hi_start), "+r"(rows.lo_start));
-  }
-  return rows;
-}
-
 template <FloatType S, int M0, int G, bool kLo, bool kSym>
 TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
     const BlockWeights& w, const QuantizedRows& rows, const uint8_t* tile, int64_t kb, int64_t at,
     float (*acc)[16]) {
-  const QuantizedRows a = opaque<kLo>(rows);
+  const QuantizedRows a = opaque<(kLo || G > 4), kLo>(rows);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const int64_t kb_count = w.k / kSubK;
   __m512i i1[G], i2[G];
