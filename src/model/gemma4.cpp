@@ -570,8 +570,10 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
   keep_last_position();
 
   RECORD_USER_SCOPE("gemma4::head");
-  auto logits = lm_head_(rms_norm(h, final_norm_, c.rms_norm_eps));
-  if (c.final_logit_softcapping > 0) logits = ops::softcap(logits, c.final_logit_softcapping);
+  const auto logits = lm_head_(rms_norm(h, final_norm_, c.rms_norm_eps));
+  if (c.final_logit_softcapping > 0) {
+    return ops::softcap(logits, c.final_logit_softcapping, at::kFloat);
+  }
   return logits.to(at::kFloat);
 }
 

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "common/errors.h"
+#include "ops/argmax.h"
 
 namespace torchtpu {
 namespace {
@@ -152,7 +153,7 @@ at::Tensor Sampler::next(const at::Tensor& logits, int64_t first) {
     r.constrained = false;
   }
   if (biased) x = x + bias_.narrow(0, first, count);
-  if (!repetition && !occurrence && !sampling) return x.argmax(-1);
+  if (!repetition && !occurrence && !sampling) return ops::argmax_last(x);
 
   auto host = at::empty({count, kColumns}, at::kFloat);
   for (int64_t i = 0; i < count; ++i) {
@@ -184,7 +185,7 @@ at::Tensor Sampler::next(const at::Tensor& logits, int64_t first) {
     x = x - columns[kFrequency] * counts - columns[kPresence] * (counts > 0).to(at::kFloat);
   }
   at::Tensor token;
-  if (greedy) token = x.argmax(-1, /*keepdim=*/true);
+  if (greedy) token = ops::argmax_last(x).unsqueeze(-1);
   if (sampling) {
     // The candidates in the order the row's filters need: most likely first for top-k and top-p
     // (all tokens, or on the CPU the top `candidates` when every sampling row keeps no more:

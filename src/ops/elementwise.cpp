@@ -39,9 +39,15 @@ at::Tensor gelu_tanh_mul_meta(const at::Tensor& gate, const at::Tensor& up) {
   return at::empty_like(gate);
 }
 
-at::Tensor softcap_composite(const at::Tensor& x, double cap) { return at::tanh(x / cap) * cap; }
+at::Tensor softcap_composite(const at::Tensor& x, double cap,
+                             std::optional<at::ScalarType> dtype) {
+  auto capped = at::tanh(x / cap) * cap;
+  return dtype ? capped.to(*dtype) : capped;
+}
 
-at::Tensor softcap_meta(const at::Tensor& x, double) { return at::empty_like(x); }
+at::Tensor softcap_meta(const at::Tensor& x, double, std::optional<at::ScalarType> dtype) {
+  return at::empty_like(x, x.options().dtype(dtype.value_or(x.scalar_type())));
+}
 
 at::Tensor rope_composite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
@@ -232,11 +238,18 @@ void gelu_mul_lookup(const void* gate, const void* up, int64_t i0, int64_t i1, v
   }
 }
 
-template <FloatType F>
+// O, the output's format, is F or f32 (F's value widened, exactly).
+template <FloatType F, FloatType O>
 void softcap_lookup(const void* x, float cap, int64_t i0, int64_t i1, void* out) {
   const uint16_t* table = softcap_table<F>(cap);
-  auto* bits = static_cast<uint16_t*>(out);
-  for (int64_t i = i0; i < i1; ++i) bits[i] = look_up(table, x, i);
+  for (int64_t i = i0; i < i1; ++i) {
+    const uint16_t entry = look_up(table, x, i);
+    if constexpr (O == F) {
+      static_cast<uint16_t*>(out)[i] = entry;
+    } else {
+      cpu::store(O, out, i, cpu::load(F, &entry, 0));
+    }
+  }
 }
 
 #if defined(__x86_64__)
@@ -286,16 +299,20 @@ TORCHTPU_AVX2 void gelu_mul_avx2(const void* gate, const void* up, int64_t i0, i
   gelu_mul_lookup<F>(gate, up, i, i1, out);
 }
 
-// For the 16-bit formats only: f32 keeps ATen's own ops (softcap_cpu).
-template <FloatType F>
+// For the 16-bit formats only: f32 keeps ATen's own ops (softcap_cpu). O as softcap_lookup's.
+template <FloatType F, FloatType O>
 TORCHTPU_AVX512 void softcap_avx512(const void* x, float cap, int64_t i0, int64_t i1, void* out) {
   const uint16_t* table = softcap_table<F>(cap);
-  auto* bits = static_cast<uint16_t*>(out);
   int64_t i = i0;
   for (; i + 16 <= i1; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), look_up16(table, x, i));
+    const __m256i entries = look_up16(table, x, i);
+    if constexpr (O == F) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i), entries);
+    } else {
+      cpu::store16(O, out, i, cpu::load16<F>(&entries, 0));
+    }
   }
-  softcap_lookup<F>(x, cap, i, i1, out);
+  softcap_lookup<F, O>(x, cap, i, i1, out);
 }
 
 // rope_row_portable with 16 lanes while both halves have 16 values left.
@@ -427,26 +444,36 @@ at::Tensor gelu_tanh_mul_cpu(const at::Tensor& gate_in, const at::Tensor& up_in)
   return out;
 }
 
-at::Tensor softcap_cpu(const at::Tensor& x_in, double cap) {
-  // f32 tanh in ATen is not the Sleef one (1% of values differ by an ulp): f32 keeps the ATen ops.
-  if (!has_cpu_kernel(x_in) || x_in.scalar_type() == at::kFloat) {
-    return softcap_composite(x_in, cap);
+at::Tensor softcap_cpu(const at::Tensor& x_in, double cap, std::optional<at::ScalarType> dtype) {
+  // f32 tanh in ATen is not the Sleef one (1% of values differ by an ulp): f32 keeps the ATen ops,
+  // and so does an output in any format but x's own or f32.
+  const auto out_type = dtype.value_or(x_in.scalar_type());
+  if (!has_cpu_kernel(x_in) || x_in.scalar_type() == at::kFloat ||
+      (out_type != x_in.scalar_type() && out_type != at::kFloat)) {
+    return softcap_composite(x_in, cap, dtype);
   }
   const auto x = x_in.contiguous();
-  auto out = at::empty_like(x);
+  auto out = at::empty(x.sizes(), x.options().dtype(out_type));
+  const bool widen = out_type == at::kFloat;
   const auto c = static_cast<float>(cap);
+  const void* in = x.data_ptr();
+  void* o = out.data_ptr();
   elementwise(
       x,
       [&](auto f, int64_t i0, int64_t i1) {
 #if defined(__x86_64__)
-        if constexpr (decltype(f)::value != FloatType::kFloat) {
-          softcap_avx512<decltype(f)::value>(x.data_ptr(), c, i0, i1, out.data_ptr());
+        constexpr FloatType F = decltype(f)::value;
+        if constexpr (F != FloatType::kFloat) {
+          if (widen) return softcap_avx512<F, FloatType::kFloat>(in, c, i0, i1, o);
+          softcap_avx512<F, F>(in, c, i0, i1, o);
         }
 #endif
       },
       [&](auto f, int64_t i0, int64_t i1) {
-        if constexpr (decltype(f)::value != FloatType::kFloat) {
-          softcap_lookup<decltype(f)::value>(x.data_ptr(), c, i0, i1, out.data_ptr());
+        constexpr FloatType F = decltype(f)::value;
+        if constexpr (F != FloatType::kFloat) {
+          if (widen) return softcap_lookup<F, FloatType::kFloat>(in, c, i0, i1, o);
+          softcap_lookup<F, F>(in, c, i0, i1, o);
         }
       });
   return out;
@@ -498,7 +525,7 @@ at::Tensor rope_cpu(const at::Tensor& x_in, const at::Tensor& cos_in, const at::
 
 TORCH_LIBRARY_FRAGMENT(torchtpu, m) {
   m.def("gelu_tanh_mul(Tensor gate, Tensor up) -> Tensor");
-  m.def("softcap(Tensor x, float cap) -> Tensor");
+  m.def("softcap(Tensor x, float cap, ScalarType? dtype=None) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
 }
 
@@ -527,11 +554,12 @@ at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up) {
   return op.call(gate, up);
 }
 
-at::Tensor softcap(const at::Tensor& x, double cap) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("torchtpu::softcap", "")
-                             .typed<at::Tensor(const at::Tensor&, double)>();
-  return op.call(x, cap);
+at::Tensor softcap(const at::Tensor& x, double cap, std::optional<at::ScalarType> dtype) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("torchtpu::softcap", "")
+          .typed<at::Tensor(const at::Tensor&, double, std::optional<at::ScalarType>)>();
+  return op.call(x, cap, dtype);
 }
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

@@ -4,9 +4,10 @@
 //     the GeGLU gate, gelu(gate, approximate="tanh") * up (gate and up of one shape and dtype),
 //     the GELU rounded to that dtype before the product; 70 calls per E2B decode step (MLP and
 //     per-layer input gates);
-//   torchtpu::softcap(Tensor x, float cap) -> Tensor
-//     the final logit soft-cap, tanh(x / cap) * cap, each of the three steps rounded to x's dtype;
-//     once per step over the 262,144 logits;
+//   torchtpu::softcap(Tensor x, float cap, ScalarType? dtype=None) -> Tensor
+//     the final logit soft-cap, tanh(x / cap) * cap, each of the three steps rounded to x's dtype,
+//     the result then converted to dtype (the head asks for f32: one pass, where a conversion
+//     after it was a second over the 262,144 logits); once per step;
 //   torchtpu::rope(Tensor x, Tensor cos, Tensor sin) -> Tensor
 //     rotary embedding in the rotate-half convention, x·cos + rotate_half(x)·sin, each product
 //     and the sum rounded to x's dtype; x [B, T, heads, d] with cos/sin [B, T, 1, d] (broadcast
@@ -20,11 +21,14 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
 namespace torchtpu::ops {
 
 at::Tensor gelu_tanh_mul(const at::Tensor& gate, const at::Tensor& up);
 
-at::Tensor softcap(const at::Tensor& x, double cap);
+at::Tensor softcap(const at::Tensor& x, double cap,
+                   std::optional<at::ScalarType> dtype = std::nullopt);
 
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 

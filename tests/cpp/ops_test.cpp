@@ -1,4 +1,4 @@
-// torchtpu::int4_linear and torchtpu::attention against independent references: a float64 matmul of
+// torchtpu's operators against independent references: a float64 matmul of
 // the weights as compressed-tensors dequantizes them, at::linear on those weights, and the
 // library's own dequantization (quant/pack_quantized, checked bit for bit against
 // compressed-tensors in tests/python/test_quant.py). CTest runs this suite twice: with the CPU's
@@ -13,6 +13,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ops/argmax.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/int4_linear.h"
@@ -561,6 +562,94 @@ TEST(Softcap, CpuKernelGivesTheAtenOpsBits) {
   const auto meta = softcap(at::empty({2, 8}, at::kMeta), 30.0);
   EXPECT_EQ(meta.device().type(), at::kMeta);
   EXPECT_EQ(meta.sizes(), (at::IntArrayRef{2, 8}));
+}
+
+// Same values, or NaN in both.
+bool same_or_both_nan(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type() &&
+         (at::eq(a, b) | (at::isnan(a) & at::isnan(b))).all().item<bool>();
+}
+
+// The head asks for f32 logits: the 16-bit kernels' results widened, every input once; other
+// formats and f32 inputs take the composite, the ATen ops' result converted.
+TEST(Softcap, AnF32OutputIsTheSixteenBitResultWidened) {
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    const auto x = every_value(dtype);
+    const auto wide = softcap(x, 30.0, at::kFloat);
+    EXPECT_EQ(wide.scalar_type(), at::kFloat);
+    EXPECT_TRUE(same_or_both_nan(wide, softcap(x, 30.0).to(at::kFloat))) << c10::toString(dtype);
+    const auto rows = at::randn({3, 1000}).mul(40).to(dtype).narrow(1, 1, 999);
+    EXPECT_TRUE(same_or_both_nan(softcap(rows, 50.0, at::kFloat),
+                                 softcap(rows.contiguous(), 50.0).to(at::kFloat)));
+  }
+  const auto x = at::randn({2, 100}) * 40;
+  EXPECT_TRUE(at::equal(softcap(x, 30.0, at::kFloat), at::tanh(x / 30.0) * 30.0));
+  const auto b = x.to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(softcap(b, 30.0, at::kHalf), (at::tanh(b / 30.0) * 30.0).to(at::kHalf)));
+  EXPECT_TRUE(at::equal(softcap(b, 30.0, at::kBFloat16), softcap(b, 30.0)));
+  const auto meta = softcap(at::empty({2, 8}, at::kMeta).to(at::kBFloat16), 30.0, at::kFloat);
+  EXPECT_EQ(meta.device().type(), at::kMeta);
+  EXPECT_EQ(meta.scalar_type(), at::kFloat);
+  EXPECT_EQ(meta.sizes(), (at::IntArrayRef{2, 8}));
+}
+
+void expect_aten_argmax(const at::Tensor& x, const std::string& what) {
+  const auto ours = argmax_last(x);
+  const auto aten = at::argmax(x, -1);
+  EXPECT_EQ(ours.scalar_type(), at::kLong) << what;
+  EXPECT_TRUE(ours.sizes() == aten.sizes() && at::equal(ours, aten))
+      << what << ": ours " << ours.flatten().slice(0, 0, 8) << ", ATen's "
+      << aten.flatten().slice(0, 0, 8);
+}
+
+TEST(Argmax, RandomRowsGiveAtensIndices) {
+  at::manual_seed(53);
+  // Logits of E2B's vocabulary, a ragged width over several pieces, rows shorter than a vector.
+  for (const auto& shape : std::vector<std::vector<int64_t>>{
+           {8, 262144}, {1, 262147}, {3, 65537}, {4, 17}, {5, 15}, {2, 3, 40}, {1}, {0, 5}}) {
+    expect_aten_argmax(at::randn(shape), "randn " + c10::str(at::IntArrayRef(shape)));
+  }
+  const auto wide = at::randn({300, 6});
+  expect_aten_argmax(wide.t(), "transposed");
+  expect_aten_argmax(at::randn({3, 1000}).to(at::kBFloat16), "bf16");
+}
+
+// Equal maxima anywhere (one lane, other lanes, other pieces, the tail): the first wins, as for
+// ATen; and where there is a NaN, the first NaN.
+TEST(Argmax, TiesGiveTheFirstIndexAndNanWins) {
+  const int64_t width = 262147;  // 8 pieces of about 32 Ki values, and a tail of 3
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<std::vector<std::pair<int64_t, float>>> rows = {
+      {{5, 7.0f}, {21, 7.0f}},             // two lanes' first vectors
+      {{40000, 7.0f}, {100, 7.0f}},        // the first piece before the second
+      {{262146, 7.0f}},                    // the tail alone
+      {{262145, 7.0f}, {3, 7.0f}},         // the tail and the first vector
+      {{70000, 7.0f}, {70016, 7.0f}},      // one lane, twice
+      {{9, nan}, {2, 7.0f}},               // a NaN after the maximum
+      {{200000, nan}, {150000, nan}},      // NaNs in two pieces
+      {{262146, nan}, {5, inf}},           // a NaN in the tail
+      {{0, 7.0f}, {1, 7.0f}},              // the very first value
+  };
+  auto x = at::randn({static_cast<int64_t>(rows.size()), width});
+  for (size_t r = 0; r < rows.size(); ++r) {
+    for (const auto& [at_index, value] : rows[r]) x[r][at_index] = value;
+  }
+  expect_aten_argmax(x, "ties and NaNs");
+  expect_aten_argmax(at::full({2, 1000}, -inf), "all -inf");
+  auto zeros = at::zeros({1, 100});
+  zeros[0][0] = -0.0f;
+  expect_aten_argmax(zeros, "-0 before +0");
+  expect_aten_argmax(at::full({1, 33}, nan), "all NaN");
+}
+
+TEST(Argmax, EmptyRowsAndMetaAsAten) {
+  EXPECT_THROW(argmax_last(at::empty({3, 0})), c10::Error);
+  EXPECT_THROW(at::argmax(at::empty({3, 0}), -1), c10::Error);
+  const auto meta = argmax_last(at::empty({4, 262144}, at::kMeta));
+  EXPECT_EQ(meta.device().type(), at::kMeta);
+  EXPECT_EQ(meta.scalar_type(), at::kLong);
+  EXPECT_EQ(meta.sizes(), (at::IntArrayRef{4}));
 }
 
 TEST(Rope, CpuKernelGivesTheAtenOpsBits) {
