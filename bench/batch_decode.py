@@ -7,10 +7,13 @@ two tokens of a running stream while a long prompt is read beside it.
         [--cache-mb 1024] [--llamacpp GGUF] [--llamacpp-threads 2]
 
 Each stream count runs `streams` prompts of `--prompt` tokens through Batch.decode_many (greedy,
-no stop ids, `--new` tokens each); the decode rate counts tokens after every stream's first one,
-over the time from the last first token to the last token, and the median and the last stream's
-time to its first token are those of prompts that all arrive at once (read in passes of up to
---pass-rows rows, Engine.batch's pass_rows). `Engine.decode` alone gives the
+no stop ids, `--new` tokens each); the decode rate is that of every stream decoding at once:
+between the last stream's first token and the first stream's last, each stream's tokens over its
+time in that window, summed over the streams (streams start and end a few steps apart: counting
+from the last first token to the last token put the ramp's tokens, made while prompts were still
+read, in the time of the full batch and the tail's smaller steps against it), and the median and
+the last stream's time to its first token are those of prompts that all arrive at once (read in
+passes of up to --pass-rows rows, Engine.batch's pass_rows). `Engine.decode` alone gives the
 single-stream baseline. With --rounds N the sweep runs N times one after the other: each stream
 count reports the median of its rounds and, where the sweep has one stream, each round's rate
 over that round's one stream and their median, so that a slow spell of a shared machine between
@@ -50,21 +53,18 @@ def prompt(length: int, seed: int, vocab: int) -> list[int]:
 def aggregate(engine, streams: int, args) -> dict:
     vocab = engine.vocab_size
     prompts = [prompt(args.prompt, s, vocab) for s in range(streams)]
-    firsts, lasts = {}, {}
+    arrivals = {}  # stream -> [(time, tokens)], one entry per callback
 
     def on_tokens(index, tokens):
-        now = time.perf_counter()
-        firsts.setdefault(index, now)
-        lasts[index] = now
+        arrivals.setdefault(index, []).append((time.perf_counter(), len(tokens)))
         return True
 
     batch = engine.batch(rows=streams, step_tokens=args.step_tokens, pass_rows=args.pass_rows)
     start = time.perf_counter()
     results = batch.decode_many(prompts, args.new, stop=(), on_tokens=on_tokens)
     end = time.perf_counter()
-    after_first = sum(len(r.tokens) - 1 for r in results)
-    span = max(lasts.values()) - max(firsts.values())
-    waits = [first - start for first in firsts.values()]
+    rate = all_decoding_rate(list(arrivals.values()))
+    waits = [a[0][0] - start for a in arrivals.values()]
     return {
         "streams": streams,
         "tokens": sum(len(r.tokens) for r in results),
@@ -72,9 +72,24 @@ def aggregate(engine, streams: int, args) -> dict:
         # All prompts arrive at once: how long the median and the last stream wait for a token.
         "first_token_s": statistics.median(waits),
         "last_first_token_s": max(waits),
-        "aggregate_tok_s": after_first / span if span > 0 else None,
-        "per_stream_tok_s": after_first / span / streams if span > 0 else None,
+        "aggregate_tok_s": rate,
+        "per_stream_tok_s": rate / streams if rate else None,
     }
+
+
+def all_decoding_rate(arrivals: list[list[tuple[float, int]]]) -> float | None:
+    """Tokens per second while every stream decodes: between the last stream's first arrival and
+    the first stream's last, each stream's tokens after its first arrival there over the time to
+    its last one there, summed; None when the streams never decode all at once."""
+    begin = max(a[0][0] for a in arrivals)
+    end = min(a[-1][0] for a in arrivals)
+    rate = 0.0
+    for a in arrivals:
+        inside = [(t, n) for t, n in a if begin <= t <= end]
+        if len(inside) < 2:
+            return None
+        rate += sum(n for _, n in inside[1:]) / (inside[-1][0] - inside[0][0])
+    return rate
 
 
 def over_rounds(rounds: list[list[dict]]) -> list[dict]:

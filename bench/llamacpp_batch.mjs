@@ -7,8 +7,8 @@
 //       [--prompt 32] [--context 8192] [--threads 2]
 //
 // Each stream count gets a fresh context with that many sequences. The rate is measured as
-// batch_decode.py measures ours: tokens after every stream's first one, over the time from the
-// last first token to the last token.
+// batch_decode.py measures ours: while every stream decodes, between the last stream's first token
+// and the first stream's last, each stream's tokens over its time in that window, summed.
 import {getLlama, LlamaLogLevel} from "node-llama-cpp";
 import {parseArgs} from "node:util";
 
@@ -54,6 +54,20 @@ async function decode(sequence, ids) {
   return stamps;
 }
 
+// batch_decode.py's all_decoding_rate, for one token per stamp; null when the streams never
+// decode all at once.
+function allDecodingRate(stamps) {
+  const begin = Math.max(...stamps.map((st) => st[0]));
+  const end = Math.min(...stamps.map((st) => st.at(-1)));
+  let rate = 0;
+  for (const st of stamps) {
+    const inside = st.filter((t) => t >= begin && t <= end);
+    if (inside.length < 2) return null;
+    rate += (inside.length - 1) / (inside.at(-1) - inside[0]);
+  }
+  return rate;
+}
+
 const out = {
   peer: "llama.cpp",
   llama_cpp_release: llama.llamaCppRelease,
@@ -73,16 +87,15 @@ for (const streams of args.streams.split(",").map(Number)) {
     sequences.map((sequence, s) => decode(sequence, prompt(Number(args.prompt), s, vocab))),
   );
   const end = now();
-  const afterFirst = stamps.reduce((sum, st) => sum + st.length - 1, 0);
-  const span = Math.max(...stamps.map((st) => st.at(-1))) - Math.max(...stamps.map((st) => st[0]));
+  const rate = allDecodingRate(stamps);
   out.context = context.contextSize;
   out.batch_size = context.batchSize;
   out.batches.push({
     streams,
     tokens: stamps.reduce((sum, st) => sum + st.length, 0),
     wall_s: end - start,
-    aggregate_tok_s: span > 0 ? afterFirst / span : null,
-    per_stream_tok_s: span > 0 ? afterFirst / span / streams : null,
+    aggregate_tok_s: rate,
+    per_stream_tok_s: rate === null ? null : rate / streams,
   });
   console.error(JSON.stringify(out.batches.at(-1)));
   await context.dispose();
