@@ -20,7 +20,7 @@ void bind_serve(py::module_& m) {
          const std::string& host, int port, int64_t context, const std::string& device,
          const std::string& dtype, const std::string& api_key, int max_queue, int64_t read_every,
          int64_t max_body_bytes, py::handle like, int64_t threads, const std::string& int4,
-         const std::string& quantize, int64_t int4_activation_bits,
+         const std::string& quantize, int64_t int4_activation_bits, bool constrain_tools,
          const std::vector<std::string>& served_model_names,
          bool metrics_auth, const std::string& metrics_compat, double drain_grace_s,
          int64_t parallel, int64_t cache_mb, int64_t step_tokens, int64_t pass_rows,
@@ -45,6 +45,7 @@ void bind_serve(py::module_& m) {
         options.int4 = int4;
         options.quantize = quantize;
         options.int4_activation_bits = int4_activation_bits;
+        options.constrain_tools = constrain_tools;
         options.served_model_names = served_model_names;
         options.metrics_auth = metrics_auth;
         options.metrics_compat = metrics_compat;
@@ -87,6 +88,7 @@ void bind_serve(py::module_& m) {
       py::arg("max_body_bytes") = server::ServeOptions{}.max_body_bytes,
       py::arg("like") = py::none(), py::arg("threads") = 0, py::arg("int4") = "auto",
       py::arg("quantize") = "none", py::arg("int4_activation_bits") = 16,
+      py::arg("constrain_tools") = false,
       py::arg("served_model_names") = std::vector<std::string>{},
       py::arg("metrics_auth") = false, py::arg("metrics_compat") = "none",
       py::arg("drain_grace_s") = 0.0, py::arg("parallel") = server::ServeOptions{}.parallel,

@@ -1768,7 +1768,8 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
     throw ValueError("--cache-mb must be between 0 and 2^30, got " +
                      std::to_string(options.cache_mb));
   }
-  // The batch would refuse these too, but only once the model is loaded, and naming its fields.
+  // The batch and the engine would refuse these too, but only once serving (the model loads
+  // behind /health's 503), and naming their fields.
   if (options.step_tokens != 0 &&
       (options.step_tokens <= options.parallel || options.step_tokens > (int64_t{1} << 20))) {
     throw ValueError("--step-tokens must exceed --parallel (" + std::to_string(options.parallel) +
@@ -1777,6 +1778,10 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   }
   if (options.pass_rows < 0) {
     throw ValueError("--pass-rows must be at least 0, got " + std::to_string(options.pass_rows));
+  }
+  if (options.int4_activation_bits != 16 && options.int4_activation_bits != 8) {
+    throw ValueError("--int4-activation-bits must be 16 or 8, got " +
+                     std::to_string(options.int4_activation_bits));
   }
   if (!(options.drain_grace_s >= 0 && options.drain_grace_s <= 3600)) {
     std::ostringstream given;

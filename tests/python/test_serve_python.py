@@ -295,10 +295,38 @@ BATCH_FLAG_ERRORS = [
 ]
 
 
+# The engine's flags, refused before serving as the batch's are.
+ENGINE_FLAG_ERRORS = [
+    (["--int4-activation-bits", "12"], "error: --int4-activation-bits must be 16 or 8, got 12"),
+]
+
+
+def _options(help_text):
+    """The long options a --help lists (CLI11 and argparse both indent them by two spaces)."""
+    return set(re.findall(r"^  (--[a-z0-9-]+)", help_text, re.M)) - {"--help"}
+
+
+def test_the_python_host_takes_every_flag_serve_takes(cli):
+    """One command line starts either host (the chart writes the same one for both launchers)."""
+    native = subprocess.run(
+        [cli.path, "serve", "--help"], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    hosted = subprocess.run(
+        [sys.executable, "-m", "torchtpu_cpp.serve", "--help"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=_python_host_env(),
+        timeout=60,
+    ).stdout
+    assert len(_options(native)) > 30, native
+    assert _options(native) - _options(hosted) == set()
+
+
 def test_the_python_host_refuses_bad_flags_as_serve_does(cli, checkpoint):
     env = _python_host_env()
     common = ["--model", checkpoint, "--port", "0"]
-    for flags, line in MEDIA_FLAG_ERRORS + BATCH_FLAG_ERRORS:
+    for flags, line in MEDIA_FLAG_ERRORS + BATCH_FLAG_ERRORS + ENGINE_FLAG_ERRORS:
         for cmd in (
             [cli.path, "serve", *common, *flags],
             [sys.executable, "-m", "torchtpu_cpp.serve", *common, *flags],

@@ -85,6 +85,18 @@ def _parse_args(argv):
         "--quantize", default="none", help="int4: quantize a dense checkpoint at load"
     )
     p.add_argument(
+        "--int4-activation-bits",
+        type=int,
+        default=16,
+        help="bits of the activations the CPU int4 kernel multiplies: 16 or 8 (half the work "
+        "for several rows at once, llama.cpp's Q8_0 numerics)",
+    )
+    p.add_argument(
+        "--constrain-tools",
+        action="store_true",
+        help="hold tool calls to the declared tools' schemas with tool_choice auto too",
+    )
+    p.add_argument(
         "--served-model-name",
         action="extend",
         nargs="+",
@@ -201,6 +213,8 @@ def main(argv=None):
                 threads=args.threads,
                 int4=args.int4,
                 quantize=args.quantize,
+                int4_activation_bits=args.int4_activation_bits,
+                constrain_tools=args.constrain_tools,
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
                 metrics_compat=args.metrics_compat,
