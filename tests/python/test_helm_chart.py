@@ -203,6 +203,15 @@ def test_the_python_launcher_parses_the_rendered_command_line():
     assert command[:3] == ["python3", "-m", "torchtpu_cpp.serve"]
     args = serve._parse_args(command[3:])
     assert (args.parallel, args.cache_mb, args.max_queue) == (8, 256, 16)
+    assert (args.step_tokens, args.pass_rows, args.int4_activation_bits) == (0, 0, 16)
+    assert (args.emb4, args.constrain_tools) == ("", False)
+    docs = render("gke-tpu-v5e", "--set", "server.stepTokens=200", "--set", "server.passRows=4",
+                  "--set", "server.int4ActivationBits=8", "--set", "server.constrainTools=true",
+                  "--set", "model.emb4=/models/emb4")
+    command = by_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
+    args = serve._parse_args(command[3:])
+    assert (args.step_tokens, args.pass_rows, args.int4_activation_bits) == (200, 4, 8)
+    assert (args.emb4, args.constrain_tools) == ("/models/emb4", True)
 
 
 def test_the_chart_refuses_an_unknown_launcher():

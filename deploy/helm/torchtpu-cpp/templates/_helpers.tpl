@@ -33,6 +33,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- with $m.dir }}
 - --model={{ . }}
 {{- end }}
+{{- with $m.emb4 }}
+- --emb4={{ . }}
+{{- end }}
 - --model-id={{ required "model.id is required" $m.id }}
 - --context={{ $m.context }}
 - --device={{ $m.device }}
@@ -41,6 +44,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - --max-queue={{ $s.maxQueue }}
 - --cache-mb={{ $s.cacheMb }}
 - --threads={{ $s.threads }}
+- --step-tokens={{ $s.stepTokens }}
+- --pass-rows={{ $s.passRows }}
+- --int4-activation-bits={{ $s.int4ActivationBits }}
+{{- if $s.constrainTools }}
+- --constrain-tools
+{{- end }}
 {{- range $m.aliases }}
 - --served-model-name={{ . }}
 {{- end }}
