@@ -399,6 +399,7 @@ class Server {
   Server(const ServeOptions& options, EngineFactory make_engine)
       : options_(options),
         make_engine_(std::move(make_engine)),
+        engine_options_(engine_options(options)),
         model_names_(model_names(options)),
         model_id_(model_names_.front()),
         metrics_(parse_metrics_compat(options.metrics_compat), model_id_),
@@ -496,8 +497,28 @@ class Server {
     return files;
   }
 
+  // The engine's options, all but the checkpoint directory (load() adds it, once the demo
+  // checkpoint is written where there is one). Throws ValueError for an unknown device, dtype,
+  // int4 mode or quantization.
+  static EngineOptions engine_options(const ServeOptions& options) {
+    EngineOptions o;
+    o.emb4_dir = options.emb4_dir;
+    o.device = parse_device(options.device);
+    o.dtype = parse_dtype_name(options.dtype);
+    o.context = options.context;
+    o.threads = options.threads;
+    o.int4 = parse_int4_weights(options.int4);
+    o.quantize_int4 = parse_quantize(options.quantize);
+    o.int4_activation_bits = options.int4_activation_bits;
+    o.no_vision = options.no_vision;
+    o.no_audio = options.no_audio;
+    return o;
+  }
+
   ServeOptions options_;
   EngineFactory make_engine_;
+  // Parsed as the server is built, so that a bad value is refused before it serves.
+  EngineOptions engine_options_;
   bool demo_ = false;
   std::vector<std::string> model_names_;  // the model's id first, then its aliases
   std::string model_id_;
@@ -547,18 +568,8 @@ class Server {
 void Server::load() {
   const auto start = Clock::now();
   model_dir_ = demo_ ? ensure_demo_checkpoint() : options_.model_dir;
-  EngineOptions engine_options;
+  EngineOptions engine_options = engine_options_;
   engine_options.model_dir = model_dir_;
-  engine_options.emb4_dir = options_.emb4_dir;
-  engine_options.device = parse_device(options_.device);
-  engine_options.dtype = parse_dtype_name(options_.dtype);
-  engine_options.context = options_.context;
-  engine_options.threads = options_.threads;
-  engine_options.int4 = parse_int4_weights(options_.int4);
-  engine_options.quantize_int4 = parse_quantize(options_.quantize);
-  engine_options.int4_activation_bits = options_.int4_activation_bits;
-  engine_options.no_vision = options_.no_vision;
-  engine_options.no_audio = options_.no_audio;
   engine_ = make_engine_ ? make_engine_(engine_options) : std::make_unique<Engine>(engine_options);
   if (!engine_) throw std::runtime_error("the engine factory returned no engine");
   tokenizer_ =

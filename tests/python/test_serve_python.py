@@ -295,9 +295,16 @@ BATCH_FLAG_ERRORS = [
 ]
 
 
-# The engine's flags, refused before serving as the batch's are.
+# The engine's flags, refused before serving as the batch's are (--device too, but the Python
+# host asks torch for the device first, in torch's words).
 ENGINE_FLAG_ERRORS = [
     (["--int4-activation-bits", "12"], "error: --int4-activation-bits must be 16 or 8, got 12"),
+    (["--dtype", "f8"], "error: unknown dtype 'f8' (expected bfloat16, float32 or float16)"),
+    (
+        ["--int4", "fast"],
+        'error: int4 weights "fast" is not one of auto, packed, composite, dequantized',
+    ),
+    (["--quantize", "int8"], 'error: quantize "int8" is not one of int4, none'),
 ]
 
 
