@@ -14,6 +14,7 @@ namespace {
 
 at::Tensor argmax_composite(const at::Tensor& x) { return at::argmax(x, -1); }
 
+#if defined(__x86_64__)
 // What a scan of one piece of a row found: its largest value and that value's first index, or,
 // with `nan`, its first NaN's index.
 struct Found {
@@ -32,7 +33,6 @@ Found scan_portable(const float* x, int64_t i0, int64_t i1) {
   return best;
 }
 
-#if defined(__x86_64__)
 // scan_portable with 16 lanes: each lane keeps its largest value and the first index it saw it
 // at (a strictly greater value replaces it), so the smallest index among the lanes holding the
 // maximum is the piece's first. A piece holding a NaN is scanned again for the first one.
