@@ -250,97 +250,88 @@ TORCHTPU_AVX512 void gemv_blocks_row(const BlockWeights& w, const QuantizedRows&
   }
 }
 
-// `rows` with the addresses of its bytes (kBytes) and of their steps (kSteps) hidden from the
-// optimizer, so that it cannot share one tile's broadcasts of them with the block's next tiles: it
-// did (8 rows: 64 vectors of bytes, 16 of steps), spilled them to the stack and fed vpdpbusd and
-// the epilogue 64-byte stack loads, which a CPU with one 512-bit load a cycle (Zen 4) could not
-// keep up with. Measured there in L2 (docs/BENCHMARKS.md), 8 rows: 8-bit 162 -> 120 µs with the
-// bytes hidden, 16-bit 339 -> 268 with the bytes and 214 with the steps too; but 2 rows of 8-bit
-// activations, whose steps fit in registers, went 33 -> 42 µs with the steps hidden, and up to 4
-// rows of 8-bit activations lose a little with the bytes hidden (3 rows 46 -> 51 µs).
-template <bool kBytes, bool kSteps>
-TORCHTPU_AVX512 inline QuantizedRows opaque(QuantizedRows rows) {
-  if constexpr (kBytes) asm("" : "+r"(rows.hi), "+r"(rows.lo));
-  if constexpr (kSteps) {
-    asm("" : "+r"(rows.d), "+r"(rows.d_lo), "+r"(rows.sum_hi), "+r"(rows.sum_lo),
-        "+r"(rows.hi_start), "+r"(rows.lo_start));
-  }
-  return rows;
+// acc + vpdpbusd(w, the dword at `a` in every lane), the dword read by the instruction itself (an
+// embedded broadcast), which GCC 12 does not fold from _mm512_set1_epi32: one instruction, no
+// vector register, nothing for the optimizer to share between tiles and spill. Measured in L2 on
+// Zen 4 against the intrinsics, 8-bit activations: 2 rows 40 -> 33 µs, 8 rows 115 -> 113.
+TORCHTPU_AVX512 inline __m512i dpbusd_broadcast(__m512i acc, __m512i w, const int32_t* a) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*a));
+  return acc;
 }
 
 // Several rows at once with VNNI, for CPUs without AMX (and 2-3 rows on those with it): each
 // 64 bytes of weights is unpacked once for every row; a row's int32 sums are gemv_blocks_row's and
-// its epilogue is `accumulate`, so each row gets the bits it gets alone.
+// its epilogue is `accumulate`, sub-block after sub-block as there, so each row gets the bits it
+// gets alone.
 //
-// One weight tile (16 outputs) of a sub-block for rows [M0, M0 + G): their 2·G accumulators (G
-// without lo parts) stay in registers, which holds up to 5 rows with lo parts (6 spilled: 1.3x
-// slower per row, measured in L2) and 8 without, and it must be inlined (called, 4 rows were 1.13x
-// slower).
-template <FloatType S, int M0, int G, bool kLo, bool kSym>
-TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(
-    const BlockWeights& w, const QuantizedRows& rows, const uint8_t* tile, int64_t kb, int64_t at,
-    float (*acc)[16]) {
-  const QuantizedRows a = opaque<(kLo || G > 4), kLo>(rows);
+// One weight tile (16 outputs) of block `block` for rows [M0, M0 + G), over all of k: their G f32
+// sums and 2·G int32 sums (G without lo parts) stay in registers across the sub-blocks, which
+// holds up to 5 rows with lo parts and 8 without (measured in L2 when the f32 sums lived in
+// memory: 6 rows with lo parts spilled, 1.3x slower per row), and it must be inlined (called, 4
+// rows were 1.13x slower then). With kPrefetch it asks for the same tile of the next block (one
+// block's bytes on) into L2: a block's four passes, each reading a quarter of every sub-block,
+// then find it there, and the weights come from DRAM at one pace through all of them rather than
+// in the first pass's burst.
+template <FloatType S, int M0, int G, bool kLo, bool kSym, bool kPrefetch>
+TORCHTPU_AVX512 __attribute__((always_inline)) inline void tile_rows(const BlockWeights& w,
+                                                                     const QuantizedRows& a,
+                                                                     int64_t block, int t,
+                                                                     const Output& y) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const int64_t kb_count = w.k / kSubK;
-  __m512i i1[G], i2[G];
-  for (int m = 0; m < G; ++m) {
-    i1[m] = _mm512_set1_epi32(a.hi_start[(M0 + m) * kb_count + kb]);
-    i2[m] = kLo ? _mm512_set1_epi32(a.lo_start[(M0 + m) * kb_count + kb]) : _mm512_setzero_si512();
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i x = _mm512_loadu_si512(tile + c * 64);
-    const __m512i lo = _mm512_and_si512(x, low4);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
-    for (int m = 0; m < G; ++m) {
-      const int64_t off = (M0 + m) * a.k + kb * kSubK;
-      const auto* ah = reinterpret_cast<const int32_t*>(a.hi + off);
-      i1[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i1[m], lo, _mm512_set1_epi32(ah[2 * c])),
-                                  hi, _mm512_set1_epi32(ah[2 * c + 1]));
-      if constexpr (kLo) {
-        const auto* al = reinterpret_cast<const int32_t*>(a.lo + off);
-        i2[m] = _mm512_dpbusd_epi32(
-            _mm512_dpbusd_epi32(i2[m], lo, _mm512_set1_epi32(al[2 * c])), hi,
-            _mm512_set1_epi32(al[2 * c + 1]));
+  const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
+  const int64_t per_group = w.group_size / kSubK;
+  const uint8_t* tiles = w.nibbles + block * kb_count * kSubBytes + t * 256;
+  __m512 acc[G];
+  for (int m = 0; m < G; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t kb = 0; kb < kb_count; ++kb) {
+    const uint8_t* tile = tiles + kb * kSubBytes;
+    if constexpr (kPrefetch) {
+      for (int p = 0; p < 256; p += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(tile + kb_count * kSubBytes + p), _MM_HINT_T1);
       }
     }
+    __m512i i1[G], i2[G];
+    for (int m = 0; m < G; ++m) {
+      i1[m] = _mm512_set1_epi32(a.hi_start[(M0 + m) * kb_count + kb]);
+      i2[m] = kLo ? _mm512_set1_epi32(a.lo_start[(M0 + m) * kb_count + kb])
+                  : _mm512_setzero_si512();
+    }
+    for (int c = 0; c < 4; ++c) {
+      const __m512i x = _mm512_loadu_si512(tile + c * 64);
+      const __m512i lo = _mm512_and_si512(x, low4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
+      for (int m = 0; m < G; ++m) {
+        const int64_t off = (M0 + m) * a.k + kb * kSubK;
+        const auto* ah = reinterpret_cast<const int32_t*>(a.hi + off);
+        i1[m] = dpbusd_broadcast(dpbusd_broadcast(i1[m], lo, ah + 2 * c), hi, ah + 2 * c + 1);
+        if constexpr (kLo) {
+          const auto* al = reinterpret_cast<const int32_t*>(a.lo + off);
+          i2[m] = dpbusd_broadcast(dpbusd_broadcast(i2[m], lo, al + 2 * c), hi, al + 2 * c + 1);
+        }
+      }
+    }
+    const int64_t at = (block * groups + kb / per_group) * kBlockRows + 16 * t;
+    const __m512 zero = kSym ? _mm512_setzero_ps() : zero_rest(w.zero, at);
+    const __m512 scale = cpu::load16<S>(w.scale, at);
+    for (int m = 0; m < G; ++m) {
+      acc[m] = accumulate<kLo, kSym>(acc[m], i1[m], i2[m], zero, scale, a,
+                                     (M0 + m) * kb_count + kb);
+    }
   }
-  const __m512 zero = kSym ? _mm512_setzero_ps() : zero_rest(w.zero, at);
-  const __m512 scale = cpu::load16<S>(w.scale, at);
-  for (int m = 0; m < G; ++m) {
-    float* out = acc[M0 + m];
-    _mm512_store_ps(out, accumulate<kLo, kSym>(_mm512_load_ps(out), i1[m], i2[m], zero, scale, a,
-                                               (M0 + m) * kb_count + kb));
-  }
+  for (int m = 0; m < G; ++m) store_tile(y, M0 + m, block * kBlockRows + 16 * t, acc[m]);
 }
 
-// R rows (2 to 8) against N blocks side by side, as gemv_blocks_row streams them; more than 5
-// rows with lo parts go through each tile in two groups, the second meeting the weights in L1.
+// R rows (2 to 8) against N blocks, tile after tile; more than 5 rows with lo parts go through
+// each tile in two groups, the second meeting the weights in L2.
 template <FloatType S, int N, int R, bool kLo, bool kSym>
 TORCHTPU_AVX512 void gemv_blocks_rows(const BlockWeights& w, const QuantizedRows& a,
                                       const int64_t (&b)[N], const Output& y) {
   constexpr int kFirst = !kLo || R <= 5 ? R : (R + 1) / 2;
-  const int64_t kb_count = w.k / kSubK, groups = w.k / w.group_size;
-  const int64_t per_group = w.group_size / kSubK;
-  alignas(64) float acc[N][4][R][kBlockRows / 4] = {};
-  for (int64_t kb = 0; kb < kb_count; ++kb) {
-    for (int n = 0; n < N; ++n) {
-      const uint8_t* sub = w.nibbles + (b[n] * kb_count + kb) * kSubBytes;
-      prefetch_ahead(sub);
-      const int64_t at = (b[n] * groups + kb / per_group) * kBlockRows;
-      for (int t = 0; t < 4; ++t) {
-        tile_rows<S, 0, kFirst, kLo, kSym>(w, a, sub + t * 256, kb, at + 16 * t, acc[n][t]);
-        if constexpr (R > kFirst) {
-          tile_rows<S, kFirst, R - kFirst, kLo, kSym>(w, a, sub + t * 256, kb, at + 16 * t,
-                                                      acc[n][t]);
-        }
-      }
-    }
-  }
   for (int n = 0; n < N; ++n) {
-    for (int m = 0; m < R; ++m) {
-      for (int t = 0; t < 4; ++t) {
-        store_tile(y, m, b[n] * kBlockRows + 16 * t, _mm512_load_ps(acc[n][t][m]));
+    for (int t = 0; t < 4; ++t) {
+      tile_rows<S, 0, kFirst, kLo, kSym, true>(w, a, b[n], t, y);
+      if constexpr (R > kFirst) {
+        tile_rows<S, kFirst, R - kFirst, kLo, kSym, false>(w, a, b[n], t, y);
       }
     }
   }
