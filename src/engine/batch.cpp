@@ -126,7 +126,7 @@ BatchStats Batch::stats() const {
   s.prompt_passes = prompt_passes_;
   s.prompt_tokens = prompt_tokens_;
   s.step_tokens = options_.step_tokens;
-  s.pass_rows = options_.pass_rows;
+  if (options_.pass_rows != std::numeric_limits<int64_t>::max()) s.pass_rows = options_.pass_rows;
   if (cache_) s.cache = cache_->stats();
   return s;
 }

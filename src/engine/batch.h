@@ -57,9 +57,9 @@ struct BatchStats {
   int64_t prompt_passes = 0;
   int64_t prompt_tokens = 0;
   // The options in effect, defaults resolved: the step's token budget, and the rows a shared
-  // prompt pass may take (INT64_MAX: no limit).
+  // prompt pass may take (nullopt: no limit).
   int64_t step_tokens = 0;
-  int64_t pass_rows = 0;
+  std::optional<int64_t> pass_rows;
   // Positions the rows' rings hold or will hold once their prompts are read (a row's prompt
   // counts whole from the step that admits it, as a cache that reserves a prompt's blocks counts
   // them), and the positions they can hold (rows x context): a cache-use gauge.

@@ -3,7 +3,6 @@
 #include <pybind11/stl.h>
 
 #include <filesystem>
-#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -324,9 +323,7 @@ py::dict stats_dict(const BatchStats& stats) {
   d["prompt_passes"] = stats.prompt_passes;
   d["prompt_tokens"] = stats.prompt_tokens;
   d["step_tokens"] = stats.step_tokens;
-  d["pass_rows"] = stats.pass_rows == std::numeric_limits<int64_t>::max()
-                       ? py::object(py::none())
-                       : py::object(py::int_(stats.pass_rows));
+  d["pass_rows"] = stats.pass_rows ? py::object(py::int_(*stats.pass_rows)) : py::none();
   d["positions"] = stats.positions;
   d["capacity"] = stats.capacity;
   const auto& c = stats.cache;

@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <limits>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -1354,9 +1353,8 @@ ojson Server::engine_json() const {
   // One sequence at a time there is no batch, so neither its step budget nor its passes.
   if (options_.read_every == 1) {
     out["scheduler"]["step_tokens"] = stats.batch.step_tokens;
-    out["scheduler"]["pass_rows"] = stats.batch.pass_rows == std::numeric_limits<int64_t>::max()
-                                        ? ojson(nullptr)
-                                        : ojson(stats.batch.pass_rows);
+    const auto pass_rows = stats.batch.pass_rows;
+    out["scheduler"]["pass_rows"] = pass_rows ? ojson(*pass_rows) : ojson(nullptr);
   }
   out["prefix_cache"] = {{"budget_bytes", scheduler_.cache_budget()},
                          {"block", scheduler_.options().batch.cache_block},
