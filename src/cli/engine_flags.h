@@ -10,14 +10,16 @@
 
 namespace torchtpu::cli {
 
-struct EngineFlags {
-  std::string model, emb4, device = "cpu", dtype = "bfloat16";
-  std::string int4 = "auto", quantize = "none";
-  int64_t context = 8192, chunk = 512, threads = 0, int4_activation_bits = 16;
-  bool no_vision = false, no_audio = false;
+// --device, --dtype, --context, --threads, --int4, --quantize, --int4-activation-bits,
+// --no-vision, --no-audio into `settings` (every command that builds an engine; `serve` too).
+void add_engine_settings(CLI::App& cmd, EngineSettings& settings);
 
-  // --model (required), --emb4, --device, --dtype, --context, --chunk, --int4, --quantize,
-  // --int4-activation-bits, --threads, --no-vision, --no-audio.
+struct EngineFlags {
+  std::string model, emb4;  // a directory or a Hub id each
+  EngineSettings settings;  // its emb4_dir is set from emb4 by options()
+  int64_t chunk = 512;
+
+  // --model (required), --emb4, --chunk and add_engine_settings' flags.
   void add_to(CLI::App& cmd);
   // Hub ids resolve to their cache directories (downloading what is missing); a bad device or
   // dtype name is a ValueError naming it.

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "cli/engine_flags.h"
 #include "server/server.h"
 
 namespace torchtpu::cli {
@@ -13,7 +14,7 @@ void add_serve_command(CLI::App& app) {
                                  "OpenAI-compatible HTTP server (no --model: "
                                  "a demo checkpoint with random weights)");
   cmd->add_option("--model", options->model_dir, "Checkpoint directory");
-  cmd->add_option("--emb4", options->emb4_dir, "Directory with int4 vocabulary tables");
+  cmd->add_option("--emb4", options->engine.emb4_dir, "Directory with int4 vocabulary tables");
   cmd->add_option("--model-id", options->model_id,
                   "Id the model is served under (default: the first --served-model-name, else "
                   "the directory's name)");
@@ -22,23 +23,7 @@ void add_serve_command(CLI::App& app) {
                   "/v1/models");
   cmd->add_option("--host", options->host, "Address to bind")->capture_default_str();
   cmd->add_option("--port", options->port, "Port (0: any free port)")->capture_default_str();
-  cmd->add_option("--context", options->context, "Context length")->capture_default_str();
-  cmd->add_option("--device", options->device,
-                  "cpu | cuda[:N] | a loaded backend's name (--device-library)")
-      ->capture_default_str();
-  cmd->add_option("--dtype", options->dtype, "bfloat16 | float32 | float16")->capture_default_str();
-  cmd->add_option("--threads", options->threads, "Intra-op threads (0: OMP_NUM_THREADS, else the physical cores)")
-      ->capture_default_str();
-  cmd->add_option("--int4", options->int4,
-                  "How int4 weights are held: auto | packed | composite | dequantized")
-      ->capture_default_str();
-  cmd->add_option("--quantize", options->quantize,
-                  "int4: quantize a dense checkpoint's linears and head at load | none")
-      ->capture_default_str();
-  cmd->add_option("--int4-activation-bits", options->int4_activation_bits,
-                  "Bits of the activations the CPU int4 kernel multiplies: 16 | 8 (half the work "
-                  "for several rows at once, llama.cpp's Q8_0 numerics)")
-      ->capture_default_str();
+  add_engine_settings(*cmd, options->engine);
   cmd->add_option("--api-key", options->api_key,
                   "Require 'Authorization: Bearer KEY' on everything but /health, /livez and "
                   "/metrics (default: $TORCHTPU_API_KEY)");
@@ -95,10 +80,6 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--media-url-timeout", options->media.url_timeout_s,
                   "Seconds one image URL fetch may take in all")
       ->capture_default_str();
-  cmd->add_flag("--no-vision", options->no_vision,
-                "Do not load the checkpoint's image tower (images are then a 400)");
-  cmd->add_flag("--no-audio", options->no_audio,
-                "Do not load the checkpoint's audio tower (audio is then a 400)");
   cmd->add_option("--mcp-media-dir", options->mcp_media_dir,
                   "A directory whose files the MCP tools at /mcp may read for their images and "
                   "audio (paths resolved, only inside it; default: none, file paths refused)");

@@ -74,6 +74,22 @@ std::string dtype_name(at::ScalarType dtype) {
   }
 }
 
+EngineOptions EngineSettings::options(const std::string& model_dir) const {
+  EngineOptions o;
+  o.model_dir = model_dir;
+  o.emb4_dir = emb4_dir;
+  o.device = parse_device(device);
+  o.dtype = parse_dtype_name(dtype);
+  o.context = context;
+  o.threads = threads;
+  o.int4 = parse_int4_weights(int4);
+  o.quantize_int4 = parse_quantize(quantize);
+  o.int4_activation_bits = int4_activation_bits;
+  o.no_vision = no_vision;
+  o.no_audio = no_audio;
+  return o;
+}
+
 Int4Weights parse_int4_weights(const std::string& name) {
   for (auto mode : {Int4Weights::kAuto, Int4Weights::kPacked, Int4Weights::kComposite,
                     Int4Weights::kDequantized}) {

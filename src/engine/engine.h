@@ -56,6 +56,25 @@ at::Device parse_device(const std::string& name);
 at::ScalarType parse_dtype_name(const std::string& name);
 std::string dtype_name(at::ScalarType dtype);
 
+// The engine's settings as a front end takes them, by name (the CLI's and the server's flags,
+// torchtpu_cpp.serve's arguments): one place turns them into EngineOptions, so that every front
+// end checks and maps them alike.
+struct EngineSettings {
+  std::string emb4_dir;
+  std::string device = "cpu";
+  std::string dtype = "bfloat16";
+  std::string int4 = "auto";      // auto | packed | composite | dequantized
+  std::string quantize = "none";  // int4: quantize a dense checkpoint at load
+  int64_t context = 8192;
+  int64_t threads = 0;
+  int64_t int4_activation_bits = 16;
+  bool no_vision = false;
+  bool no_audio = false;
+
+  // For the checkpoint in model_dir; the parse_* functions' ValueErrors for a bad name.
+  EngineOptions options(const std::string& model_dir) const;
+};
+
 struct DecodeOptions {
   int64_t max_new = 64;
   std::vector<int64_t> stop_ids;  // empty: the checkpoint's eos ids

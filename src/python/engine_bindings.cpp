@@ -101,14 +101,15 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
                              int64_t prefill_chunk, int64_t threads, const std::string& int4,
                              const std::optional<std::string>& quantize,
                              int64_t int4_activation_bits) {
-  EngineOptions options;
-  options.threads = threads;
-  options.int4 = parse_int4_weights(int4);
-  options.int4_activation_bits = int4_activation_bits;
-  options.quantize_int4 = parse_quantize(quantize.value_or("none"));
-  options.model_dir = model_dir;
-  options.emb4_dir = emb4.value_or("");
-  options.context = context;
+  EngineSettings settings;
+  settings.emb4_dir = emb4.value_or("");
+  settings.context = context;
+  settings.threads = threads;
+  settings.int4 = int4;
+  settings.quantize = quantize.value_or("none");
+  settings.int4_activation_bits = int4_activation_bits;
+  // device and dtype may come as torch objects (a dtype, like's device): set after the names.
+  EngineOptions options = settings.options(model_dir);
   options.prefill_chunk = prefill_chunk;
   options.dtype = to_dtype(dtype);
   std::optional<at::Device> named;

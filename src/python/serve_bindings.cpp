@@ -30,21 +30,21 @@ void bind_serve(py::module_& m) {
          const std::string& mcp_media_dir) {
         server::ServeOptions options;
         options.model_dir = model_dir;
-        options.emb4_dir = emb4_dir;
+        options.engine.emb4_dir = emb4_dir;
         options.model_id = model_id;
         options.host = host;
         options.port = port;
-        options.context = context;
-        options.device = device;
-        options.dtype = dtype;
+        options.engine.context = context;
+        options.engine.device = device;
+        options.engine.dtype = dtype;
         options.api_key = api_key;
         options.max_queue = max_queue;
         options.read_every = read_every;
         options.max_body_bytes = max_body_bytes;
-        options.threads = threads;
-        options.int4 = int4;
-        options.quantize = quantize;
-        options.int4_activation_bits = int4_activation_bits;
+        options.engine.threads = threads;
+        options.engine.int4 = int4;
+        options.engine.quantize = quantize;
+        options.engine.int4_activation_bits = int4_activation_bits;
         options.constrain_tools = constrain_tools;
         options.served_model_names = served_model_names;
         options.metrics_auth = metrics_auth;
@@ -60,8 +60,8 @@ void bind_serve(py::module_& m) {
         options.media.image_tokens = image_tokens;
         options.media.allow_urls = allow_media_urls;
         options.media.url_timeout_s = media_url_timeout_s;
-        options.no_vision = no_vision;
-        options.no_audio = no_audio;
+        options.engine.no_vision = no_vision;
+        options.engine.no_audio = no_audio;
         options.mcp_media_dir = mcp_media_dir;
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
@@ -69,7 +69,7 @@ void bind_serve(py::module_& m) {
         std::optional<at::Device> like_device;
         if (!like.is_none()) {
           like_device = to_tensor(like, "like").device();
-          options.device = like_device->str();
+          options.engine.device = like_device->str();
         }
         // Called by the server's engine worker thread, which then owns the engine; it needs no
         // Python, so the GIL stays released for the whole life of the server.

@@ -398,7 +398,7 @@ class Server {
   Server(const ServeOptions& options, EngineFactory make_engine)
       : options_(options),
         make_engine_(std::move(make_engine)),
-        engine_options_(engine_options(options)),
+        engine_options_(options.engine.options("")),
         model_names_(model_names(options)),
         model_id_(model_names_.front()),
         metrics_(parse_metrics_compat(options.metrics_compat), model_id_),
@@ -496,27 +496,10 @@ class Server {
     return files;
   }
 
-  // The engine's options, all but the checkpoint directory (load() adds it, once the demo
-  // checkpoint is written where there is one). Throws ValueError for an unknown device, dtype,
-  // int4 mode or quantization.
-  static EngineOptions engine_options(const ServeOptions& options) {
-    EngineOptions o;
-    o.emb4_dir = options.emb4_dir;
-    o.device = parse_device(options.device);
-    o.dtype = parse_dtype_name(options.dtype);
-    o.context = options.context;
-    o.threads = options.threads;
-    o.int4 = parse_int4_weights(options.int4);
-    o.quantize_int4 = parse_quantize(options.quantize);
-    o.int4_activation_bits = options.int4_activation_bits;
-    o.no_vision = options.no_vision;
-    o.no_audio = options.no_audio;
-    return o;
-  }
-
   ServeOptions options_;
   EngineFactory make_engine_;
-  // Parsed as the server is built, so that a bad value is refused before it serves.
+  // Parsed as the server is built, so that a bad value is refused before it serves; load() sets
+  // the checkpoint directory once the demo checkpoint is written where there is one.
   EngineOptions engine_options_;
   bool demo_ = false;
   std::vector<std::string> model_names_;  // the model's id first, then its aliases
@@ -1143,11 +1126,11 @@ std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const Genera
     }
     engine_->check_prompt(job->prompt, job->media);
   } catch (const ValueError& e) {
-    const bool too_long = static_cast<int64_t>(job->prompt.size()) > options_.context;
+    const bool too_long = static_cast<int64_t>(job->prompt.size()) > options_.engine.context;
     throw ApiError(400, e.what(), "invalid_request_error", prompt_param,
                    too_long ? "context_length_exceeded" : "invalid_value");
   }
-  job->decode.max_new = r.max_tokens.value_or(options_.context);
+  job->decode.max_new = r.max_tokens.value_or(options_.engine.context);
   job->decode.read_every = options_.read_every;
   job->decode.ignore_eos = r.ignore_eos;
   job->decode.constraint = constraint_for(r, chat);
@@ -1331,7 +1314,7 @@ ojson Server::engine_json() const {
   out["warmup_seconds"] = warmup_s_;
   out["engine_thread"] = kEngineThreadName;
   out["engine_class"] = std::string("torchtpu::Engine, owned by thread ") + kEngineThreadName;
-  out["context"] = options_.context;
+  out["context"] = options_.engine.context;
   out["read_every"] = options_.read_every;
   out["max_queue"] = options_.max_queue;
   out["parallel"] = options_.parallel;
@@ -1788,9 +1771,9 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   if (options.pass_rows < 0) {
     throw ValueError("--pass-rows must be at least 0, got " + std::to_string(options.pass_rows));
   }
-  if (options.int4_activation_bits != 16 && options.int4_activation_bits != 8) {
+  if (options.engine.int4_activation_bits != 16 && options.engine.int4_activation_bits != 8) {
     throw ValueError("--int4-activation-bits must be 16 or 8, got " +
-                     std::to_string(options.int4_activation_bits));
+                     std::to_string(options.engine.int4_activation_bits));
   }
   if (!(options.drain_grace_s >= 0 && options.drain_grace_s <= 3600)) {
     std::ostringstream given;

@@ -16,20 +16,15 @@ namespace torchtpu::server {
 
 struct ServeOptions {
   std::string model_dir;  // empty: the built-in demo checkpoint (random weights)
-  std::string emb4_dir;
+  // How the engine loads and runs it. engine.no_vision / no_audio leave a tower unloaded: image or
+  // audio parts are then a 400 naming the flag.
+  EngineSettings engine;
   std::string model_id;  // reported by /v1/models; default: the directory's name
   // More names requests may use for the model (aliases, a router's rewrites); /v1/models lists
   // them all after model_id. Without model_id, the first of them is the model's id.
   std::vector<std::string> served_model_names;
   std::string host = "127.0.0.1";
   int port = 8000;
-  int64_t context = 8192;
-  std::string device = "cpu";
-  std::string dtype = "bfloat16";
-  int64_t threads = 0;            // intra-op threads; 0: the physical cores
-  std::string int4 = "auto";      // auto | packed | composite | dequantized (EngineOptions::int4)
-  std::string quantize = "none";  // int4: quantize a dense checkpoint at load
-  int64_t int4_activation_bits = 16;  // EngineOptions::int4_activation_bits
   std::string api_key;        // non-empty: Bearer auth on everything but the probes and /metrics
   bool metrics_auth = false;  // /metrics needs the API key too
   // "vllm": the load gauges also under vLLM's names (vllm:num_requests_waiting, ...).
@@ -56,9 +51,6 @@ struct ServeOptions {
   std::string hosted_by = "torchtpu-cpp";  // "python" when hosted by torchtpu_cpp.serve
   int64_t max_body_bytes = 8 << 20;        // larger request bodies get 413
   MediaLimits media;                       // images and audio in requests
-  // Leave the checkpoint's image / audio tower unloaded: such parts are then a 400 naming the flag.
-  bool no_vision = false;
-  bool no_audio = false;
   // The one directory the MCP tools at /mcp may read `images` and `audio` files from (realpath,
   // inside it only); empty: they read none (docs/API.md, "MCP tools").
   std::string mcp_media_dir;

@@ -531,7 +531,7 @@ TEST(Demo, EmbeddedChatTemplateIsGemma4s) {
 TEST(Run, ServesFromAnyThreadWithTheFactorysEngineOnTheEngineThread) {
   ServeOptions options;
   options.port = 0;
-  options.context = 256;
+  options.engine.context = 256;
   options.install_signal_handlers = false;
   std::promise<int> bound;
   options.on_listening = [&](int port) { bound.set_value(port); };
