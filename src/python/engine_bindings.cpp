@@ -100,7 +100,7 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
                              py::handle like, int64_t context, py::handle device, py::handle dtype,
                              int64_t prefill_chunk, int64_t threads, const std::string& int4,
                              const std::optional<std::string>& quantize,
-                             int64_t int4_activation_bits) {
+                             int64_t int4_activation_bits, bool no_vision, bool no_audio) {
   EngineSettings settings;
   settings.emb4_dir = emb4.value_or("");
   settings.context = context;
@@ -108,6 +108,8 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
   settings.int4 = int4;
   settings.quantize = quantize.value_or("none");
   settings.int4_activation_bits = int4_activation_bits;
+  settings.no_vision = no_vision;
+  settings.no_audio = no_audio;
   // device and dtype may come as torch objects (a dtype, like's device): set after the names.
   EngineOptions options = settings.options(model_dir);
   options.prefill_chunk = prefill_chunk;
@@ -391,12 +393,10 @@ void bind_engine(py::module_& m) {
                        int64_t prefill_chunk, int64_t threads, const std::string& int4,
                        const std::optional<std::string>& quantize, int64_t int4_activation_bits,
                        bool no_vision, bool no_audio) {
-             auto options = engine_options(model_dir, emb4_dir, like, context, device, dtype,
-                                           prefill_chunk, threads, int4, quantize,
-                                           int4_activation_bits);
-             options.no_vision = no_vision;
-             options.no_audio = no_audio;
-             return std::make_unique<PyEngine>(options);
+             return std::make_unique<PyEngine>(
+                 engine_options(model_dir, emb4_dir, like, context, device, dtype, prefill_chunk,
+                                threads, int4, quantize, int4_activation_bits, no_vision,
+                                no_audio));
            }),
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
