@@ -98,8 +98,9 @@ void add_bench_command(CLI::App &app) {
     if (a->repeats < 1) throw ValueError("--repeats must be at least 1");
     const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
     const int64_t decode_prompt = lengths.front();
-    if (longest > a->engine.settings.context || decode_prompt + a->new_tokens - 1 > a->engine.settings.context) {
-      throw ValueError("--context " + std::to_string(a->engine.settings.context) + " holds neither the " +
+    const int64_t context = a->engine.settings.context;
+    if (longest > context || decode_prompt + a->new_tokens - 1 > context) {
+      throw ValueError("--context " + std::to_string(context) + " holds neither the " +
                        std::to_string(longest) + "-token prompt nor " +
                        std::to_string(decode_prompt) + " + " + std::to_string(a->new_tokens) +
                        " decoded tokens; raise --context");

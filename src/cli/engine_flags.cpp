@@ -23,8 +23,8 @@ void add_engine_settings(CLI::App& cmd, EngineSettings& settings) {
                  "int4: quantize a dense checkpoint's linears and head at load (group 32) | none")
       ->capture_default_str();
   cmd.add_option("--int4-activation-bits", settings.int4_activation_bits,
-                 "Bits of the activations the CPU int4 kernel multiplies: 16 | 8 (half the work for "
-                 "several rows at once, llama.cpp's Q8_0 numerics)")
+                 "Bits of the activations the CPU int4 kernel multiplies: 16 | 8 (half the work "
+                 "for several rows at once, llama.cpp's Q8_0 numerics)")
       ->capture_default_str();
   cmd.add_flag("--no-vision", settings.no_vision,
                "Do not load the checkpoint's image tower (images are then refused)");
