@@ -337,7 +337,38 @@ TORCHTPU_AVX512 void rope_row_avx512(const void* x, const void* cos, const void*
   rope_row_portable(F, x, cos, sin, d, i, half, out);
   rope_row_portable(F, x, cos, sin, d, i + half, d, out);
 }
+
+// rope_row_avx512 with 8 lanes.
+template <FloatType F>
+TORCHTPU_AVX2 void rope_row_avx2(const void* x, const void* cos, const void* sin, int64_t d,
+                                 void* out) {
+  const int64_t half = d / 2;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= half; i += 8) {
+    const __m256 lo = cpu::load8<F>(x, i), hi = cpu::load8<F>(x, i + half);
+    const __m256 a1 = cpu::round8(F, _mm256_mul_ps(lo, cpu::load8<F>(cos, i)));
+    const __m256 b1 =
+        cpu::round8(F, _mm256_mul_ps(_mm256_xor_ps(hi, sign), cpu::load8<F>(sin, i)));
+    cpu::store8(F, out, i, _mm256_add_ps(a1, b1));
+    const __m256 a2 = cpu::round8(F, _mm256_mul_ps(hi, cpu::load8<F>(cos, i + half)));
+    const __m256 b2 = cpu::round8(F, _mm256_mul_ps(lo, cpu::load8<F>(sin, i + half)));
+    cpu::store8(F, out, i + half, _mm256_add_ps(a2, b2));
+  }
+  rope_row_portable(F, x, cos, sin, d, i, half, out);
+  rope_row_portable(F, x, cos, sin, d, i + half, d, out);
+}
 #endif
+
+// One row of rope with the widest tier this CPU runs.
+template <FloatType F>
+void rope_row(const void* x, const void* cos, const void* sin, int64_t d, void* out) {
+#if defined(__x86_64__)
+  if (cpu::use_avx512()) return rope_row_avx512<F>(x, cos, sin, d, out);
+  if (cpu::use_avx2()) return rope_row_avx2<F>(x, cos, sin, d, out);
+#endif
+  rope_row_portable(F, x, cos, sin, d, 0, d, out);
+}
 
 // Runs kernel(F, i0, i1) over the elements of a bf16/f16/f32 tensor in parallel chunks of at
 // least 16 Ki elements, F the format as a std::integral_constant: `avx512` where the AVX-512 tier
@@ -500,22 +531,12 @@ at::Tensor rope_cpu(const at::Tensor& x_in, const at::Tensor& cos_in, const at::
   at::parallel_for(0, x.numel() / d, 64, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t at = r * d * elem, angle = (r / heads) * d * elem;
-#if defined(__x86_64__)
-      if (cpu::use_avx512()) {
-        switch (f) {
-          case FloatType::kBFloat16:
-            rope_row_avx512<FloatType::kBFloat16>(xp + at, cp + angle, sp + angle, d, op + at);
-            continue;
-          case FloatType::kHalf:
-            rope_row_avx512<FloatType::kHalf>(xp + at, cp + angle, sp + angle, d, op + at);
-            continue;
-          case FloatType::kFloat:
-            rope_row_avx512<FloatType::kFloat>(xp + at, cp + angle, sp + angle, d, op + at);
-            continue;
-        }
+      const void *row = xp + at, *c = cp + angle, *s = sp + angle;
+      switch (f) {
+        case FloatType::kBFloat16: rope_row<FloatType::kBFloat16>(row, c, s, d, op + at); break;
+        case FloatType::kHalf: rope_row<FloatType::kHalf>(row, c, s, d, op + at); break;
+        case FloatType::kFloat: rope_row<FloatType::kFloat>(row, c, s, d, op + at); break;
       }
-#endif
-      rope_row_portable(f, xp + at, cp + angle, sp + angle, d, 0, d, op + at);
     }
   });
   return out;
