@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "common/cpu_float.h"
@@ -33,6 +34,13 @@ Found scan_portable(const float* x, int64_t i0, int64_t i1) {
   return best;
 }
 
+// A vector scan's `found` over [.., i) with x[i, i1) (the values short of a whole vector) after it.
+Found with_tail(const Found& found, const float* x, int64_t i, int64_t i1) {
+  if (i == i1) return found;
+  const Found tail = scan_portable(x, i, i1);
+  return tail.nan || tail.value > found.value ? tail : found;
+}
+
 // scan_portable with 16 lanes: each lane keeps its largest value and the first index it saw it
 // at (a strictly greater value replaces it), so the smallest index among the lanes holding the
 // maximum is the piece's first. A piece holding a NaN is scanned again for the first one.
@@ -57,15 +65,51 @@ TORCHTPU_AVX512 Found scan_avx512(const float* x, int64_t i0, int64_t i1) {
   const float top = _mm512_reduce_max_ps(best);
   const __mmask16 at_top = _mm512_cmp_ps_mask(best, _mm512_set1_ps(top), _CMP_EQ_OQ);
   Found found{top, i0 + _mm512_mask_reduce_min_epi32(at_top, best_index), false};
-  if (i == i1) return found;
-  const Found tail = scan_portable(x, i, i1);
-  return tail.nan || tail.value > found.value ? tail : found;
+  return with_tail(found, x, i, i1);
+}
+
+// scan_avx512 with 8 lanes.
+TORCHTPU_AVX2 Found scan_avx2(const float* x, int64_t i0, int64_t i1) {
+  if (i1 - i0 < 8) return scan_portable(x, i0, i1);
+  const __m256i step = _mm256_set1_epi32(8);
+  __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 best = _mm256_loadu_ps(x + i0);
+  __m256i best_index = index;
+  __m256 nan = _mm256_cmp_ps(best, best, _CMP_UNORD_Q);
+  int64_t i = i0 + 8;
+  for (; i + 8 <= i1; i += 8) {
+    index = _mm256_add_epi32(index, step);
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 greater = _mm256_cmp_ps(v, best, _CMP_GT_OQ);
+    best = _mm256_blendv_ps(best, v, greater);
+    best_index = _mm256_blendv_epi8(best_index, index, _mm256_castps_si256(greater));
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  if (_mm256_movemask_ps(nan)) return scan_portable(x, i0, i1);
+  __m128 top = _mm_max_ps(_mm256_castps256_ps128(best), _mm256_extractf128_ps(best, 1));
+  top = _mm_max_ps(top, _mm_movehl_ps(top, top));
+  top = _mm_max_ss(top, _mm_movehdup_ps(top));
+  const float value = _mm_cvtss_f32(top);
+  // The lanes not at the maximum take the largest index, so the smallest is the first at it.
+  const __m256 at_top = _mm256_cmp_ps(best, _mm256_set1_ps(value), _CMP_EQ_OQ);
+  const __m256i candidates = _mm256_blendv_epi8(_mm256_set1_epi32(INT32_MAX), best_index,
+                                                _mm256_castps_si256(at_top));
+  __m128i first = _mm_min_epi32(_mm256_castsi256_si128(candidates),
+                                _mm256_extracti128_si256(candidates, 1));
+  first = _mm_min_epi32(first, _mm_shuffle_epi32(first, _MM_SHUFFLE(1, 0, 3, 2)));
+  first = _mm_min_epi32(first, _mm_shuffle_epi32(first, _MM_SHUFFLE(2, 3, 0, 1)));
+  return with_tail({value, i0 + _mm_cvtsi128_si32(first), false}, x, i, i1);
+}
+
+// The running tier's scan.
+Found scan(const float* x, int64_t i0, int64_t i1) {
+  return cpu::use_avx512() ? scan_avx512(x, i0, i1) : scan_avx2(x, i0, i1);
 }
 #endif
 
 at::Tensor argmax_cpu(const at::Tensor& x_in) {
   if (x_in.scalar_type() != at::kFloat || x_in.dim() == 0 || x_in.size(-1) == 0 ||
-      !cpu::use_avx512()) {
+      !cpu::use_avx2()) {
     return argmax_composite(x_in);
   }
 #if defined(__x86_64__)
@@ -78,7 +122,7 @@ at::Tensor argmax_cpu(const at::Tensor& x_in) {
   at::parallel_for(0, rows * pieces, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / pieces, j = t % pieces;
-      found[t] = scan_avx512(data + r * width, width * j / pieces, width * (j + 1) / pieces);
+      found[t] = scan(data + r * width, width * j / pieces, width * (j + 1) / pieces);
     }
   });
   auto out = at::empty(x.sizes().slice(0, x.dim() - 1), x.options().dtype(at::kLong));
