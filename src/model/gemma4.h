@@ -12,6 +12,7 @@
 #include "io/checkpoint.h"
 #include "io/config.h"
 #include "model/rings.h"
+#include "ops/dense_linear.h"
 #include "ops/int4_linear.h"
 #include "quant/pack_quantized.h"
 
@@ -38,14 +39,14 @@ class VocabTable {
   at::ScalarType dtype_ = at::kFloat;
 };
 
-// A linear layer's weight: dense [out, in] in the compute dtype, or int4 kept packed and
-// multiplied by the torchtpu::int4_linear operator.
+// A linear layer's weight: dense [out, in] in the compute dtype, multiplied by the
+// torchtpu::dense_linear operator, or int4 kept packed and multiplied by torchtpu::int4_linear.
 struct Linear {
   at::Tensor dense;
   std::optional<ops::Int4Weight> int4;
 
   at::Tensor operator()(const at::Tensor& x) const {
-    return int4 ? ops::int4_linear(x, *int4) : at::linear(x, dense);
+    return int4 ? ops::int4_linear(x, *int4) : ops::dense_linear(x, dense);
   }
   int64_t nbytes() const { return int4 ? int4->nbytes() : dense.nbytes(); }
 };

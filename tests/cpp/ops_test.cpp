@@ -4,9 +4,11 @@
 // compressed-tensors in tests/python/test_quant.py). CTest runs this suite twice: with the CPU's
 // best kernel and with TORCHTPU_CPU_ISA=portable.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -15,6 +17,7 @@
 
 #include "ops/argmax.h"
 #include "ops/attention.h"
+#include "ops/dense_linear.h"
 #include "ops/elementwise.h"
 #include "ops/int4_linear.h"
 #include "ops/rms_norm.h"
@@ -650,6 +653,68 @@ TEST(Argmax, EmptyRowsAndMetaAsAten) {
   EXPECT_EQ(meta.device().type(), at::kMeta);
   EXPECT_EQ(meta.scalar_type(), at::kLong);
   EXPECT_EQ(meta.sizes(), (at::IntArrayRef{4}));
+}
+
+// Every row of a call gets the bits it gets alone, whatever the rows beside it, the call's shape or
+// the threads: a Batch's float32 promise rests on it. Shapes: a tile's width and the vectors'
+// length met exactly, and not (ragged outputs, inputs short of a vector), and E2B's MLP.
+TEST(DenseLinear, EachRowHasTheBitsItHasAlone) {
+  at::manual_seed(59);
+  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{
+           {64, 256}, {100, 7}, {33, 5}, {7, 3}, {1536, 640}}) {
+    const auto w = at::randn({n, k});
+    const auto x = at::randn({133, k});
+    std::vector<at::Tensor> rows;
+    for (int64_t m = 0; m < x.size(0); ++m) rows.push_back(dense_linear(x.narrow(0, m, 1), w));
+    const auto alone = at::cat(rows);
+    std::vector<int64_t> counts = {133, 64};
+    for (int64_t m = 1; m <= 40; ++m) counts.push_back(m);
+    for (const int64_t m : counts) {
+      EXPECT_TRUE(at::equal(dense_linear(x.narrow(0, 0, m), w), alone.narrow(0, 0, m)))
+          << "k " << k << " n " << n << ", " << m << " rows";
+    }
+    const int threads = at::get_num_threads();
+    at::set_num_threads(1);
+    EXPECT_TRUE(at::equal(dense_linear(x, w), alone)) << "k " << k << " n " << n << ", 1 thread";
+    at::set_num_threads(threads);
+    EXPECT_TRUE(at::equal(dense_linear(x.view({7, 19, k}), w), alone.view({7, 19, n})))
+        << "k " << k << " n " << n << ", [7, 19, k]";
+  }
+}
+
+// Within float32's bound for any order of summation, k·2⁻²⁴·Σ|x·w| per output, of the float64
+// product.
+TEST(DenseLinear, WithinFloat32sBoundOfTheFloat64Product) {
+  at::manual_seed(61);
+  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{
+           {64, 256}, {100, 7}, {33, 5}, {7, 3}, {1536, 640}}) {
+    const auto w = at::randn({n, k}), x = at::randn({9, k});
+    const auto exact = at::linear(x.to(at::kDouble), w.to(at::kDouble));
+    const auto bound = at::linear(x.abs().to(at::kDouble), w.abs().to(at::kDouble)) *
+                       (static_cast<double>(k) * std::ldexp(1.0, -24));
+    const auto err = (dense_linear(x, w).to(at::kDouble) - exact).abs();
+    EXPECT_TRUE((err <= bound).all().item<bool>())
+        << "k " << k << " n " << n << ": worst error over bound "
+        << (err / bound).max().item<double>();
+  }
+  const auto x = at::randn({3, 16}), w = at::randn({4, 16});
+  const auto t = at::randn({16, 3}).t();  // a transposed input, made contiguous by the kernel
+  EXPECT_TRUE(at::allclose(dense_linear(t, w), at::linear(t, w), 1e-5, 1e-5));
+  EXPECT_TRUE(at::allclose(dense_linear(x, w.t().contiguous().t()), at::linear(x, w), 1e-5, 1e-5));
+}
+
+// Other dtypes, empty shapes and Meta are at::linear's; so is a mismatched shape's error.
+TEST(DenseLinear, OtherDtypesAndShapesAreAtensLinear) {
+  const auto x = at::randn({5, 40}).to(at::kBFloat16), w = at::randn({6, 40}).to(at::kBFloat16);
+  EXPECT_TRUE(at::equal(dense_linear(x, w), at::linear(x, w)));
+  EXPECT_EQ(dense_linear(at::randn({0, 40}), at::randn({6, 40})).sizes(), (at::IntArrayRef{0, 6}));
+  EXPECT_EQ(dense_linear(at::randn({2, 40}), at::randn({0, 40})).sizes(), (at::IntArrayRef{2, 0}));
+  EXPECT_THROW(dense_linear(at::randn({2, 40}), at::randn({6, 41})), c10::Error);
+  EXPECT_THROW(at::linear(at::randn({2, 40}), at::randn({6, 41})), c10::Error);
+  const auto meta =
+      dense_linear(at::empty({4, 1536}, at::kMeta), at::empty({6144, 1536}, at::kMeta));
+  EXPECT_EQ(meta.device().type(), at::kMeta);
+  EXPECT_EQ(meta.sizes(), (at::IntArrayRef{4, 6144}));
 }
 
 TEST(Rope, CpuKernelGivesTheAtenOpsBits) {
