@@ -178,6 +178,15 @@ TORCHTPU_AVX2 inline __m256 round8(FloatType t, __m256 v) {
   return v;
 }
 
+// The sum of v's 8 lanes, pairwise as _mm512_reduce_add_ps sums its 16: lanes l + l+4, then
+// l + l+2, then the two left. A fixed order: the same lanes always give the same bits.
+TORCHTPU_AVX2 inline float reduce_add8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
 // The first n (at most 8) lanes of v stored at p + i in the format t.
 TORCHTPU_AVX2 inline void store8(FloatType t, void* p, int64_t i, __m256 v, int n = 8) {
   __m128i h;

@@ -158,11 +158,7 @@ TORCHTPU_AVX2 float dot_avx2(const float* q, const void* k, int64_t d) {
   // The lanes summed pairwise, as _mm512_reduce_add_ps does: summed one after another, a score
   // of 512 products lost enough that an f32 softmax near a tie moved 1.9x further from float64
   // (Attention.CpuKernelIsAsCloseToFloat64AsTheAtenFormula).
-  const __m256 lanes = _mm256_add_ps(a0, a1);
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  float sum = _mm_cvtss_f32(x);
+  float sum = cpu::reduce_add8(_mm256_add_ps(a0, a1));
   for (; i < d; ++i) sum += q[i] * cpu::load(F, k, i);
   return sum;
 }

@@ -29,7 +29,7 @@ float add_tail(float sum, const float* x, const float* w, int64_t from, int64_t 
   return sum;
 }
 
-// The portable tier: 8 partial sums per output (lane t % 8), reduced as the AVX2 tier's lanes are.
+// The portable tier: 8 partial sums per output (lane t % 8), reduced in reduce_add8's order.
 void output_portable(const Operands& o, int64_t m, int64_t j) {
   const float* x = o.x + m * o.k;
   const float* w = o.w + j * o.k;
@@ -45,14 +45,6 @@ void output_portable(const Operands& o, int64_t m, int64_t j) {
 }
 
 #if defined(__x86_64__)
-
-// Lanes 0-3 plus 4-7, then 0-1 plus 2-3, then 0 plus 1: output_portable's order.
-TORCHTPU_AVX2 inline float reduce8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // R rows from m by J outputs from j: R·J accumulators of 8 lanes, an FMA each per 8 inputs.
 template <int R, int J>
@@ -72,13 +64,13 @@ TORCHTPU_AVX2 void tile_avx2(const Operands& o, int64_t m, int64_t j) {
   }
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < J; ++c) {
-      o.y[(m + r) * o.n + j + c] = add_tail(reduce8(acc[r][c]), o.x + (m + r) * o.k,
+      o.y[(m + r) * o.n + j + c] = add_tail(cpu::reduce_add8(acc[r][c]), o.x + (m + r) * o.k,
                                             o.w + (j + c) * o.k, whole, o.k);
     }
   }
 }
 
-// tile_avx2 with 16 lanes, reduced to 8 (lanes l plus l + 8) and then as reduce8.
+// tile_avx2 with 16 lanes, reduced pairwise (_mm512_reduce_add_ps).
 template <int R, int J>
 TORCHTPU_AVX512 void tile_avx512(const Operands& o, int64_t m, int64_t j) {
   __m512 acc[R][J];
@@ -96,11 +88,8 @@ TORCHTPU_AVX512 void tile_avx512(const Operands& o, int64_t m, int64_t j) {
   }
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < J; ++c) {
-      const __m512 v = acc[r][c];
-      const __m256 high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-      const __m256 eight = _mm256_add_ps(_mm512_castps512_ps256(v), high);
-      o.y[(m + r) * o.n + j + c] = add_tail(reduce8(eight), o.x + (m + r) * o.k,
-                                            o.w + (j + c) * o.k, whole, o.k);
+      o.y[(m + r) * o.n + j + c] = add_tail(_mm512_reduce_add_ps(acc[r][c]),
+                                            o.x + (m + r) * o.k, o.w + (j + c) * o.k, whole, o.k);
     }
   }
 }
