@@ -52,8 +52,12 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;
   } catch (const c10::ValueError& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << "error: " << e.what_without_backtrace() << "\n";
     return 2;
+  } catch (const c10::Error& e) {
+    // torch's own failures (a device's driver, memory): the message without torch's backtrace.
+    std::cerr << "error: " << e.what_without_backtrace() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
@@ -48,14 +49,29 @@ std::optional<SoftTokens> soft_tokens(const PromptMedia& media, int64_t begin, i
 }  // namespace
 
 at::Device parse_device(const std::string& name) {
+  std::optional<at::Device> device;
   try {
-    return at::Device(name);
+    device.emplace(name);
   } catch (const std::exception&) {
     // at::Device also knows the name a PrivateUse1 backend registered (torch_tpu's "tpu").
     throw ValueError("unknown device '" + name +
                      "' (expected cpu, cuda, cuda:N, or the name of a registered backend: tpu "
                      "after importing torch_tpu, or one loaded with --device-library)");
   }
+  // A CUDA device this machine lacks is the user's mistake, named here rather than by the first
+  // copy to it (whose message is the driver's, with a C++ backtrace).
+  if (device->is_cuda()) {
+    const int64_t count = at::detail::getCUDAHooks().deviceCount();
+    if (count == 0) {
+      throw ValueError("device '" + name + "': torch sees no CUDA device on this machine");
+    }
+    if (device->index() >= count) {
+      throw ValueError("device '" + name + "': torch sees " + std::to_string(count) +
+                       " CUDA device" + (count == 1 ? "" : "s") + ", cuda:0 to cuda:" +
+                       std::to_string(count - 1));
+    }
+  }
+  return *device;
 }
 
 at::ScalarType parse_dtype_name(const std::string& name) {

@@ -89,6 +89,29 @@ def test_generate_refuses_an_unregistered_device_by_name(cli, tiny):
         _generate(cli, tiny, [2, 5, 9], "standin")
 
 
+def test_a_cuda_device_the_machine_lacks_is_named(cli, tiny):
+    """cuda:N past the devices torch sees (cuda:0 where there are none) is the user's mistake: a
+    message naming it and exit 2, not the driver's failure with torch's C++ backtrace; the
+    module's Engine raises ValueError with the same words."""
+    count = torch.cuda.device_count()
+    name = f"cuda:{count}"
+    want = f"device '{name}': torch sees " + (
+        "no CUDA device on this machine" if count == 0 else f"{count} CUDA device"
+    )
+    proc = subprocess.run(
+        [cli.path, "generate", "--model", tiny, "--ids", "2,5,9", "--max-new", "2", "--device", name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"error: {want}"), proc.stderr
+    assert "Exception raised from" not in proc.stderr
+    with pytest.raises(ValueError, match=re.escape(want)):
+        tt.Engine(tiny, context=64, device=name)
+
+
 def test_engine_takes_the_device_by_name_and_by_like(library, tiny):
     ids = hf_tiny.prompt(512, 11, seed=4)
     cpu = tt.Engine(tiny, context=64, dtype="float32")
