@@ -86,7 +86,7 @@ void VisionTower::load(const Checkpoint& ckpt, const QuantizationConfig* quant) 
     if (!has_packed(ckpt, module)) return dense(module + ".weight", {out, in});
     const PackedInt4 packed = read_packed(ckpt, module, quant);
     expect_shape(packed, out, in, "config.json's vision_config");
-    return dequantize(packed, o.dtype).to(o.device);
+    return dequantize(packed.to(o.device), o.dtype);
   };
   auto linear = [&](const std::string& module, int64_t out, int64_t in) {
     ClippedLinear l;
