@@ -71,6 +71,11 @@ def _find_cli():
     return str(found[0]) if found else None
 
 
+# The device the engine runs on in `Cli.generate`: the CPU, or TORCHTPU_TEST_DEVICE (cuda:0, say)
+# where a machine has one; the references it is checked against stay on the CPU.
+ENGINE_DEVICE = os.environ.get("TORCHTPU_TEST_DEVICE") or "cpu"
+
+
 class Cli:
     """Runs `torchtpu-cpp` subcommands; a non-zero exit raises with the command's stderr."""
 
@@ -125,7 +130,7 @@ class Cli:
             "--dtype",
             dtype,
             "--device",
-            "cpu",
+            ENGINE_DEVICE,
             "--json",
         ]
         if emb4:
@@ -148,6 +153,14 @@ class Cli:
         from safetensors.numpy import load_file
 
         return out, load_file(dump)
+
+
+@pytest.fixture(scope="session")
+def engine_device():
+    """Where the engine runs (ENGINE_DEVICE). A bf16 result depends on the device's kernels (their
+    sums' order, cuBLAS's reduced-precision bf16 reductions), so a bf16 comparison with
+    transformers runs transformers there too."""
+    return ENGINE_DEVICE
 
 
 @pytest.fixture(scope="session")

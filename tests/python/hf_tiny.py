@@ -239,20 +239,21 @@ def make(
     return out_dir
 
 
-def load(model_dir, dtype=torch.float32, attn="eager"):
-    """transformers' model for a checkpoint directory, by the config's model_type."""
+def load(model_dir, dtype=torch.float32, attn="eager", device="cpu"):
+    """transformers' model for a checkpoint directory, by the config's model_type, on `device`."""
     with open(os.path.join(model_dir, "config.json")) as f:
         model_type = json.load(f)["model_type"]
     cls = Gemma4ForConditionalGeneration if model_type == "gemma4" else Gemma4ForCausalLM
     model = cls.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn)
-    return model.eval()
+    return model.to(device).eval()
 
 
 @torch.no_grad()
 def logits(model, ids):
     """Logits [T, V] as float64 numpy of one forward over `ids` (no cache)."""
-    out = model(input_ids=torch.tensor([list(ids)]), use_cache=False).logits[0]
-    return out.double().numpy()
+    ids = torch.tensor([list(ids)], device=model.device)
+    out = model(input_ids=ids, use_cache=False).logits[0]
+    return out.double().cpu().numpy()
 
 
 @torch.no_grad()

@@ -203,7 +203,7 @@ def test_engine_matches_reference_f32(tiny, cli, tmp_path, report):
             assert delta <= 2e-4
 
 
-def test_engine_bf16_close_to_reference(tiny, cli, tmp_path, report):
+def test_engine_bf16_close_to_reference(tiny, cli, engine_device, tmp_path, report):
     name, path, ref = tiny
     ids = _prompts(ref.window, ref.embed.shape[0], seed=50)["long"]
     tokens = ref.greedy(ids, N_NEW)
@@ -220,8 +220,9 @@ def test_engine_bf16_close_to_reference(tiny, cli, tmp_path, report):
     picks = np.argmax(forced["prompt_logits"][T - 1 : T - 1 + N_NEW], axis=-1)
     agree = int(np.sum(picks == np.asarray(tokens)))
     # What bf16 rounding alone costs on these random weights: transformers' own bf16 (eager) model
-    # on the same checkpoint and tokens, measured the same way.
-    hf_rows = hf_tiny.logits(hf_tiny.load(path, dtype=torch.bfloat16), ids + tokens)
+    # on the same checkpoint, tokens and device, measured the same way.
+    hf_model = hf_tiny.load(path, dtype=torch.bfloat16, device=engine_device)
+    hf_rows = hf_tiny.logits(hf_model, ids + tokens)
     hf_kl = hf_tiny.kl(want[T - 1], hf_rows[T - 1])
     hf_agree = int(np.sum(np.argmax(hf_rows[T - 1 : T - 1 + N_NEW], axis=-1) == np.asarray(tokens)))
     report(

@@ -54,7 +54,7 @@ def test_engine_matches_transformers_f32(checkpoint, cli, tmp_path, report):
     _f32_against_transformers(cli, path, label, tmp_path, report)
 
 
-def test_engine_bf16_matches_transformers_bf16(checkpoint, cli, tmp_path, report):
+def test_engine_bf16_matches_transformers_bf16(checkpoint, cli, engine_device, tmp_path, report):
     label, path = checkpoint
     model = hf_tiny.load(path, dtype=torch.bfloat16)
     window, vocab = _sizes(model)
@@ -65,7 +65,8 @@ def test_engine_bf16_matches_transformers_bf16(checkpoint, cli, tmp_path, report
     engine_first = logits["step_logits"][0]
     figures = {}
     for attn in ("eager", "sdpa"):
-        hf_first = hf_tiny.logits(hf_tiny.load(path, dtype=torch.bfloat16, attn=attn), ids)[-1]
+        hf_model = hf_tiny.load(path, dtype=torch.bfloat16, attn=attn, device=engine_device)
+        hf_first = hf_tiny.logits(hf_model, ids)[-1]
         figures[attn] = (hf_first, hf_tiny.kl(hf_first, engine_first))
     hf_first, first_kl = figures["eager"]
     hf_top5 = set(np.argsort(-hf_first, kind="stable")[:5].tolist())
