@@ -2,13 +2,15 @@
 `torchtpu-cpp bench`, with `generate` (greedy, EOS ignored) eagerly or under torch.compile.
 
     python bench/hf_run.py --model DIR [--mode eager|compile] [--prompt-tokens 19,512,4096]
-        [--new 64] [--repeats 3] [--seed 0] [--context 8192]
+        [--new 64] [--repeats 3] [--seed 0] [--context 8192] [--device cpu|cuda:N]
 
 Prints one JSON object. A multimodal-layout checkpoint (model.language_model.*) loads into
 Gemma4ForCausalLM from its text config, with the prefix mapped. `compile` uses a static cache, on
 which transformers compiles the decode step (CompileConfig, all devices allowed, mode "default");
 prompts are read uncompiled, as transformers does. Timings come from a streamer: the prompt is
-read when the first new token arrives, decoding is the time after that.
+read when the first new token arrives, decoding is the time after that; on an accelerator each
+timestamp waits for the device first, so that it is the time the token exists, not when its work
+was queued.
 """
 
 from __future__ import annotations
@@ -31,10 +33,13 @@ from prompts import bench_prompt
 class Clock(BaseStreamer):
     """Timestamps of each batch of tokens `generate` produces (the first put is the prompt)."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device):
         self.times = []
+        self.device = device
 
     def put(self, value):
+        if self.device.type != "cpu":
+            torch.accelerator.synchronize(self.device)
         self.times.append(time.perf_counter())
 
     def end(self):
@@ -80,11 +85,13 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--context", type=int, default=8192)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     lengths = [int(x) for x in args.prompt_tokens.split(",")]
+    device = torch.device(args.device)
 
     start = time.perf_counter()
-    model = load(args.model).eval()
+    model = load(args.model).to(device).eval()
     load_s = time.perf_counter() - start
     vocab = model.config.vocab_size
 
@@ -96,8 +103,8 @@ def main(argv=None) -> int:
 
     @torch.inference_mode()
     def decode(prompt, count):
-        clock = Clock()
-        ids = torch.tensor([prompt])
+        clock = Clock(device)
+        ids = torch.tensor([prompt], device=device)
         begin = time.perf_counter()
         out = model.generate(
             ids,
@@ -120,6 +127,7 @@ def main(argv=None) -> int:
     result = {
         "peer": f"transformers ({args.mode})",
         "torch": torch.__version__,
+        "device": str(device),
         "threads": torch.get_num_threads(),
         "model": str(args.model),
         "load_s": load_s,
@@ -153,6 +161,8 @@ def main(argv=None) -> int:
     result["new"] = args.new
     result["repeats"] = args.repeats
     result["peak_rss_bytes"] = peak_resident_bytes()
+    if device.type == "cuda":
+        result["peak_device_bytes"] = torch.cuda.max_memory_allocated(device)
     print(json.dumps(result))
     return 0
 

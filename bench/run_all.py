@@ -1,7 +1,7 @@
 """All the E2B benchmarks in one run, on one synthetic checkpoint, with a table at the end.
 
     python bench/run_all.py --cli build/torchtpu-cpp [--work /tmp/torchtpu-bench] [--repeats 3]
-        [--skip compile,long] [--out bench/results]
+        [--skip compile,long] [--out bench/results] [--device cpu|cuda:N]
 
 Makes (once; reused when present) the synthetic E2B checkpoint (make-tiny --preset e2b, bf16, with
 the test tokenizer), its W4A16 form and int4 vocabulary twin (quantize --group 32 --emb4), and
@@ -11,6 +11,10 @@ W4A16 weights, llama.cpp (bench/llamacpp_run.mjs) on BF16 and Q4_0, transformers
 torch.compile (bench/hf_run.py), and the long-prompt check (bench/long_prompt.py). It also
 measures the machine's memory read bandwidth, to give each row its "machine limit": the decode
 rate at which reading the weights once per token would take all the bandwidth.
+
+With --device other than the CPU, our engine and transformers run there, the read bandwidth is the
+device's, and the CPU-only rows (llama.cpp, the long-prompt check) and the GGUF exports they need
+are left out; without a GGUF there is no bytes-per-token figure, so no machine limit either.
 
 Writes results-<date>.json and results-<date>.md into --out and prints the markdown.
 """
@@ -70,8 +74,13 @@ def run_json(name, cmd, timeout):
     return out
 
 
-def machine():
+def machine(device: str):
     info = {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
+    info["device"] = device
+    if device.startswith("cuda"):
+        import torch
+
+        info["device_name"] = torch.cuda.get_device_name(device)
     lscpu = subprocess.run(
         ["lscpu"], capture_output=True, text=True, check=False
     ).stdout
@@ -90,23 +99,31 @@ def machine():
     return info
 
 
-def read_bandwidth(threads: int, gib: float = 2.0, repeats: int = 7):
+def read_bandwidth(threads: int, device: str, gib: float = 2.0, repeats: int = 7):
     """Bytes per second torch reads when summing a float32 tensor far larger than the caches,
-    with the benchmark's thread count; the median of `repeats` passes."""
+    on `device` (on the CPU with the benchmark's thread count); the median of `repeats`
+    passes."""
     import torch
 
     torch.set_num_threads(threads)
-    x = torch.ones(int(gib * GIB) // 4, dtype=torch.float32)
-    x.sum()
+    x = torch.ones(int(gib * GIB) // 4, dtype=torch.float32, device=device)
+
+    def total():
+        x.sum()
+        if x.device.type != "cpu":
+            torch.accelerator.synchronize(x.device)
+
+    total()
     rates = []
     for _ in range(repeats):
         begin = time.perf_counter()
-        x.sum()
+        total()
         rates.append(x.numel() * 4 / (time.perf_counter() - begin))
     return {
         "median_bytes_s": statistics.median(rates),
         "passes_bytes_s": rates,
         "threads": threads,
+        "device": device,
     }
 
 
@@ -137,7 +154,7 @@ def bytes_per_token(gguf_path: pathlib.Path):
     return total
 
 
-def prepare(cli, work: pathlib.Path):
+def prepare(cli, work: pathlib.Path, ggufs_too: bool = True):
     work.mkdir(parents=True, exist_ok=True)
     dense, w4, emb4 = work / "e2b", work / "e2b-w4", work / "e2b-emb4"
     if not (dense / "config.json").exists():
@@ -153,8 +170,9 @@ def prepare(cli, work: pathlib.Path):
                 "0",
                 "--prefix",
                 "model.",
-                "--tokenizer",
-                TOKENIZER,
+                # The benchmark reads token ids; the tokenizer only makes the checkpoint whole,
+                # and a machine that runs the built engine alone (a lent GPU) may not have it.
+                *(["--tokenizer", TOKENIZER] if TOKENIZER.is_dir() else []),
             ],
             check=True,
         )
@@ -163,6 +181,8 @@ def prepare(cli, work: pathlib.Path):
         subprocess.run(
             [cli, "quantize", dense, w4, "--group", "32", "--emb4", emb4], check=True
         )
+    if not ggufs_too:
+        return dense, w4, emb4, {}
     sys.path.insert(0, str(BENCH))
     import gguf_export
 
@@ -193,14 +213,20 @@ def fmt(value, digits=1):
 
 
 def markdown(results, info, bandwidth, limits, lengths):
+    where = info.get("device", "cpu")
+    if where != "cpu":
+        where = f"{where} ({info.get('device_name', '?')}) beside "
+    else:
+        where = ""
     lines = [
-        f"Run {info['date']} on {info.get('Model name', '?')}, {info['cores']} cores"
+        f"Run {info['date']} on {where}{info.get('Model name', '?')}, {info['cores']} cores"
         f" ({', '.join(info['amx']) or 'no AMX'}), {info['memory_gib']:.1f} GiB;"
         f" load average {info['load_average_start'][0]:.1f} at the start,"
         f" {info['load_average_end'][0]:.1f} at the end (a shared machine: medians of"
         f" {info['repeats']} runs, and ratios from the same run)."
         f" Read bandwidth {bandwidth['median_bytes_s'] / 1e9:.1f} GB/s"
-        f" ({bandwidth['threads']} threads, torch sum over 2 GiB).",
+        f" ({bandwidth.get('device', 'cpu')}, {bandwidth['threads']} CPU threads,"
+        f" torch sum over 2 GiB).",
         "",
         "| engine | weights | load s | first call s | read tok/s 512 | read tok/s 4096 |"
         " decode tok/s streamed | decode tok/s batched (8) | peak RSS GiB |"
@@ -211,7 +237,7 @@ def markdown(results, info, bandwidth, limits, lengths):
         r = results.get(name)
         if r is None:
             continue
-        limit = limits[limit_key]
+        limit = limits.get(limit_key)
         streamed = pick(r, "decode", read_every=1)
         batched = pick(r, "decode", read_every=8)
         if "error" in r:
@@ -221,7 +247,7 @@ def markdown(results, info, bandwidth, limits, lengths):
             f"| {label} | {weights} | {fmt(r['load_s'])} | {fmt(r['first_call_s'])} |"
             f" {fmt(pick(r, 'read', 512))} | {fmt(pick(r, 'read', 4096))} | {fmt(streamed, 2)} |"
             f" {fmt(batched, 2)} | {fmt(r['peak_rss_bytes'] / GIB, 2)} | {fmt(limit, 1)} |"
-            f" {fmt(streamed / limit if streamed else None, 2)} |"
+            f" {fmt(streamed / limit if streamed and limit else None, 2)} |"
             f" {r['load_average'][0]:.1f} → {r['load_average'][1]:.1f} |"
         )
     base = results.get("ours-bf16", {})
@@ -305,6 +331,11 @@ ROWS = {
 }
 
 
+# The drivers that run on the CPU whatever --device says: node-llama-cpp's prebuilt CPU llama.cpp
+# and bench/long_prompt.py.
+CPU_ONLY = {"llamacpp-bf16", "llamacpp-q4_0", "long"}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cli", required=True, type=pathlib.Path)
@@ -321,6 +352,9 @@ def main(argv=None) -> int:
         "--skip", default="", help="comma list of: " + ",".join(ROWS) + ",long"
     )
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per engine")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu | cuda[:N]: where ours and transformers run"
+    )
     parser.add_argument(
         "--render", type=pathlib.Path, help="only print the tables of a results JSON"
     )
@@ -340,13 +374,17 @@ def main(argv=None) -> int:
         )
         return 0
     skip = set(filter(None, args.skip.split(",")))
+    if args.device != "cpu":
+        skip |= CPU_ONLY
+        log("on", args.device, "leaving out the CPU-only rows:", ",".join(sorted(CPU_ONLY)))
     cli = str(args.cli.resolve())
 
-    info = machine()
+    info = machine(args.device)
     info["repeats"] = args.repeats
-    dense, w4, emb4, ggufs = prepare(cli, args.work)
+    llama_rows = {"llamacpp-bf16", "llamacpp-q4_0"}
+    dense, w4, emb4, ggufs = prepare(cli, args.work, ggufs_too=not llama_rows <= skip)
     log("measuring read bandwidth")
-    bandwidth = read_bandwidth(args.threads)
+    bandwidth = read_bandwidth(args.threads, args.device)
     per_token = {kind: bytes_per_token(path) for kind, path in ggufs.items()}
     limits = {kind: bandwidth["median_bytes_s"] / n for kind, n in per_token.items()}
 
@@ -361,6 +399,8 @@ def main(argv=None) -> int:
     ours = [
         cli,
         "bench",
+        "--device",
+        args.device,
         "--context",
         args.context,
         "--read-every",
@@ -381,12 +421,22 @@ def main(argv=None) -> int:
         args.context,
         *common,
     ]
-    hf = [PY, BENCH / "hf_run.py", "--model", dense, "--context", args.context, *common]
+    hf = [
+        PY,
+        BENCH / "hf_run.py",
+        "--model",
+        dense,
+        "--context",
+        args.context,
+        "--device",
+        args.device,
+        *common,
+    ]
     # Most telling first, the slowest (torch.compile's compile) last.
     commands = {
         "ours-bf16": [*ours, "--model", dense],
-        "llamacpp-bf16": [*llama, "--model", ggufs["bf16"]],
-        "llamacpp-q4_0": [*llama, "--model", ggufs["q4_0"]],
+        # Made only where a llama.cpp row runs (prepare): no GGUF, no llama.cpp rows.
+        **{f"llamacpp-{kind}": [*llama, "--model", path] for kind, path in ggufs.items()},
         "ours-w4a16": [*ours, "--model", w4, "--emb4", emb4],
         "ours-bf16-q4": [*ours, "--model", dense, "--quantize", "int4"],
         "ours-w4a16-dequantized": [
