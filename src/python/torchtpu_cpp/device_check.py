@@ -170,7 +170,8 @@ def check_programs(
     )
 
 
-def _recorded_decode(engine, ids, max_new, read_every):
+def recorded_decode(engine, ids, max_new, read_every):
+    """The ops of a greedy decode, cut where on_tokens ran (split)."""
     recorder = Recorder()
 
     def on_tokens(_batch):
@@ -216,13 +217,13 @@ def run(device: str, work: str, chunk: int = 16) -> list[Check]:
             )
         return checks
 
-    batches = _recorded_decode(engine, prompts[2], 65, 8)
+    batches = recorded_decode(engine, prompts[2], 65, 8)
     checks.append(check_reads(batches, -(-len(prompts[2]) // chunk), 8))
     # 256 tokens from position 4: the tiny preset's 8-slot sliding rings wrap 32 times.
-    steps = _recorded_decode(engine, [2, 5, 6, 7], 256, 1)[1:-1]
+    steps = recorded_decode(engine, [2, 5, 6, 7], 256, 1)[1:-1]
     # A new request on the same engine, with another prompt length: the same program.
-    steps += _recorded_decode(engine, prompts[2], 20, 1)[1:-1]
-    windows = _recorded_decode(engine, [2, 5, 6, 7, 8, 9], 65, 8)[
+    steps += recorded_decode(engine, prompts[2], 20, 1)[1:-1]
+    windows = recorded_decode(engine, [2, 5, 6, 7, 8, 9], 65, 8)[
         1:-1
     ]  # 8 full windows
     checks.append(check_programs(steps, windows, 8))
