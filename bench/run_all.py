@@ -214,7 +214,9 @@ def fmt(value, digits=1):
 
 def markdown(results, info, bandwidth, limits, lengths):
     where = info.get("device", "cpu")
+    rows = ROWS
     if where != "cpu":
+        rows = {**ROWS, **OFF_CPU_ROWS}
         where = f"{where} ({info.get('device_name', '?')}) beside "
     else:
         where = ""
@@ -233,7 +235,7 @@ def markdown(results, info, bandwidth, limits, lengths):
         " machine limit tok/s | decode ÷ limit | load average (start → end) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name, (label, weights, limit_key) in ROWS.items():
+    for name, (label, weights, limit_key) in rows.items():
         r = results.get(name)
         if r is None:
             continue
@@ -260,7 +262,7 @@ def markdown(results, info, bandwidth, limits, lengths):
             " peak RSS (peer ÷ ours) |",
             "|---|---|---|---|---|---|",
         ]
-        for name, (label, weights, _) in ROWS.items():
+        for name, (label, weights, _) in rows.items():
             r = results.get(name)
             if name == "ours-bf16" or r is None or "error" in r:
                 continue
@@ -330,6 +332,16 @@ ROWS = {
     "hf-compile": ("transformers torch.compile", "bf16", "bf16"),
 }
 
+
+# Off the CPU, `--int4 auto` expands int4 linears and the head on the device at load (the packed
+# kernel is the CPU's); the int4 tables stay packed there and are looked up row by row.
+OFF_CPU_ROWS = {
+    "ours-w4a16": (
+        "torchtpu-cpp",
+        "W4A16 + int4 tables, linears dequantized on the device",
+        "bf16",
+    ),
+}
 
 # The drivers that run on the CPU whatever --device says: node-llama-cpp's prebuilt CPU llama.cpp
 # and bench/long_prompt.py.
