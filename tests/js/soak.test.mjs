@@ -380,17 +380,22 @@ describe("SIGTERM under load", () => {
       const tReady = Date.now() - t0;
       assert.equal((await ready.json()).status, "draining");
 
-      // Requests every 100 ms through the grace and well past it, until three have been refused.
+      // Requests every 100 ms through the grace and well past it, until three have been refused
+      // and three were sent well past it. Counted, not timed: on a loaded machine a 100 ms timer
+      // can fire far later, and the refusals of the uncertain span just after the grace must not
+      // end the probing before any request meets the closed server.
       const probes = [];
       let refused = 0;
+      let sentPast = 0;
       let anchorDone = false;
       answers.at(-1).then(() => (anchorDone = true), () => (anchorDone = true));
       const past = tReady + GRACE_MS + MARGIN_MS;
-      for (let i = 0; refused < 3 || Date.now() - t0 < past + 300; i++) {
+      for (let i = 0; refused < 3 || sentPast < 3; i++) {
         assert.ok(!anchorDone, "the engine finished everything before the grace ended: raise the " +
           "long request's max_tokens");
         const p = request(100 + i, { chat: i % 2 === 0, stream: i % 3 === 0, maxTokens: 4 });
         const sentAt = Date.now() - t0;
+        if (sentAt > past) sentPast++;
         probes.push({ p, sentAt, answer: send(server.url, p).then((r) => {
           if (r.status === 503) refused++;
           return r;
@@ -401,7 +406,6 @@ describe("SIGTERM under load", () => {
       assert.deepEqual([stopping.status, (await stopping.json()).status], [503, "stopping"]);
 
       let during = 0;
-      let after = 0;
       for (const { p, sentAt, answer } of probes) {
         const r = await answer;
         const what = `a request sent ${sentAt} ms after SIGTERM (readiness 503 at ${tReady} ms)`;
@@ -409,16 +413,14 @@ describe("SIGTERM under load", () => {
         if (sentAt < GRACE_MS - MARGIN_MS) {
           assert.equal(r.status, 200, `${what} was refused during the grace: ${r.text}`);
           during++;
-        } else if (sentAt > past) {
+        } else if (sentAt > past) {  // three or more: the probing loop saw to it
           assert.equal(r.status, 503, `${what} was accepted after the grace`);
           assert.equal(JSON.parse(r.text).error.code, "shutting_down");
-          after++;
         } else {
           assert.ok(r.status === 200 || r.status === 503, `${what}: ${r.status} ${r.text}`);
         }
       }
       assert.ok(during >= 10, `only ${during} requests were sent during the grace`);
-      assert.ok(after >= 2, `only ${after} requests were sent well after the grace`);
       for (const [i, r] of (await Promise.all(answers)).entries()) checkWhole(inFlight[i], r);
       const { code, signal } = await server.exited;
       assert.deepEqual({ code, signal }, { code: 0, signal: null });
