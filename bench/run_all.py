@@ -345,7 +345,8 @@ OFF_CPU_ROWS = {
 
 # The drivers that run on the CPU whatever --device says: node-llama-cpp's prebuilt CPU llama.cpp
 # and bench/long_prompt.py.
-CPU_ONLY = {"llamacpp-bf16", "llamacpp-q4_0", "long"}
+LLAMA_ROWS = {"llamacpp-bf16", "llamacpp-q4_0"}
+CPU_ONLY = LLAMA_ROWS | {"long"}
 
 
 def main(argv=None) -> int:
@@ -393,8 +394,7 @@ def main(argv=None) -> int:
 
     info = machine(args.device)
     info["repeats"] = args.repeats
-    llama_rows = {"llamacpp-bf16", "llamacpp-q4_0"}
-    dense, w4, emb4, ggufs = prepare(cli, args.work, ggufs_too=not llama_rows <= skip)
+    dense, w4, emb4, ggufs = prepare(cli, args.work, ggufs_too=not LLAMA_ROWS <= skip)
     log("measuring read bandwidth")
     bandwidth = read_bandwidth(args.threads, args.device)
     per_token = {kind: bytes_per_token(path) for kind, path in ggufs.items()}

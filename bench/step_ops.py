@@ -14,16 +14,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import json
-import os
 import sys
-import types
-
-import torch
 
 import torchtpu_cpp
-from torchtpu_cpp.device_check import recorded_decode
+from torchtpu_cpp.device_check import load_backend, recorded_decode
 
 
 def main(argv=None) -> int:
@@ -36,10 +31,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=16)
     args = parser.parse_args(argv)
     for path in args.library:
-        ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
-        backend = torch._C._get_privateuse1_backend_name()
-        if not hasattr(torch, backend):
-            torch._register_device_module(backend, types.ModuleType(backend))
+        load_backend(path)
     engine = torchtpu_cpp.Engine(
         args.model, args.emb4, device=args.device, dtype=args.dtype, context=256
     )

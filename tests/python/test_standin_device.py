@@ -99,7 +99,8 @@ def test_a_cuda_device_the_machine_lacks_is_named(cli, tiny):
         "no CUDA device on this machine" if count == 0 else f"{count} CUDA device"
     )
     proc = subprocess.run(
-        [cli.path, "generate", "--model", tiny, "--ids", "2,5,9", "--max-new", "2", "--device", name],
+        [cli.path, "generate", "--model", tiny, "--ids", "2,5,9", "--max-new", "2"]
+        + ["--device", name],
         capture_output=True,
         text=True,
         timeout=120,

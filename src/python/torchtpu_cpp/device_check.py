@@ -230,6 +230,15 @@ def run(device: str, work: str, chunk: int = 16) -> list[Check]:
     return checks
 
 
+def load_backend(path: str) -> None:
+    """Loads a shared library that registers a device as PrivateUse1 (the tests' stand-in), and
+    gives torch's Python side the torch.<name> module it looks up when a tensor is made there."""
+    ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
+    backend = torch._C._get_privateuse1_backend_name()
+    if not hasattr(torch, backend):
+        torch._register_device_module(backend, types.ModuleType(backend))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m torchtpu_cpp.device_check", description=__doc__.split("\n\n")[0]
@@ -255,10 +264,7 @@ def main(argv=None) -> int:
     for name in args.imports:
         importlib.import_module(name)
     for path in args.library:
-        ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
-        backend = torch._C._get_privateuse1_backend_name()
-        if not hasattr(torch, backend):
-            torch._register_device_module(backend, types.ModuleType(backend))
+        load_backend(path)
     with tempfile.TemporaryDirectory(prefix="torchtpu-device-check-") as work:
         checks = run(args.device, work)
     for c in checks:
