@@ -1,5 +1,6 @@
 #include "engine/scheduler.h"
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -43,19 +44,34 @@ Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
 }
 
 int64_t Scheduler::submit(Submission submission) {
-  int64_t ticket;
+  std::vector<Submission> one;
+  one.push_back(std::move(submission));
+  return submit(std::move(one)).front();
+}
+
+std::vector<int64_t> Scheduler::submit(std::vector<Submission> submissions) {
+  std::vector<int64_t> tickets;
   {
     std::lock_guard lock(mutex_);
-    if (static_cast<int64_t>(waiting_.size()) >= options_.max_queue) {
-      throw QueueFull(std::to_string(waiting_.size()) +
-                      " requests are waiting for the engine (max_queue " +
-                      std::to_string(options_.max_queue) + ")");
+    const auto waiting = static_cast<int64_t>(waiting_.size());
+    const auto count = static_cast<int64_t>(submissions.size());
+    // The rows free now take the first of those waiting; what is left over waits for a row.
+    const int64_t free_rows = std::max<int64_t>(0, stats_.batch.rows - stats_.running);
+    if (waiting + count > options_.max_queue + free_rows) {
+      const std::string queue = std::to_string(waiting) +
+                                " requests are waiting for the engine (max_queue " +
+                                std::to_string(options_.max_queue) + ")";
+      if (count == 1) throw QueueFull(queue);
+      throw QueueFull("the request's " + std::to_string(count) + " sequences do not fit: " +
+                      queue + " and " + std::to_string(free_rows) + " rows are free");
     }
-    ticket = next_ticket_++;
-    waiting_.push_back({ticket, std::move(submission)});
+    for (auto& submission : submissions) {
+      tickets.push_back(next_ticket_++);
+      waiting_.push_back({tickets.back(), std::move(submission)});
+    }
   }
   changed_.notify_all();
-  return ticket;
+  return tickets;
 }
 
 void Scheduler::cancel(int64_t ticket) {

@@ -45,7 +45,7 @@ struct Submission {
   std::function<void(DecodeResult, std::exception_ptr)> on_done;
 };
 
-// The queue holds max_queue sequences already.
+// The queue has no room for a submission: more than max_queue sequences would wait.
 struct QueueFull : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -63,9 +63,13 @@ class Scheduler {
   // than one row.
   explicit Scheduler(const SchedulerOptions& options);
 
-  // Any thread. Queues a sequence and returns its ticket. QueueFull when max_queue wait already;
+  // Any thread. Queues a sequence and returns its ticket. QueueFull when it would leave more than
+  // max_queue sequences waiting once the rows free now are taken (before run() starts, none are);
   // the submission is then dropped without a call to on_done.
   int64_t submit(Submission submission);
+  // Any thread. Queues several sequences (a request's choices) as submit() does, all of them or,
+  // with QueueFull, none.
+  std::vector<int64_t> submit(std::vector<Submission> submissions);
   // Any thread. Ends a waiting or running sequence (finish "cancelled", its on_done called on the
   // owner thread); nothing for a ticket that has ended.
   void cancel(int64_t ticket);

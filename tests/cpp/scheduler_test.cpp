@@ -180,6 +180,50 @@ TEST(Scheduler, RefusesBeyondMaxQueueAndCancelsWhatWaits) {
   EXPECT_TRUE(refused.streamed.empty());
 }
 
+TEST(Scheduler, TakesARequestsSequencesAllOrNone) {
+  auto engine = make_engine();
+  SchedulerOptions o;
+  o.batch.rows = 2;
+  o.max_queue = 1;
+  Scheduler scheduler(o);
+  std::vector<std::vector<int64_t>> alone;
+  for (uint64_t i = 0; i < 3; ++i) {
+    alone.push_back(engine.decode(prompt_of(4, 7), options_of(5, true, 60 + i)).tokens);
+  }
+  std::vector<Seen> seen(3);
+  std::vector<std::promise<void>> done(3);
+  auto group = [&](size_t count) {
+    std::vector<Submission> submissions;
+    for (size_t i = 0; i < count; ++i) {
+      submissions.push_back(
+          recording(prompt_of(4, 7), options_of(5, true, 60 + i), seen[i], done[i]));
+    }
+    return submissions;
+  };
+  // Before run() no row is free, so two sequences would leave two waiting: neither is queued.
+  try {
+    scheduler.submit(group(2));
+    FAIL() << "two sequences were queued beside a queue of one";
+  } catch (const QueueFull& e) {
+    EXPECT_STREQ(e.what(),
+                 "the request's 2 sequences do not fit: 0 requests are waiting for the engine "
+                 "(max_queue 1) and 0 rows are free");
+  }
+  EXPECT_EQ(scheduler.stats().waiting, 0);
+  Running running(scheduler, engine);
+  while (scheduler.stats().batch.rows == 0) std::this_thread::yield();
+  // Running, with both rows free: three fit, two in the rows and one waiting.
+  const auto tickets = scheduler.submit(group(3));
+  ASSERT_EQ(tickets.size(), 3u);
+  EXPECT_LT(tickets[0], tickets[1]);
+  EXPECT_LT(tickets[1], tickets[2]);
+  for (size_t i = 0; i < 3; ++i) {
+    done[i].get_future().wait();
+    ASSERT_FALSE(seen[i].error) << message_of(seen[i].error);
+    EXPECT_EQ(seen[i].result.tokens, alone[i]);
+  }
+}
+
 TEST(Scheduler, CancelEndsARunningSequence) {
   auto engine = make_engine();
   Scheduler scheduler(SchedulerOptions{});
