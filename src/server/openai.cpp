@@ -120,9 +120,14 @@ void parse_common(const ojson& body, GenerationRequest& r) {
       r.include_usage = usage->get<bool>();
     }
   }
-  if (auto n = get_int(body, "n"); n && *n != 1) {
-    throw ApiError(400, "only n=1 is supported, got n=" + std::to_string(*n),
-                   "invalid_request_error", "n", "unsupported_value");
+  if (auto n = get_int(body, "n")) {
+    if (*n < 1 || *n > kMaxChoices) {
+      throw ApiError(400,
+                     "'n' must be between 1 and " + std::to_string(kMaxChoices) + ", got " +
+                         std::to_string(*n),
+                     "invalid_request_error", "n", "invalid_value");
+    }
+    r.n = *n;
   }
   SamplingRequest& s = r.sampling;
   s.temperature = get_number(body, "temperature", 0, 2);

@@ -81,6 +81,9 @@ struct SamplingRequest {
 };
 
 // What /v1/chat/completions and /v1/completions ask of the engine.
+// The most choices one request may ask for (`n`), as OpenAI's API allows.
+constexpr int64_t kMaxChoices = 128;
+
 struct GenerationRequest {
   std::string model;  // empty when the client sent none
   // chat: messages as sent (content strings or arrays of parts), tools or null, and extra
@@ -94,6 +97,8 @@ struct GenerationRequest {
   // completions: the prompt as text, or as token ids when the client sent ids.
   std::string prompt;
   std::optional<std::vector<int64_t>> prompt_ids;
+  // Choices to generate for the one prompt (1 to kMaxChoices), each a sequence of its own.
+  int64_t n = 1;
   std::optional<int64_t> max_tokens;  // none: until a stop or the end of the context
   std::vector<std::string> stop;      // stop strings, cut from the output
   bool stream = false;
@@ -115,11 +120,10 @@ struct GenerationRequest {
   std::optional<Grammar> response_format;
 };
 
-// ApiError 400 naming the field for anything malformed; n other than 1 is 400 too. Chat: a role
-// other than system, developer, user, assistant or tool is malformed, and so is a tool without a
-// string function.name; reasoning_effort other than "none" sets template_kwargs.enable_thinking
-// unless chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps
-// only it.
+// ApiError 400 naming the field for anything malformed. Chat: a role other than system,
+// developer, user, assistant or tool is malformed, and so is a tool without a string
+// function.name; reasoning_effort other than "none" sets template_kwargs.enable_thinking unless
+// chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps only it.
 GenerationRequest parse_chat_request(const ojson& body);
 GenerationRequest parse_completion_request(const ojson& body);
 

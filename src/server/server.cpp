@@ -198,7 +198,15 @@ SamplingRequest read_generation_defaults(const std::string& model_dir) {
   return d;
 }
 
-// One generation request, shared by the HTTP thread that answers it and the engine thread.
+// Where the engine thread leaves a request's output for its HTTP thread: one per request, shared
+// by its choices' jobs, so that thread can wait for whichever choice has something.
+struct Mailbox {
+  std::mutex mutex;
+  std::condition_variable changed;
+};
+
+// One sequence of a generation request (one of its `n` choices), shared by the HTTP thread that
+// answers it and the engine thread.
 struct Job {
   // Set before the job is queued, read-only afterwards.
   std::vector<int64_t> prompt;  // placeholders expanded: one id per soft token of each medium
@@ -220,10 +228,10 @@ struct Job {
 
   std::atomic<bool> cancelled{false};  // the client went away
 
-  std::mutex mutex;
-  std::condition_variable changed;
+  std::shared_ptr<Mailbox> box = std::make_shared<Mailbox>();  // guards what follows
   Piece pending;  // produced and not yet taken by the HTTP thread
   bool done = false;
+  bool reported = false;  // the HTTP thread took its end (take)
   std::string finish;         // stop | length | tool_calls | cancelled
   std::string stop_sequence;  // the stop sequence that ended it, "" for none
   DecodeResult result;
@@ -234,7 +242,33 @@ struct Job {
     if (!cancelled && peer_closed(fd)) cancelled = true;
     return cancelled;
   }
+
+  // Choice `index` of the same request: the same prompt and settings and the same mailbox, and
+  // with a seed, the seed plus `index`, so each choice draws its own tokens and a choice can be
+  // reproduced alone. A constraint steps through one sequence, so the sibling takes a fresh one
+  // of the same grammar (none when this job has none).
+  std::shared_ptr<Job> sibling(int64_t index, std::shared_ptr<Constraint> constraint) const {
+    auto job = std::make_shared<Job>();
+    job->prompt = prompt;
+    job->media = media;
+    job->decode = decode;
+    job->decode.constraint = std::move(constraint);
+    if (decode.sampling.seed) job->decode.sampling.seed = *decode.sampling.seed + index;
+    job->stop = stop;
+    job->parse_output = parse_output;
+    job->parser_prefix = parser_prefix;
+    job->accept_calls = accept_calls;
+    job->only_function = only_function;
+    job->top_logprobs = top_logprobs;
+    job->forced = forced;
+    job->fd = fd;
+    job->box = box;
+    return job;
+  }
 };
+
+// A request's jobs, choice 0 first.
+using Choices = std::vector<std::shared_ptr<Job>>;
 
 // A job's output as the engine thread produces it: raw model text -> stop sequences cut ->
 // (chat) reasoning and tool calls split out. Only the engine thread touches it.
@@ -303,6 +337,7 @@ class JobOutput {
 };
 
 struct Taken {
+  size_t choice = 0;  // which of the request's jobs
   Piece delta;
   bool done = false;
 };
@@ -444,13 +479,13 @@ class Server {
   // "required" or a named function), else response_format's; none for free text. ApiError 400
   // naming the field whose grammar cannot be enforced.
   std::shared_ptr<Constraint> constraint_for(const GenerationRequest& r, bool chat) const;
-  // Builds the job of a chat (or text completion) request, its prompt checked against the
-  // context, and queues it.
   // The request's media read, checked and preprocessed for the engine; ApiError 400 naming the
   // part's field for anything wrong.
   std::vector<Media> read_media(const std::vector<MediaSource>& sources) const;
-  std::shared_ptr<Job> start_job(const httplib::Request& req, const GenerationRequest& r, bool chat,
-                                 const std::string& prompt_param);
+  // Builds the jobs of a generation request, one per choice of `n` (choice 0 and its siblings),
+  // its prompt checked against the context, and queues all of them or none (429).
+  Choices start_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
+                     const std::string& prompt_param);
   void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_responses(const httplib::Request& req, httplib::Response& res);
   void handle_messages(const httplib::Request& req, httplib::Response& res);
@@ -460,12 +495,13 @@ class Server {
                        std::shared_ptr<Renderer> renderer, bool stream,
                        std::shared_ptr<Active> active);
   GenerationOutcome outcome(const Job& job, const std::string& reasoning) const;
-  void stream_response(httplib::Response& res, std::shared_ptr<Job> job, bool chat,
-                       bool include_usage, std::shared_ptr<Active> active);
-  void answer_whole(httplib::Response& res, Job& job, bool chat);
-  void enqueue(const std::shared_ptr<Job>& job);
-  // Waits until the job produced something or ended, watching the client meanwhile.
-  Taken take(Job& job);
+  void stream_response(httplib::Response& res, Choices jobs, bool chat, bool include_usage,
+                       std::shared_ptr<Active> active);
+  void answer_whole(httplib::Response& res, const Choices& jobs, bool chat);
+  void enqueue(const Choices& jobs);
+  // Waits until one of the jobs (of one request) produced something or ended, the first such
+  // from `jobs[from]` on, watching the client meanwhile. A job's end is taken once.
+  Taken take(const Choices& jobs, size_t from = 0);
   // The client went away: drop the job if it still waits, else let the engine notice.
   void abandon(Job& job);
   void wait_done(Job& job);
@@ -476,9 +512,9 @@ class Server {
   void check_model(const std::string& name) const;
   ojson model_json(const std::string& name) const;
   ojson timings_json(const Job& job) const;
-  // The envelope every response and stream chunk of one completion shares around its choice.
+  // The envelope every response and stream chunk of one completion shares around its choices.
   ojson completion_json(const std::string& id, const char* object, int64_t created,
-                        ojson choice) const;
+                        ojson choices) const;
   ojson chat_logprobs_json(const std::vector<TokenLogprob>& entries) const;
   // Completions' shape; `offset` is where the first token's text starts, advanced past the last.
   ojson completion_logprobs_json(const std::vector<TokenLogprob>& entries, size_t& offset) const;
@@ -625,21 +661,21 @@ void Server::worker_main() {
 void Server::deliver(Job& job, Piece&& delta) {
   if (delta.empty()) return;
   {
-    std::lock_guard lock(job.mutex);
+    std::lock_guard lock(job.box->mutex);
     append(job.pending, std::move(delta));
   }
-  job.changed.notify_all();
+  job.box->changed.notify_all();
 }
 
 void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiError> error) {
   if (finish == "cancelled") metrics_.count_cancelled();
   {
-    std::lock_guard lock(job.mutex);
+    std::lock_guard lock(job.box->mutex);
     job.finish = finish;
     job.error = std::move(error);
     job.done = true;
   }
-  job.changed.notify_all();
+  job.box->changed.notify_all();
 }
 
 Submission Server::submission(const std::shared_ptr<Job>& job) {
@@ -723,10 +759,15 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
   };
   return submission;
 }
-void Server::enqueue(const std::shared_ptr<Job>& job) {
-  job->queued_at = Clock::now();
+void Server::enqueue(const Choices& jobs) {
+  std::vector<Submission> submissions;
+  for (const auto& job : jobs) {
+    job->queued_at = Clock::now();
+    submissions.push_back(submission(job));
+  }
   try {
-    job->ticket = scheduler_.submit(submission(job));
+    const auto tickets = scheduler_.submit(std::move(submissions));
+    for (size_t i = 0; i < jobs.size(); ++i) jobs[i]->ticket = tickets[i];
   } catch (const QueueFull& e) {
     throw ApiError(429,
                    std::string("the server is busy: ") + e.what() + " (--max-queue); retry later",
@@ -740,26 +781,34 @@ void Server::abandon(Job& job) {
 }
 
 void Server::wait_done(Job& job) {
-  std::unique_lock lock(job.mutex);
-  job.changed.wait(lock, [&] { return job.done; });
+  std::unique_lock lock(job.box->mutex);
+  job.box->changed.wait(lock, [&] { return job.done; });
 }
 
-Taken Server::take(Job& job) {
-  std::unique_lock lock(job.mutex);
-  while (true) {
-    const bool ready = job.changed.wait_for(lock, std::chrono::milliseconds(50),
-                                            [&] { return job.done || !job.pending.empty(); });
-    if (ready) {
-      Taken taken{std::move(job.pending), job.done};
-      job.pending = {};
-      return taken;
+Taken Server::take(const Choices& jobs, size_t from) {
+  Mailbox& box = *jobs.front()->box;
+  std::unique_lock lock(box.mutex);
+  std::optional<size_t> ready;
+  auto find = [&] {
+    for (size_t k = 0; k < jobs.size() && !ready; ++k) {
+      const size_t i = (from + k) % jobs.size();
+      const Job& job = *jobs[i];
+      if (!job.pending.empty() || (job.done && !job.reported)) ready = i;
     }
-    if (!job.cancelled && peer_closed(job.fd)) {
+    return ready.has_value();
+  };
+  while (!box.changed.wait_for(lock, std::chrono::milliseconds(50), find)) {
+    const Job& first = *jobs.front();
+    if (!first.cancelled && peer_closed(first.fd)) {
       lock.unlock();
-      abandon(job);
+      for (const auto& job : jobs) abandon(*job);
       lock.lock();
     }
   }
+  Job& job = *jobs[*ready];
+  Taken taken{*ready, std::exchange(job.pending, {}), job.done};
+  job.reported = job.done;
+  return taken;
 }
 
 ojson Server::timings_json(const Job& job) const {
@@ -812,13 +861,13 @@ ojson Server::completion_logprobs_json(const std::vector<TokenLogprob>& entries,
 }
 
 ojson Server::completion_json(const std::string& id, const char* object, int64_t created,
-                              ojson choice) const {
+                              ojson choices) const {
   return {{"id", id},
           {"object", object},
           {"created", created},
           {"model", model_id_},
           {"system_fingerprint", fingerprint_},
-          {"choices", ojson::array({std::move(choice)})}};
+          {"choices", std::move(choices)}};
 }
 
 ojson tool_calls_json(const std::vector<ToolCall>& calls, size_t first_index) {
@@ -833,66 +882,91 @@ ojson tool_calls_json(const std::vector<ToolCall>& calls, size_t first_index) {
   return out;
 }
 
-void Server::answer_whole(httplib::Response& res, Job& job, bool chat) {
-  Piece all;
-  while (true) {
-    Taken taken = take(job);
-    append(all, std::move(taken.delta));
-    if (taken.done) break;
+// The usage of a request's choices: the prompt once (as its first choice found it in the prefix
+// cache), the tokens of every choice.
+ojson choices_usage(const Choices& jobs) {
+  int64_t completion = 0;
+  for (const auto& job : jobs) completion += static_cast<int64_t>(job->result.tokens.size());
+  const auto& first = jobs.front()->result;
+  return usage_json(first.prompt_tokens, completion, first.cached_tokens);
+}
+
+void Server::answer_whole(httplib::Response& res, const Choices& jobs, bool chat) {
+  std::vector<Piece> all(jobs.size());
+  for (size_t left = jobs.size(); left > 0;) {
+    Taken taken = take(jobs);
+    append(all[taken.choice], std::move(taken.delta));
+    if (taken.done) --left;
   }
-  if (job.error) throw *job.error;
-  if (job.finish == "cancelled") {
-    // Nobody is listening; 499 (client closed request) is what the logs and /metrics show.
-    res.status = 499;
-    return;
+  for (const auto& job : jobs) {
+    if (job->error) throw *job->error;
   }
-  const auto& r = job.result;
-  ojson choice = {{"index", 0}};
-  if (chat) {
-    ojson message = {{"role", "assistant"}};
-    message["content"] =
-        all.content.empty() && !all.tool_calls.empty() ? ojson(nullptr) : ojson(all.content);
-    if (!all.reasoning.empty()) message["reasoning_content"] = all.reasoning;
-    if (!all.tool_calls.empty()) message["tool_calls"] = tool_calls_json(all.tool_calls, 0);
-    choice["message"] = std::move(message);
-    choice["logprobs"] = job.top_logprobs >= 0 ? chat_logprobs_json(all.logprobs) : ojson(nullptr);
-  } else {
-    size_t offset = 0;
-    choice["text"] = all.content;
-    choice["logprobs"] =
-        job.top_logprobs >= 0 ? completion_logprobs_json(all.logprobs, offset) : ojson(nullptr);
+  for (const auto& job : jobs) {
+    if (job->finish == "cancelled") {
+      // Nobody is listening; 499 (client closed request) is what the logs and /metrics show.
+      res.status = 499;
+      return;
+    }
   }
-  choice["finish_reason"] = job.finish;
+  ojson choices = ojson::array();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    const Job& job = *jobs[i];
+    const Piece& piece = all[i];
+    ojson choice = {{"index", i}};
+    if (chat) {
+      ojson message = {{"role", "assistant"}};
+      message["content"] = piece.content.empty() && !piece.tool_calls.empty()
+                               ? ojson(nullptr)
+                               : ojson(piece.content);
+      if (!piece.reasoning.empty()) message["reasoning_content"] = piece.reasoning;
+      if (!piece.tool_calls.empty()) message["tool_calls"] = tool_calls_json(piece.tool_calls, 0);
+      choice["message"] = std::move(message);
+      choice["logprobs"] =
+          job.top_logprobs >= 0 ? chat_logprobs_json(piece.logprobs) : ojson(nullptr);
+    } else {
+      size_t offset = 0;
+      choice["text"] = piece.content;
+      choice["logprobs"] = job.top_logprobs >= 0 ? completion_logprobs_json(piece.logprobs, offset)
+                                                 : ojson(nullptr);
+    }
+    choice["finish_reason"] = job.finish;
+    if (!piece.warning.empty()) choice["warning"] = piece.warning;
+    choices.push_back(std::move(choice));
+  }
   ojson body = completion_json(new_completion_id(chat ? "chatcmpl-" : "cmpl-"),
                                chat ? "chat.completion" : "text_completion", unix_seconds(),
-                               std::move(choice));
-  if (!all.warning.empty()) body["choices"][0]["warning"] = all.warning;
-  body["usage"] =
-      usage_json(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()), r.cached_tokens);
-  body["timings"] = timings_json(job);
+                               std::move(choices));
+  body["usage"] = choices_usage(jobs);
+  body["timings"] = timings_json(*jobs.front());
   res.set_content(dump(body), "application/json");
 }
 
-void Server::stream_response(httplib::Response& res, std::shared_ptr<Job> job, bool chat,
-                             bool include_usage, std::shared_ptr<Active> active) {
+void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bool include_usage,
+                             std::shared_ptr<Active> active) {
+  struct Choice {
+    size_t tool_calls = 0;
+    size_t text_offset = 0;  // completions' logprobs
+  };
   struct Stream {
     std::string id;
     int64_t created;
     bool started = false;
-    size_t tool_calls = 0;
-    size_t text_offset = 0;  // completions' logprobs
+    std::vector<Choice> choices;
+    size_t ended = 0;  // choices whose last chunk went out
+    size_t next = 0;   // the choice take() looks at first, so no choice starves the others
   };
-  auto s = std::make_shared<Stream>(
-      Stream{new_completion_id(chat ? "chatcmpl-" : "cmpl-"), unix_seconds()});
+  auto s = std::make_shared<Stream>(Stream{new_completion_id(chat ? "chatcmpl-" : "cmpl-"),
+                                           unix_seconds(), false,
+                                           std::vector<Choice>(jobs.size())});
   // Every chunk of one completion carries the same id, created, model and fingerprint.
   auto chunk = [this, s, chat, include_usage](ojson choice) {
     ojson c = completion_json(s->id, chat ? "chat.completion.chunk" : "text_completion", s->created,
-                              std::move(choice));
+                              ojson::array({std::move(choice)}));
     if (include_usage) c["usage"] = nullptr;
     return c;
   };
-  auto choice = [chat](ojson delta_or_text, const ojson& finish) {
-    ojson c = {{"index", 0}};
+  auto choice = [chat](size_t index, ojson delta_or_text, const ojson& finish) {
+    ojson c = {{"index", index}};
     if (chat) {
       c["delta"] = std::move(delta_or_text);
     } else {
@@ -902,28 +976,40 @@ void Server::stream_response(httplib::Response& res, std::shared_ptr<Job> job, b
     c["finish_reason"] = finish;
     return c;
   };
+  auto abandon_all = [this](const Choices& jobs) {
+    for (const auto& job : jobs) {
+      if (!job->done) abandon(*job);
+    }
+  };
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, job, s, chat, include_usage, chunk, choice](size_t, httplib::DataSink& sink) {
+      [this, jobs, s, chat, include_usage, chunk, choice, abandon_all](size_t,
+                                                                       httplib::DataSink& sink) {
         std::string out;
         auto event = [&](const ojson& j) { out += "data: " + dump(j) + "\n\n"; };
         if (!s->started) {
           s->started = true;
-          if (chat) event(chunk(choice({{"role", "assistant"}, {"content", ""}}, nullptr)));
+          for (size_t i = 0; chat && i < jobs.size(); ++i) {
+            event(chunk(choice(i, {{"role", "assistant"}, {"content", ""}}, nullptr)));
+          }
         }
-        Taken taken = take(*job);
+        Taken taken = take(jobs, s->next);
+        s->next = (taken.choice + 1) % jobs.size();
+        const size_t i = taken.choice;
+        const Job& job = *jobs[i];
+        Choice& state = s->choices[i];
         const Piece& d = taken.delta;
         // The logprobs of this piece's tokens ride on its first chunk (on a chunk of their own when
         // the text is still held back by the parser or the stop strings), the warning likewise.
         ojson logprobs = nullptr;
-        if (job->top_logprobs >= 0 && !d.logprobs.empty()) {
+        if (job.top_logprobs >= 0 && !d.logprobs.empty()) {
           logprobs = chat ? chat_logprobs_json(d.logprobs)
-                          : completion_logprobs_json(d.logprobs, s->text_offset);
+                          : completion_logprobs_json(d.logprobs, state.text_offset);
         }
         auto send = [&](ojson delta_or_text) {
-          ojson c = choice(std::move(delta_or_text), nullptr);
+          ojson c = choice(i, std::move(delta_or_text), nullptr);
           c["logprobs"] = std::move(logprobs);
           logprobs = nullptr;
           if (!d.warning.empty() && d.content.size() > 0 &&
@@ -936,44 +1022,50 @@ void Server::stream_response(httplib::Response& res, std::shared_ptr<Job> job, b
           if (!d.reasoning.empty()) send({{"reasoning_content", d.reasoning}});
           if (!d.content.empty()) send({{"content", d.content}});
           if (!d.tool_calls.empty()) {
-            send({{"tool_calls", tool_calls_json(d.tool_calls, s->tool_calls)}});
-            s->tool_calls += d.tool_calls.size();
+            send({{"tool_calls", tool_calls_json(d.tool_calls, state.tool_calls)}});
+            state.tool_calls += d.tool_calls.size();
           }
           if (!logprobs.is_null()) send(ojson::object());
         } else if (!d.content.empty() || !logprobs.is_null()) {
           send(d.content);
         }
+        bool over = false;
         if (taken.done) {
-          if (job->finish == "cancelled") return false;
-          if (job->error) {
-            event(error_body(*job->error));
+          if (job.finish == "cancelled") {
+            abandon_all(jobs);
+            return false;
+          }
+          if (job.error) {
+            // One choice failing ends the response: the stream has no error of a single choice.
+            abandon_all(jobs);
+            event(error_body(*job.error));
+            over = true;
           } else {
-            ojson last = chunk(choice(chat ? ojson::object() : ojson(""), job->finish));
-            last["timings"] = timings_json(*job);
+            ojson last = chunk(choice(i, chat ? ojson::object() : ojson(""), job.finish));
+            last["timings"] = timings_json(job);
             event(last);
-            if (include_usage) {
+            over = ++s->ended == jobs.size();
+            if (over && include_usage) {
               ojson usage = chunk(nullptr);
               usage["choices"] = ojson::array();
-              const auto& r = job->result;
-              usage["usage"] = usage_json(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()),
-                                          r.cached_tokens);
+              usage["usage"] = choices_usage(jobs);
               event(usage);
             }
           }
-          out += "data: [DONE]\n\n";
+          if (over) out += "data: [DONE]\n\n";
         }
         if (!out.empty() && !sink.write(out.data(), out.size())) {
-          abandon(*job);
+          abandon_all(jobs);
           return false;
         }
-        if (taken.done) sink.done();
+        if (over) sink.done();
         return true;
       },
-      // Runs when the response ends, written or not: the engine must be done with the job (and its
-      // socket) before the connection closes.
-      [this, job, active](bool) {
-        if (!job->done) abandon(*job);
-        wait_done(*job);
+      // Runs when the response ends, written or not: the engine must be done with the jobs (and
+      // their socket) before the connection closes.
+      [this, jobs, active, abandon_all](bool) {
+        abandon_all(jobs);
+        for (const auto& job : jobs) wait_done(*job);
       });
 }
 
@@ -1079,11 +1171,11 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
   auto active = admit();
   const ojson body = parse_body(req.body);
   GenerationRequest r = chat ? parse_chat_request(body) : parse_completion_request(body);
-  auto job = start_job(req, r, chat, chat ? "messages" : "prompt");
+  Choices jobs = start_jobs(req, r, chat, chat ? "messages" : "prompt");
   if (r.stream) {
-    stream_response(res, job, chat, r.include_usage, std::move(active));
+    stream_response(res, std::move(jobs), chat, r.include_usage, std::move(active));
   } else {
-    answer_whole(res, *job, chat);
+    answer_whole(res, jobs, chat);
   }
 }
 
@@ -1106,9 +1198,20 @@ std::vector<Media> Server::read_media(const std::vector<MediaSource>& sources) c
   return media;
 }
 
-std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const GenerationRequest& r,
-                                       bool chat, const std::string& prompt_param) {
+Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
+                           const std::string& prompt_param) {
   check_model(r.model);
+  // The request's choices must fit in the rows and the queue at once, or the queue could never
+  // take them.
+  const int64_t room = options_.parallel + options_.max_queue;
+  if (r.n > room) {
+    throw ApiError(400,
+                   "'n' is " + std::to_string(r.n) + ", but this server decodes " +
+                       std::to_string(options_.parallel) + " sequences at once and queues " +
+                       std::to_string(options_.max_queue) + " more (--parallel, --max-queue): " +
+                       "at most " + std::to_string(room) + " choices",
+                   "invalid_request_error", "n", "invalid_value");
+  }
   auto job = std::make_shared<Job>();
   job->media = read_media(r.media);
   std::string rendered = r.prompt;
@@ -1152,8 +1255,12 @@ std::shared_ptr<Job> Server::start_job(const httplib::Request& req, const Genera
   }
   job->fd =
       find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
-  enqueue(job);
-  return job;
+  Choices jobs{job};
+  for (int64_t i = 1; i < r.n; ++i) {
+    jobs.push_back(job->sibling(i, job->decode.constraint ? constraint_for(r, chat) : nullptr));
+  }
+  enqueue(jobs);
+  return jobs;
 }
 
 GenerationOutcome Server::outcome(const Job& job, const std::string& reasoning) const {
@@ -1172,7 +1279,7 @@ void Server::answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
     renderer->start();
     std::string reasoning;
     while (true) {
-      Taken taken = take(*job);
+      Taken taken = take({job});
       reasoning += taken.delta.reasoning;
       renderer->add(taken.delta);
       if (taken.done) break;
@@ -1203,7 +1310,7 @@ void Server::answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
           s->started = true;
           out = renderer->start();
         } else {
-          taken = take(*job);
+          taken = take({job});
           s->reasoning += taken.delta.reasoning;
           out = renderer->add(taken.delta);
           if (taken.done) {
@@ -1231,7 +1338,7 @@ void Server::handle_responses(const httplib::Request& req, httplib::Response& re
   const ResponsesRequest r = parse_responses_request(parse_body(req.body), responses_);
   std::shared_ptr<Job> job;
   try {
-    job = start_job(req, r.generation, true, "input");
+    job = start_jobs(req, r.generation, true, "input").front();
   } catch (const ApiError& e) {
     throw as_responses_error(e);  // a text.format schema the grammar cannot enforce
   }
@@ -1244,7 +1351,7 @@ void Server::handle_messages(const httplib::Request& req, httplib::Response& res
   const MessagesRequest r = parse_messages_request(parse_body(req.body));
   std::shared_ptr<Job> job;
   try {
-    job = start_job(req, r.generation, true, "messages");
+    job = start_jobs(req, r.generation, true, "messages").front();
   } catch (const ApiError& e) {
     throw as_messages_error(e);  // an output_config.format schema the grammar cannot enforce
   }

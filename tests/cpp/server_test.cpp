@@ -190,7 +190,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"max_tokens":2.5})", "max_tokens"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"max_completion_tokens":-1})",
                 "max_completion_tokens"},
-        BadChat{R"({"messages":[{"role":"user","content":"a"}],"n":2})", "n"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"n":0})", "n"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"n":129})", "n"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"n":1.5})", "n"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream":"yes"})", "stream"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"stop":[1]})", "stop[0]"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"stop":["a","b","c","d","e"]})",
@@ -230,10 +232,18 @@ TEST(CompletionRequest, PromptAsTextOrIds) {
             (std::vector<int64_t>{2, 5}));
 }
 
+TEST(CompletionRequest, ChoicesAsked) {
+  EXPECT_EQ(parse_completion_request(ojson::parse(R"({"prompt":"a"})")).n, 1);
+  EXPECT_EQ(parse_completion_request(ojson::parse(R"({"prompt":"a","n":128})")).n, 128);
+  EXPECT_EQ(parse_chat_request(ojson::parse(R"({"messages":[{"role":"user","content":"a"}],
+                                                "n":3})")).n,
+            3);
+}
+
 TEST(CompletionRequest, Errors) {
   for (const char* body :
        {R"({})", R"({"prompt":""})", R"({"prompt":7})", R"({"prompt":["a","b"]})",
-        R"({"prompt":[1,"a"]})", R"({"prompt":"a","n":3})", R"({"prompt":"a","echo":true})"}) {
+        R"({"prompt":[1,"a"]})", R"({"prompt":"a","n":0})", R"({"prompt":"a","echo":true})"}) {
     EXPECT_EQ(error_of([&] { parse_completion_request(ojson::parse(body)); }).status, 400) << body;
   }
 }

@@ -293,7 +293,7 @@ describe("errors are OpenAI error objects with the right status", () => {
     ["content of the wrong type", { messages: [{ role: "user", content: 5 }] }, "messages[0].content"],
     ["max_tokens of the wrong type", { messages, max_tokens: "5" }, "max_tokens"],
     ["max_tokens below 1", { messages, max_tokens: 0 }, "max_tokens"],
-    ["n other than 1", { messages, n: 2 }, "n"],
+    ["n below 1", { messages, n: 0 }, "n"],
     ["an unknown role", { messages: [{ role: "wizard", content: "hi" }] }, "messages[0].role"],
     ["a tool name that is not a string",
       { messages, tools: [{ type: "function", function: { name: 7 } }] }, "tools[0].function.name"],

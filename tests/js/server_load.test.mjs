@@ -184,3 +184,83 @@ test("a full queue answers 429 with Retry-After; queued work still completes", a
   const r = await queued;
   assert.equal(r.object, "chat.completion");
 });
+
+// Every choice's text, by index, from a whole answer or a stream of chunks.
+async function choicesOf(response, stream, chat) {
+  const piece = (c) => (chat ? (stream ? c.delta?.content : c.message.content) : c.text) ?? "";
+  if (!stream) {
+    return {
+      texts: response.choices.map(piece),
+      finishes: response.choices.map((c) => c.finish_reason),
+      indexes: response.choices.map((c) => c.index),
+      usage: response.usage,
+    };
+  }
+  const texts = [];
+  const finishes = [];
+  let usage;
+  for await (const chunk of response) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      texts[c.index] = (texts[c.index] ?? "") + piece(c);
+      if (c.finish_reason) {
+        assert.equal(finishes[c.index], undefined, `choice ${c.index} finished twice`);
+        finishes[c.index] = c.finish_reason;
+      }
+    }
+  }
+  return { texts, finishes, indexes: texts.map((_, i) => i), usage };
+}
+
+for (const chat of [true, false]) {
+  for (const stream of [false, true]) {
+    test(`n choices (${chat ? "chat" : "completions"}, stream: ${stream}): choice i is what seed + i gives alone`, async () => {
+      const client = new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 });
+      const create = (body) =>
+        chat
+          ? client.chat.completions.create({ ...body, messages: [{ role: "user", content: "Tell me a story." }] })
+          : client.completions.create({ ...body, prompt: "Once upon a time" });
+      const base = { model: MODEL, max_tokens: 10, ignore_eos: true, temperature: 1, top_k: 50 };
+      const alone = [];
+      for (const seed of [40, 41, 42]) {
+        alone.push(await choicesOf(await create({ ...base, seed }), false, chat));
+      }
+      const n = await choicesOf(
+        await create({ ...base, seed: 40, n: 3, ...(stream ? { stream, stream_options: { include_usage: true } } : {}) }),
+        stream,
+        chat,
+      );
+      assert.deepEqual(n.indexes, [0, 1, 2]);
+      assert.deepEqual(n.texts, alone.map((a) => a.texts[0]));
+      assert.deepEqual(n.finishes, ["length", "length", "length"]);
+      // Three different draws: the seeds differ, so the choices do (10 tokens of 262,144 apiece).
+      assert.equal(new Set(n.texts).size, 3, JSON.stringify(n.texts));
+      // The prompt counts once, every choice's tokens count.
+      assert.equal(n.usage.prompt_tokens, alone[0].usage.prompt_tokens);
+      assert.equal(n.usage.completion_tokens, 30);
+      const m = await metrics(wide.url);
+      assert.equal(metric(m, "torchtpu_running_requests"), 0);
+      assert.equal(metric(m, "torchtpu_queue_depth"), 0);
+    });
+  }
+}
+
+test("n greedy choices are one answer n times; n beyond the rows and the queue is a 400", async () => {
+  const client = new OpenAI({ apiKey: "none", baseURL: narrow.baseURL, maxRetries: 0 });
+  const body = { model: MODEL, messages: [{ role: "user", content: "Count." }], max_tokens: 6 };
+  const one = await client.chat.completions.create(body);
+  // --parallel 1 --max-queue 1: the second choice waits for the first's row.
+  const two = await client.chat.completions.create({ ...body, n: 2 });
+  assert.deepEqual(two.choices.map((c) => c.message.content), [1, 2].map(() => one.choices[0].message.content));
+  assert.equal(two.usage.completion_tokens, 2 * one.usage.completion_tokens);
+  for (const [n, why] of [[3, /'n' is 3, .*at most 2 choices/], [0, /'n' must be between 1 and 128, got 0/],
+    [129, /'n' must be between 1 and 128, got 129/]]) {
+    const e = await client.chat.completions.create({ ...body, n }).catch((err) => err);
+    assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+    assert.equal(e.error.param, "n");
+    assert.match(e.error.message, why);
+  }
+  const m = await metrics(narrow.url);
+  assert.equal(metric(m, "torchtpu_queue_depth"), 0);
+  assert.equal(metric(m, "torchtpu_running_requests"), 0);
+});

@@ -143,6 +143,34 @@ describe("response_format", () => {
     assert.deepEqual(Object.keys(JSON.parse(streamed)), ["name", "age"]);
   });
 
+  test("n constrained choices each follow the schema, each as its seed gives it alone", async () => {
+    const request = {
+      model: MODEL, messages: ask("A person?"), temperature: 1.0, logit_bias: bias, max_tokens: 200,
+      response_format: {
+        type: "json_schema",
+        json_schema: {
+          name: "person",
+          schema: {
+            type: "object",
+            properties: { name: { type: "string" }, age: { type: "integer" } },
+            required: ["name", "age"],
+            additionalProperties: false,
+          },
+        },
+      },
+    };
+    // A grammar's state advances with every token of its sequence: choices sharing one would
+    // commit each other's tokens and fail (or wander off the schema).
+    const three = await client.chat.completions.create({ ...request, seed: 20, n: 3 });
+    assert.equal(three.choices.length, 3);
+    for (const [i, choice] of three.choices.entries()) {
+      const alone = await client.chat.completions.create({ ...request, seed: 20 + i });
+      assert.equal(choice.finish_reason, "stop", choice.message.content);
+      assert.equal(choice.message.content, alone.choices[0].message.content);
+      assert.deepEqual(Object.keys(JSON.parse(choice.message.content)), ["name", "age"]);
+    }
+  });
+
   test("json_object on /v1/completions is a JSON object too", async () => {
     for (let seed = 0; seed < 4; ++seed) {
       const reply = await client.completions.create({
