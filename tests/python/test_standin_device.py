@@ -5,7 +5,6 @@ tensor once the library is loaded into the Python process.
 
 CTest sets TORCHTPU_STANDIN_LIBRARY to the built library and PYTHONPATH to the module."""
 
-import ctypes
 import json
 import os
 import random
@@ -13,7 +12,6 @@ import re
 import subprocess
 import sys
 import time
-import types
 import urllib.request
 
 import hf_tiny  # conftest puts tests/python on sys.path
@@ -31,11 +29,10 @@ def library():
         pytest.fail(
             "TORCHTPU_STANDIN_LIBRARY must name the built libtorchtpu_standin.so"
         )
-    # Loading registers PrivateUse1 as "standin" in this process's dispatcher.
-    ctypes.CDLL(path, mode=os.RTLD_GLOBAL)
-    # torch's Python side looks up torch.<backend> when a tensor is made on the device; the
-    # stand-in needs nothing from it.
-    torch._register_device_module("standin", types.ModuleType("standin"))
+    from torchtpu_cpp import device_check as dc
+
+    # Registers PrivateUse1 as "standin" in this process's dispatcher.
+    dc.load_backend(path)
     return path
 
 
