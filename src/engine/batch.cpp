@@ -138,9 +138,45 @@ void Batch::admit(Row& row, int64_t index, Request request) {
   row.budget = engine_.token_budget(n, request.options.max_new);
   row.request = std::move(request);
   rings_.reset_row(index);
-  row.cached = cache_ ? cache_->restore(row.request->cache_key, rings_, index) : 0;
-  row.read = row.position = row.cached;
   row.media = engine_.embed_media(row.request->prompt, row.request->media);
+}
+
+std::vector<int64_t> Batch::start_or_wait(const std::vector<int64_t>& reading) {
+  std::vector<int64_t> order = reading;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return rows_[a].read > rows_[b].read; });
+  for (const int64_t i : order) rows_[i].save_at.clear();
+  std::set<int64_t> waiting;
+  for (size_t k = 0; k < order.size(); ++k) {
+    Row& row = rows_[order[k]];
+    if (row.started) continue;
+    if (cache_) {
+      const auto& key = row.request->cache_key;
+      const int64_t held = cache_->held_for(key);
+      for (size_t j = 0; j < k; ++j) {
+        Row& ahead = rows_[order[j]];
+        const auto& other = ahead.request->cache_key;
+        const auto shared = std::mismatch(key.begin(), key.end(), other.begin(), other.end());
+        // A restored state leaves one prompt token to read, for the first token's logits.
+        const int64_t target = std::min<int64_t>(shared.first - key.begin(),
+                                                 static_cast<int64_t>(key.size()) - 1);
+        if (target > held && ahead.read < target) {
+          ahead.save_at.push_back(target);
+          waiting.insert(order[k]);
+          break;
+        }
+      }
+      if (waiting.count(order[k]) > 0) continue;
+      row.cached = cache_->restore(key, rings_, order[k]);
+    }
+    row.read = row.position = row.cached;
+    row.started = true;
+  }
+  std::vector<int64_t> started;
+  for (const int64_t i : reading) {
+    if (waiting.count(i) == 0) started.push_back(i);
+  }
+  return started;
 }
 
 void Batch::finish(Row& row, int64_t index, const char* reason, std::vector<int64_t>& finished) {
@@ -175,11 +211,15 @@ void Batch::before_sampling(Row& row, int64_t index, const at::Tensor& logits) {
 int64_t Batch::chunk_size(const Row& row, int64_t limit) const {
   const int64_t n = static_cast<int64_t>(row.request->prompt.size());
   int64_t count = std::min({n - row.read, engine_.options().prefill_chunk, limit});
-  // With a prefix cache, a chunk that crosses a multiple of the block ends there, so the state
-  // at that point can be saved for prompts that share only the tokens up to it.
+  // With a prefix cache, a chunk that crosses a multiple of the block, or a point a waiting row
+  // starts from (save_at), ends there, so the state at that point can be saved for prompts that
+  // share only the tokens up to it.
   const int64_t block = cache_ ? cache_->block() : 0;
   if (block > 0 && (row.read + count) / block > row.read / block && (row.read + count) % block) {
     count = (row.read + count) / block * block - row.read;
+  }
+  for (const int64_t point : row.save_at) {
+    if (point > row.read && point < row.read + count) count = point - row.read;
   }
   return count;
 }
@@ -264,7 +304,9 @@ void Batch::after_chunk(Row& row, int64_t index, int64_t count, const at::Tensor
   // The prompt's end is a reuse point too: a chat's next turn repeats this prompt, then the reply
   // as the template renders it, which need not be the tokens the model fed back.
   const int64_t block = cache_ ? cache_->block() : 0;
-  if (block > 0 && (row.read % block == 0 || row.read == n)) {
+  const bool waited_for =
+      std::find(row.save_at.begin(), row.save_at.end(), row.read) != row.save_at.end();
+  if (block > 0 && (row.read % block == 0 || row.read == n || waited_for)) {
     const auto& key = row.request->cache_key;
     cache_->save({key.begin(), key.begin() + row.read}, rings_, index);
   }
@@ -364,6 +406,7 @@ std::vector<int64_t> Batch::step() {
   }
   std::sort(reading.begin(), reading.end(),
             [&](int64_t a, int64_t b) { return rows_[a].request->id < rows_[b].request->id; });
+  reading = start_or_wait(reading);
   for (int64_t used; budget > 0 && (used = read_together(reading, budget, finished)) > 0;) {
     budget -= used;
   }

@@ -34,8 +34,8 @@ struct BatchOptions {
   int64_t step_tokens = 0;
   // The prefix cache's budget (engine/prefix_cache.h): 0 keeps none. A sequence leaving its row
   // saves the state after every token in its rings; a prompt chunk ending at a multiple of
-  // `cache_block` or at the prompt's end saves the state there (chunks that cross such a
-  // multiple end at it).
+  // `cache_block`, at the prompt's end or where a row waiting on it starts (start_or_wait)
+  // saves the state there (chunks that cross such a point end at it).
   int64_t cache_bytes = 0;
   int64_t cache_block = 256;
   // Rows (padding included) one forward pass may take when it reads several sequences' prompt
@@ -117,6 +117,9 @@ class Batch {
     int64_t budget = 0;        // tokens it may generate
     int64_t sampled = 0;       // tokens sampled so far
     int64_t cached = 0;        // prompt tokens restored from the prefix cache
+    bool started = false;      // restored what the cache held and began reading (start_or_wait)
+    // Where its chunks end and its state is saved, this step, for rows waiting on it.
+    std::vector<int64_t> save_at;
     at::Tensor token;          // [1] on the device: the token the next decode step feeds
     int64_t token_id = 0;      // its value, as read back
     PromptMedia media;         // the towers' rows for the prompt's soft tokens
@@ -126,6 +129,13 @@ class Batch {
   };
 
   void admit(Row& row, int64_t index, Request request);
+  // Of the rows reading their prompt (ids ascending), those that read this step, in that order.
+  // A row that has not started waits while a row ahead of it (further into its prompt, or as far
+  // and older) has yet to read tokens both prompts start with, beyond what the prefix cache holds
+  // of its prompt: that row saves its state where the shared tokens end (save_at), and the waiting
+  // one starts from it, so a prompt several rows share (a request's choices, one system prompt)
+  // is read once. The others start: their prompt's longest cached prefix restored.
+  std::vector<int64_t> start_or_wait(const std::vector<int64_t>& reading);
   // How many prompt tokens a row reads next, given at most `limit`.
   int64_t chunk_size(const Row& row, int64_t limit) const;
   // Reads up to `limit` more prompt tokens of a row; samples its first token after the last.

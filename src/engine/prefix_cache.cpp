@@ -87,7 +87,8 @@ void PrefixCache::save(const std::vector<int64_t>& tokens, Rings& rings, int64_t
   evict_to(budget_);
 }
 
-int64_t PrefixCache::restore(const std::vector<int64_t>& prompt, Rings& rings, int64_t row) {
+std::list<PrefixCache::State>::const_iterator PrefixCache::longest_state(
+    const std::vector<int64_t>& prompt) const {
   const auto n = static_cast<int64_t>(prompt.size());
   auto best = states_.end();
   for (auto it = states_.begin(); it != states_.end(); ++it) {
@@ -97,6 +98,16 @@ int64_t PrefixCache::restore(const std::vector<int64_t>& prompt, Rings& rings, i
       best = it;
     }
   }
+  return best;
+}
+
+int64_t PrefixCache::held_for(const std::vector<int64_t>& prompt) const {
+  const auto best = longest_state(prompt);
+  return best == states_.end() ? 0 : static_cast<int64_t>(best->tokens.size());
+}
+
+int64_t PrefixCache::restore(const std::vector<int64_t>& prompt, Rings& rings, int64_t row) {
+  const auto best = longest_state(prompt);
   if (best == states_.end()) {
     ++stats_.misses;
     return 0;

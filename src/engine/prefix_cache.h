@@ -43,6 +43,8 @@ class PrefixCache {
   // prompt token is left to read, for the logits) and writes it into row `row` of `rings`, which
   // must be empty (reset). Returns the tokens it covers (0: none, the row untouched).
   int64_t restore(const std::vector<int64_t>& prompt, Rings& rings, int64_t row);
+  // The tokens restore() would cover now, with nothing restored or counted.
+  int64_t held_for(const std::vector<int64_t>& prompt) const;
 
   const PrefixCacheStats& stats() const { return stats_; }
   int64_t block() const { return block_; }
@@ -63,6 +65,8 @@ class PrefixCache {
 
   void evict_to(int64_t budget);
   int64_t held_bytes() const;
+  // The longest state whose tokens are a proper prefix of `prompt`, or states_.end().
+  std::list<State>::const_iterator longest_state(const std::vector<int64_t>& prompt) const;
 
   int64_t budget_;
   int64_t block_;

@@ -1,7 +1,8 @@
 // The prefix cache of a Batch (issue #17): a sequence that starts from a saved state gives the
 // tokens and, within 1e-4 at float32, the logits it gives read from scratch: after a previous
 // turn and its reply, at a block boundary inside a shared prompt, past the sliding window's edge,
-// and after evictions; the budget, LRU order and counters say what happened.
+// after evictions, and for rows given one prompt (or a common start) together, which read it once;
+// the budget, LRU order and counters say what happened.
 #include "engine/prefix_cache.h"
 
 #include <gtest/gtest.h>
@@ -162,6 +163,93 @@ TEST(PrefixCache, RowsOfABatchShareItWhileDecodingTogether) {
   for (const auto& [id, prompt] : by_id) {
     EXPECT_GE(results.at(id).cached_tokens, 24) << "sequence " << id;
     EXPECT_EQ(results.at(id).tokens, engine.decode(prompt, greedy(10)).tokens) << "sequence " << id;
+  }
+}
+
+// Submits `prompts` together (sampled, seed 50 + i) and runs the batch until idle: each one's
+// result and the logits of each of its tokens.
+std::vector<Run> together(Batch& batch, const std::vector<std::vector<int64_t>>& prompts) {
+  std::vector<Run> runs(prompts.size());
+  std::map<int64_t, size_t> index;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto options = greedy(8);
+    options.sampling.temperature = 0.9;
+    options.sampling.seed = 50 + i;
+    index[batch.submit(prompts[i], options, {}, [&runs, i](const at::Tensor& logits) {
+      runs[i].logits.push_back(logits.clone());
+    })] = i;
+  }
+  while (!batch.idle()) {
+    for (const int64_t id : batch.step()) runs[index.at(id)].result = batch.take_result(id);
+  }
+  return runs;
+}
+
+// `prompts` decoded one at a time by the engine alone, as together() samples them.
+std::vector<Run> each_alone(Engine& engine, const std::vector<std::vector<int64_t>>& prompts) {
+  std::vector<Run> runs;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto options = greedy(8);
+    options.sampling.temperature = 0.9;
+    options.sampling.seed = 50 + i;
+    Run run;
+    run.result = engine.decode(prompts[i], options, {}, [&](const at::Tensor& logits) {
+      run.logits.push_back(logits.clone());
+    });
+    runs.push_back(std::move(run));
+  }
+  return runs;
+}
+
+TEST(PrefixCache, RowsGivenOnePromptTogetherReadItOnce) {
+  auto engine = make_engine();
+  const auto prompt = tokens_of(45, 20);  // two chunks of 24, no multiple of the block
+  const std::vector<std::vector<int64_t>> prompts(3, prompt);
+  const auto expected = each_alone(engine, prompts);
+  Batch batch(engine, {.rows = 3, .cache_bytes = 64 << 20, .cache_block = 16});
+  const auto runs = together(batch, prompts);
+  // The first row read it; the others waited, then started from its state before the last token.
+  EXPECT_EQ(batch.stats().prompt_tokens, 45 + 1 + 1);
+  EXPECT_EQ(runs[0].result.cached_tokens, 0);
+  EXPECT_EQ(runs[1].result.cached_tokens, 44);
+  EXPECT_EQ(runs[2].result.cached_tokens, 44);
+  EXPECT_EQ(batch.stats().cache.hits, 2);
+  EXPECT_EQ(batch.stats().cache.misses, 1);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    SCOPED_TRACE("row " + std::to_string(i));
+    expect_same(runs[i], expected[i]);
+  }
+  // Three draws: the seeds differ.
+  EXPECT_NE(runs[0].result.tokens, runs[1].result.tokens);
+
+  // Without a cache, or with one too small to hold a state, nobody waits for what cannot be
+  // restored: each row reads the whole prompt.
+  for (const int64_t budget : {int64_t{0}, int64_t{1}}) {
+    Batch plain(engine, {.rows = 3, .cache_bytes = budget, .cache_block = 16});
+    const auto read_alone = together(plain, prompts);
+    EXPECT_EQ(plain.stats().prompt_tokens, 3 * 45) << "budget " << budget;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      EXPECT_EQ(read_alone[i].result.tokens, expected[i].result.tokens) << "budget " << budget;
+    }
+  }
+}
+
+TEST(PrefixCache, ARowWaitsForTheStartItSharesAndReadsOnlyItsOwnTokens) {
+  auto engine = make_engine();
+  const auto system = tokens_of(30, 21);
+  const std::vector<std::vector<int64_t>> prompts = {system + tokens_of(10, 22),
+                                                     system + tokens_of(7, 23), tokens_of(20, 24)};
+  const auto expected = each_alone(engine, prompts);
+  Batch batch(engine, {.rows = 3, .cache_bytes = 64 << 20, .cache_block = 16});
+  const auto runs = together(batch, prompts);
+  // The second waited for the first to read the 30 shared tokens (its state saved there, no
+  // multiple of the block), then read its own 7; the third shares nothing and read all of its.
+  EXPECT_EQ(runs[1].result.cached_tokens, 30);
+  EXPECT_EQ(runs[2].result.cached_tokens, 0);
+  EXPECT_EQ(batch.stats().prompt_tokens, 40 + 7 + 20);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    SCOPED_TRACE("row " + std::to_string(i));
+    expect_same(runs[i], expected[i]);
   }
 }
 

@@ -216,19 +216,28 @@ for (const chat of [true, false]) {
   for (const stream of [false, true]) {
     test(`n choices (${chat ? "chat" : "completions"}, stream: ${stream}): choice i is what seed + i gives alone`, async () => {
       const client = new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 });
+      // A prompt of each case's own: no state of another case's is in the prefix cache.
       const create = (body) =>
         chat
-          ? client.chat.completions.create({ ...body, messages: [{ role: "user", content: "Tell me a story." }] })
-          : client.completions.create({ ...body, prompt: "Once upon a time" });
+          ? client.chat.completions.create({ ...body, messages: [{ role: "user", content: `Tell me a story (${stream}).` }] })
+          : client.completions.create({ ...body, prompt: `Once upon a time (${stream})` });
       const base = { model: MODEL, max_tokens: 10, ignore_eos: true, temperature: 1, top_k: 50 };
       const alone = [];
       for (const seed of [40, 41, 42]) {
         alone.push(await choicesOf(await create({ ...base, seed }), false, chat));
       }
+      const before = await metrics(wide.url);
       const n = await choicesOf(
         await create({ ...base, seed: 40, n: 3, ...(stream ? { stream, stream_options: { include_usage: true } } : {}) }),
         stream,
         chat,
+      );
+      // The prompt was read once: choices 1 and 2 started from choice 0's state before its last
+      // token.
+      assert.equal(
+        metric(await metrics(wide.url), "torchtpu_prefix_cache_reused_tokens_total") -
+          metric(before, "torchtpu_prefix_cache_reused_tokens_total"),
+        2 * (n.usage.prompt_tokens - 1),
       );
       assert.deepEqual(n.indexes, [0, 1, 2]);
       assert.deepEqual(n.texts, alone.map((a) => a.texts[0]));
