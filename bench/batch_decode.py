@@ -4,7 +4,8 @@ two tokens of a running stream while a long prompt is read beside it.
     python bench/batch_decode.py --model DIR [--emb4 DIR] [--streams 1,2,4,8] [--new 64]
         [--prompt 32] [--context 8192] [--dtype bfloat16] [--threads 0] [--int4-activation-bits 16]
         [--rounds 1] [--long-prompt 4096] [--step-tokens 0] [--pass-rows 0] [--turn-prompt 4000]
-        [--cache-mb 1024] [--llamacpp GGUF] [--llamacpp-threads 2]
+        [--cache-mb 1024] [--shared-prompt 1024] [--choices 4] [--llamacpp GGUF]
+        [--llamacpp-threads 2]
 
 Each stream count runs `streams` prompts of `--prompt` tokens through Batch.decode_many (greedy,
 no stop ids, `--new` tokens each); the decode rate is that of every stream decoding at once:
@@ -22,7 +23,10 @@ a one-stream run and a many-stream run moves one round's ratio, not the figure. 
 --step-tokens; the longest gap between the running stream's tokens is reported beside its median
 gap. With --turn-prompt N, a first turn of N prompt tokens and then a second
 turn that repeats it, its reply and 19 more tokens run through a prefix cache of --cache-mb MiB;
-their times to first token are reported side by side. With --llamacpp, the same sweep (same
+their times to first token are reported side by side. With --shared-prompt N, --choices
+sequences given one N-token prompt at once (a request's n choices) run through a Batch of that
+many rows with the prefix cache and without: the time until every one has its first token and
+the prompt tokens read, side by side. With --llamacpp, the same sweep (same
 prompts, counts and rate) runs afterwards through llama.cpp's multi-sequence context
 (bench/llamacpp_batch.mjs) on that GGUF, and a table of both goes to stderr. Prints one JSON
 object.
@@ -174,6 +178,24 @@ def second_turn(engine, args) -> dict:
     }
 
 
+def shared_prompt(engine, args) -> dict:
+    """--choices sequences given one prompt at once: read once through the prefix cache (the
+    others wait for the first, then start from its state), or by each without it."""
+    vocab = engine.vocab_size
+    shared = prompt(args.shared_prompt, 4, vocab)
+    out = {"prompt_tokens": len(shared), "sequences": args.choices}
+    for label, cache_mb in (("cache", args.cache_mb), ("no_cache", 0)):
+        batch = engine.batch(rows=args.choices, step_tokens=args.step_tokens, cache_mb=cache_mb)
+        start = time.perf_counter()
+        batch.decode_many([shared] * args.choices, 1, stop=())
+        out[label] = {
+            "all_first_tokens_s": time.perf_counter() - start,
+            "prompt_tokens_read": batch.stats()["prompt_tokens"],
+        }
+    out["time_ratio"] = out["cache"]["all_first_tokens_s"] / out["no_cache"]["all_first_tokens_s"]
+    return out
+
+
 def llamacpp_sweep(args, vocab: int) -> dict:
     """bench/llamacpp_batch.mjs over the same stream counts, prompts and token counts."""
     command = [
@@ -218,6 +240,8 @@ def main(argv=None) -> int:
     parser.add_argument("--long-prompt", type=int, default=0)
     parser.add_argument("--turn-prompt", type=int, default=0)
     parser.add_argument("--cache-mb", type=float, default=1024)
+    parser.add_argument("--shared-prompt", type=int, default=0)
+    parser.add_argument("--choices", type=int, default=4)
     parser.add_argument("--llamacpp")
     parser.add_argument("--llamacpp-threads", type=int, default=2)
     args = parser.parse_args(argv)
@@ -253,6 +277,8 @@ def main(argv=None) -> int:
         out["long_prompt"] = long_prompt_gap(engine, args)
     if args.turn_prompt:
         out["second_turn"] = second_turn(engine, args)
+    if args.shared_prompt:
+        out["shared_prompt"] = shared_prompt(engine, args)
     if args.llamacpp:
         out["llamacpp"] = llamacpp_sweep(args, engine.vocab_size)
         print(side_by_side(out["batches"], out["llamacpp"]["batches"]), file=sys.stderr)
