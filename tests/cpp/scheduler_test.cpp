@@ -182,10 +182,7 @@ TEST(Scheduler, RefusesBeyondMaxQueueAndCancelsWhatWaits) {
 
 TEST(Scheduler, TakesARequestsSequencesAllOrNone) {
   auto engine = make_engine();
-  SchedulerOptions o;
-  o.batch.rows = 2;
-  o.max_queue = 1;
-  Scheduler scheduler(o);
+  Scheduler scheduler(SchedulerOptions{.batch = {.rows = 2}, .max_queue = 1});
   std::vector<std::vector<int64_t>> alone;
   for (uint64_t i = 0; i < 3; ++i) {
     alone.push_back(engine.decode(prompt_of(4, 7), options_of(5, true, 60 + i)).tokens);

@@ -91,6 +91,24 @@ after(async () => {
 const ajv = new Ajv({ allErrors: true, strict: false });
 const ask = (content) => [{ role: "user", content }];
 
+// A sampled request for a small JSON object (the streamed and the n-choice cases); `bias` is set
+// once the server is up.
+const person = () => ({
+  model: MODEL, messages: ask("A person?"), temperature: 1.0, logit_bias: bias, max_tokens: 200,
+  response_format: {
+    type: "json_schema",
+    json_schema: {
+      name: "person",
+      schema: {
+        type: "object",
+        properties: { name: { type: "string" }, age: { type: "integer" } },
+        required: ["name", "age"],
+        additionalProperties: false,
+      },
+    },
+  },
+});
+
 describe("response_format", () => {
   test("chat.completions.parse with a zod schema returns parsed, valid objects", async () => {
     const Event = z.object({
@@ -115,22 +133,7 @@ describe("response_format", () => {
   });
 
   test("a streamed constrained reply is the same valid JSON as the whole one", async () => {
-    const request = {
-      model: MODEL, messages: ask("A person?"), temperature: 1.0, seed: 7, logit_bias: bias,
-      max_tokens: 200,
-      response_format: {
-        type: "json_schema",
-        json_schema: {
-          name: "person",
-          schema: {
-            type: "object",
-            properties: { name: { type: "string" }, age: { type: "integer" } },
-            required: ["name", "age"],
-            additionalProperties: false,
-          },
-        },
-      },
-    };
+    const request = { ...person(), seed: 7 };
     const whole = await client.chat.completions.create(request);
     let streamed = "";
     let finish = null;
@@ -144,21 +147,7 @@ describe("response_format", () => {
   });
 
   test("n constrained choices each follow the schema, each as its seed gives it alone", async () => {
-    const request = {
-      model: MODEL, messages: ask("A person?"), temperature: 1.0, logit_bias: bias, max_tokens: 200,
-      response_format: {
-        type: "json_schema",
-        json_schema: {
-          name: "person",
-          schema: {
-            type: "object",
-            properties: { name: { type: "string" }, age: { type: "integer" } },
-            required: ["name", "age"],
-            additionalProperties: false,
-          },
-        },
-      },
-    };
+    const request = person();
     // A grammar's state advances with every token of its sequence: choices sharing one would
     // commit each other's tokens and fail (or wander off the schema).
     const three = await client.chat.completions.create({ ...request, seed: 20, n: 3 });
