@@ -223,6 +223,7 @@ struct Job {
   int64_t top_logprobs = -1;                   // -1: no logprobs
   std::optional<std::vector<int64_t>> forced;  // the test hook's tokens
   int fd = -1;                                 // the client's connection, watched for disconnects
+  int64_t choice = 0;                          // its index among the request's choices
   Clock::time_point queued_at = Clock::now();
   int64_t ticket = -1;  // the scheduler's, set once submitted
 
@@ -262,6 +263,7 @@ struct Job {
     job->top_logprobs = top_logprobs;
     job->forced = forced;
     job->fd = fd;
+    job->choice = index;
     job->box = box;
     return job;
   }
@@ -668,7 +670,7 @@ void Server::deliver(Job& job, Piece&& delta) {
 }
 
 void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiError> error) {
-  if (finish == "cancelled") metrics_.count_cancelled();
+  if (finish == "cancelled" && job.choice == 0) metrics_.count_cancelled();  // once a request
   {
     std::lock_guard lock(job.box->mutex);
     job.finish = finish;

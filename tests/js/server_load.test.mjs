@@ -273,3 +273,44 @@ test("n greedy choices are one answer n times; n beyond the rows and the queue i
   assert.equal(metric(m, "torchtpu_queue_depth"), 0);
   assert.equal(metric(m, "torchtpu_running_requests"), 0);
 });
+
+test("choices the queue cannot take whole are a 429 that queues none; leaving cancels them all", async () => {
+  const client = new OpenAI({ apiKey: "none", baseURL: narrow.baseURL, maxRetries: 0 });
+  const messages = [{ role: "user", content: "Hold the engine." }];
+  const controller = new AbortController();
+  const busy = await client.chat.completions.create(
+    { model: MODEL, messages, max_tokens: 1000, ignore_eos: true, stream: true },
+    { signal: controller.signal },
+  );
+  const iterator = busy[Symbol.asyncIterator]();
+  await iterator.next();
+  await iterator.next();
+  // The one row is taken and the queue holds one: two choices do not fit, so neither waits.
+  const refused = await client.chat.completions
+    .create({ model: MODEL, messages, max_tokens: 3, n: 2 })
+    .catch((e) => e);
+  assert.ok(refused instanceof OpenAI.RateLimitError, String(refused));
+  assert.match(refused.error.message, /the request's 2 sequences do not fit/);
+  assert.equal(metric(await metrics(narrow.url), "torchtpu_queue_depth"), 0);
+  controller.abort();
+
+  // A streamed request of three choices, left after a few chunks: every choice ends, counted as
+  // one cancelled request, and the server goes on.
+  const wideClient = new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 });
+  const cancelled = async () => metric(await metrics(wide.url), "torchtpu_requests_cancelled_total");
+  const before = await cancelled();
+  const leaving = new AbortController();
+  const stream = await wideClient.chat.completions.create(
+    { model: MODEL, messages, max_tokens: 1000, ignore_eos: true, stream: true, n: 3 },
+    { signal: leaving.signal },
+  );
+  let seen = 0;
+  for await (const chunk of stream) {
+    if (chunk.choices[0].delta.content && ++seen === 6) leaving.abort();
+  }
+  await eventually(async () => metric(await metrics(wide.url), "torchtpu_running_requests") === 0,
+    "every choice to end");
+  assert.equal(await cancelled(), before + 1);
+  const next = await wideClient.chat.completions.create({ model: MODEL, messages, max_tokens: 3 });
+  assert.equal(next.choices.length, 1);
+});
