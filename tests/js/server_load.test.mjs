@@ -155,10 +155,11 @@ test("the next turn of a chat reuses the previous turn from the prefix cache", a
   assert.equal(engine.scheduler.step_tokens, 128 + 4);
 });
 
-test("a full queue answers 429 with Retry-After; queued work still completes", async () => {
-  const client = new OpenAI({ apiKey: "none", baseURL: narrow.baseURL, maxRetries: 0 });
-  const messages = [{ role: "user", content: "Hold the engine." }];
-  // A long stream keeps the engine busy; its second chunk proves it is being decoded.
+const messages = [{ role: "user", content: "Hold the engine." }];
+
+// Starts a long stream that keeps `client`'s engine busy (its second chunk proves it is being
+// decoded); aborting the returned controller ends it.
+async function holdEngine(client) {
   const controller = new AbortController();
   const busy = await client.chat.completions.create(
     { model: MODEL, messages, max_tokens: 1000, ignore_eos: true, stream: true },
@@ -167,6 +168,12 @@ test("a full queue answers 429 with Retry-After; queued work still completes", a
   const iterator = busy[Symbol.asyncIterator]();
   await iterator.next();
   await iterator.next();
+  return controller;
+}
+
+test("a full queue answers 429 with Retry-After; queued work still completes", async () => {
+  const client = new OpenAI({ apiKey: "none", baseURL: narrow.baseURL, maxRetries: 0 });
+  const controller = await holdEngine(client);
   // One request waits in the queue (--max-queue 1) ...
   const queued = client.chat.completions.create({ model: MODEL, messages, max_tokens: 3 });
   await eventually(async () => metric(await metrics(narrow.url), "torchtpu_queue_depth") === 1,
@@ -276,15 +283,7 @@ test("n greedy choices are one answer n times; n beyond the rows and the queue i
 
 test("choices the queue cannot take whole are a 429 that queues none; leaving cancels them all", async () => {
   const client = new OpenAI({ apiKey: "none", baseURL: narrow.baseURL, maxRetries: 0 });
-  const messages = [{ role: "user", content: "Hold the engine." }];
-  const controller = new AbortController();
-  const busy = await client.chat.completions.create(
-    { model: MODEL, messages, max_tokens: 1000, ignore_eos: true, stream: true },
-    { signal: controller.signal },
-  );
-  const iterator = busy[Symbol.asyncIterator]();
-  await iterator.next();
-  await iterator.next();
+  const controller = await holdEngine(client);
   // The one row is taken and the queue holds one: two choices do not fit, so neither waits.
   const refused = await client.chat.completions
     .create({ model: MODEL, messages, max_tokens: 3, n: 2 })
