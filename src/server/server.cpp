@@ -504,8 +504,9 @@ class Server {
   // Waits until one of the jobs (of one request) produced something or ended, the first such
   // from `jobs[from]` on, watching the client meanwhile. A job's end is taken once.
   Taken take(const Choices& jobs, size_t from = 0);
-  // The client went away: drop the job if it still waits, else let the engine notice.
-  void abandon(Job& job);
+  // The client went away: drop each job that has not ended if it still waits, else let the
+  // engine notice.
+  void abandon(const Choices& jobs);
   void wait_done(Job& job);
   ojson engine_json() const;
   // The load gauges' figures at this moment.
@@ -777,9 +778,15 @@ void Server::enqueue(const Choices& jobs) {
   }
 }
 
-void Server::abandon(Job& job) {
-  job.cancelled = true;
-  scheduler_.cancel(job.ticket);
+void Server::abandon(const Choices& jobs) {
+  for (const auto& job : jobs) {
+    {
+      std::lock_guard lock(job->box->mutex);
+      if (job->done) continue;
+    }
+    job->cancelled = true;
+    scheduler_.cancel(job->ticket);
+  }
 }
 
 void Server::wait_done(Job& job) {
@@ -803,7 +810,7 @@ Taken Server::take(const Choices& jobs, size_t from) {
     const Job& first = *jobs.front();
     if (!first.cancelled && peer_closed(first.fd)) {
       lock.unlock();
-      for (const auto& job : jobs) abandon(*job);
+      abandon(jobs);
       lock.lock();
     }
   }
@@ -978,17 +985,11 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
     c["finish_reason"] = finish;
     return c;
   };
-  auto abandon_all = [this](const Choices& jobs) {
-    for (const auto& job : jobs) {
-      if (!job->done) abandon(*job);
-    }
-  };
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, jobs, s, chat, include_usage, chunk, choice, abandon_all](size_t,
-                                                                       httplib::DataSink& sink) {
+      [this, jobs, s, chat, include_usage, chunk, choice](size_t, httplib::DataSink& sink) {
         std::string out;
         auto event = [&](const ojson& j) { out += "data: " + dump(j) + "\n\n"; };
         if (!s->started) {
@@ -1034,12 +1035,12 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
         bool over = false;
         if (taken.done) {
           if (job.finish == "cancelled") {
-            abandon_all(jobs);
+            abandon(jobs);
             return false;
           }
           if (job.error) {
             // One choice failing ends the response: the stream has no error of a single choice.
-            abandon_all(jobs);
+            abandon(jobs);
             event(error_body(*job.error));
             over = true;
           } else {
@@ -1057,7 +1058,7 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
           if (over) out += "data: [DONE]\n\n";
         }
         if (!out.empty() && !sink.write(out.data(), out.size())) {
-          abandon_all(jobs);
+          abandon(jobs);
           return false;
         }
         if (over) sink.done();
@@ -1065,8 +1066,8 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
       },
       // Runs when the response ends, written or not: the engine must be done with the jobs (and
       // their socket) before the connection closes.
-      [this, jobs, active, abandon_all](bool) {
-        abandon_all(jobs);
+      [this, jobs, active](bool) {
+        abandon(jobs);
         for (const auto& job : jobs) wait_done(*job);
       });
 }
@@ -1322,7 +1323,7 @@ void Server::answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
           }
         }
         if (!out.empty() && !sink.write(out.data(), out.size())) {
-          abandon(*job);
+          abandon({job});
           return false;
         }
         if (taken.done) sink.done();
@@ -1330,7 +1331,7 @@ void Server::answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
       },
       // As stream_response's: the engine must be done with the job before the connection closes.
       [this, job, active](bool) {
-        if (!job->done) abandon(*job);
+        abandon({job});
         wait_done(*job);
       });
 }
