@@ -18,6 +18,7 @@ import hf_tiny  # conftest puts tests/python on sys.path
 import pytest
 import torch
 import torchtpu_cpp as tt  # conftest finds the build tree when PYTHONPATH does not
+from torchtpu_cpp import device_check as dc
 
 MAX_NEW = 24
 
@@ -29,8 +30,6 @@ def library():
         pytest.fail(
             "TORCHTPU_STANDIN_LIBRARY must name the built libtorchtpu_standin.so"
         )
-    from torchtpu_cpp import device_check as dc
-
     # Registers PrivateUse1 as "standin" in this process's dispatcher.
     dc.load_backend(path)
     return path
@@ -146,8 +145,6 @@ def test_batch_steps_are_one_program_as_rows_join_leave_and_sample_differently(
     or reading when it starts) dispatches the same ops, host ones included: the forward
     pass, the sampling of every row and one read back of all rows' tokens, whatever
     rows are live and however each samples. Each sequence gives its CPU tokens alone."""
-    from torchtpu_cpp import device_check as dc
-
     cpu = tt.Engine(tiny, context=64, dtype="float32")
     batch = tt.Engine(tiny, context=64, dtype="float32", device="standin").batch(rows=3)
     rng = random.Random(5)
@@ -298,8 +295,6 @@ READ = "read aten.to.dtype_layout(int64[8], device=device(type='cpu'))"
 
 
 def test_device_check_program_rule_catches_a_changing_step():
-    from torchtpu_cpp import device_check as dc
-
     good = dc.check_programs([STEP + [READ]] * 3, [STEP * 8 + [READ]] * 2, 8)
     assert good.ok and good.figures["distinct_programs"] == 1
     grown = [STEP[0].replace("[1, 64]", "[2, 64]"), STEP[1], READ]
@@ -320,8 +315,6 @@ def test_device_check_program_rule_catches_a_changing_step():
 
 
 def test_device_check_read_rule_catches_a_read_per_token():
-    from torchtpu_cpp import device_check as dc
-
     assert dc.check_reads([[READ], [READ], [READ], []], chunks=1, read_every=8).ok
     assert not dc.check_reads(
         [[READ], [READ, READ], [READ], []], chunks=1, read_every=8
