@@ -25,6 +25,13 @@ std::string label_value(const std::string& v) {
   return out;
 }
 
+// Bounds for the phases of a request, from a short answer on an accelerator to a long one on a
+// CPU (vLLM's request latency buckets, with finer ones below its 0.3 s).
+std::vector<double> request_bounds() {
+  return {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30,
+          40, 50, 60, 120, 240, 480, 960, 1920, 7680};
+}
+
 }  // namespace
 
 MetricsCompat parse_metrics_compat(const std::string& name) {
@@ -44,24 +51,35 @@ void Histogram::observe(double value) {
   ++count_;
 }
 
-std::string Histogram::render(const std::string& name) const {
+std::string Histogram::render(const std::string& name, const std::string& labels) const {
   std::string out;
+  const std::string before_le = labels.empty() ? "" : labels + ",";
+  const std::string own = labels.empty() ? "" : "{" + labels + "}";
   int64_t cumulative = 0;
   for (size_t i = 0; i < counts_.size(); ++i) {
     cumulative += counts_[i];
     const std::string le = i < bounds_.size() ? number(bounds_[i]) : "+Inf";
-    out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
+    out += name + "_bucket{" + before_le + "le=\"" + le + "\"} " + std::to_string(cumulative) +
+           "\n";
   }
-  out += name + "_sum " + number(sum_) + "\n";
-  out += name + "_count " + std::to_string(count_) + "\n";
+  out += name + "_sum" + own + " " + number(sum_) + "\n";
+  out += name + "_count" + own + " " + std::to_string(count_) + "\n";
   return out;
 }
+
 
 Metrics::Metrics(MetricsCompat compat, std::string model_name)
     : compat_(compat),
       model_name_(std::move(model_name)),
       ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
-      decode_rate_({1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000}) {}
+      decode_rate_({1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000}),
+      queue_(request_bounds()),
+      prefill_(request_bounds()),
+      decode_(request_bounds()),
+      e2e_(request_bounds()),
+      // vLLM's inter-token buckets, with finer ones below 10 ms for accelerators.
+      inter_token_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                    0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}) {}
 
 void Metrics::count_request(const std::string& endpoint, int status) {
   std::lock_guard lock(mutex_);
@@ -79,14 +97,21 @@ void Metrics::count_cancelled() {
   ++cancelled_;
 }
 
-void Metrics::observe_time_to_first_token(double seconds) {
+void Metrics::observe_request(const RequestTimes& times) {
   std::lock_guard lock(mutex_);
-  ttft_.observe(seconds);
+  ttft_.observe(times.queue_s + times.prefill_s);
+  if (times.tokens > 1 && times.decode_s > 0) {
+    decode_rate_.observe(static_cast<double>(times.tokens - 1) / times.decode_s);
+  }
+  queue_.observe(times.queue_s);
+  prefill_.observe(times.prefill_s);
+  decode_.observe(times.decode_s);
+  e2e_.observe(times.e2e_s);
 }
 
-void Metrics::observe_decode_rate(double tokens_per_second) {
+void Metrics::observe_inter_token_latency(double seconds) {
   std::lock_guard lock(mutex_);
-  decode_rate_.observe(tokens_per_second);
+  inter_token_.observe(seconds);
 }
 
 std::string Metrics::render(const EngineLoad& load) const {
@@ -127,13 +152,34 @@ std::string Metrics::render(const EngineLoad& load) const {
   header("torchtpu_cache_config_info", "gauge",
          "The KV cache's shape: tokens per block and blocks, in labels; the value is 1.");
   if (load.blocks > 0) out += "torchtpu_cache_config_info{" + cache_labels + "} 1\n";
-  header("torchtpu_time_to_first_token_seconds", "histogram",
-         "From a request entering the queue to its first token on the host.");
-  out += ttft_.render("torchtpu_time_to_first_token_seconds");
-  header("torchtpu_decode_tokens_per_second", "histogram",
-         "Decode rate of each request after its first token, by the engine's "
-         "timer.");
-  out += decode_rate_.render("torchtpu_decode_tokens_per_second");
+  // The histograms, with the name vLLM gives the same figure where it has one.
+  struct Timing {
+    const char* name;
+    const char* vllm;
+    const char* help;
+    const Histogram& histogram;
+  };
+  const Timing timings[] = {
+      {"torchtpu_time_to_first_token_seconds", "vllm:time_to_first_token_seconds",
+       "From a request entering the queue to its first token on the host.", ttft_},
+      {"torchtpu_decode_tokens_per_second", nullptr,
+       "Decode rate of each request after its first token, by the engine's timer.", decode_rate_},
+      {"torchtpu_inter_token_latency_seconds", "vllm:inter_token_latency_seconds",
+       "Time between two deliveries of a request's new tokens (one a decode step).", inter_token_},
+      {"torchtpu_e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds",
+       "From a request entering the queue to its end.", e2e_},
+      {"torchtpu_request_queue_time_seconds", "vllm:request_queue_time_seconds",
+       "Time a request waited in the queue for a row.", queue_},
+      {"torchtpu_request_prefill_time_seconds", "vllm:request_prefill_time_seconds",
+       "From a request taking a row to its first token on the host (reading its prompt).",
+       prefill_},
+      {"torchtpu_request_decode_time_seconds", "vllm:request_decode_time_seconds",
+       "From a request's first token to its end.", decode_},
+  };
+  for (const auto& t : timings) {
+    header(t.name, "histogram", t.help);
+    out += t.histogram.render(t.name);
+  }
   single("torchtpu_engine_busy_seconds_total", "counter",
          "Seconds the engine thread spent in decode steps (one step serves every running "
          "request).",
@@ -189,6 +235,11 @@ std::string Metrics::render(const EngineLoad& load) const {
     sample("vllm:prefix_cache_queries_total", model, std::to_string(prompt_tokens_));
     header("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.");
     sample("vllm:prefix_cache_hits_total", model, std::to_string(cache.reused_tokens));
+    for (const auto& t : timings) {
+      if (!t.vllm) continue;
+      header(t.vllm, "histogram", t.help);
+      out += t.histogram.render(t.vllm, model);
+    }
   }
   return out;
 }

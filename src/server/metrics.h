@@ -18,8 +18,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);
   void observe(double value);
-  // The _bucket (cumulative, with le="+Inf"), _sum and _count lines of metric `name`.
-  std::string render(const std::string& name) const;
+  // The _bucket (cumulative, with le="+Inf"), _sum and _count lines of metric `name`, each
+  // sample carrying `labels` (`name="value"` pairs, already escaped) before le.
+  std::string render(const std::string& name, const std::string& labels = "") const;
 
  private:
   std::vector<double> bounds_;
@@ -44,6 +45,15 @@ struct EngineLoad {
   int64_t prefix_cache_budget = 0;  // bytes; 0: no prefix cache
 };
 
+// Where one sequence's time went, from its entering the queue to its end.
+struct RequestTimes {
+  double queue_s = 0;    // waiting for a row
+  double prefill_s = 0;  // from taking a row to its first token on the host
+  double decode_s = 0;   // from its first token to its end
+  double e2e_s = 0;      // from entering the queue to its end
+  int64_t tokens = 0;    // tokens generated
+};
+
 // Which other engine's names the load gauges are also exported under.
 enum class MetricsCompat { kNone, kVllm };
 
@@ -58,8 +68,11 @@ class Metrics {
   void count_request(const std::string& endpoint, int status);
   void count_tokens(int64_t prompt, int64_t generated);
   void count_cancelled();
-  void observe_time_to_first_token(double seconds);
-  void observe_decode_rate(double tokens_per_second);
+  // A sequence the engine started, once it has ended (finished, stopped or cancelled).
+  void observe_request(const RequestTimes& times);
+  // The time between two deliveries of a sequence's new tokens: one a decode step, or one every
+  // --read-every steps.
+  void observe_inter_token_latency(double seconds);
 
   std::string render(const EngineLoad& load) const;
 
@@ -73,6 +86,8 @@ class Metrics {
   int64_t cancelled_ = 0;
   Histogram ttft_;
   Histogram decode_rate_;
+  Histogram queue_, prefill_, decode_, e2e_;
+  Histogram inter_token_;
 };
 
 }  // namespace torchtpu::server

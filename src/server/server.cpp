@@ -326,6 +326,7 @@ class JobOutput {
   // log_softmax rows of steps whose token has not reached the host yet, oldest first.
   std::deque<at::Tensor> logprob_rows;
   size_t position = 0;  // tokens returned so far
+  std::optional<Clock::time_point> last_tokens_at;  // when the engine last handed tokens over
 
  private:
   // A call the client cannot take is handed back as the text it was, with a warning.
@@ -697,6 +698,11 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
     };
   }
   submission.on_tokens = [this, job, out](const std::vector<int64_t>& batch) {
+    const auto now = Clock::now();
+    if (out->last_tokens_at) {
+      metrics_.observe_inter_token_latency(seconds_between(*out->last_tokens_at, now));
+    }
+    out->last_tokens_at = now;
     std::string text;
     std::vector<TokenLogprob> logprobs;
     for (int64_t id : batch) {
@@ -745,10 +751,11 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       if (all) r.finish = "stop";
     }
     metrics_.count_tokens(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
-    metrics_.observe_time_to_first_token(job->queue_s + r.read_s);
-    if (r.tokens.size() > 1 && r.decode_s > 0) {
-      metrics_.observe_decode_rate(static_cast<double>(r.tokens.size() - 1) / r.decode_s);
-    }
+    metrics_.observe_request({.queue_s = job->queue_s,
+                              .prefill_s = r.read_s,
+                              .decode_s = r.decode_s,
+                              .e2e_s = seconds_between(job->queued_at, Clock::now()),
+                              .tokens = static_cast<int64_t>(r.tokens.size())});
     std::string finish = r.finish;
     if (finish == "cancelled" && out->stops.stopped()) finish = "stop";
     job->stop_sequence = out->stops.matched();

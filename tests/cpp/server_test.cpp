@@ -326,9 +326,13 @@ TEST(Metrics, RendersPrometheusText) {
   m.count_request("/v1/chat/completions", 400);
   m.count_tokens(10, 5);
   m.count_cancelled();
-  m.observe_time_to_first_token(0.02);
-  m.observe_time_to_first_token(7);
-  m.observe_decode_rate(30);
+  // A request waiting 5 ms, reading its prompt for 15, decoding 3 more tokens in 0.1 s; one that
+  // waited 2 s and was cancelled after its first token.
+  m.observe_request({.queue_s = 0.005, .prefill_s = 0.015, .decode_s = 0.1, .e2e_s = 0.125,
+                     .tokens = 4});
+  m.observe_request({.queue_s = 2, .prefill_s = 5, .decode_s = 0, .e2e_s = 7, .tokens = 1});
+  m.observe_inter_token_latency(0.03);
+  m.observe_inter_token_latency(0.05);
   const std::string text = m.render({.waiting = 3,
                                      .running = 1,
                                      .rows = 4,
@@ -361,8 +365,28 @@ TEST(Metrics, RendersPrometheusText) {
   EXPECT_TRUE(has(R"(torchtpu_time_to_first_token_seconds_bucket{le="10"} 2)"));
   EXPECT_TRUE(has(R"(torchtpu_time_to_first_token_seconds_bucket{le="+Inf"} 2)"));
   EXPECT_TRUE(has("torchtpu_time_to_first_token_seconds_count 2"));
+  // The rate of the request that decoded (3 tokens in 0.1 s) only.
   EXPECT_TRUE(has(R"(torchtpu_decode_tokens_per_second_bucket{le="20"} 0)"));
   EXPECT_TRUE(has(R"(torchtpu_decode_tokens_per_second_bucket{le="50"} 1)"));
+  EXPECT_TRUE(has("torchtpu_decode_tokens_per_second_count 1"));
+  // A bound holds the values equal to it.
+  EXPECT_TRUE(has(R"(torchtpu_request_queue_time_seconds_bucket{le="0.005"} 1)"));
+  EXPECT_TRUE(has(R"(torchtpu_request_queue_time_seconds_bucket{le="1.5"} 1)"));
+  EXPECT_TRUE(has(R"(torchtpu_request_queue_time_seconds_bucket{le="2"} 2)"));
+  EXPECT_TRUE(has("torchtpu_request_queue_time_seconds_sum 2.005"));
+  EXPECT_TRUE(has(R"(torchtpu_request_prefill_time_seconds_bucket{le="0.025"} 1)"));
+  EXPECT_TRUE(has(R"(torchtpu_request_prefill_time_seconds_bucket{le="2.5"} 1)"));
+  EXPECT_TRUE(has(R"(torchtpu_request_prefill_time_seconds_bucket{le="5"} 2)"));
+  EXPECT_TRUE(has(R"(torchtpu_request_decode_time_seconds_bucket{le="0.005"} 1)"));
+  EXPECT_TRUE(has(R"(torchtpu_request_decode_time_seconds_bucket{le="0.1"} 2)"));
+  EXPECT_TRUE(has(R"(torchtpu_e2e_request_latency_seconds_bucket{le="0.1"} 0)"));
+  EXPECT_TRUE(has(R"(torchtpu_e2e_request_latency_seconds_bucket{le="0.25"} 1)"));
+  EXPECT_TRUE(has(R"(torchtpu_e2e_request_latency_seconds_bucket{le="+Inf"} 2)"));
+  EXPECT_TRUE(has("torchtpu_e2e_request_latency_seconds_sum 7.125"));
+  EXPECT_TRUE(has("torchtpu_e2e_request_latency_seconds_count 2"));
+  EXPECT_TRUE(has(R"(torchtpu_inter_token_latency_seconds_bucket{le="0.025"} 0)"));
+  EXPECT_TRUE(has(R"(torchtpu_inter_token_latency_seconds_bucket{le="0.05"} 2)"));
+  EXPECT_TRUE(has("torchtpu_inter_token_latency_seconds_count 2"));
   EXPECT_TRUE(has("torchtpu_engine_busy_seconds_total 1.5"));
   EXPECT_TRUE(has("torchtpu_batch_rows 4"));
   EXPECT_TRUE(has("torchtpu_prefix_cache_hits_total 2"));
@@ -386,6 +410,8 @@ TEST(Metrics, RendersPrometheusText) {
 TEST(Metrics, VllmNamesCarryTheSameFiguresAndTheModelName) {
   Metrics m(MetricsCompat::kVllm, "gemma \"4\"");
   m.count_tokens(10, 5);
+  m.observe_request({.queue_s = 0.5, .prefill_s = 0.25, .decode_s = 1, .e2e_s = 1.75, .tokens = 5});
+  m.observe_inter_token_latency(0.25);
   const std::string text = m.render({.waiting = 2,
                                      .running = 1,
                                      .kv_cache_usage = 0.5,
@@ -411,6 +437,22 @@ TEST(Metrics, VllmNamesCarryTheSameFiguresAndTheModelName) {
   // vLLM counts prefix cache queries and hits in tokens.
   EXPECT_TRUE(has("vllm:prefix_cache_queries_total" + model + " 10"));
   EXPECT_TRUE(has("vllm:prefix_cache_hits_total" + model + " 7"));
+  // The timing histograms: the model's label before le, and on _sum and _count.
+  const std::string before_le = R"({model_name="gemma \"4\"",le=)";
+  EXPECT_TRUE(has("# TYPE vllm:e2e_request_latency_seconds histogram"));
+  EXPECT_TRUE(has("vllm:e2e_request_latency_seconds_bucket" + before_le + R"("1.5"} 0)"));
+  EXPECT_TRUE(has("vllm:e2e_request_latency_seconds_bucket" + before_le + R"("2"} 1)"));
+  EXPECT_TRUE(has("vllm:e2e_request_latency_seconds_bucket" + before_le + R"("+Inf"} 1)"));
+  EXPECT_TRUE(has("vllm:e2e_request_latency_seconds_sum" + model + " 1.75"));
+  EXPECT_TRUE(has("vllm:e2e_request_latency_seconds_count" + model + " 1"));
+  EXPECT_TRUE(has("vllm:time_to_first_token_seconds_sum" + model + " 0.75"));
+  EXPECT_TRUE(has("vllm:request_queue_time_seconds_sum" + model + " 0.5"));
+  EXPECT_TRUE(has("vllm:request_prefill_time_seconds_sum" + model + " 0.25"));
+  EXPECT_TRUE(has("vllm:request_decode_time_seconds_sum" + model + " 1"));
+  EXPECT_TRUE(has("vllm:inter_token_latency_seconds_sum" + model + " 0.25"));
+  EXPECT_TRUE(has("torchtpu_e2e_request_latency_seconds_sum 1.75"));
+  // vLLM has no histogram of decode rates.
+  EXPECT_EQ(text.find("vllm:decode"), std::string::npos);
 }
 
 TEST(Metrics, CacheInfoWaitsForTheEngineAndCompatIsChecked) {

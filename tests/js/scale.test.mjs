@@ -112,6 +112,19 @@ describe("a replica behind a router", () => {
     const list = samples(await (await fetch(`${server.url}/metrics`)).text());
     assert.equal(sample(list, "torchtpu_running_requests").value, 0);
     assert.equal(sample(list, "torchtpu_kv_cache_usage_ratio").value, 0);
+    // Its times, under vLLM's names as well: the request in the latency histograms, each gap
+    // between two of its tokens in the inter-token one.
+    const model = `{model_name="${NAMES[0]}"}`;
+    for (const name of ["e2e_request_latency", "request_queue_time", "request_prefill_time",
+      "request_decode_time", "time_to_first_token", "inter_token_latency"]) {
+      for (const field of ["count", "sum"]) {
+        const native = sample(list, `torchtpu_${name}_seconds_${field}`);
+        assert.deepEqual(sample(list, `vllm:${name}_seconds_${field}`),
+          { name: `vllm:${name}_seconds_${field}`, labels: model, value: native.value });
+      }
+      assert.equal(sample(list, `torchtpu_${name}_seconds_count`).value,
+        name === "inter_token_latency" ? maxTokens - 1 : 1, name);
+    }
   });
 
   test("/health is readiness, /livez liveness; both answer without the key", async () => {

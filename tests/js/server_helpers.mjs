@@ -132,6 +132,17 @@ export function metric(text, name) {
   return undefined;
 }
 
+// A histogram of a Prometheus text without labels of its own: {count, sum, le: {bound: count}},
+// the bucket counts cumulative as the text gives them.
+export function histogram(text, name) {
+  const le = {};
+  for (const line of text.split("\n")) {
+    const m = line.match(/^(\S+)_bucket\{le="([^"]+)"\} (\S+)$/);
+    if (m && m[1] === name) le[m[2]] = Number(m[3]);
+  }
+  return { count: metric(text, `${name}_count`), sum: metric(text, `${name}_sum`), le };
+}
+
 export async function metrics(url, headers = {}) {
   const res = await fetch(`${url}/metrics`, { headers });
   return res.text();

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import OpenAI from "openai";
-import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
+import { eventually, histogram, metric, metrics, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 let wide;
@@ -191,6 +191,61 @@ test("a full queue answers 429 with Retry-After; queued work still completes", a
   const r = await queued;
   assert.equal(r.object, "chat.completion");
 });
+
+const TIMINGS = ["request_queue_time", "request_prefill_time", "request_decode_time",
+  "e2e_request_latency", "time_to_first_token", "inter_token_latency"];
+
+// The timing histograms of `url`, by the names in TIMINGS.
+async function timings(url) {
+  const text = await metrics(url);
+  return Object.fromEntries(TIMINGS.map((n) => [n, histogram(text, `torchtpu_${n}_seconds`)]));
+}
+
+test("the timing histograms: a request's wait for a row, its prompt, its decode, its tokens' gaps",
+  async () => {
+    const client = new OpenAI({ apiKey: "none", baseURL: narrow.baseURL, maxRetries: 0 });
+    const body = { model: MODEL, prompt: "Count the stars.", max_tokens: 6, ignore_eos: true };
+    let before = await timings(narrow.url);
+    const started = Date.now();
+    const r = await client.completions.create(body);
+    const wall = (Date.now() - started) / 1000;
+    let now = await timings(narrow.url);
+    const delta = (name, field) => now[name][field] - before[name][field];
+    assert.equal(r.usage.completion_tokens, 6);
+    for (const name of TIMINGS.slice(0, 5)) assert.equal(delta(name, "count"), 1, name);
+    // One gap between each two of the 6 tokens, all within the decode.
+    assert.equal(delta("inter_token_latency", "count"), 5);
+    const gaps = delta("inter_token_latency", "sum");
+    const queue = delta("request_queue_time", "sum");
+    const prefill = delta("request_prefill_time", "sum");
+    const decode = delta("request_decode_time", "sum");
+    const e2e = delta("e2e_request_latency", "sum");
+    assert.ok(gaps > 0 && gaps <= decode + 1e-6, `gaps ${gaps} s, decode ${decode} s`);
+    assert.ok(Math.abs(delta("time_to_first_token", "sum") - (queue + prefill)) < 1e-6);
+    assert.ok(queue + prefill + decode <= e2e + 1e-6 && e2e <= wall,
+      `queue ${queue}, prefill ${prefill}, decode ${decode}, e2e ${e2e}, client ${wall} s`);
+
+    // A request queued behind one that holds the only row waits at least as long as it is held.
+    const controller = await holdEngine(client);
+    before = await timings(narrow.url);
+    const queued = client.completions.create({ ...body, max_tokens: 2 });
+    await eventually(async () => metric(await metrics(narrow.url), "torchtpu_queue_depth") === 1,
+      "the request to wait in the queue");
+    const heldFrom = Date.now();
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    controller.abort();
+    const held = (Date.now() - heldFrom) / 1000;
+    await queued;
+    // Both end: the holder, left by its client, and the one that waited.
+    await eventually(async () => {
+      now = await timings(narrow.url);
+      return delta("e2e_request_latency", "count") === 2;
+    }, "both requests to be counted");
+    assert.equal(delta("request_queue_time", "count"), 2);
+    assert.ok(delta("request_queue_time", "sum") >= held, `${delta("request_queue_time", "sum")}`);
+    // The holder had the row at once; the other waited more than 0.3 s.
+    assert.equal(now.request_queue_time.le["0.3"] - before.request_queue_time.le["0.3"], 1);
+  });
 
 // Every choice's text, by index, from a whole answer or a stream of chunks.
 async function choicesOf(response, stream, chat) {
