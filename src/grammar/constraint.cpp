@@ -136,7 +136,7 @@ void check_grammar(const GrammarVocabulary& vocabulary, const Grammar& grammar) 
 }
 
 Constraint::Constraint(std::shared_ptr<const GrammarVocabulary> vocabulary, const Grammar& grammar,
-                       std::optional<ThinkingMarkers> thinking)
+                       std::optional<ThinkingMarkers> thinking, bool thinking_open)
     : vocabulary_(std::move(vocabulary)), thinking_(thinking) {
   check_grammar(*vocabulary_, grammar);
   LlgConstraintInit init = constraint_init(*vocabulary_);
@@ -148,7 +148,7 @@ Constraint::Constraint(std::shared_ptr<const GrammarVocabulary> vocabulary, cons
     throw ValueError(message);
   }
   words_.assign(llg_matcher_get_mask_byte_size(matcher_) / sizeof(uint32_t), 0);
-  if (thinking_) phase_ = Phase::kMayThink;
+  if (thinking_) phase_ = thinking_open ? Phase::kThinking : Phase::kMayThink;
 }
 
 Constraint::~Constraint() { llg_free_matcher(matcher_); }

@@ -58,9 +58,10 @@ void check_grammar(const GrammarVocabulary& vocabulary, const Grammar& grammar);
 // One request's position in its grammar. Used by one thread at a time.
 class Constraint {
  public:
-  // ValueError as check_grammar for a grammar llguidance rejects.
+  // ValueError as check_grammar for a grammar llguidance rejects. With `thinking_open` (and
+  // markers) the prompt has opened the thinking block already: the output starts inside it.
   Constraint(std::shared_ptr<const GrammarVocabulary> vocabulary, const Grammar& grammar,
-             std::optional<ThinkingMarkers> thinking = std::nullopt);
+             std::optional<ThinkingMarkers> thinking = std::nullopt, bool thinking_open = false);
   ~Constraint();
   Constraint(const Constraint&) = delete;
   Constraint& operator=(const Constraint&) = delete;

@@ -481,7 +481,9 @@ class Server {
   // The grammar a request's output must follow, ready to step: a forced tool call's (tool_choice
   // "required" or a named function), else response_format's; none for free text. ApiError 400
   // naming the field whose grammar cannot be enforced.
-  std::shared_ptr<Constraint> constraint_for(const GenerationRequest& r, bool chat) const;
+  // `parser_prefix` as render_chat set it: whether the prompt opened the thinking channel.
+  std::shared_ptr<Constraint> constraint_for(const GenerationRequest& r, bool chat,
+                                             const std::string& parser_prefix) const;
   // The request's media read, checked and preprocessed for the engine; ApiError 400 naming the
   // part's field for anything wrong.
   std::vector<Media> read_media(const std::vector<MediaSource>& sources) const;
@@ -1120,18 +1122,29 @@ std::shared_ptr<Active> Server::admit() {
 }
 
 std::string Server::render_chat(const GenerationRequest& r, std::string& parser_prefix) const {
+  std::string prompt =
+      template_->render(r.messages, r.tools, /*add_generation_prompt=*/true, r.template_kwargs);
+  // After a tool response with thinking on, the template opens the reply's thinking channel
+  // itself: the model continues inside it, so its output is parsed from the opening on.
+  const size_t open = prompt.rfind(kChannelOpen);
+  const bool thinking_open = open != std::string::npos &&
+                             prompt.find(kChannelClose, open) == std::string::npos;
+  parser_prefix = thinking_open ? prompt.substr(open) : "";
   // "required" and a named function are honoured by writing the call's opening into the
-  // prompt: the model can only continue it (thinking is skipped then).
-  parser_prefix.clear();
-  if (r.tool_choice == "required") parser_prefix = "<|tool_call>call:";
-  if (r.tool_choice == "function") {
-    parser_prefix = "<|tool_call>call:" + r.tool_choice_function + "{";
+  // prompt: the model can only continue it (thinking is skipped then, an open channel closed).
+  std::string call;
+  if (r.tool_choice == "required") call = "<|tool_call>call:";
+  if (r.tool_choice == "function") call = "<|tool_call>call:" + r.tool_choice_function + "{";
+  if (!call.empty()) {
+    if (thinking_open) call = std::string(kChannelClose) + call;
+    prompt += call;
+    parser_prefix += call;
   }
-  return template_->render(r.messages, r.tools, /*add_generation_prompt=*/true, r.template_kwargs) +
-         parser_prefix;
+  return prompt;
 }
 
-std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, bool chat) const {
+std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, bool chat,
+                                                   const std::string& parser_prefix) const {
   std::optional<Grammar> grammar;
   std::string param;
   const bool forced_call = r.tool_choice == "required" || r.tool_choice == "function";
@@ -1170,7 +1183,8 @@ std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, b
       grammar_vocabulary_ =
           std::make_shared<const GrammarVocabulary>(*tokenizer_, grammar_end_ids_);
     });
-    return std::make_shared<Constraint>(grammar_vocabulary_, *grammar, thinking);
+    return std::make_shared<Constraint>(grammar_vocabulary_, *grammar, thinking,
+                                        parser_prefix.starts_with(kChannelOpen));
   } catch (const ValueError& e) {
     throw ApiError(400, "'" + param + "' cannot be enforced: " + e.what(), "invalid_request_error",
                    param, "unsupported_schema");
@@ -1246,7 +1260,7 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   job->decode.max_new = r.max_tokens.value_or(options_.engine.context);
   job->decode.read_every = options_.read_every;
   job->decode.ignore_eos = r.ignore_eos;
-  job->decode.constraint = constraint_for(r, chat);
+  job->decode.constraint = constraint_for(r, chat, job->parser_prefix);
   job->decode.sampling =
       sampling_params(r.sampling, generation_defaults_, engine_->config().vocab_size);
   job->stop = r.stop;
@@ -1267,7 +1281,8 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
       find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
   Choices jobs{job};
   for (int64_t i = 1; i < r.n; ++i) {
-    jobs.push_back(job->sibling(i, job->decode.constraint ? constraint_for(r, chat) : nullptr));
+    jobs.push_back(job->sibling(
+        i, job->decode.constraint ? constraint_for(r, chat, job->parser_prefix) : nullptr));
   }
   enqueue(jobs);
   return jobs;

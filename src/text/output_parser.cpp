@@ -12,8 +12,6 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr std::string_view kChannelOpen = "<|channel>";
-constexpr std::string_view kChannelClose = "<channel|>";
 constexpr std::string_view kChannelName = "thought\n";
 constexpr std::string_view kCallOpen = "<|tool_call>";
 constexpr std::string_view kCallClose = "<tool_call|>";

@@ -13,6 +13,10 @@
 
 namespace torchtpu {
 
+// The thinking channel's markers, as the detokenizer shows them.
+inline constexpr std::string_view kChannelOpen = "<|channel>";
+inline constexpr std::string_view kChannelClose = "<channel|>";
+
 struct ToolCall {
   std::string name;
   nlohmann::ordered_json arguments;  // always an object, keys in the order the model wrote them

@@ -153,6 +153,18 @@ TEST(Constraint, ThinkingBlockComesFirstAndTheGrammarStartsWhenItCloses) {
   EXPECT_EQ(allowed(c), (std::set<int64_t>{byte_id('t'), byte_id('f'), kTrue}));
 }
 
+TEST(Constraint, ABlockThePromptOpenedIsThoughtInUntilItCloses) {
+  // After a tool response with thinking on, the prompt ends inside the block.
+  Constraint c(vocabulary(), schema(R"({"type": "boolean"})"),
+               ThinkingMarkers{kChannelOpen, kChannelClose}, /*thinking_open=*/true);
+  const auto thinking = allowed(c);
+  EXPECT_EQ(thinking.size(), static_cast<size_t>(vocabulary()->size() - 2));
+  EXPECT_EQ(thinking.count(kChannelClose), 1);
+  commit_text(c, "rain {");
+  c.commit(kChannelClose);
+  EXPECT_EQ(allowed(c), (std::set<int64_t>{byte_id('t'), byte_id('f'), kTrue}));
+}
+
 TEST(Constraint, WithoutThinkingTheGrammarStartsAtOnce) {
   Constraint c(vocabulary(), schema(R"({"type": "boolean"})"),
                ThinkingMarkers{kChannelOpen, kChannelClose});

@@ -20,6 +20,8 @@ const RULES = [
   { prompt_contains: "Weather anywhere?", output: `get_weather{city:${Q}Oslo${Q}}<tool_call|>` },
   { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
   { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
+  // After a tool response with thinking on, the prompt has opened the thinking channel.
+  { prompt_contains: "CLOUDY-9C", output: "Cold there.\n<channel|>It is 9 degrees in Oslo." },
   { prompt_contains: "Broken call", output: "Let me check. <|tool_call>call:get_weather{city Paris}<tool_call|>" },
   { prompt_contains: "Cut call", output: `<|tool_call>call:get_weather{city:${Q}Par` },
 ];
@@ -237,6 +239,24 @@ describe("thinking", () => {
     assert.equal(a.reasoning, "Two and two.");
     assert.equal(a.content, "It is 4.");
   });
+
+  test("after a tool result the reply goes on thinking in the channel the prompt opened",
+    async () => {
+      const call = { id: "call_1", type: "function",
+        function: { name: "get_weather", arguments: '{"city":"Oslo"}' } };
+      const messages = [...ask("Weather in Oslo, think first."),
+        { role: "assistant", content: null, tool_calls: [call] },
+        { role: "tool", tool_call_id: call.id, content: "CLOUDY-9C" }];
+      const body = { model: MODEL, messages, tools: TOOLS, reasoning_effort: "low" };
+      const whole = (await client.chat.completions.create(body)).choices[0];
+      assert.equal(whole.message.reasoning_content, "Cold there.");
+      assert.equal(whole.message.content, "It is 9 degrees in Oslo.");
+      assert.equal(whole.finish_reason, "stop");
+      const streamed = accumulate(await collect(
+        await client.chat.completions.create({ ...body, stream: true })));
+      assert.equal(streamed.reasoning, "Cold there.");
+      assert.equal(streamed.content, "It is 9 degrees in Oslo.");
+    });
 });
 
 describe("logprobs", () => {
