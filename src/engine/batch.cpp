@@ -133,7 +133,7 @@ BatchStats Batch::stats() const {
 
 void Batch::admit(Row& row, int64_t index, Request request) {
   const auto n = static_cast<int64_t>(request.prompt.size());
-  row.output.emplace(request.options, engine_.config().eos_token_ids, n,
+  row.output.emplace(request.options, engine_.config().eos_token_ids, request.prompt,
                      std::move(request.on_tokens));
   row.budget = engine_.token_budget(n, request.options.max_new);
   row.request = std::move(request);
@@ -205,7 +205,7 @@ void Batch::accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>&
 
 void Batch::before_sampling(Row& row, int64_t index, const at::Tensor& logits) {
   if (row.request->on_logits) row.request->on_logits(logits);
-  if (row.output->constrained()) row.output->forbid(sampler_.forbidden(index));
+  if (row.output->masked()) row.output->forbid(sampler_.forbidden(index));
 }
 
 int64_t Batch::chunk_size(const Row& row, int64_t limit) const {
@@ -346,7 +346,7 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
     // Host-driven per row (the ops follow the rows that ask): logprobs and grammars.
     for (const int64_t i : decoding) {
       Row& row = rows_[i];
-      if (row.request->on_logits || row.output->constrained()) {
+      if (row.request->on_logits || row.output->masked()) {
         before_sampling(row, i, logits[i]);
       }
     }

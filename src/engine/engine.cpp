@@ -362,6 +362,18 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
         "ignore_eos cannot be combined with a constraint: the grammar decides where "
         "the output ends");
   }
+  if (const auto& budget = options.thinking_budget) {
+    if (budget->tokens < 0) {
+      throw ValueError("thinking_budget must be at least 0, got " +
+                       std::to_string(budget->tokens));
+    }
+    for (const int64_t id : {budget->markers.open, budget->markers.close}) {
+      if (id < 0 || id >= config().vocab_size) {
+        throw ValueError("thinking_budget: marker id " + std::to_string(id) +
+                         " is outside the vocabulary of " + std::to_string(config().vocab_size));
+      }
+    }
+  }
   options.sampling.validate(config().vocab_size);
 }
 
@@ -379,9 +391,10 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
                             const DecodeOptions& options, const OnTokens& on_tokens,
                             const OnLogits& on_logits) {
   check_decode(prompt, options, media);
-  // Each step's mask follows from every token before it, so a constrained request reads every
-  // token back to the host as it is sampled, whatever read_every the caller chose.
-  if (options.constraint && options.read_every != 1) {
+  // Each step's mask follows from every token before it, so a constrained request (or one with a
+  // thinking budget) reads every token back to the host as it is sampled, whatever read_every
+  // the caller chose.
+  if ((options.constraint || options.thinking_budget) && options.read_every != 1) {
     DecodeOptions every_token = options;
     every_token.read_every = 1;
     return decode(prompt, media, every_token, on_tokens, on_logits);
@@ -396,10 +409,10 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   Sampler sampler(/*rows=*/1, config().vocab_size, options_.device, /*fixed_shape=*/false);
   sampler.set(0, options.sampling, prompt);
   rings_.reset();
-  SequenceOutput output(options, config().eos_token_ids, n, on_tokens);
+  SequenceOutput output(options, config().eos_token_ids, prompt, on_tokens);
   auto sample = [&](const at::Tensor& logits) {
     if (on_logits) on_logits(logits);
-    if (output.constrained()) output.forbid(sampler.forbidden(0));
+    if (output.masked()) output.forbid(sampler.forbidden(0));
     return sampler.next(logits.view({1, -1})).view({1, 1});
   };
   const auto prompt_media = embed_media(prompt, media);

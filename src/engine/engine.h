@@ -75,6 +75,15 @@ struct EngineSettings {
   EngineOptions options(const std::string& model_dir) const;
 };
 
+// A cap on a thinking block (llama.cpp's reasoning budget, vLLM's thinking token budget): once
+// `tokens` tokens have followed the block's opening marker, in the prompt or the output, every
+// token but the closing marker is masked, so the model closes the block and goes on to answer.
+// A block opened again is counted again.
+struct ThinkingBudget {
+  int64_t tokens = 0;
+  ThinkingMarkers markers;
+};
+
 struct DecodeOptions {
   int64_t max_new = 64;
   std::vector<int64_t> stop_ids;  // empty: the checkpoint's eos ids
@@ -85,6 +94,8 @@ struct DecodeOptions {
   // sampling, and every sampled token is committed to it (so decoding reads every token back:
   // read_every is taken as 1). Single-use: the constraint advances through one decode.
   std::shared_ptr<Constraint> constraint;
+  // Reads every token back too, as a constraint does.
+  std::optional<ThinkingBudget> thinking_budget;
 };
 
 struct DecodeResult {

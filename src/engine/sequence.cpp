@@ -6,13 +6,35 @@
 namespace torchtpu {
 
 SequenceOutput::SequenceOutput(const DecodeOptions& options, const std::vector<int64_t>& eos_ids,
-                               int64_t prompt_tokens, OnTokens on_tokens)
+                               const std::vector<int64_t>& prompt, OnTokens on_tokens)
     : stops_(options.stop_ids.empty() ? eos_ids : options.stop_ids),
       ignore_eos_(options.ignore_eos),
       constraint_(options.constraint),
+      budget_(options.thinking_budget),
       on_tokens_(std::move(on_tokens)),
       start_(Clock::now()) {
-  result_.prompt_tokens = prompt_tokens;
+  result_.prompt_tokens = static_cast<int64_t>(prompt.size());
+  if (budget_) {
+    for (const int64_t token : prompt) count_thought(token);
+  }
+}
+
+void SequenceOutput::count_thought(int64_t token) {
+  if (token == budget_->markers.open) {
+    thought_ = 0;
+  } else if (token == budget_->markers.close) {
+    thought_ = -1;
+  } else if (thought_ >= 0) {
+    ++thought_;
+  }
+}
+
+void SequenceOutput::forbid(const at::Tensor& forbidden) const {
+  if (constraint_) constraint_->forbid(forbidden);
+  if (closing()) {
+    forbidden.fill_(true);
+    forbidden[budget_->markers.close] = false;
+  }
 }
 
 bool SequenceOutput::take(const int64_t* tokens, int64_t count) {
@@ -25,6 +47,7 @@ bool SequenceOutput::take(const int64_t* tokens, int64_t count) {
       break;
     }
     if (constraint_) constraint_->commit(tokens[i]);
+    if (budget_) count_thought(tokens[i]);
     batch.push_back(tokens[i]);
   }
   result_.tokens.insert(result_.tokens.end(), batch.begin(), batch.end());

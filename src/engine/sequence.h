@@ -15,14 +15,15 @@ namespace torchtpu {
 class SequenceOutput {
  public:
   // The clock for read_s starts here. `eos_ids` stop the sequence when the options name no stop
-  // ids of their own.
+  // ids of their own. The prompt may have opened a thinking block already.
   SequenceOutput(const DecodeOptions& options, const std::vector<int64_t>& eos_ids,
-                 int64_t prompt_tokens, OnTokens on_tokens);
+                 const std::vector<int64_t>& prompt, OnTokens on_tokens);
 
-  // Whether a grammar constrains the next token; `forbid` then fills a host bool [vocab] with
-  // the tokens it forbids (Sampler::forbidden).
-  bool constrained() const { return constraint_ != nullptr; }
-  void forbid(const at::Tensor& forbidden) const { constraint_->forbid(forbidden); }
+  // Whether the next token is masked: a grammar constrains it, or a thinking budget is spent and
+  // only the block's closing marker may come. `forbid` then fills a host bool [vocab] with the
+  // tokens forbidden (Sampler::forbidden).
+  bool masked() const { return constraint_ != nullptr || closing(); }
+  void forbid(const at::Tensor& forbidden) const;
   // Moves `count` tokens read back from the device into the result, up to a stop id; returns
   // false when the sequence must end (a stop id: "stop"; on_tokens returned false: "cancelled").
   bool take(const int64_t* tokens, int64_t count);
@@ -34,9 +35,15 @@ class SequenceOutput {
  private:
   using Clock = std::chrono::steady_clock;
 
+  bool closing() const { return budget_ && thought_ >= budget_->tokens; }
+  // Follows the thinking block's markers through `token`.
+  void count_thought(int64_t token);
+
   std::vector<int64_t> stops_;
   bool ignore_eos_;
   std::shared_ptr<Constraint> constraint_;
+  std::optional<ThinkingBudget> budget_;
+  int64_t thought_ = -1;  // tokens since the open block's opening marker; -1: no block is open
   OnTokens on_tokens_;
   DecodeResult result_;
   Clock::time_point start_;

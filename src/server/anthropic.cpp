@@ -260,7 +260,8 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
       if (!budget->is_number_integer()) {
         throw wrong_type("thinking.budget_tokens", "an integer", *budget);
       }
-      // Anthropic's own limits; the budget then counts against max_tokens like any output.
+      // Anthropic's own limits. The budget counts against max_tokens like any output, and the
+      // thinking block is closed for the model once it is spent.
       if (*budget < 1024) {
         throw invalid("thinking.budget_tokens", "must be at least 1024, got " + budget->dump());
       }
@@ -269,6 +270,7 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
             "thinking.budget_tokens",
             "must be less than max_tokens (" + max_tokens->dump() + "), got " + budget->dump());
       }
+      chat["thinking_token_budget"] = *budget;
     } else if (type != "disabled" && type != "adaptive") {
       throw invalid("thinking.type",
                     "must be \"enabled\", \"adaptive\" or \"disabled\", got \"" + type + "\"");

@@ -169,6 +169,17 @@ void parse_common(const ojson& body, GenerationRequest& r) {
     }
   }
   r.ignore_eos = get_bool(body, "ignore_eos", false);
+  for (const char* name : {"thinking_token_budget", "reasoning_budget_tokens"}) {
+    if (auto n = get_int(body, name)) {
+      if (*n < -1) {
+        throw ApiError(400,
+                       "'" + std::string(name) + "' must be -1 (no limit) or at least 0, got " +
+                           std::to_string(*n),
+                       "invalid_request_error", name, "invalid_value");
+      }
+      if (!r.thinking_budget) r.thinking_budget = n;
+    }
+  }
   r.response_format = parse_response_format(body);
 }
 

@@ -104,6 +104,10 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool ignore_eos = false;     // llama.cpp / vLLM extension: decode through end-of-turn tokens
+  // Tokens a thinking block may hold before it is closed for the model (vLLM's
+  // thinking_token_budget, llama.cpp's reasoning_budget_tokens); -1: no limit; none: the
+  // server's --reasoning-budget.
+  std::optional<int64_t> thinking_budget;
   SamplingRequest sampling;
   // logprobs of the returned tokens, and how many alternatives per position (0-20). Chat:
   // logprobs=true plus top_logprobs; completions: logprobs=N sets both.

@@ -1261,6 +1261,10 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   job->decode.read_every = options_.read_every;
   job->decode.ignore_eos = r.ignore_eos;
   job->decode.constraint = constraint_for(r, chat, job->parser_prefix);
+  if (const int64_t thinking = r.thinking_budget.value_or(options_.reasoning_budget);
+      thinking >= 0 && thinking_markers_) {
+    job->decode.thinking_budget = ThinkingBudget{thinking, *thinking_markers_};
+  }
   job->decode.sampling =
       sampling_params(r.sampling, generation_defaults_, engine_->config().vocab_size);
   job->stop = r.stop;
@@ -1450,6 +1454,7 @@ ojson Server::engine_json() const {
   out["read_every"] = options_.read_every;
   out["max_queue"] = options_.max_queue;
   out["parallel"] = options_.parallel;
+  out["reasoning_budget"] = options_.reasoning_budget;
   const SchedulerStats stats = scheduler_.stats();
   const auto& cache = stats.batch.cache;
   out["scheduler"] = {{"mode", options_.read_every > 1 ? "one sequence at a time (read_every > 1)"
@@ -1902,6 +1907,10 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   }
   if (options.pass_rows < 0) {
     throw ValueError("--pass-rows must be at least 0, got " + std::to_string(options.pass_rows));
+  }
+  if (options.reasoning_budget < -1) {
+    throw ValueError("--reasoning-budget must be -1 (no limit) or at least 0, got " +
+                     std::to_string(options.reasoning_budget));
   }
   if (options.engine.int4_activation_bits != 16 && options.engine.int4_activation_bits != 8) {
     throw ValueError("--int4-activation-bits must be 16 or 8, got " +

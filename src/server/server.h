@@ -48,6 +48,9 @@ struct ServeOptions {
   // tool_choice "auto" with tools: calls the model writes are held to the declared tools and
   // their parameters too (as tool_choice "required" always is), text around them is free.
   bool constrain_tools = false;
+  // Tokens a reply may think before its thinking block is closed for it, unless the request
+  // names its own budget; -1: no limit.
+  int64_t reasoning_budget = -1;
   std::string hosted_by = "torchtpu-cpp";  // "python" when hosted by torchtpu_cpp.serve
   int64_t max_body_bytes = 8 << 20;        // larger request bodies get 413
   MediaLimits media;                       // images and audio in requests

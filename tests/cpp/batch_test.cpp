@@ -282,6 +282,61 @@ TEST(Batch, APassOfPromptsAcrossADecodingRowLeavesItsRingsAsTheyWere) {
   expect_as_alone(engine, jobs, results);
 }
 
+// A thinking budget: the markers are ids of the test's choosing, so that the tiny model's own
+// greedy tokens open a block.
+TEST(Batch, ASpentThinkingBudgetForcesTheBlockClosedAloneAndBesideOtherRows) {
+  auto engine = make_engine();
+  const auto prompt = prompt_of(9, 4);
+  const auto free = engine.decode(prompt, greedy(12)).tokens;
+  auto seen = [&](int64_t id, size_t end) {
+    return std::count(prompt.begin(), prompt.end(), id) +
+           std::count(free.begin(), free.begin() + end, id);
+  };
+  // The first token the model writes once: it opens the block; an id it never writes closes it.
+  size_t k = 1;
+  while (seen(free[k], free.size()) != 1) ++k;
+  ASSERT_LE(k + 5, free.size());
+  int64_t close = 2;
+  while (seen(close, free.size()) != 0) ++close;
+  const ThinkingMarkers markers{free[k], close};
+
+  auto capped = greedy(12);
+  capped.thinking_budget = ThinkingBudget{3, markers};
+  const auto alone = engine.decode(prompt, capped).tokens;
+  ASSERT_EQ(alone.size(), 12u);
+  // Up to the opening marker and 3 tokens of thought, what the model writes freely; then the
+  // closing marker, whatever the model would have written.
+  EXPECT_EQ(std::vector<int64_t>(alone.begin(), alone.begin() + k + 4),
+            std::vector<int64_t>(free.begin(), free.begin() + k + 4));
+  EXPECT_EQ(alone[k + 4], close);
+
+  // A block the prompt opened counts the prompt's tokens after the marker: with one there, a
+  // budget of 2 leaves the model one token of thought.
+  auto opened = prompt;
+  opened.insert(opened.end(), {markers.open, prompt[0]});
+  const auto opened_free = engine.decode(opened, greedy(12)).tokens;
+  ASSERT_NE(opened_free[0], markers.open);
+  auto two = greedy(12);
+  two.thinking_budget = ThinkingBudget{2, markers};
+  const auto opened_alone = engine.decode(opened, two).tokens;
+  EXPECT_EQ(opened_alone[0], opened_free[0]);
+  EXPECT_EQ(opened_alone[1], close);
+  // A budget of 0 closes the block at once.
+  auto none = greedy(12);
+  none.thinking_budget = ThinkingBudget{0, markers};
+  EXPECT_EQ(engine.decode(opened, none).tokens[0], close);
+
+  // Beside a row without a budget, each row gets the tokens it gets alone.
+  Batch batch(engine, {.rows = 3});
+  batch.submit(prompt, capped);
+  batch.submit(opened, two);
+  batch.submit(prompt_of(5, 1), greedy(12));
+  const auto results = run(batch);
+  EXPECT_EQ(results.at(0).tokens, alone);
+  EXPECT_EQ(results.at(1).tokens, opened_alone);
+  EXPECT_EQ(results.at(2).tokens, engine.decode(prompt_of(5, 1), greedy(12)).tokens);
+}
+
 TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
   auto engine = make_engine();
   EXPECT_THROW(Batch(engine, {.rows = 0}), ValueError);
@@ -302,6 +357,16 @@ TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
   EXPECT_THROW(batch.submit({}, greedy(4)), ValueError);
   EXPECT_THROW(batch.submit({2, 100000}, greedy(4)), ValueError);
   EXPECT_THROW(batch.submit({2, 3}, greedy(0)), ValueError);
+  auto budget = greedy(4);
+  budget.thinking_budget = ThinkingBudget{-1, {5, 6}};
+  try {
+    batch.submit({2, 3}, budget);
+    FAIL() << "a negative thinking budget was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(), "thinking_budget must be at least 0, got -1");
+  }
+  budget.thinking_budget = ThinkingBudget{4, {5, 100000}};
+  EXPECT_THROW(batch.submit({2, 3}, budget), ValueError);
   EXPECT_THROW(batch.cancel(5), ValueError);
   EXPECT_THROW(batch.take_result(0), ValueError);
   const int64_t id = batch.submit({2, 3}, greedy(2));

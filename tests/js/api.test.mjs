@@ -257,6 +257,71 @@ describe("thinking", () => {
       assert.equal(streamed.reasoning, "Cold there.");
       assert.equal(streamed.content, "It is 9 degrees in Oslo.");
     });
+
+  // The random weights never close a thought by themselves: a budget is what makes an answer.
+  const rainy = (() => {
+    const call = { id: "call_2", type: "function",
+      function: { name: "get_weather", arguments: '{"city":"Bergen"}' } };
+    return [...ask("Is it raining in Bergen?"),
+      { role: "assistant", content: null, tool_calls: [call] },
+      { role: "tool", tool_call_id: call.id, content: "RAINY-12C" }];
+  })();
+  const thinkingBody = { model: MODEL, messages: rainy, tools: TOOLS, reasoning_effort: "low",
+    max_tokens: 12, ignore_eos: true };
+
+  test("a thinking budget closes the thought for the model, which then answers", async () => {
+    const free = (await client.chat.completions.create(thinkingBody)).choices[0].message;
+    assert.equal(free.content, "");
+    const capped = await client.chat.completions.create({ ...thinkingBody, thinking_token_budget: 6 });
+    const m = capped.choices[0].message;
+    assert.equal(capped.usage.completion_tokens, 12);
+    // The prompt opened the channel with "thought\n", two of the six tokens: the model thought
+    // four, as it does unbounded, then the block was closed and it answered.
+    const pieces = async (text) => (await (await fetch(`${server.url}/tokenize`, {
+      method: "POST", body: JSON.stringify({ content: text }),
+    })).json()).tokens.length;
+    assert.ok(free.reasoning_content.startsWith(m.reasoning_content), JSON.stringify([free, m]));
+    assert.equal(await pieces(m.reasoning_content), 4);
+    assert.ok(m.content.length > 0);
+    // llama.cpp's name for the same budget, and the same split when streamed.
+    const llama = await client.chat.completions.create({ ...thinkingBody, reasoning_budget_tokens: 6 });
+    assert.deepEqual(llama.choices[0].message, m);
+    const streamed = accumulate(await collect(await client.chat.completions.create(
+      { ...thinkingBody, thinking_token_budget: 6, stream: true })));
+    assert.deepEqual([streamed.reasoning, streamed.content], [m.reasoning_content, m.content]);
+    // 0 closes the block at once: no thought at all.
+    const none = (await client.chat.completions.create({ ...thinkingBody, thinking_token_budget: 0 }))
+      .choices[0].message;
+    assert.equal(none.reasoning_content, undefined);
+    assert.ok(none.content.length > 0);
+  });
+
+  test("--reasoning-budget is the default a request's -1 lifts; bad budgets are 400s", async () => {
+    const capped = await startServer(["--context", "1024", "--reasoning-budget", "6"]);
+    try {
+      const c = new OpenAI({ apiKey: "none", baseURL: capped.baseURL, maxRetries: 0 });
+      const byDefault = (await c.chat.completions.create(thinkingBody)).choices[0].message;
+      const asked = (await client.chat.completions.create({ ...thinkingBody, thinking_token_budget: 6 }))
+        .choices[0].message;
+      assert.deepEqual(byDefault, asked);
+      const lifted = (await c.chat.completions.create({ ...thinkingBody, thinking_token_budget: -1 }))
+        .choices[0].message;
+      assert.equal(lifted.content, "");
+      const engine = await (await fetch(`${capped.url}/v1/engine`)).json();
+      assert.equal(engine.reasoning_budget, 6);
+    } finally {
+      await capped.stop();
+    }
+    for (const [field, value, message] of [
+      ["thinking_token_budget", -2, "'thinking_token_budget' must be -1 (no limit) or at least 0, got -2"],
+      ["reasoning_budget_tokens", 1.5, "'reasoning_budget_tokens' must be an integer, got a number"],
+    ]) {
+      const e = await client.chat.completions.create({ ...thinkingBody, [field]: value }).catch((x) => x);
+      assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+      assert.equal(e.error.param, field);
+      assert.equal(e.error.message, message);
+    }
+  });
 });
 
 describe("logprobs", () => {

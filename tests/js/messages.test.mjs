@@ -58,7 +58,7 @@ before(async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-messages-"));
   const rules = path.join(dir, "forced.json");
   fs.writeFileSync(rules, JSON.stringify(RULES));
-  server = await startServer(["--context", "1024", "--api-key", KEY], {
+  server = await startServer(["--context", "2048", "--api-key", KEY], {
     env: { TORCHTPU_TEST_FORCED_OUTPUT: rules },
   });
   client = new Anthropic({ apiKey: KEY, baseURL: server.url, maxRetries: 0 });
@@ -121,6 +121,24 @@ describe("whole answers", () => {
     const omitted = await create({ messages: ask("What is 2+2?"), thinking: { type: "adaptive", display: "omitted" } });
     assert.deepEqual(omitted.content, [{ type: "thinking", thinking: "", signature: "" }, m.content[1]]);
   });
+
+  test("thinking enabled: once budget_tokens are spent the block is closed and the text follows",
+    async () => {
+      // After a tool result the prompt has opened the thinking block; the random weights, greedy,
+      // never close it by themselves.
+      const messages = [...ask("Is it raining in Bergen?"),
+        { role: "assistant", content: [{ type: "tool_use", id: "toolu_9", name: "get_weather",
+          input: { city: "Bergen" } }] },
+        { role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_9", content: "RAINY-12C" }] }];
+      const body = { messages, tools: TOOLS, max_tokens: 1030, temperature: 0 };
+      const unbounded = await create({ ...body, thinking: { type: "adaptive" } });
+      assert.deepEqual(unbounded.content.map((b) => b.type), ["thinking"]);
+      const m = await create({ ...body, thinking: { type: "enabled", budget_tokens: 1024 } });
+      assert.deepEqual(m.content.map((b) => b.type), ["thinking", "text"]);
+      assert.ok(unbounded.content[0].thinking.startsWith(m.content[0].thinking));
+      assert.ok(m.content[1].text.length > 0);
+      assert.equal(m.usage.output_tokens, 1030);
+    });
 
   test("tool_use, then tool_result: the round trip", async () => {
     const first = await create({ messages: ask("Weather in Paris?"), tools: TOOLS });

@@ -97,6 +97,13 @@ def _parse_args(argv):
         help="hold tool calls to the declared tools' schemas with tool_choice auto too",
     )
     p.add_argument(
+        "--reasoning-budget",
+        type=int,
+        default=-1,
+        help="tokens a reply may think before its thinking block is closed for it, unless the "
+        "request sets thinking_token_budget or reasoning_budget_tokens (-1: no limit)",
+    )
+    p.add_argument(
         "--served-model-name",
         action="extend",
         nargs="+",
@@ -215,6 +222,7 @@ def main(argv=None):
                 quantize=args.quantize,
                 int4_activation_bits=args.int4_activation_bits,
                 constrain_tools=args.constrain_tools,
+                reasoning_budget=args.reasoning_budget,
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
                 metrics_compat=args.metrics_compat,
