@@ -258,6 +258,21 @@ describe("thinking", () => {
       assert.equal(streamed.content, "It is 9 degrees in Oslo.");
     });
 
+  test("a forced call after a tool result with thinking on closes the opened channel first",
+    async () => {
+      const call = { id: "call_3", type: "function",
+        function: { name: "get_weather", arguments: '{"city":"Oslo"}' } };
+      const r = await client.chat.completions.create({ model: MODEL, tools: TOOLS,
+        tool_choice: "required", reasoning_effort: "low", messages: [...ask("Weather anywhere?"),
+          { role: "assistant", content: null, tool_calls: [call] },
+          { role: "tool", tool_call_id: call.id, content: "CLOUDY-9C" }] });
+      const m = r.choices[0].message;
+      assert.equal(r.choices[0].finish_reason, "tool_calls");
+      assert.equal(m.reasoning_content, undefined);
+      assert.deepEqual(m.tool_calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)]),
+        [["get_weather", { city: "Oslo" }]]);
+    });
+
   // The random weights never close a thought by themselves: a budget is what makes an answer.
   const rainy = (() => {
     const call = { id: "call_2", type: "function",
