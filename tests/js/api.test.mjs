@@ -61,6 +61,14 @@ after(async () => {
 
 const ask = (content) => [{ role: "user", content }];
 
+// A conversation that ends with the result of one get_weather call.
+function afterToolResult(question, city, result) {
+  const call = { id: `call_${city}`, type: "function",
+    function: { name: "get_weather", arguments: JSON.stringify({ city }) } };
+  return [...ask(question), { role: "assistant", content: null, tool_calls: [call] },
+    { role: "tool", tool_call_id: call.id, content: result }];
+}
+
 async function collect(stream) {
   const chunks = [];
   for await (const chunk of stream) chunks.push(chunk);
@@ -242,11 +250,7 @@ describe("thinking", () => {
 
   test("after a tool result the reply goes on thinking in the channel the prompt opened",
     async () => {
-      const call = { id: "call_1", type: "function",
-        function: { name: "get_weather", arguments: '{"city":"Oslo"}' } };
-      const messages = [...ask("Weather in Oslo, think first."),
-        { role: "assistant", content: null, tool_calls: [call] },
-        { role: "tool", tool_call_id: call.id, content: "CLOUDY-9C" }];
+      const messages = afterToolResult("Weather in Oslo, think first.", "Oslo", "CLOUDY-9C");
       const body = { model: MODEL, messages, tools: TOOLS, reasoning_effort: "low" };
       const whole = (await client.chat.completions.create(body)).choices[0];
       assert.equal(whole.message.reasoning_content, "Cold there.");
@@ -260,12 +264,9 @@ describe("thinking", () => {
 
   test("a forced call after a tool result with thinking on closes the opened channel first",
     async () => {
-      const call = { id: "call_3", type: "function",
-        function: { name: "get_weather", arguments: '{"city":"Oslo"}' } };
       const r = await client.chat.completions.create({ model: MODEL, tools: TOOLS,
-        tool_choice: "required", reasoning_effort: "low", messages: [...ask("Weather anywhere?"),
-          { role: "assistant", content: null, tool_calls: [call] },
-          { role: "tool", tool_call_id: call.id, content: "CLOUDY-9C" }] });
+        tool_choice: "required", reasoning_effort: "low",
+        messages: afterToolResult("Weather anywhere?", "Oslo", "CLOUDY-9C") });
       const m = r.choices[0].message;
       assert.equal(r.choices[0].finish_reason, "tool_calls");
       assert.equal(m.reasoning_content, undefined);
@@ -274,15 +275,8 @@ describe("thinking", () => {
     });
 
   // The random weights never close a thought by themselves: a budget is what makes an answer.
-  const rainy = (() => {
-    const call = { id: "call_2", type: "function",
-      function: { name: "get_weather", arguments: '{"city":"Bergen"}' } };
-    return [...ask("Is it raining in Bergen?"),
-      { role: "assistant", content: null, tool_calls: [call] },
-      { role: "tool", tool_call_id: call.id, content: "RAINY-12C" }];
-  })();
-  const thinkingBody = { model: MODEL, messages: rainy, tools: TOOLS, reasoning_effort: "low",
-    max_tokens: 12, ignore_eos: true };
+  const thinkingBody = { model: MODEL, tools: TOOLS, reasoning_effort: "low", max_tokens: 12,
+    ignore_eos: true, messages: afterToolResult("Is it raining in Bergen?", "Bergen", "RAINY-12C") };
 
   test("a thinking budget closes the thought for the model, which then answers", async () => {
     const free = (await client.chat.completions.create(thinkingBody)).choices[0].message;
