@@ -62,20 +62,38 @@ class PyEngine {
   };
   const std::string& owner_name() const { return owner_name_; }
 
-  // The grammar vocabulary of the checkpoint's tokenizer.json (ends: its eos ids, end of turn
-  // first), built by the first constrained decode: about 2 s for 262,144 tokens.
+  // The checkpoint's tokenizer.json, read by the first decode that needs it.
+  const Tokenizer& tokenizer() {
+    if (!tokenizer_) {
+      tokenizer_ = Tokenizer::from_file(
+          (std::filesystem::path(engine_->options().model_dir) / "tokenizer.json").string());
+    }
+    return *tokenizer_;
+  }
+
+  // The grammar vocabulary of the checkpoint's tokenizer (ends: its eos ids, end of turn first),
+  // built by the first constrained decode: about 2 s for 262,144 tokens.
   std::shared_ptr<const GrammarVocabulary> grammar_vocabulary() {
     if (!vocabulary_) {
-      const auto tokenizer = Tokenizer::from_file(
-          (std::filesystem::path(engine_->options().model_dir) / "tokenizer.json").string());
       std::vector<int64_t> ends = engine_->config().eos_token_ids;
-      if (const auto turn_end = tokenizer.token_to_id("<turn|>")) {
+      if (const auto turn_end = tokenizer().token_to_id("<turn|>")) {
         std::erase(ends, *turn_end);
         ends.insert(ends.begin(), *turn_end);
       }
-      vocabulary_ = std::make_shared<const GrammarVocabulary>(tokenizer, ends);
+      vocabulary_ = std::make_shared<const GrammarVocabulary>(tokenizer(), ends);
     }
     return vocabulary_;
+  }
+
+  // The thinking block's markers in the checkpoint's tokenizer; ValueError if it has none.
+  ThinkingMarkers thinking_markers() {
+    const auto open = tokenizer().token_to_id("<|channel>");
+    const auto close = tokenizer().token_to_id("<channel|>");
+    if (!open || !close) {
+      throw ValueError(
+          "thinking_budget: the checkpoint's tokenizer has no <|channel> and <channel|> tokens");
+    }
+    return {*open, *close};
   }
 
  private:
@@ -83,6 +101,7 @@ class PyEngine {
   std::string owner_name_;
   bool busy_ = false;
   std::unique_ptr<Engine> engine_;
+  std::optional<Tokenizer> tokenizer_;
   std::shared_ptr<const GrammarVocabulary> vocabulary_;
 };
 
@@ -190,6 +209,7 @@ struct DecodeArgs {
   std::optional<uint64_t> seed;
   std::optional<std::string> grammar_kind;
   std::string grammar;
+  std::optional<int64_t> thinking_budget;
   std::vector<Media> media;
 };
 
@@ -231,6 +251,11 @@ DecodeOptions decode_options(PyEngine& self, const std::string& method, const De
     options.constraint =
         std::make_shared<Constraint>(vocabulary, to_grammar(*args.grammar_kind, args.grammar));
   }
+  if (args.thinking_budget) {
+    self.begin(method, /*exclusive=*/true);
+    py::gil_scoped_release released;
+    options.thinking_budget = ThinkingBudget{*args.thinking_budget, self.thinking_markers()};
+  }
   return options;
 }
 
@@ -246,11 +271,12 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
           double min_p, double repetition_penalty, double presence_penalty,
           double frequency_penalty, const std::map<int64_t, double>& logit_bias,
           std::optional<uint64_t> seed, std::optional<std::string> grammar_kind,
-          const std::string& grammar, const std::vector<Media>& media) {
+          const std::string& grammar, std::optional<int64_t> thinking_budget,
+          const std::vector<Media>& media) {
         return f(self, first, on_tokens,
                  DecodeArgs{max_new, std::move(stop), read_every, temperature, top_k, top_p, min_p,
                             repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
-                            seed, std::move(grammar_kind), grammar, media});
+                            seed, std::move(grammar_kind), grammar, thinking_budget, media});
       },
       doc, py::arg(first_name), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
       py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
@@ -259,7 +285,7 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
       py::arg("presence_penalty") = 0.0, py::arg("frequency_penalty") = 0.0,
       py::arg("logit_bias") = std::map<int64_t, double>{}, py::arg("seed") = py::none(),
       py::arg("grammar_kind") = py::none(), py::arg("grammar") = "",
-      py::arg("media") = std::vector<Media>{});
+      py::arg("thinking_budget") = py::none(), py::arg("media") = std::vector<Media>{});
 }
 
 // torchtpu_cpp.Batch: a Batch over the engine's model, owned by the engine's owner thread (every

@@ -618,6 +618,34 @@ def test_render_chat_keeps_key_order_and_rejects_non_json():
         tt.render_chat(messages, template=3)
 
 
+def test_a_thinking_budget_closes_the_block_for_the_model(cli, tmp_path, test_tokenizer_dir):
+    """thinking_budget=N (the server's thinking_token_budget): once N tokens follow <|channel>,
+    here opened by the prompt as Gemma 4's template opens it after a tool result, the next token
+    is <channel|>, alone and in a Batch; None leaves the model free."""
+    model = cli.make_tiny(
+        tmp_path / "tok", seed=2, dtype="f32", vocab=262144, tokenizer=test_tokenizer_dir
+    )
+    engine = tt.Engine(model, context=256, dtype="float32")
+    tokenizer = tt.Tokenizer(str(test_tokenizer_dir / "tokenizer.json"))
+    prompt = tokenizer.encode("<bos>Rain?<|channel>thought\n")
+    close = tokenizer.encode("<channel|>")[0]
+    free = engine.decode(prompt, 8, stop=()).tokens
+    assert close not in free
+    # "thought" and "\n" are two of the budget's four tokens.
+    capped = engine.decode(prompt, 8, stop=(), thinking_budget=4).tokens
+    assert capped[:2] == free[:2] and capped[2] == close
+    assert engine.decode(prompt, 8, stop=(), thinking_budget=0).tokens[0] == close
+    batch = engine.batch(rows=2)
+    ids = [batch.submit(prompt, 8, stop=(), thinking_budget=4), batch.submit(prompt, 8, stop=())]
+    results = {}
+    while not batch.idle:
+        for done in batch.step():
+            results[done] = batch.result(done).tokens
+    assert [results[i] for i in ids] == [capped, free]
+    with pytest.raises(ValueError, match="thinking_budget must be at least 0, got -1"):
+        engine.decode(prompt, 4, thinking_budget=-1)
+
+
 def test_decode_follows_a_grammar(cli, tmp_path, test_tokenizer_dir):
     """grammar_kind + grammar constrain the tokens (issue #18): on random weights every sampled
     reply is valid for the schema (checked with jsonschema), and what llguidance cannot enforce
