@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "text/output_parser.h"
 
 namespace torchtpu {
 namespace {
@@ -92,6 +93,21 @@ LlgConstraintInit constraint_init(const GrammarVocabulary& vocabulary) {
 }
 
 }  // namespace
+
+std::optional<ThinkingMarkers> thinking_markers(const Tokenizer& tokenizer) {
+  const auto open = tokenizer.token_to_id(kChannelOpen);
+  const auto close = tokenizer.token_to_id(kChannelClose);
+  if (!open || !close) return std::nullopt;
+  return ThinkingMarkers{*open, *close};
+}
+
+std::vector<int64_t> grammar_end_ids(const Tokenizer& tokenizer, std::vector<int64_t> eos_ids) {
+  if (const auto turn_end = tokenizer.token_to_id("<turn|>")) {
+    std::erase(eos_ids, *turn_end);
+    eos_ids.insert(eos_ids.begin(), *turn_end);
+  }
+  return eos_ids;
+}
 
 GrammarVocabulary::GrammarVocabulary(const Tokenizer& tokenizer, std::vector<int64_t> end_ids)
     : tokenizer_(tokenizer), size_(tokenizer.vocab_size()), end_ids_(std::move(end_ids)) {

@@ -27,6 +27,14 @@ struct ThinkingMarkers {
   int64_t close = -1;
 };
 
+// The thinking block's markers (<|channel>, <channel|>) in `tokenizer`; none if it lacks either.
+std::optional<ThinkingMarkers> thinking_markers(const Tokenizer& tokenizer);
+
+// The tokens that end a constrained output, as GrammarVocabulary takes them: the checkpoint's eos
+// ids with the tokenizer's end of turn first, the token llguidance offers once a grammar is
+// complete.
+std::vector<int64_t> grammar_end_ids(const Tokenizer& tokenizer, std::vector<int64_t> eos_ids);
+
 // Every token's bytes as llguidance needs them (model pieces with "▁" read as a space and byte
 // fallbacks as their byte; special tokens as 0xFF + their name, so text never matches them), and
 // the tokens that end the output. Immutable and shareable.

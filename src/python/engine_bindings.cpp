@@ -75,25 +75,20 @@ class PyEngine {
   // built by the first constrained decode: about 2 s for 262,144 tokens.
   std::shared_ptr<const GrammarVocabulary> grammar_vocabulary() {
     if (!vocabulary_) {
-      std::vector<int64_t> ends = engine_->config().eos_token_ids;
-      if (const auto turn_end = tokenizer().token_to_id("<turn|>")) {
-        std::erase(ends, *turn_end);
-        ends.insert(ends.begin(), *turn_end);
-      }
-      vocabulary_ = std::make_shared<const GrammarVocabulary>(tokenizer(), ends);
+      vocabulary_ = std::make_shared<const GrammarVocabulary>(
+          tokenizer(), grammar_end_ids(tokenizer(), engine_->config().eos_token_ids));
     }
     return vocabulary_;
   }
 
   // The thinking block's markers in the checkpoint's tokenizer; ValueError if it has none.
   ThinkingMarkers thinking_markers() {
-    const auto open = tokenizer().token_to_id("<|channel>");
-    const auto close = tokenizer().token_to_id("<channel|>");
-    if (!open || !close) {
+    const auto markers = torchtpu::thinking_markers(tokenizer());
+    if (!markers) {
       throw ValueError(
           "thinking_budget: the checkpoint's tokenizer has no <|channel> and <channel|> tokens");
     }
-    return {*open, *close};
+    return *markers;
   }
 
  private:

@@ -613,21 +613,12 @@ void Server::load() {
     if (auto id = tokenizer_->token_to_id(marker)) parser_markers_.insert(*id);
   }
   {
-    // End of turn first: the token llguidance offers once a grammar is complete.
-    grammar_end_ids_ = engine_->config().eos_token_ids;
-    if (const auto turn_end = tokenizer_->token_to_id("<turn|>")) {
-      std::erase(grammar_end_ids_, *turn_end);
-      grammar_end_ids_.insert(grammar_end_ids_.begin(), *turn_end);
-    }
+    grammar_end_ids_ = grammar_end_ids(*tokenizer_, engine_->config().eos_token_ids);
     const auto open = tokenizer_->token_to_id("<|tool_call>");
     const auto close = tokenizer_->token_to_id("<tool_call|>");
     const auto quote = tokenizer_->token_to_id("<|\"|>");
     if (open && close && quote) tool_call_tokens_ = ToolCallTokens{*open, *close, *quote};
-    const auto channel_open = tokenizer_->token_to_id("<|channel>");
-    const auto channel_close = tokenizer_->token_to_id("<channel|>");
-    if (channel_open && channel_close) {
-      thinking_markers_ = ThinkingMarkers{*channel_open, *channel_close};
-    }
+    thinking_markers_ = thinking_markers(*tokenizer_);
   }
   modalities_ = {engine_->has_vision(), engine_->has_audio(),
                  engine_->config().vision && !engine_->has_vision(),
