@@ -243,8 +243,10 @@ test("the timing histograms: a request's wait for a row, its prompt, its decode,
     }, "both requests to be counted");
     assert.equal(delta("request_queue_time", "count"), 2);
     assert.ok(delta("request_queue_time", "sum") >= held, `${delta("request_queue_time", "sum")}`);
-    // The holder had the row at once; the other waited more than 0.3 s.
-    assert.equal(now.request_queue_time.le["0.3"] - before.request_queue_time.le["0.3"], 1);
+    // The request that waited is counted in a bucket above 0.3 s (how soon the holder got its
+    // row is the server's speed, not asserted).
+    const above = (h) => h.le["+Inf"] - h.le["0.3"];
+    assert.ok(above(now.request_queue_time) - above(before.request_queue_time) >= 1);
   });
 
 // Every choice's text, by index, from a whole answer or a stream of chunks.
