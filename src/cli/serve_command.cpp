@@ -62,6 +62,9 @@ void add_serve_command(CLI::App& app) {
                   "the request sets thinking_token_budget or reasoning_budget_tokens (-1: no "
                   "limit)")
       ->capture_default_str();
+  cmd->add_option("--reasoning-budget-message", options->reasoning_budget_message,
+                  "Text written into the thought when a budget closes it, just before <channel|> "
+                  "(default: none, the thought is closed straight away)");
   cmd->add_flag("--constrain-tools", options->constrain_tools,
                 "Hold tool calls to the declared tools' schemas with tool_choice auto too "
                 "(required and named functions always are)");

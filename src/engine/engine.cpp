@@ -373,6 +373,19 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
                          " is outside the vocabulary of " + std::to_string(config().vocab_size));
       }
     }
+    for (const int64_t id : budget->message) {
+      if (id < 0 || id >= config().vocab_size) {
+        throw ValueError("thinking_budget message: token id " + std::to_string(id) +
+                         " is outside the vocabulary of " + std::to_string(config().vocab_size));
+      }
+      // A marker in the message would open the block again or close it early: the budget's
+      // count would restart forever or the message end cut.
+      if (id == budget->markers.open || id == budget->markers.close) {
+        throw ValueError("thinking_budget message holds the thinking block's marker " +
+                         std::to_string(id) + ": it would " +
+                         (id == budget->markers.open ? "open the block again" : "close it early"));
+      }
+    }
   }
   options.sampling.validate(config().vocab_size);
 }

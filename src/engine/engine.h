@@ -82,6 +82,10 @@ struct EngineSettings {
 struct ThinkingBudget {
   int64_t tokens = 0;
   ThinkingMarkers markers;
+  // Forced one by one once the budget is spent, before the closing marker (llama.cpp's
+  // --reasoning-budget-message): the thought ends on words of the caller's choosing, such as
+  // "time to answer", rather than mid-sentence. Holds neither marker.
+  std::vector<int64_t> message;
 };
 
 struct DecodeOptions {

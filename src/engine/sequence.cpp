@@ -22,8 +22,10 @@ SequenceOutput::SequenceOutput(const DecodeOptions& options, const std::vector<i
 void SequenceOutput::count_thought(int64_t token) {
   if (token == budget_->markers.open) {
     thought_ = 0;
+    forced_ = 0;
   } else if (token == budget_->markers.close) {
     thought_ = -1;
+    forced_ = 0;
   } else if (thought_ >= 0) {
     ++thought_;
   }
@@ -32,8 +34,10 @@ void SequenceOutput::count_thought(int64_t token) {
 void SequenceOutput::forbid(const at::Tensor& forbidden) const {
   if (constraint_) constraint_->forbid(forbidden);
   if (closing()) {
+    const auto& message = budget_->message;
     forbidden.fill_(true);
-    forbidden[budget_->markers.close] = false;
+    forbidden[forced_ < static_cast<int64_t>(message.size()) ? message[forced_]
+                                                              : budget_->markers.close] = false;
   }
 }
 
@@ -47,7 +51,10 @@ bool SequenceOutput::take(const int64_t* tokens, int64_t count) {
       break;
     }
     if (constraint_) constraint_->commit(tokens[i]);
-    if (budget_) count_thought(tokens[i]);
+    if (budget_) {
+      if (closing()) ++forced_;
+      count_thought(tokens[i]);
+    }
     batch.push_back(tokens[i]);
   }
   result_.tokens.insert(result_.tokens.end(), batch.begin(), batch.end());

@@ -20,8 +20,8 @@ class SequenceOutput {
                  const std::vector<int64_t>& prompt, OnTokens on_tokens);
 
   // Whether the next token is masked: a grammar constrains it, or a thinking budget is spent and
-  // only the block's closing marker may come. `forbid` then fills a host bool [vocab] with the
-  // tokens forbidden (Sampler::forbidden).
+  // only the budget's message, then the block's closing marker, may come. `forbid` then fills a
+  // host bool [vocab] with the tokens forbidden (Sampler::forbidden).
   bool masked() const { return constraint_ != nullptr || closing(); }
   void forbid(const at::Tensor& forbidden) const;
   // Moves `count` tokens read back from the device into the result, up to a stop id; returns
@@ -44,6 +44,7 @@ class SequenceOutput {
   std::shared_ptr<Constraint> constraint_;
   std::optional<ThinkingBudget> budget_;
   int64_t thought_ = -1;  // tokens since the open block's opening marker; -1: no block is open
+  int64_t forced_ = 0;    // tokens of the budget's message written since the budget was spent
   OnTokens on_tokens_;
   DecodeResult result_;
   Clock::time_point start_;

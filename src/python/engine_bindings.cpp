@@ -205,6 +205,7 @@ struct DecodeArgs {
   std::optional<std::string> grammar_kind;
   std::string grammar;
   std::optional<int64_t> thinking_budget;
+  std::string thinking_budget_message;
   std::vector<Media> media;
 };
 
@@ -246,10 +247,16 @@ DecodeOptions decode_options(PyEngine& self, const std::string& method, const De
     options.constraint =
         std::make_shared<Constraint>(vocabulary, to_grammar(*args.grammar_kind, args.grammar));
   }
+  if (!args.thinking_budget && !args.thinking_budget_message.empty()) {
+    throw ValueError("thinking_budget_message is written when a thinking_budget is spent: "
+                     "give a thinking_budget too");
+  }
   if (args.thinking_budget) {
     self.begin(method, /*exclusive=*/true);
     py::gil_scoped_release released;
-    options.thinking_budget = ThinkingBudget{*args.thinking_budget, self.thinking_markers()};
+    options.thinking_budget =
+        ThinkingBudget{*args.thinking_budget, self.thinking_markers(),
+                       self.tokenizer().encode(args.thinking_budget_message)};
   }
   return options;
 }
@@ -267,11 +274,12 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
           double frequency_penalty, const std::map<int64_t, double>& logit_bias,
           std::optional<uint64_t> seed, std::optional<std::string> grammar_kind,
           const std::string& grammar, std::optional<int64_t> thinking_budget,
-          const std::vector<Media>& media) {
+          const std::string& thinking_budget_message, const std::vector<Media>& media) {
         return f(self, first, on_tokens,
                  DecodeArgs{max_new, std::move(stop), read_every, temperature, top_k, top_p, min_p,
                             repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
-                            seed, std::move(grammar_kind), grammar, thinking_budget, media});
+                            seed, std::move(grammar_kind), grammar, thinking_budget,
+                            thinking_budget_message, media});
       },
       doc, py::arg(first_name), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
       py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
@@ -280,7 +288,8 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
       py::arg("presence_penalty") = 0.0, py::arg("frequency_penalty") = 0.0,
       py::arg("logit_bias") = std::map<int64_t, double>{}, py::arg("seed") = py::none(),
       py::arg("grammar_kind") = py::none(), py::arg("grammar") = "",
-      py::arg("thinking_budget") = py::none(), py::arg("media") = std::vector<Media>{});
+      py::arg("thinking_budget") = py::none(), py::arg("thinking_budget_message") = "",
+      py::arg("media") = std::vector<Media>{});
 }
 
 // torchtpu_cpp.Batch: a Batch over the engine's model, owned by the engine's owner thread (every

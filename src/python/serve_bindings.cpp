@@ -21,7 +21,7 @@ void bind_serve(py::module_& m) {
          const std::string& dtype, const std::string& api_key, int max_queue, int64_t read_every,
          int64_t max_body_bytes, py::handle like, int64_t threads, const std::string& int4,
          const std::string& quantize, int64_t int4_activation_bits, bool constrain_tools,
-         int64_t reasoning_budget,
+         int64_t reasoning_budget, const std::string& reasoning_budget_message,
          const std::vector<std::string>& served_model_names,
          bool metrics_auth, const std::string& metrics_compat, double drain_grace_s,
          int64_t parallel, int64_t cache_mb, int64_t step_tokens, int64_t pass_rows,
@@ -48,6 +48,7 @@ void bind_serve(py::module_& m) {
         options.engine.int4_activation_bits = int4_activation_bits;
         options.constrain_tools = constrain_tools;
         options.reasoning_budget = reasoning_budget;
+        options.reasoning_budget_message = reasoning_budget_message;
         options.served_model_names = served_model_names;
         options.metrics_auth = metrics_auth;
         options.metrics_compat = metrics_compat;
@@ -92,6 +93,7 @@ void bind_serve(py::module_& m) {
       py::arg("quantize") = "none", py::arg("int4_activation_bits") = 16,
       py::arg("constrain_tools") = false,
       py::arg("reasoning_budget") = server::ServeOptions{}.reasoning_budget,
+      py::arg("reasoning_budget_message") = "",
       py::arg("served_model_names") = std::vector<std::string>{},
       py::arg("metrics_auth") = false, py::arg("metrics_compat") = "none",
       py::arg("drain_grace_s") = 0.0, py::arg("parallel") = server::ServeOptions{}.parallel,

@@ -570,6 +570,7 @@ class Server {
   std::vector<int64_t> grammar_end_ids_;
   std::optional<ToolCallTokens> tool_call_tokens_;
   std::optional<ThinkingMarkers> thinking_markers_;
+  std::vector<int64_t> reasoning_budget_message_;  // options_.reasoning_budget_message's tokens
   SamplingRequest generation_defaults_;
   std::vector<ForcedOutput> forced_outputs_;
   ResponseStore responses_;  // for previous_response_id and GET /v1/responses/{id}
@@ -619,6 +620,13 @@ void Server::load() {
     const auto quote = tokenizer_->token_to_id("<|\"|>");
     if (open && close && quote) tool_call_tokens_ = ToolCallTokens{*open, *close, *quote};
     thinking_markers_ = thinking_markers(*tokenizer_);
+    reasoning_budget_message_ = tokenizer_->encode(options_.reasoning_budget_message);
+    for (const int64_t id : reasoning_budget_message_) {
+      if (thinking_markers_ && (id == thinking_markers_->open || id == thinking_markers_->close)) {
+        throw ValueError("--reasoning-budget-message must not hold the thinking block's " +
+                         tokenizer_->decode({id}) + " marker");
+      }
+    }
   }
   modalities_ = {engine_->has_vision(), engine_->has_audio(),
                  engine_->config().vision && !engine_->has_vision(),
@@ -1254,7 +1262,8 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   job->decode.constraint = constraint_for(r, chat, job->parser_prefix);
   if (const int64_t thinking = r.thinking_budget.value_or(options_.reasoning_budget);
       thinking >= 0 && thinking_markers_) {
-    job->decode.thinking_budget = ThinkingBudget{thinking, *thinking_markers_};
+    job->decode.thinking_budget =
+        ThinkingBudget{thinking, *thinking_markers_, reasoning_budget_message_};
   }
   job->decode.sampling =
       sampling_params(r.sampling, generation_defaults_, engine_->config().vocab_size);
@@ -1446,6 +1455,7 @@ ojson Server::engine_json() const {
   out["max_queue"] = options_.max_queue;
   out["parallel"] = options_.parallel;
   out["reasoning_budget"] = options_.reasoning_budget;
+  out["reasoning_budget_message"] = options_.reasoning_budget_message;
   const SchedulerStats stats = scheduler_.stats();
   const auto& cache = stats.batch.cache;
   out["scheduler"] = {{"mode", options_.read_every > 1 ? "one sequence at a time (read_every > 1)"

@@ -51,6 +51,9 @@ struct ServeOptions {
   // Tokens a reply may think before its thinking block is closed for it, unless the request
   // names its own budget; -1: no limit.
   int64_t reasoning_budget = -1;
+  // Written into the thought when a budget closes it, just before <channel|> (llama.cpp's
+  // --reasoning-budget-message); empty: the block is closed straight away.
+  std::string reasoning_budget_message;
   std::string hosted_by = "torchtpu-cpp";  // "python" when hosted by torchtpu_cpp.serve
   int64_t max_body_bytes = 8 << 20;        // larger request bodies get 413
   MediaLimits media;                       // images and audio in requests

@@ -326,15 +326,32 @@ TEST(Batch, ASpentThinkingBudgetForcesTheBlockClosedAloneAndBesideOtherRows) {
   none.thinking_budget = ThinkingBudget{0, markers};
   EXPECT_EQ(engine.decode(opened, none).tokens[0], close);
 
+  // With a message, the spent budget writes the message first, then closes the block.
+  auto told = greedy(static_cast<int64_t>(k) + 8);
+  std::vector<int64_t> message;
+  for (int64_t id = 2; message.size() < 2; ++id) {
+    if (id != markers.open && id != close) message.push_back(id);
+  }
+  message.push_back(message[0]);
+  told.thinking_budget = ThinkingBudget{3, markers, message};
+  const auto told_alone = engine.decode(prompt, told).tokens;
+  ASSERT_EQ(told_alone.size(), k + 8);
+  EXPECT_EQ(std::vector<int64_t>(told_alone.begin(), told_alone.begin() + k + 4),
+            std::vector<int64_t>(alone.begin(), alone.begin() + k + 4));
+  EXPECT_EQ(std::vector<int64_t>(told_alone.begin() + k + 4, told_alone.begin() + k + 8),
+            (std::vector<int64_t>{message[0], message[1], message[0], close}));
+
   // Beside a row without a budget, each row gets the tokens it gets alone.
-  Batch batch(engine, {.rows = 3});
+  Batch batch(engine, {.rows = 4});
   batch.submit(prompt, capped);
   batch.submit(opened, two);
   batch.submit(prompt_of(5, 1), greedy(12));
+  batch.submit(prompt, told);
   const auto results = run(batch);
   EXPECT_EQ(results.at(0).tokens, alone);
   EXPECT_EQ(results.at(1).tokens, opened_alone);
   EXPECT_EQ(results.at(2).tokens, engine.decode(prompt_of(5, 1), greedy(12)).tokens);
+  EXPECT_EQ(results.at(3).tokens, told_alone);
 }
 
 TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
@@ -366,6 +383,17 @@ TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
     EXPECT_STREQ(e.what(), "thinking_budget must be at least 0, got -1");
   }
   budget.thinking_budget = ThinkingBudget{4, {5, 100000}};
+  EXPECT_THROW(batch.submit({2, 3}, budget), ValueError);
+  budget.thinking_budget = ThinkingBudget{4, {5, 6}, {7, 6}};
+  try {
+    batch.submit({2, 3}, budget);
+    FAIL() << "a budget message holding the closing marker was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(),
+                 "thinking_budget message holds the thinking block's marker 6: it would close it "
+                 "early");
+  }
+  budget.thinking_budget = ThinkingBudget{4, {5, 6}, {100000}};
   EXPECT_THROW(batch.submit({2, 3}, budget), ValueError);
   EXPECT_THROW(batch.cancel(5), ValueError);
   EXPECT_THROW(batch.take_result(0), ValueError);

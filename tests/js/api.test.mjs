@@ -318,8 +318,30 @@ describe("thinking", () => {
       assert.equal(lifted.content, "");
       const engine = await (await fetch(`${capped.url}/v1/engine`)).json();
       assert.equal(engine.reasoning_budget, 6);
+      assert.equal(engine.reasoning_budget_message, "");
     } finally {
       await capped.stop();
+    }
+    // llama.cpp's --reasoning-budget-message: written into the thought, which then closes, for
+    // the server's budget and a request's alike.
+    const message = " Enough thinking, time to answer.";
+    const told = await startServer(["--context", "1024", "--reasoning-budget", "6",
+      "--reasoning-budget-message", message]);
+    try {
+      const c = new OpenAI({ apiKey: "none", baseURL: told.baseURL, maxRetries: 0 });
+      const body = { ...thinkingBody, max_tokens: 24 };
+      const asked = (await client.chat.completions.create({ ...body, thinking_token_budget: 6 }))
+        .choices[0].message;
+      const byDefault = (await c.chat.completions.create(body)).choices[0].message;
+      assert.equal(byDefault.reasoning_content, asked.reasoning_content + message);
+      assert.ok(byDefault.content.length > 0);
+      const requested = (await c.chat.completions.create({ ...body, reasoning_budget_tokens: 6 }))
+        .choices[0].message;
+      assert.deepEqual(requested, byDefault);
+      const engine = await (await fetch(`${told.url}/v1/engine`)).json();
+      assert.equal(engine.reasoning_budget_message, message);
+    } finally {
+      await told.stop();
     }
     for (const [field, value, message] of [
       ["thinking_token_budget", -2, "'thinking_token_budget' must be -1 (no limit) or at least 0, got -2"],

@@ -244,6 +244,8 @@ describe("bad values of the new flags", () => {
       [["--pass-rows", "-1"], "error: --pass-rows must be at least 0, got -1"],
       [["--reasoning-budget", "-3"],
         "error: --reasoning-budget must be -1 (no limit) or at least 0, got -3"],
+      [["--reasoning-budget-message", "Enough.<channel|>"],
+        "error: --reasoning-budget-message must not hold the thinking block's <channel|> marker"],
     ]) {
       const { code, stderr } = await refused(args);
       assert.equal(code, 2, `${args.join(" ")}: ${stderr}`);

@@ -621,7 +621,8 @@ def test_render_chat_keeps_key_order_and_rejects_non_json():
 def test_a_thinking_budget_closes_the_block_for_the_model(cli, tmp_path, test_tokenizer_dir):
     """thinking_budget=N (the server's thinking_token_budget): once N tokens follow <|channel>,
     here opened by the prompt as Gemma 4's template opens it after a tool result, the next token
-    is <channel|>, alone and in a Batch; None leaves the model free."""
+    is <channel|> (after thinking_budget_message's, when given), alone and in a Batch; None
+    leaves the model free."""
     model = cli.make_tiny(
         tmp_path / "tok", seed=2, dtype="f32", vocab=262144, tokenizer=test_tokenizer_dir
     )
@@ -644,6 +645,73 @@ def test_a_thinking_budget_closes_the_block_for_the_model(cli, tmp_path, test_to
     assert [results[i] for i in ids] == [capped, free]
     with pytest.raises(ValueError, match="thinking_budget must be at least 0, got -1"):
         engine.decode(prompt, 4, thinking_budget=-1)
+
+    # thinking_budget_message (llama.cpp's --reasoning-budget-message): its tokens, as Hugging
+    # Face tokenizers encodes the text, are written before the block is closed.
+    from tokenizers import Tokenizer as HfTokenizer
+
+    message = " Enough thinking, time to answer."
+    expected = HfTokenizer.from_file(str(test_tokenizer_dir / "tokenizer.json")).encode(
+        message, add_special_tokens=False
+    ).ids
+    told = engine.decode(
+        prompt, len(expected) + 4, stop=(), thinking_budget=4, thinking_budget_message=message
+    ).tokens
+    assert told[:2] == free[:2]
+    assert told[2 : 2 + len(expected)] == expected
+    assert told[2 + len(expected)] == close
+    with pytest.raises(ValueError, match="thinking block's marker .*: it would close it early"):
+        engine.decode(prompt, 4, thinking_budget=4, thinking_budget_message="Stop.<channel|>")
+    with pytest.raises(ValueError, match="give a thinking_budget too"):
+        engine.decode(prompt, 4, thinking_budget_message="Stop.")
+
+
+def _binding_parameters(obj):
+    """Parameter names in the signature line pybind11 writes atop a binding's docstring."""
+    head = obj.__doc__.lstrip().split("\n", 1)[0]
+    depth, current, parts = 0, "", []
+    for ch in head[head.index("(") + 1 :]:
+        if ch in ")]}" and depth == 0:
+            parts.append(current)
+            break
+        depth += (ch in "([{") - (ch in ")]}")
+        if ch == "," and depth == 0:
+            parts, current = parts + [current], ""
+        else:
+            current += ch
+    names = [part.split(":")[0].split("=")[0].strip() for part in parts]
+    return [name for name in names if name not in ("", "self", "*")]
+
+
+def test_the_type_stubs_name_every_parameter_of_the_bindings():
+    """__init__.pyi is what editors and type checkers see: every function and method it declares
+    exists and takes the parameters the binding takes, in order (a parameter added to a binding
+    and not to the stub fails here)."""
+    import ast
+
+    stub = pathlib.Path(tt.__file__).with_name("__init__.pyi")
+    checked = []
+
+    def check(owner, function, name):
+        binding = getattr(owner, function.name)
+        if "Overloaded function" in (binding.__doc__ or ""):
+            return
+        a = function.args
+        declared = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs if x.arg != "self"]
+        declared += ["**" + a.kwarg.arg] if a.kwarg else []
+        assert _binding_parameters(binding) == declared, name
+        checked.append(name)
+
+    for node in ast.parse(stub.read_text()).body:
+        if isinstance(node, ast.FunctionDef):
+            check(tt, node, node.name)
+        elif isinstance(node, ast.ClassDef) and hasattr(tt, node.name):
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and "property" not in map(
+                    ast.unparse, f.decorator_list
+                ):
+                    check(getattr(tt, node.name), f, node.name + "." + f.name)
+    assert {"Engine.decode", "Batch.submit", "Batch.decode_many", "Engine.__init__"} <= set(checked)
 
 
 def test_decode_follows_a_grammar(cli, tmp_path, test_tokenizer_dir):

@@ -96,6 +96,8 @@ class Batch:
         seed: int | None = None,
         grammar_kind: str | None = None,
         grammar: str = "",
+        thinking_budget: int | None = None,
+        thinking_budget_message: str = "",
         media: Sequence[Media] = (),
     ) -> int:
         """Queues a sequence with Engine.decode's arguments (read_every taken as 1); its id."""
@@ -118,6 +120,8 @@ class Batch:
         seed: int | None = None,
         grammar_kind: str | None = None,
         grammar: str = "",
+        thinking_budget: int | None = None,
+        thinking_budget_message: str = "",
         media: Sequence[Media] = (),
     ) -> list[DecodeResult]:
         """Every prompt decoded together with the same arguments; results in order, each what
@@ -148,13 +152,15 @@ class Engine:
         threads: int = 0,
         int4: Literal["auto", "packed", "composite", "dequantized"] = "auto",
         quantize: Literal["int4", "none"] | None = None,
+        int4_activation_bits: Literal[16, 8] = 16,
         no_vision: bool = False,
         no_audio: bool = False,
     ) -> None:
         """threads: intra-op threads (0: OMP_NUM_THREADS when set, else the physical cores; the
         process-wide ATen setting).
         int4: how int4 weights are held (docs/ARCHITECTURE.md). quantize="int4" quantizes a
-        dense checkpoint's linears and head at load. no_vision / no_audio leave the
+        dense checkpoint's linears and head at load. int4_activation_bits=8: the int4 kernel's
+        fast mode for several rows (8-bit activations). no_vision / no_audio leave the
         checkpoint's image / audio tower unloaded."""
     def layout(self) -> _Layout: ...
     def report(self) -> dict[str, Any]: ...
@@ -195,10 +201,12 @@ class Engine:
         step_tokens: int = 0,
         cache_mb: float = 0.0,
         cache_block: int = 256,
+        pass_rows: int = 0,
     ) -> Batch:
         """A Batch of `rows` sequences over these weights (rings of its own); step_tokens bounds
         the tokens of one step (0: prefill_chunk + rows); cache_mb > 0 keeps a prefix cache of
-        that many MiB in blocks of cache_block positions."""
+        that many MiB in blocks of cache_block positions; pass_rows bounds the rows of a pass
+        reading several prompts (0: 1 on the CPU, no limit elsewhere)."""
     def generate(
         self, ids: _Ids, max_new: int, read_every: int = 1
     ) -> tuple[list[int], float, float]:
@@ -222,14 +230,18 @@ class Engine:
         seed: int | None = None,
         grammar_kind: str | None = None,
         grammar: str = "",
+        thinking_budget: int | None = None,
+        thinking_budget_message: str = "",
         media: Sequence[Media] = (),
     ) -> DecodeResult:
         """Decode (greedy unless temperature > 0) ending at a stop id (None: the checkpoint's eos
         ids; empty: none), max_new tokens, or a falsy on_tokens return ("cancelled").
         grammar_kind "json_schema", "json_object", "regex" or "lark" with `grammar` constrains
         every token to the grammar (llguidance; the checkpoint's tokenizer.json gives the
-        vocabulary); ValueError for a grammar it cannot enforce. media: the images and clips of
-        `ids` (Engine.media), whose placeholders expand_media has expanded."""
+        vocabulary); ValueError for a grammar it cannot enforce. thinking_budget: once that many
+        tokens follow <|channel> (in ids or the output), thinking_budget_message's tokens and then
+        <channel|> are forced. media: the images and clips of `ids` (Engine.media), whose
+        placeholders expand_media has expanded."""
 
 class Tokenizer:
     def __init__(self, path: str) -> None: ...

@@ -104,6 +104,12 @@ def _parse_args(argv):
         "request sets thinking_token_budget or reasoning_budget_tokens (-1: no limit)",
     )
     p.add_argument(
+        "--reasoning-budget-message",
+        default="",
+        help="text written into the thought when a budget closes it, just before <channel|> "
+        "(default: none, the thought is closed straight away)",
+    )
+    p.add_argument(
         "--served-model-name",
         action="extend",
         nargs="+",
@@ -223,6 +229,7 @@ def main(argv=None):
                 int4_activation_bits=args.int4_activation_bits,
                 constrain_tools=args.constrain_tools,
                 reasoning_budget=args.reasoning_budget,
+                reasoning_budget_message=args.reasoning_budget_message,
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
                 metrics_compat=args.metrics_compat,
