@@ -101,6 +101,15 @@ void bind_text(py::module_& m) {
       .def_static("from_string", &ChatTemplate::from_string, py::arg("source"),
                   py::arg("bos_token") = "<bos>", py::arg("eos_token") = "<eos>")
       .def_property_readonly("source", &ChatTemplate::source)
+      .def(
+          "caps",
+          [](const ChatTemplate& t) {
+            py::dict out;
+            for (const auto& [name, value] : t.caps().named()) out[name] = value;
+            return out;
+          },
+          "What the template renders of each kind of chat content, under llama.cpp's "
+          "chat_template_caps names (the server's GET /props)")
       .def("render", &render, py::arg("messages"), py::arg("tools") = py::none(),
            py::arg("add_generation_prompt") = true, py::arg("enable_thinking") = false);
 

@@ -512,6 +512,9 @@ class Server {
   void abandon(const Choices& jobs);
   void wait_done(Job& job);
   ojson engine_json() const;
+  // llama-server's GET /props: what clients written for it read to find the context, the slots,
+  // the modalities and what the chat template supports.
+  ojson props_json() const;
   // The load gauges' figures at this moment.
   EngineLoad engine_load();
   // 404 model_not_found unless `name` is empty or one of the model's names.
@@ -570,6 +573,7 @@ class Server {
   std::vector<int64_t> grammar_end_ids_;
   std::optional<ToolCallTokens> tool_call_tokens_;
   std::optional<ThinkingMarkers> thinking_markers_;
+  ChatTemplate::Caps template_caps_;
   std::vector<int64_t> reasoning_budget_message_;  // options_.reasoning_budget_message's tokens
   SamplingRequest generation_defaults_;
   std::vector<ForcedOutput> forced_outputs_;
@@ -606,6 +610,7 @@ void Server::load() {
               << " has no chat template; using Gemma 4's (google/gemma-4-E2B-it)\n";
     template_ = ChatTemplate::from_string(gemma4_chat_template());
   }
+  template_caps_ = template_->caps();
   const int64_t vocab = tokenizer_->vocab_size();
   special_.assign(vocab, false);
   for (int64_t id = 0; id < vocab; ++id) special_[id] = tokenizer_->is_special(id);
@@ -1430,6 +1435,42 @@ ojson Server::model_json(const std::string& name) const {
   return out;
 }
 
+ojson Server::props_json() const {
+  const SamplingParams defaults =
+      sampling_params({}, generation_defaults_, engine_->config().vocab_size);
+  ojson caps = ojson::object();
+  for (const auto& [name, value] : template_caps_.named()) caps[name] = value;
+  auto token = [&](int64_t id) {
+    return id < 0 ? ojson(nullptr) : ojson(tokenizer_->decode({id}));
+  };
+  const auto& eos = engine_->config().eos_token_ids;
+  return {
+      {"default_generation_settings",
+       {{"n_ctx", options_.engine.context},
+        {"params",
+         {{"temperature", defaults.temperature},
+          {"top_k", defaults.top_k},
+          {"top_p", defaults.top_p},
+          {"min_p", defaults.min_p},
+          {"repeat_penalty", defaults.repetition_penalty},
+          {"presence_penalty", defaults.presence_penalty},
+          {"frequency_penalty", defaults.frequency_penalty},
+          // Without max_tokens a reply may run to the end of the context.
+          {"n_predict", -1},
+          {"reasoning_budget", options_.reasoning_budget}}}}},
+      {"total_slots", options_.parallel},
+      {"model_alias", model_id_},
+      {"model_path", model_dir_},
+      {"modalities", {{"vision", modalities_.image}, {"audio", modalities_.audio}}},
+      {"chat_template", template_->source()},
+      {"chat_template_caps", caps},
+      {"bos_token", token(engine_->config().bos_token_id)},
+      {"eos_token", token(eos.empty() ? -1 : eos.front())},
+      {"build_info", std::string("torchtpu-cpp ") + TORCHTPU_VERSION + " (" +
+                         TORCHTPU_GIT_REVISION + ")"},
+      {"is_sleeping", false}};
+}
+
 ojson Server::engine_json() const {
   ojson out = {{"model", model_id_},
                {"model_dir", model_dir_},
@@ -1526,7 +1567,8 @@ EngineLoad Server::engine_load() {
 std::string Server::endpoint_label(const std::string& path) const {
   static const std::set<std::string> known = {
       "/health",         "/livez",       "/metrics",
-      "/v1/models",      "/v1/engine",   "/v1/chat/completions",
+      "/v1/models",      "/v1/engine",   "/props",
+      "/v1/chat/completions",
       "/v1/completions", "/tokenize",    "/detokenize",
       "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens"};
   if (known.count(path)) return path;
@@ -1646,6 +1688,11 @@ void Server::set_up_routes(httplib::Server& http) {
                                res.set_content(dump(engine_json()), "application/json");
                              },
                              true));
+  http.Get("/props", guarded(
+                         [this](const httplib::Request&, httplib::Response& res) {
+                           res.set_content(dump(props_json()), "application/json");
+                         },
+                         true));
   http.Post("/v1/chat/completions",
             guarded([this](const httplib::Request& req,
                            httplib::Response& res) { handle_generation(req, res, true); },
@@ -1729,7 +1776,8 @@ void Server::set_up_routes(httplib::Server& http) {
         static const std::map<std::string, std::string> allowed = {
             {"/health", "GET"},          {"/livez", "GET"},
             {"/metrics", "GET"},         {"/v1/models", "GET"},
-            {"/v1/engine", "GET"},       {"/v1/chat/completions", "POST"},
+            {"/v1/engine", "GET"},       {"/props", "GET"},
+            {"/v1/chat/completions", "POST"},
             {"/v1/completions", "POST"}, {"/tokenize", "POST"},
             {"/detokenize", "POST"},     {"/v1/responses", "POST"},
             {"/v1/messages", "POST"},    {"/v1/messages/count_tokens", "POST"}};

@@ -1,5 +1,6 @@
 #include "text/chat_template.h"
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
@@ -246,6 +247,77 @@ std::string ChatTemplate::render(const ojson& messages, const ojson& tools,
   if (status == kJinjaOk) return out.p;
   if (status == kJinjaRaised) throw ValueError(err.p);
   throw ValueError(std::string("chat template: ") + err.p);
+}
+
+std::vector<std::pair<const char*, bool>> ChatTemplate::Caps::named() const {
+  return {{"supports_system_role", system_role},
+          {"supports_tools", tools},
+          {"supports_tool_calls", tool_calls},
+          {"supports_tool_responses", tool_responses},
+          {"supports_parallel_tool_calls", parallel_tool_calls},
+          {"supports_tool_call_id", tool_call_id},
+          {"supports_preserve_reasoning", preserve_reasoning},
+          {"supports_reasoning_effort", reasoning_effort}};
+}
+
+ChatTemplate::Caps ChatTemplate::caps() const {
+  using json = nlohmann::json;
+  auto prompt = [&](const json& messages, const json& tools, const json& kwargs) {
+    try {
+      return render(messages, tools, false, kwargs);
+    } catch (const ValueError&) {
+      return std::string();
+    }
+  };
+  auto shows = [&](const json& messages, const json& tools,
+                   std::initializer_list<const char*> all) {
+    const std::string text = prompt(messages, tools, json::object());
+    return std::all_of(all.begin(), all.end(),
+                       [&](const char* marker) { return text.find(marker) != std::string::npos; });
+  };
+  const json user = {{"role", "user"}, {"content", "Hey"}};
+  const json tools = json::array({{{"type", "function"},
+                                   {"function",
+                                    {{"name", "probe_tool"},
+                                     {"description", "A probe"},
+                                     {"parameters",
+                                      {{"type", "object"},
+                                       {"properties", {{"arg", {{"type", "string"}}}}},
+                                       {"required", {"arg"}}}}}}}});
+  auto call = [](const char* id, const char* arg) {
+    return json{{"id", id},
+                {"type", "function"},
+                {"function", {{"name", "probe_tool"}, {"arguments", {{"arg", arg}}}}}};
+  };
+  const json one_call = {{"role", "assistant"},
+                         {"content", ""},
+                         {"reasoning_content", "reasoning marker"},
+                         {"tool_calls", json::array({call("call_probe_1", "call marker")})}};
+  const json two_calls = {
+      {"role", "assistant"},
+      {"content", ""},
+      {"tool_calls", json::array({call("call_probe_1", "first marker"),
+                                  call("call_probe_2", "second marker")})}};
+  const json response = {{"role", "tool"},
+                         {"tool_call_id", "call_probe_1"},
+                         {"name", "probe_tool"},
+                         {"content", "response marker"}};
+  const json after_call = json::array({user, one_call, response});
+  Caps caps;
+  caps.system_role =
+      shows(json::array({{{"role", "system"}, {"content", "system marker"}}, user}), nullptr,
+            {"system marker"});
+  caps.tools = shows(json::array({user}), tools, {"probe_tool"});
+  caps.tool_calls = shows(after_call, tools, {"call marker"});
+  caps.tool_responses = shows(after_call, tools, {"response marker"});
+  caps.parallel_tool_calls =
+      shows(json::array({user, two_calls}), tools, {"first marker", "second marker"});
+  caps.tool_call_id = shows(after_call, tools, {"call_probe_1"});
+  caps.preserve_reasoning = shows(after_call, tools, {"reasoning marker"});
+  const json hey = json::array({user});
+  caps.reasoning_effort = prompt(hey, nullptr, {{"reasoning_effort", "high"}}) !=
+                          prompt(hey, nullptr, {{"reasoning_effort", "low"}});
+  return caps;
 }
 
 }  // namespace torchtpu

@@ -6,6 +6,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace torchtpu {
 
@@ -33,6 +35,24 @@ class ChatTemplate {
 
   // The template transformers would pick with tools null: "default", or the only one.
   const std::string& source() const;
+
+  // What the template does with each kind of chat content, found as llama.cpp finds its
+  // chat_template_caps: a probe conversation is rendered and its marker text looked for in the
+  // prompt (a render that raises counts as no).
+  struct Caps {
+    bool system_role = false;          // a system message's text
+    bool tools = false;                // declared tools
+    bool tool_calls = false;           // an assistant turn's tool call
+    bool tool_responses = false;       // a tool message's result
+    bool parallel_tool_calls = false;  // both of an assistant turn's two calls
+    bool tool_call_id = false;         // a call's id
+    bool preserve_reasoning = false;   // reasoning_content of a tool-call turn in history
+    bool reasoning_effort = false;     // a reasoning_effort variable changes the prompt
+
+    // Under llama.cpp's names ("supports_system_role", ...), in the order above.
+    std::vector<std::pair<const char*, bool>> named() const;
+  };
+  Caps caps() const;
 
  private:
   ChatTemplate() = default;

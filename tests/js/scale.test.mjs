@@ -89,6 +89,37 @@ describe("a replica behind a router", () => {
       assert.equal(sample(list, "torchtpu_batch_rows").value, 2);
     });
 
+  test("/props answers what clients written for llama-server read", async () => {
+    assert.equal((await fetch(`${server.url}/props`)).status, 401);
+    const res = await fetch(`${server.url}/props`, { headers: auth });
+    assert.equal(res.status, 200);
+    const props = await res.json();
+    const engine = await (await fetch(`${server.url}/v1/engine`, { headers: auth })).json();
+    assert.equal(props.default_generation_settings.n_ctx, 1024);
+    assert.equal(props.default_generation_settings.n_ctx, engine.context);
+    assert.equal(props.total_slots, 2);
+    assert.equal(props.model_alias, engine.model);
+    assert.equal(props.model_path, engine.model_dir);
+    assert.deepEqual(props.modalities, { vision: false, audio: false });
+    assert.equal(props.is_sleeping, false);
+    assert.equal(props.default_generation_settings.params.reasoning_budget, -1);
+    assert.match(props.build_info, new RegExp(`^torchtpu-cpp ${engine.build.version} `));
+    // The demo's template is Gemma 4's: it renders a system turn, tools and their calls and
+    // results, and no call ids (tests/python checks every cap against transformers).
+    assert.match(props.chat_template, /<\|turn>/);
+    const caps = props.chat_template_caps;
+    assert.equal(Object.keys(caps).length, 8);
+    for (const name of ["supports_system_role", "supports_tools", "supports_tool_calls",
+      "supports_tool_responses"]) assert.equal(caps[name], true, name);
+    assert.equal(caps.supports_tool_call_id, false);
+    const text = async (id) => (await post(server.url, "/detokenize", { tokens: [id] })).body.content;
+    assert.equal(props.bos_token, await text(2));
+    assert.equal(props.eos_token, await text(1));
+    const wrong = await fetch(`${server.url}/props`, { method: "POST", headers: auth, body: "{}" });
+    assert.equal(wrong.status, 405);
+    assert.equal(wrong.headers.get("allow"), "GET");
+  });
+
   test("a running request shows as running, holding its positions of the cache", async () => {
     const maxTokens = 400;
     const answer = post(server.url, "/v1/completions",

@@ -666,6 +666,100 @@ def test_a_thinking_budget_closes_the_block_for_the_model(cli, tmp_path, test_to
         engine.decode(prompt, 4, thinking_budget_message="Stop.")
 
 
+def _caps_by_transformers(reference, source):
+    """ChatTemplate.caps' probes (the spec of llama.cpp's chat_template_caps: a probe
+    conversation is rendered and its marker text looked for), rendered by transformers."""
+
+    def prompt(messages, tools=None, **kwargs):
+        try:
+            return reference.apply_chat_template(
+                messages, tools=tools, tokenize=False, chat_template=source, **kwargs
+            )
+        except Exception:  # noqa: BLE001 - a template that raises does not support the probe
+            return ""
+
+    def shows(messages, tools, *markers):
+        text = prompt(messages, tools)
+        return all(marker in text for marker in markers)
+
+    user = {"role": "user", "content": "Hey"}
+    parameters = {
+        "type": "object",
+        "properties": {"arg": {"type": "string"}},
+        "required": ["arg"],
+    }
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "probe_tool", "description": "A probe", "parameters": parameters},
+        }
+    ]
+
+    def call(id_, arg):
+        function = {"name": "probe_tool", "arguments": {"arg": arg}}
+        return {"id": id_, "type": "function", "function": function}
+
+    one_call = {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "reasoning marker",
+        "tool_calls": [call("call_probe_1", "call marker")],
+    }
+    two_calls = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [call("call_probe_1", "first marker"), call("call_probe_2", "second marker")],
+    }
+    response = {
+        "role": "tool",
+        "tool_call_id": "call_probe_1",
+        "name": "probe_tool",
+        "content": "response marker",
+    }
+    after_call = [user, one_call, response]
+    system = [{"role": "system", "content": "system marker"}, user]
+    return {
+        "supports_system_role": shows(system, None, "system marker"),
+        "supports_tools": shows([user], tools, "probe_tool"),
+        "supports_tool_calls": shows(after_call, tools, "call marker"),
+        "supports_tool_responses": shows(after_call, tools, "response marker"),
+        "supports_parallel_tool_calls": shows(
+            [user, two_calls], tools, "first marker", "second marker"
+        ),
+        "supports_tool_call_id": shows(after_call, tools, "call_probe_1"),
+        "supports_preserve_reasoning": shows(after_call, tools, "reasoning marker"),
+        "supports_reasoning_effort": prompt([user], reasoning_effort="high")
+        != prompt([user], reasoning_effort="low"),
+    }
+
+
+def test_template_caps_are_what_transformers_renders_of_the_probes(test_tokenizer_dir):
+    """ChatTemplate.caps() (the server's /props chat_template_caps) for Gemma 4's templates and
+    templates that lack one kind of content or another equals the same probes rendered by
+    transformers; across them every cap is seen both true and false."""
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(str(test_tokenizer_dir))
+    data = pathlib.Path(__file__).parents[2] / "data/gemma4"
+    sources = [tt.ChatTemplate(str(test_tokenizer_dir)).source]
+    sources += [p.read_text() for p in sorted(data.glob("chat_template.*.jinja"))]
+    sources += [
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+        "{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system') }}"
+        "{% endif %}{{ m.content }}{% endfor %}",
+        "{% for m in messages if m.role != 'tool' %}{{ m.content }}{% for c in m.tool_calls or [] "
+        "%}[{{ c.id }} {{ c.function.arguments | tojson }}]{% endfor %}{% endfor %}"
+        "{{ reasoning_effort }}",
+    ]
+    seen = {}
+    for source in sources:
+        caps = tt.ChatTemplate.from_string(source).caps()
+        assert caps == _caps_by_transformers(reference, source), source[:80]
+        for name, value in caps.items():
+            seen.setdefault(name, set()).add(value)
+    assert all(values == {True, False} for values in seen.values()), seen
+
+
 def _binding_parameters(obj):
     """Parameter names in the signature line pybind11 writes atop a binding's docstring."""
     head = obj.__doc__.lstrip().split("\n", 1)[0]

@@ -261,6 +261,10 @@ class ChatTemplate:
     ) -> ChatTemplate: ...
     @property
     def source(self) -> str: ...
+    def caps(self) -> dict[str, bool]:
+        """What the template renders of each kind of chat content (llama.cpp's
+        chat_template_caps: supports_system_role, supports_tools, ...), found by rendering probe
+        conversations; the server's GET /props reports them."""
     def render(
         self,
         messages: Sequence[Mapping[str, Any]],
