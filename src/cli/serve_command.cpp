@@ -35,6 +35,10 @@ void add_serve_command(CLI::App& app) {
                   "Seconds after SIGTERM during which /health answers 503 while requests are "
                   "still served")
       ->capture_default_str();
+  cmd->add_option("--sleep-idle-seconds", options->sleep_idle_s,
+                  "Seconds without a request after which the engine frees its weights and "
+                  "caches until the next request reloads them (-1: never)")
+      ->capture_default_str();
   cmd->add_option("--parallel", options->parallel,
                   "Requests decoded together, each with its own KV cache (more wait)")
       ->capture_default_str();

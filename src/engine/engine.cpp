@@ -179,23 +179,48 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
     throw ValueError("int4 activation bits must be 16 or 8, got " +
                      std::to_string(options.int4_activation_bits));
   }
+  load();
+  config_ = model_->config();
+  model_options_ = model_->options();
+  storage_ = model_->storage();
+  layout_ = rings_.layout();
+}
+
+void Engine::load() {
   const auto start = Clock::now();
   c10::InferenceMode inference;
   model_ = std::make_unique<Gemma4>(
-      options.model_dir,
-      ModelOptions{options.device, options.dtype, options.emb4_dir,
-                   /*attend_filled_slots=*/options.device.is_cpu(), options.int4,
-                   options.quantize_int4, options.int4_activation_bits});
+      options_.model_dir,
+      ModelOptions{options_.device, options_.dtype, options_.emb4_dir,
+                   /*attend_filled_slots=*/options_.device.is_cpu(), options_.int4,
+                   options_.quantize_int4, options_.int4_activation_bits});
   const auto& c = model_->config();
-  if (c.vision && !options.no_vision) {
-    vision_ = std::make_unique<VisionTower>(options.model_dir, model_->options());
+  if (c.vision && !options_.no_vision) {
+    vision_ = std::make_unique<VisionTower>(options_.model_dir, model_->options());
   }
-  if (c.audio && !options.no_audio) {
-    audio_ = std::make_unique<AudioTower>(options.model_dir, model_->options());
-    audio_options_ = load_audio_feature_options(options.model_dir);
+  if (c.audio && !options_.no_audio) {
+    audio_ = std::make_unique<AudioTower>(options_.model_dir, model_->options());
+    audio_options_ = load_audio_feature_options(options_.model_dir);
   }
-  rings_ = Rings(c, options.context, /*batch=*/1, options.dtype, options.device);
+  rings_ = Rings(c, options_.context, /*batch=*/1, options_.dtype, options_.device);
   load_s_ = seconds_since(start);
+}
+
+void Engine::sleep() {
+  rings_ = Rings();
+  audio_.reset();
+  vision_.reset();
+  model_.reset();
+}
+
+const Gemma4& Engine::model() const {
+  if (!model_) throw std::logic_error("the engine is asleep: wake() it before running the model");
+  return *model_;
+}
+
+void Engine::wake() {
+  if (!asleep()) return;
+  load();
 }
 
 void Engine::check_prompt(const std::vector<int64_t>& ids, const std::vector<Media>& media) const {
@@ -232,7 +257,7 @@ void Engine::check_prompt(const std::vector<int64_t>& ids, const std::vector<Med
     for (size_t i = 0; image && i < media.size(); ++i) {
       if (media[i].kind != kind) continue;
       try {
-        vision_->check(media[i].pixels, media[i].positions);
+        VisionTower::check(*c.vision, media[i].pixels, media[i].positions);
       } catch (const c10::ValueError& e) {
         throw ValueError("media item " + std::to_string(i) + ": " + e.what_without_backtrace());
       }
@@ -333,7 +358,7 @@ at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, 
   const bool final_chunk = end == static_cast<int64_t>(prompt.size());
   const auto soft = media ? soft_tokens(*media, begin, end, options_.device) : std::nullopt;
   auto logits =
-      model_->forward(id_tensor(part, options_.device), positions.to(options_.device), &rings,
+      model().forward(id_tensor(part, options_.device), positions.to(options_.device), &rings,
                       /*last_only=*/true, /*no_logits=*/!final_chunk, soft ? &*soft : nullptr);
   return final_chunk ? logits.view({-1}) : logits;
 }
@@ -453,7 +478,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   // The first token is read at once so read_s measures the prompt alone.
   bool go_on = take(token.view({1}).to(at::kCPU), 1);
   for (int64_t step = 1; go_on && step < budget; ++step) {
-    const auto logits = model_->forward(token, position, &rings_).view({-1});
+    const auto logits = model().forward(token, position, &rings_).view({-1});
     {
       RECORD_USER_SCOPE("engine::sample");
       token = sample(logits);

@@ -128,17 +128,26 @@ class Engine {
  public:
   explicit Engine(const EngineOptions& options);
 
-  const ModelConfig& config() const { return model_->config(); }
+  // These answer from any thread, asleep or awake: they are fixed at construction.
+  const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }
-  Layout layout() const { return rings_.layout(); }
-  const std::vector<StorageReport>& storage() const { return model_->storage(); }
-  double load_seconds() const { return load_s_; }
+  Layout layout() const { return layout_; }
+  const std::vector<StorageReport>& storage() const { return storage_; }
   // The model's options as resolved (the int4 form chosen for kAuto).
-  const ModelOptions& model_options() const { return model_->options(); }
-
+  const ModelOptions& model_options() const { return model_options_; }
   // Whether images / audio clips can be given (the checkpoint has the tower and it is loaded).
-  bool has_vision() const { return vision_ != nullptr; }
-  bool has_audio() const { return audio_ != nullptr; }
+  bool has_vision() const { return config_.vision && !options_.no_vision; }
+  bool has_audio() const { return config_.audio && !options_.no_audio; }
+
+  // The last load of the weights (the constructor's, or wake's).
+  double load_seconds() const { return load_s_; }
+  // Frees the weights, the towers and the rings, giving their memory back (a server idle for a
+  // while: llama.cpp's --sleep-idle-seconds); the configuration and checks above still answer.
+  // Until wake(), nothing that runs the model may be called. Owner thread.
+  void sleep();
+  // Loads the weights again as the constructor did; nothing when awake. Owner thread.
+  void wake();
+  bool asleep() const { return model_ == nullptr; }
   // ValueError unless media of this kind can be given, naming the missing tower or the option
   // that disabled it.
   void check_tower(MediaKind kind) const;
@@ -173,7 +182,7 @@ class Engine {
   int64_t token_budget(int64_t prompt_tokens, int64_t max_new) const;
 
   // The model, for whoever drives its forward pass with rings of their own (Batch).
-  const Gemma4& model() const { return *model_; }
+  const Gemma4& model() const;
   // Reads prompt[begin, end) into `rings` (one row) after the positions before `begin`; returns
   // the float32 logits [vocab] of its last token when `end` is the prompt's end, else undefined.
   // `media`: the prompt's soft tokens (nullptr or empty: none).
@@ -183,8 +192,14 @@ class Engine {
  private:
   // In chunks, into rings_.
   at::Tensor read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media);
+  // The weights, towers and rings from options_.
+  void load();
 
   EngineOptions options_;
+  ModelConfig config_;
+  ModelOptions model_options_;
+  std::vector<StorageReport> storage_;
+  Layout layout_;
   std::unique_ptr<Gemma4> model_;
   std::unique_ptr<VisionTower> vision_;
   std::unique_ptr<AudioTower> audio_;

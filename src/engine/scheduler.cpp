@@ -97,11 +97,20 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
-bool Scheduler::take_work(bool idle, int64_t free_rows, std::vector<Entry>& admitted,
-                          std::vector<Entry>& dropped, std::set<int64_t>& cancels) {
+Scheduler::Taken Scheduler::take_work(bool idle, int64_t free_rows,
+                                      std::optional<double> sleep_after,
+                                      std::vector<Entry>& admitted, std::vector<Entry>& dropped,
+                                      std::set<int64_t>& cancels) {
   std::unique_lock lock(mutex_);
-  changed_.wait(lock, [&] { return !idle || !waiting_.empty() || !cancels_.empty() || stopping_; });
-  if (idle && waiting_.empty() && stopping_) return false;
+  auto ready = [&] { return !idle || !waiting_.empty() || !cancels_.empty() || stopping_; };
+  if (idle && sleep_after) {
+    if (!changed_.wait_for(lock, std::chrono::duration<double>(*sleep_after), ready)) {
+      return Taken::kIdleTooLong;
+    }
+  } else {
+    changed_.wait(lock, ready);
+  }
+  if (idle && waiting_.empty() && stopping_) return Taken::kStopped;
   cancels = std::exchange(cancels_, {});
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (cancels.erase(it->ticket) > 0) {
@@ -121,6 +130,45 @@ bool Scheduler::take_work(bool idle, int64_t free_rows, std::vector<Entry>& admi
   for (const auto& entry : admitted) {
     stats_.batch.positions += static_cast<int64_t>(entry.submission.prompt.size());
   }
+  return Taken::kWork;
+}
+
+std::optional<double> Scheduler::sleep_after(const Engine& engine) const {
+  if (options_.sleep_idle_s < 0 || engine.asleep()) return std::nullopt;
+  return options_.sleep_idle_s;
+}
+
+void Scheduler::sleep(Engine& engine) {
+  engine.sleep();
+  {
+    std::lock_guard lock(mutex_);
+    stats_.asleep = true;
+    ++stats_.sleeps;
+    stats_.batch.cache.states = 0;
+    stats_.batch.cache.bytes = 0;
+  }
+  release_free_heap();
+}
+
+bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted) {
+  if (!engine.asleep() || admitted.empty()) return !engine.asleep();
+  const auto start = Clock::now();
+  try {
+    engine.wake();
+  } catch (...) {
+    const auto error = std::current_exception();
+    {
+      std::lock_guard lock(mutex_);
+      stats_.running -= static_cast<int64_t>(admitted.size());
+      stats_.batch.positions = 0;
+    }
+    for (auto& entry : admitted) entry.submission.on_done({}, error);
+    admitted.clear();
+    return false;
+  }
+  std::lock_guard lock(mutex_);
+  stats_.asleep = false;
+  stats_.last_wake_s = seconds_since(start);
   return true;
 }
 
@@ -148,13 +196,24 @@ void Scheduler::run_batch(Engine& engine) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
     const auto free_rows = options_.batch.rows - static_cast<int64_t>(running.size());
-    if (!take_work(batch->idle(), free_rows, admitted, dropped, cancels)) break;
+    const bool idle = !batch || batch->idle();
+    const Taken taken =
+        take_work(idle, free_rows, sleep_after(engine), admitted, dropped, cancels);
+    if (taken == Taken::kStopped) break;
+    if (taken == Taken::kIdleTooLong) {
+      // The batch's rings and prefix cache go with the weights.
+      batch.reset();
+      sleep(engine);
+      continue;
+    }
     for (auto& entry : dropped) {
       entry.submission.on_done(cancelled_before_start(entry.submission), nullptr);
     }
     for (const auto& [id, entry] : running) {
       if (cancels.count(entry.ticket) > 0) batch->cancel(id);
     }
+    if (!wake(engine, admitted)) continue;
+    if (!batch) batch.emplace(engine, options_.batch);
     for (auto& entry : admitted) {
       auto& s = entry.submission;
       int64_t id;
@@ -219,10 +278,17 @@ void Scheduler::run_serial(Engine& engine) {
   while (true) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
-    if (!take_work(/*idle=*/true, 1, admitted, dropped, cancels)) break;
+    const Taken taken =
+        take_work(/*idle=*/true, 1, sleep_after(engine), admitted, dropped, cancels);
+    if (taken == Taken::kStopped) break;
+    if (taken == Taken::kIdleTooLong) {
+      sleep(engine);
+      continue;
+    }
     for (auto& entry : dropped) {
       entry.submission.on_done(cancelled_before_start(entry.submission), nullptr);
     }
+    if (!wake(engine, admitted)) continue;
     for (auto& entry : admitted) {
       auto& s = entry.submission;
       if (s.on_start) s.on_start();

@@ -10,6 +10,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <vector>
@@ -27,6 +28,10 @@ struct SchedulerOptions {
   // Engine::decode, which reads back once per read_every steps (a device that pays for every host
   // read); a batch reads every row's token back each step, to see stops and free rows.
   int64_t read_every = 1;
+  // With nothing waiting or running for this many seconds the engine sleeps (Engine::sleep: its
+  // weights, rings and the batch's prefix cache freed) until a submission wakes it, which then
+  // waits for the load; below 0: never (llama.cpp's --sleep-idle-seconds).
+  double sleep_idle_s = -1;
 };
 
 // One sequence for the scheduler. Every callback runs on the owner thread.
@@ -55,6 +60,9 @@ struct SchedulerStats {
   int64_t running = 0;  // in a row: reading their prompt or decoding
   BatchStats batch;     // as of the last step (rows and capacity known once run() started)
   double busy_s = 0;    // time spent in steps
+  bool asleep = false;  // the engine's weights are freed (sleep_idle_s)
+  int64_t sleeps = 0;   // times it went to sleep
+  double last_wake_s = 0;  // how long the last wake took to load the weights again
 };
 
 class Scheduler {
@@ -90,10 +98,20 @@ class Scheduler {
     Submission submission;
   };
 
-  // Waits for work; takes the cancels and up to `free_rows` waiting entries. False when stopped
-  // and nothing is left to do (`idle`: nothing in the batch).
-  bool take_work(bool idle, int64_t free_rows, std::vector<Entry>& admitted,
-                 std::vector<Entry>& dropped, std::set<int64_t>& cancels);
+  enum class Taken { kWork, kStopped, kIdleTooLong };
+  // Waits for work; takes the cancels and up to `free_rows` waiting entries. kStopped when stopped
+  // and nothing is left to do (`idle`: nothing in the batch); kIdleTooLong when idle and nothing
+  // came for `sleep_after` (none: no limit).
+  Taken take_work(bool idle, int64_t free_rows, std::optional<double> sleep_after,
+                  std::vector<Entry>& admitted, std::vector<Entry>& dropped,
+                  std::set<int64_t>& cancels);
+  // sleep_idle_s when the engine is awake and may sleep.
+  std::optional<double> sleep_after(const Engine& engine) const;
+  // Engine::sleep after sleep_idle_s of idleness, with the stats saying so.
+  void sleep(Engine& engine);
+  // Engine::wake before `admitted` run; false when the load failed, each entry then ended with
+  // its exception.
+  bool wake(Engine& engine, std::vector<Entry>& admitted);
   void run_batch(Engine& engine);
   void run_serial(Engine& engine);
   // With nothing running or waiting: the heap's free pages go back to the system. Requests of

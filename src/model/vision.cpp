@@ -155,8 +155,8 @@ at::Tensor VisionTower::attention(const Layer& w, const at::Tensor& x, const at:
   return w.o_proj(out.transpose(1, 2).reshape({B, T, -1}));
 }
 
-VisionTower::Grid VisionTower::grid(const at::Tensor& pixels, const at::Tensor& positions) const {
-  const auto& c = config_;
+VisionTower::Grid VisionTower::grid(const VisionConfig& c, const at::Tensor& pixels,
+                                    const at::Tensor& positions) {
   const int64_t patch_width = 3 * c.patch_size * c.patch_size;
   const int64_t k = c.pooling_kernel_size;
   TORCH_CHECK_VALUE(pixels.dim() == 2 && pixels.size(1) == patch_width &&
@@ -198,15 +198,16 @@ VisionTower::Grid VisionTower::grid(const at::Tensor& pixels, const at::Tensor& 
   return {real, host_positions, bin, soft_tokens};
 }
 
-void VisionTower::check(const at::Tensor& pixels, const at::Tensor& positions) const {
-  grid(pixels, positions);
+void VisionTower::check(const VisionConfig& config, const at::Tensor& pixels,
+                        const at::Tensor& positions) {
+  grid(config, pixels, positions);
 }
 
 at::Tensor VisionTower::embed(const at::Tensor& pixels, const at::Tensor& positions) const {
   const auto& c = config_;
   const auto& o = options_;
   const int64_t k = c.pooling_kernel_size;
-  const auto [real, host_positions, bin, soft_tokens] = grid(pixels, positions);
+  const auto [real, host_positions, bin, soft_tokens] = grid(c, pixels, positions);
   const auto real_device = real.to(pixels.device());
   auto px = pixels.index({real_device}).to(o.device, at::kFloat);
   const auto pos = host_positions.to(o.device);

@@ -35,7 +35,9 @@ class VisionTower {
   // The checks embed makes of its inputs, without running the tower, so that a caller can refuse
   // an image before queueing it: c10::ValueError naming what is wrong (shape, dtype, positions
   // beyond the position tables, patches that do not tile the pooling grid).
-  void check(const at::Tensor& pixels, const at::Tensor& positions) const;
+  // Needs only the configuration, so it answers while the weights are not loaded.
+  static void check(const VisionConfig& config, const at::Tensor& pixels,
+                    const at::Tensor& positions);
 
   const VisionConfig& config() const { return config_; }
   int64_t text_hidden_size() const { return text_hidden_size_; }
@@ -48,7 +50,7 @@ class VisionTower {
     at::Tensor bin;        // [P] int64, the soft token each patch pools into
     int64_t soft_tokens = 0;
   };
-  Grid grid(const at::Tensor& pixels, const at::Tensor& positions) const;
+  static Grid grid(const VisionConfig& c, const at::Tensor& pixels, const at::Tensor& positions);
 
   struct Layer {
     at::Tensor input_layernorm, post_attention_layernorm, pre_feedforward_layernorm,

@@ -184,6 +184,12 @@ std::string Metrics::render(const EngineLoad& load) const {
          "Seconds the engine thread spent in decode steps (one step serves every running "
          "request).",
          number(load.busy_seconds));
+  single("torchtpu_engine_asleep", "gauge",
+         "1 while the engine's weights and caches are freed (--sleep-idle-seconds), else 0.",
+         load.asleep ? "1" : "0");
+  single("torchtpu_engine_sleeps_total", "counter",
+         "Times the engine freed its weights after --sleep-idle-seconds without a request.",
+         std::to_string(load.sleeps));
   const auto& cache = load.prefix_cache;
   single("torchtpu_prefix_cache_hits_total", "counter",
          "Requests that started from KV the prefix cache held.", std::to_string(cache.hits));

@@ -41,6 +41,8 @@ struct EngineLoad {
   int64_t block_size = 0;  // tokens per block
   int64_t blocks = 0;
   double busy_seconds = 0;  // the engine thread's time in decode steps
+  bool asleep = false;      // the weights are freed after --sleep-idle-seconds
+  int64_t sleeps = 0;
   PrefixCacheStats prefix_cache;
   int64_t prefix_cache_budget = 0;  // bytes; 0: no prefix cache
 };

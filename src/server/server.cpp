@@ -385,6 +385,7 @@ SchedulerOptions scheduler_options(const ServeOptions& options) {
   o.batch.pass_rows = options.pass_rows;
   o.max_queue = options.max_queue;
   o.read_every = options.read_every;
+  o.sleep_idle_s = options.sleep_idle_s;
   return o;
 }
 
@@ -1468,7 +1469,7 @@ ojson Server::props_json() const {
       {"eos_token", token(eos.empty() ? -1 : eos.front())},
       {"build_info", std::string("torchtpu-cpp ") + TORCHTPU_VERSION + " (" +
                          TORCHTPU_GIT_REVISION + ")"},
-      {"is_sleeping", false}};
+      {"is_sleeping", scheduler_.stats().asleep}};
 }
 
 ojson Server::engine_json() const {
@@ -1511,7 +1512,11 @@ ojson Server::engine_json() const {
                       {"prompt_tokens", stats.batch.prompt_tokens},
                       {"cache_positions", stats.batch.positions},
                       {"cache_capacity", stats.batch.capacity},
-                      {"busy_seconds", stats.busy_s}};
+                      {"busy_seconds", stats.busy_s},
+                      {"sleep_idle_seconds", options_.sleep_idle_s},
+                      {"asleep", stats.asleep},
+                      {"sleeps", stats.sleeps},
+                      {"last_wake_seconds", stats.last_wake_s}};
   // One sequence at a time there is no batch, so neither its step budget nor its passes.
   if (options_.read_every == 1) {
     out["scheduler"]["step_tokens"] = stats.batch.step_tokens;
@@ -1559,6 +1564,8 @@ EngineLoad Server::engine_load() {
     load.blocks = capacity;
   }
   load.busy_seconds = stats.busy_s;
+  load.asleep = stats.asleep;
+  load.sleeps = stats.sleeps;
   load.prefix_cache = stats.batch.cache;
   load.prefix_cache_budget = scheduler_.cache_budget();
   return load;
@@ -1969,6 +1976,12 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
     std::ostringstream given;
     given << options.drain_grace_s;
     throw ValueError("--drain-grace must be between 0 and 3600 seconds, got " + given.str());
+  }
+  if (!(options.sleep_idle_s == -1 || (options.sleep_idle_s >= 0 && options.sleep_idle_s <= 1e6))) {
+    std::ostringstream given;
+    given << options.sleep_idle_s;
+    throw ValueError("--sleep-idle-seconds must be -1 (never) or between 0 and 1e6, got " +
+                     given.str());
   }
   check_media_limits(options.media);
   // The scheduler checks max_queue and read_every (with parallel) as it is built.

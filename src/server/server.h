@@ -32,6 +32,9 @@ struct ServeOptions {
   // After SIGINT/SIGTERM: seconds during which /health answers 503 while requests are still
   // served, so routers take the replica out before it refuses anything.
   double drain_grace_s = 0;
+  // Seconds without a request after which the engine frees its weights and caches until the next
+  // request reloads them (llama.cpp's --sleep-idle-seconds); -1: never.
+  double sleep_idle_s = -1;
   // Requests decoded together, each in a row of its own (its own KV cache of `context`
   // positions); more wait in the queue.
   int64_t parallel = 4;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <future>
 #include <map>
 #include <mutex>
@@ -327,6 +328,58 @@ TEST(Scheduler, ReadEveryAboveOneRunsOneSequenceAtATime) {
     EXPECT_STREQ(e.what(),
                  "read_every 4 needs 1 sequence at a time (parallel 1), got 2: a batch reads "
                  "every row's token back each step");
+  }
+}
+
+// --sleep-idle-seconds: the engine frees its weights (and a batch its rings and prefix cache)
+// once idle that long; its configuration and checks still answer, and the next submission
+// loads them again and gets the tokens it got before, batched or one at a time.
+TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
+  auto engine = make_engine();
+  auto options = options_of(6, false, 0);
+  const auto prompt = prompt_of(5, 3);
+  const auto before = engine.decode(prompt, options).tokens;
+  engine.sleep();
+  EXPECT_TRUE(engine.asleep());
+  EXPECT_THROW(engine.decode(prompt, options), std::logic_error);
+  EXPECT_NO_THROW(engine.check_prompt(prompt));
+  EXPECT_THROW(engine.check_prompt({2, engine.config().vocab_size}), ValueError);
+  engine.wake();
+  EXPECT_EQ(engine.decode(prompt, options).tokens, before);
+
+  for (const int64_t read_every : {1, 4}) {
+    SchedulerOptions o;
+    o.batch.rows = read_every > 1 ? 1 : 2;
+    o.batch.cache_bytes = read_every > 1 ? 0 : 8 << 20;
+    o.read_every = read_every;
+    o.sleep_idle_s = 0.2;
+    Scheduler scheduler(o);
+    options.read_every = read_every;
+    std::vector<Seen> seen(2);
+    std::vector<std::promise<void>> done(2);
+    Running running(scheduler, engine);
+    scheduler.submit(recording(prompt, options, seen[0], done[0]));
+    done[0].get_future().wait();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!scheduler.stats().asleep && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    const auto asleep = scheduler.stats();
+    ASSERT_TRUE(asleep.asleep) << "read_every " << read_every;
+    EXPECT_TRUE(engine.asleep());
+    EXPECT_EQ(asleep.sleeps, 1);
+    EXPECT_EQ(asleep.batch.cache.bytes, 0);
+    EXPECT_EQ(engine.config().vocab_size, make_engine().config().vocab_size);
+
+    scheduler.submit(recording(prompt, options, seen[1], done[1]));
+    done[1].get_future().wait();
+    const auto awake = scheduler.stats();
+    EXPECT_FALSE(awake.asleep);
+    EXPECT_GT(awake.last_wake_s, 0);
+    for (const auto& s : seen) {
+      EXPECT_EQ(s.error, nullptr);
+      EXPECT_EQ(s.result.tokens, before) << "read_every " << read_every;
+    }
   }
 }
 

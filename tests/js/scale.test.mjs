@@ -6,6 +6,7 @@
 // load is in soak.test.mjs.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
+import { readFileSync, statSync } from "node:fs";
 import { after, before, describe, test } from "node:test";
 import { cliPath, eventually, metric, startServer } from "./server_helpers.mjs";
 
@@ -256,6 +257,44 @@ describe("one sequence at a time (--read-every above 1)", () => {
   });
 });
 
+describe("an idle replica sleeps (--sleep-idle-seconds)", () => {
+  test("frees its weights once idle, still answers the probes, and wakes for a request",
+    async () => {
+      const server = await startServer(["--sleep-idle-seconds", "1", "--threads", "1"]);
+      try {
+        const rss = () => Number(readFileSync(`/proc/${server.child.pid}/status`, "utf8")
+          .match(/VmRSS:\s+(\d+) kB/)[1]) * 1024;
+        const gauge = async (name) => metric(await (await fetch(`${server.url}/metrics`)).text(), name);
+        const ask = async () => (await post(server.url, "/v1/completions",
+          { prompt: "Write about rain.", max_tokens: 8, ignore_eos: true },
+          { "Content-Type": "application/json" })).body;
+        const first = await ask();
+        const awake = rss();
+        await eventually(async () => (await gauge("torchtpu_engine_asleep")) === 1,
+          "the engine asleep", 30_000);
+        // The demo's weights (bf16, as stored) are what sleep gives back, most of them at least.
+        const engine = await (await fetch(`${server.url}/v1/engine`)).json();
+        const weights = statSync(`${engine.model_dir}/model.safetensors`).size;
+        assert.ok(awake - rss() > weights / 2, `${awake} -> ${rss()} bytes, weights ${weights}`);
+        assert.equal(engine.scheduler.asleep, true);
+        assert.equal(engine.scheduler.sleep_idle_seconds, 1);
+        // Probes neither wake it nor report it unready.
+        assert.equal((await fetch(`${server.url}/health`)).status, 200);
+        assert.equal((await (await fetch(`${server.url}/props`)).json()).is_sleeping, true);
+        assert.equal(await gauge("torchtpu_engine_asleep"), 1);
+        // A request loads the weights again and gets the answer it got before.
+        const second = await ask();
+        assert.equal(second.choices[0].text, first.choices[0].text);
+        assert.equal(await gauge("torchtpu_engine_asleep"), 0);
+        assert.equal(await gauge("torchtpu_engine_sleeps_total"), 1);
+        const woken = await (await fetch(`${server.url}/v1/engine`)).json();
+        assert.ok(woken.scheduler.last_wake_seconds > 0);
+      } finally {
+        await server.stop();
+      }
+    });
+});
+
 describe("bad values of the new flags", () => {
   test("are refused at start with a message naming the flag", async () => {
     for (const [args, message] of [
@@ -275,6 +314,8 @@ describe("bad values of the new flags", () => {
       [["--pass-rows", "-1"], "error: --pass-rows must be at least 0, got -1"],
       [["--reasoning-budget", "-3"],
         "error: --reasoning-budget must be -1 (no limit) or at least 0, got -3"],
+      [["--sleep-idle-seconds", "-2"],
+        "error: --sleep-idle-seconds must be -1 (never) or between 0 and 1e6, got -2"],
       [["--reasoning-budget-message", "Enough.<channel|>"],
         "error: --reasoning-budget-message must not hold the thinking block's <channel|> marker"],
     ]) {

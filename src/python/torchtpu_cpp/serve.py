@@ -131,6 +131,13 @@ def _parse_args(argv):
         help="seconds after SIGTERM during which /health answers 503 while requests "
         "are still served",
     )
+    p.add_argument(
+        "--sleep-idle-seconds",
+        type=float,
+        default=-1.0,
+        help="seconds without a request after which the engine frees its weights and caches "
+        "until the next request reloads them (-1: never)",
+    )
     # Images and audio in requests (#19): the names, defaults and checks of `torchtpu-cpp serve`
     # (the server checks the values and names the flag: error: --max-media must be ...).
     p.add_argument(
@@ -234,6 +241,7 @@ def main(argv=None):
                 metrics_auth=args.metrics_auth,
                 metrics_compat=args.metrics_compat,
                 drain_grace_s=args.drain_grace,
+                sleep_idle_s=args.sleep_idle_seconds,
                 parallel=args.parallel,
                 cache_mb=args.cache_mb,
                 step_tokens=args.step_tokens,
