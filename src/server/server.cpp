@@ -1576,7 +1576,7 @@ std::string Server::endpoint_label(const std::string& path) const {
       "/health",         "/livez",       "/metrics",
       "/v1/models",      "/v1/engine",   "/props",
       "/v1/chat/completions",
-      "/v1/completions", "/tokenize",    "/detokenize",
+      "/v1/completions", "/tokenize",    "/detokenize", "/apply-template",
       "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens"};
   if (known.count(path)) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
@@ -1764,6 +1764,24 @@ void Server::set_up_routes(httplib::Server& http) {
                                res.set_content(dump({{"tokens", tokens}}), "application/json");
                              },
                              true));
+  // llama-server's POST /apply-template: the prompt a chat request's body renders to, as the
+  // model would read it, without running the model.
+  http.Post("/apply-template",
+            guarded(
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  const GenerationRequest r = parse_chat_request(parse_body(req.body));
+                  check_model(r.model);
+                  std::string parser_prefix;
+                  std::string prompt;
+                  try {
+                    prompt = render_chat(r, parser_prefix);
+                  } catch (const ValueError& e) {
+                    throw ApiError(400, e.what(), "invalid_request_error", "messages",
+                                   "invalid_value");
+                  }
+                  res.set_content(dump({{"prompt", prompt}}), "application/json");
+                },
+                true));
   http.Post("/detokenize",
             guarded(
                 [this](const httplib::Request& req, httplib::Response& res) {
@@ -1786,7 +1804,8 @@ void Server::set_up_routes(httplib::Server& http) {
             {"/v1/engine", "GET"},       {"/props", "GET"},
             {"/v1/chat/completions", "POST"},
             {"/v1/completions", "POST"}, {"/tokenize", "POST"},
-            {"/detokenize", "POST"},     {"/v1/responses", "POST"},
+            {"/detokenize", "POST"},     {"/apply-template", "POST"},
+            {"/v1/responses", "POST"},
             {"/v1/messages", "POST"},    {"/v1/messages/count_tokens", "POST"}};
         try {
           if (res.status == 413) {

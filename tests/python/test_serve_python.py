@@ -189,6 +189,67 @@ def test_python_hosted_server_reports_its_host(servers):
     assert json.loads(native.get("/v1/engine")[1])["hosted_by"] == "torchtpu-cpp"
 
 
+
+def test_apply_template_and_props_are_what_transformers_and_the_template_say(servers, checkpoint):
+    """POST /apply-template (llama-server's) answers the prompt transformers' apply_chat_template
+    renders for the same messages, tools and kwargs; GET /props reports the checkpoint's template
+    and the caps ChatTemplate.caps() finds in it; from either host."""
+    import torchtpu_cpp
+    from transformers import AutoTokenizer
+
+    reference = AutoTokenizer.from_pretrained(checkpoint)
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    call = {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Rain in Oslo?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "call_1", "type": "function", "function": call}],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "RAINY-12C"},
+    ]
+    caps = torchtpu_cpp.ChatTemplate(checkpoint).caps()
+    for server in servers:
+        for thinking in (False, True):
+            status, text = server.post(
+                "/apply-template",
+                {
+                    "messages": messages,
+                    "tools": tools,
+                    "chat_template_kwargs": {"enable_thinking": thinking},
+                },
+            )
+            assert status == 200, text
+            want = reference.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=True,
+                tokenize=False,
+                enable_thinking=thinking,
+            )
+            assert json.loads(text) == {"prompt": want}
+        status, text = server.post("/apply-template", {"tools": tools})
+        assert status == 400 and json.loads(text)["error"]["param"] == "messages", text
+        props = json.loads(server.get("/props")[1])
+        assert props["chat_template"] == reference.chat_template
+        assert props["chat_template_caps"] == caps
+        assert props["default_generation_settings"]["n_ctx"] == 256
+
 def test_sigterm_stops_the_python_hosted_server_cleanly(cli, checkpoint):
     import torchtpu_cpp
 
