@@ -184,6 +184,7 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
   model_options_ = model_->options();
   storage_ = model_->storage();
   layout_ = rings_.layout();
+  if (audio_) audio_options_ = load_audio_feature_options(options_.model_dir);
 }
 
 void Engine::load() {
@@ -200,7 +201,6 @@ void Engine::load() {
   }
   if (c.audio && !options_.no_audio) {
     audio_ = std::make_unique<AudioTower>(options_.model_dir, model_->options());
-    audio_options_ = load_audio_feature_options(options_.model_dir);
   }
   rings_ = Rings(c, options_.context, /*batch=*/1, options_.dtype, options_.device);
   load_s_ = seconds_since(start);
