@@ -109,8 +109,8 @@ class Scheduler {
   std::optional<double> sleep_after(const Engine& engine) const;
   // Engine::sleep after sleep_idle_s of idleness, with the stats saying so.
   void sleep(Engine& engine);
-  // Engine::wake before `admitted` run; false when the load failed, each entry then ended with
-  // its exception.
+  // Engine::wake before `admitted` run. False when the engine stays asleep: nothing was admitted,
+  // or the load failed and each entry ended with its exception.
   bool wake(Engine& engine, std::vector<Entry>& admitted);
   void run_batch(Engine& engine);
   void run_serial(Engine& engine);
