@@ -116,10 +116,12 @@ BatchStats Batch::stats() const {
   s.rows = options_.rows;
   s.queued = static_cast<int64_t>(queue_.size());
   for (const auto& row : rows_) {
-    if (row.request) (row.decoding() ? s.decoding : s.reading)++;
-    if (row.request) {
-      s.positions += std::max(row.position, static_cast<int64_t>(row.request->prompt.size()));
-    }
+    RowStats& r = s.row_stats.emplace_back();
+    if (!row.request) continue;
+    (row.decoding() ? s.decoding : s.reading)++;
+    const auto prompt = static_cast<int64_t>(row.request->prompt.size());
+    s.positions += std::max(row.position, prompt);
+    r = {row.request->id, !row.decoding(), prompt, row.sampled, row.budget - row.sampled};
   }
   s.capacity = options_.rows * engine_.options().context;
   s.steps = steps_;

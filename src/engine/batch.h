@@ -46,6 +46,16 @@ struct BatchOptions {
 };
 
 // What a Batch holds at the moment (a server's /metrics and /v1/engine).
+// One row of a batch as a step left it (llama-server's /slots).
+struct RowStats {
+  // The id submit gave its sequence (the scheduler's ticket one sequence at a time); -1: free.
+  int64_t sequence = -1;
+  bool reading = false;   // reading its prompt (else decoding, when it has a sequence)
+  int64_t prompt_tokens = 0;
+  int64_t generated = 0;  // tokens sampled so far
+  int64_t remaining = 0;  // tokens it may still generate
+};
+
 struct BatchStats {
   int64_t rows = 0;      // rows in the rings
   int64_t queued = 0;    // submitted, waiting for a row
@@ -66,6 +76,7 @@ struct BatchStats {
   int64_t positions = 0;
   int64_t capacity = 0;
   PrefixCacheStats cache;
+  std::vector<RowStats> row_stats;  // one per row, in row order
 };
 
 class Batch {

@@ -274,6 +274,7 @@ void Scheduler::run_serial(Engine& engine) {
     std::lock_guard lock(mutex_);
     stats_.batch.rows = 1;
     stats_.batch.capacity = engine.options().context;
+    stats_.batch.row_stats.assign(1, RowStats{});
   }
   while (true) {
     std::vector<Entry> admitted, dropped;
@@ -293,11 +294,20 @@ void Scheduler::run_serial(Engine& engine) {
       auto& s = entry.submission;
       if (s.on_start) s.on_start();
       auto positions = static_cast<int64_t>(s.prompt.size());
+      {
+        std::lock_guard lock(mutex_);
+        stats_.batch.row_stats[0] = {entry.ticket, true, positions, 0,
+                                     engine.token_budget(positions, s.options.max_new)};
+      }
       auto on_tokens = [&](const std::vector<int64_t>& tokens) {
-        positions += static_cast<int64_t>(tokens.size());
+        const auto count = static_cast<int64_t>(tokens.size());
+        positions += count;
         {
           std::lock_guard lock(mutex_);
           stats_.batch.positions = positions;
+          stats_.batch.row_stats[0].reading = false;
+          stats_.batch.row_stats[0].generated += count;
+          stats_.batch.row_stats[0].remaining -= count;
           if (cancels_.erase(entry.ticket) > 0) return false;
         }
         return !s.on_tokens || s.on_tokens(tokens);
@@ -314,6 +324,7 @@ void Scheduler::run_serial(Engine& engine) {
         std::lock_guard lock(mutex_);
         stats_.running = 0;
         stats_.batch.positions = 0;
+        stats_.batch.row_stats[0] = RowStats{};
         stats_.busy_s += seconds_since(start);
       }
       s.on_done(std::move(result), error);

@@ -516,6 +516,8 @@ class Server {
   // llama-server's GET /props: what clients written for it read to find the context, the slots,
   // the modalities and what the chat template supports.
   ojson props_json() const;
+  // llama-server's GET /slots: each row of the batch, busy or free, without its prompt.
+  ojson slots_json() const;
   // The load gauges' figures at this moment.
   EngineLoad engine_load();
   // 404 model_not_found unless `name` is empty or one of the model's names.
@@ -1472,6 +1474,27 @@ ojson Server::props_json() const {
       {"is_sleeping", scheduler_.stats().asleep}};
 }
 
+ojson Server::slots_json() const {
+  const SchedulerStats stats = scheduler_.stats();
+  ojson out = ojson::array();
+  for (size_t i = 0; i < stats.batch.row_stats.size(); ++i) {
+    const RowStats& row = stats.batch.row_stats[i];
+    const bool busy = row.sequence >= 0;
+    out.push_back({{"id", i},
+                   {"id_task", row.sequence},
+                   {"n_ctx", options_.engine.context},
+                   {"speculative", false},
+                   {"is_processing", busy},
+                   {"reading_prompt", row.reading},
+                   {"n_prompt_tokens", row.prompt_tokens},
+                   {"next_token",
+                    {{"has_next_token", busy && row.remaining > 0},
+                     {"n_remain", busy ? row.remaining : -1},
+                     {"n_decoded", row.generated}}}});
+  }
+  return out;
+}
+
 ojson Server::engine_json() const {
   ojson out = {{"model", model_id_},
                {"model_dir", model_dir_},
@@ -1574,7 +1597,7 @@ EngineLoad Server::engine_load() {
 std::string Server::endpoint_label(const std::string& path) const {
   static const std::set<std::string> known = {
       "/health",         "/livez",       "/metrics",
-      "/v1/models",      "/v1/engine",   "/props",
+      "/v1/models",      "/v1/engine",   "/props",       "/slots",
       "/v1/chat/completions",
       "/v1/completions", "/tokenize",    "/detokenize", "/apply-template",
       "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens"};
@@ -1695,6 +1718,22 @@ void Server::set_up_routes(httplib::Server& http) {
                                res.set_content(dump(engine_json()), "application/json");
                              },
                              true));
+  // ?fail_on_no_slot (llama-server's): 503 while every row is busy, for a balancer's probe.
+  http.Get("/slots", guarded(
+                         [this](const httplib::Request& req, httplib::Response& res) {
+                           const ojson slots = slots_json();
+                           const bool free = std::any_of(slots.begin(), slots.end(), [](auto& s) {
+                             return !s["is_processing"].template get<bool>();
+                           });
+                           if (req.has_param("fail_on_no_slot") && !free) {
+                             throw ApiError(503,
+                                            "no slot available: all " +
+                                                std::to_string(slots.size()) + " rows are busy",
+                                            "unavailable_error", "", "no_slot_available");
+                           }
+                           res.set_content(dump(slots), "application/json");
+                         },
+                         true));
   http.Get("/props", guarded(
                          [this](const httplib::Request&, httplib::Response& res) {
                            res.set_content(dump(props_json()), "application/json");
@@ -1802,6 +1841,7 @@ void Server::set_up_routes(httplib::Server& http) {
             {"/health", "GET"},          {"/livez", "GET"},
             {"/metrics", "GET"},         {"/v1/models", "GET"},
             {"/v1/engine", "GET"},       {"/props", "GET"},
+            {"/slots", "GET"},
             {"/v1/chat/completions", "POST"},
             {"/v1/completions", "POST"}, {"/tokenize", "POST"},
             {"/detokenize", "POST"},     {"/apply-template", "POST"},

@@ -308,17 +308,36 @@ TEST(Scheduler, ReadEveryAboveOneRunsOneSequenceAtATime) {
     d.read_every = 4;
     options.push_back(d);
   }
+  // The one row as each read leaves it (the server's /slots).
+  std::vector<std::vector<RowStats>> rows(3);
+  std::vector<int64_t> tickets;
   {
     Running running(scheduler, engine);
     for (int i = 0; i < 3; ++i) {
-      scheduler.submit(recording(prompt_of(3 + i, i), options[i], seen[i], done[i]));
+      auto submission = recording(prompt_of(3 + i, i), options[i], seen[i], done[i]);
+      submission.on_tokens = [&, i, record = submission.on_tokens](const auto& tokens) {
+        rows[i].push_back(scheduler.stats().batch.row_stats.at(0));
+        return record(tokens);
+      };
+      tickets.push_back(scheduler.submit(std::move(submission)));
     }
     for (auto& d : done) d.get_future().wait();
   }
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(seen[i].result.tokens, engine.decode(prompt_of(3 + i, i), options[i]).tokens);
+    // Reads of the first token at once, then of 4 tokens each.
+    std::vector<int64_t> generated;
+    for (const auto& row : rows[i]) {
+      generated.push_back(row.generated);
+      EXPECT_EQ(row.sequence, tickets[i]);
+      EXPECT_FALSE(row.reading);
+      EXPECT_EQ(row.prompt_tokens, 3 + i);
+      EXPECT_EQ(row.generated + row.remaining, 9);
+    }
+    EXPECT_EQ(generated, (std::vector<int64_t>{1, 5, 9}));
   }
   EXPECT_EQ(scheduler.stats().batch.capacity, 256);
+  EXPECT_EQ(scheduler.stats().batch.row_stats.at(0).sequence, -1);
 
   o.batch.rows = 2;
   try {

@@ -201,6 +201,40 @@ describe("a replica behind a router", () => {
           `serves ${NAMES.map((n) => `'${n}'`).join(", ")}`, path);
       }
     });
+
+  test("/slots shows each row busy or free; ?fail_on_no_slot is 503 while none is free",
+    async () => {
+      const slots = async (query = "") => {
+        const res = await fetch(`${server.url}/slots${query}`, { headers: auth });
+        return { status: res.status, body: await res.json() };
+      };
+      assert.equal((await fetch(`${server.url}/slots`)).status, 401);
+      const idle = await slots("?fail_on_no_slot=1");
+      assert.equal(idle.status, 200);
+      assert.deepEqual(idle.body.map((s) => [s.id, s.n_ctx, s.is_processing, s.id_task]),
+        [[0, 1024, false, -1], [1, 1024, false, -1]]);
+      // Two long answers take both rows.
+      const maxTokens = 400;
+      const answers = [0, 1].map(() => post(server.url, "/v1/completions",
+        { prompt: "Write about rain.", max_tokens: maxTokens, ignore_eos: true }));
+      let busy;
+      await eventually(async () => {
+        busy = await slots();
+        return busy.body.every((s) => s.is_processing && s.next_token.n_decoded > 0);
+      }, "both rows decoding", 60_000);
+      for (const s of busy.body) {
+        assert.equal(s.reading_prompt, false);
+        assert.equal(s.n_prompt_tokens + s.next_token.n_decoded + s.next_token.n_remain,
+          s.n_prompt_tokens + maxTokens, JSON.stringify(s));
+        assert.equal(s.prompt, undefined, "a slot never shows its prompt");
+      }
+      const full = await slots("?fail_on_no_slot=1");
+      assert.equal(full.status, 503);
+      assert.equal(full.body.error.message, "no slot available: all 2 rows are busy");
+      for (const { status } of await Promise.all(answers)) assert.equal(status, 200);
+      await eventually(async () => (await slots("?fail_on_no_slot=1")).status === 200,
+        "the rows free again", 30_000);
+    });
 });
 
 describe("--metrics-auth", () => {
