@@ -320,7 +320,10 @@ describe("cancellation", () => {
     let deltas = 0;
     let stopped = false;
     for await (const event of stream) {
-      if (event.type === "content_block_delta" && ++deltas === 3) controller.abort();
+      if (event.type === "content_block_delta" && ++deltas === 3) {
+        controller.abort();
+        break;
+      }
       stopped ||= event.type === "message_stop";
     }
     assert.equal(deltas, 3);

@@ -421,7 +421,10 @@ describe("cancellation", () => {
     let deltas = 0;
     let completed = false;
     for await (const event of stream) {
-      if (event.type === "response.output_text.delta" && ++deltas === 3) controller.abort();
+      if (event.type === "response.output_text.delta" && ++deltas === 3) {
+        controller.abort();
+        break;
+      }
       completed ||= event.type === "response.completed";
     }
     assert.equal(deltas, 3);
