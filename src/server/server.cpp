@@ -1462,6 +1462,10 @@ ojson Server::props_json() const {
           {"n_predict", -1},
           {"reasoning_budget", options_.reasoning_budget}}}}},
       {"total_slots", options_.parallel},
+      // The routes a client may look for next; this server always has them.
+      {"endpoint_slots", true},
+      {"endpoint_props", true},
+      {"endpoint_metrics", true},
       {"model_alias", model_id_},
       {"model_path", model_dir_},
       {"modalities", {{"vision", modalities_.image}, {"audio", modalities_.audio}}},

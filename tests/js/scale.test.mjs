@@ -99,6 +99,10 @@ describe("a replica behind a router", () => {
     assert.equal(props.default_generation_settings.n_ctx, 1024);
     assert.equal(props.default_generation_settings.n_ctx, engine.context);
     assert.equal(props.total_slots, 2);
+    for (const route of ["slots", "props", "metrics"]) {
+      assert.equal(props[`endpoint_${route}`], true, route);
+      assert.equal((await fetch(`${server.url}/${route}`, { headers: auth })).status, 200, route);
+    }
     assert.equal(props.model_alias, engine.model);
     assert.equal(props.model_path, engine.model_dir);
     assert.deepEqual(props.modalities, { vision: false, audio: false });
