@@ -45,7 +45,6 @@ struct BatchOptions {
   int64_t pass_rows = 0;
 };
 
-// What a Batch holds at the moment (a server's /metrics and /v1/engine).
 // One row of a batch as a step left it (llama-server's /slots).
 struct RowStats {
   // The id submit gave its sequence (the scheduler's ticket one sequence at a time); -1: free.
@@ -56,6 +55,7 @@ struct RowStats {
   int64_t remaining = 0;  // tokens it may still generate
 };
 
+// What a Batch holds at the moment (a server's /metrics, /v1/engine and /slots).
 struct BatchStats {
   int64_t rows = 0;      // rows in the rings
   int64_t queued = 0;    // submitted, waiting for a row
