@@ -213,8 +213,12 @@ void Engine::sleep() {
   model_.reset();
 }
 
+void Engine::check_awake() const {
+  if (asleep()) throw std::logic_error("the engine is asleep: wake() it before running the model");
+}
+
 const Gemma4& Engine::model() const {
-  if (!model_) throw std::logic_error("the engine is asleep: wake() it before running the model");
+  check_awake();
   return *model_;
 }
 
@@ -300,6 +304,7 @@ PromptMedia Engine::embed_media(const std::vector<int64_t>& prompt,
                                 const std::vector<Media>& media) const {
   PromptMedia out;
   if (media.empty()) return out;
+  check_awake();
   RECORD_USER_SCOPE("engine::embed_media");
   std::vector<at::Tensor> images, clips;
   int64_t image_rows = 0;

@@ -194,6 +194,8 @@ class Engine {
   at::Tensor read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media);
   // The weights, towers and rings from options_.
   void load();
+  // std::logic_error while asleep.
+  void check_awake() const;
 
   EngineOptions options_;
   ModelConfig config_;

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "common/memory.h"
 #include "engine/batch.h"
 #include "engine/engine.h"
 #include "engine/media.h"
@@ -89,6 +90,22 @@ class PyEngine {
           "thinking_budget: the checkpoint's tokenizer has no <|channel> and <channel|> tokens");
     }
     return *markers;
+  }
+
+  // Batches of this engine alive in Python: their rings were sized by the weights' config and
+  // their steps run the model, so the engine does not sleep under them.
+  int64_t batches = 0;
+
+  // Engine::sleep, refused while a Batch of the engine is alive.
+  void sleep() {
+    Engine& engine = begin("Engine.sleep", /*exclusive=*/true);
+    if (batches > 0) {
+      throw std::runtime_error("Engine.sleep() called while " + std::to_string(batches) +
+                               " Batch(es) of this engine are alive: delete them first");
+    }
+    py::gil_scoped_release released;
+    engine.sleep();
+    release_free_heap();
   }
 
  private:
@@ -300,9 +317,18 @@ class PyBatch {
   PyBatch(py::object engine, const BatchOptions& options)
       : engine_object_(std::move(engine)), engine_(engine_object_.cast<PyEngine&>()) {
     Engine& engine_ref = engine_.begin("Engine.batch", /*exclusive=*/true);
-    py::gil_scoped_release released;
-    batch_ = std::make_unique<Batch>(engine_ref, options);
+    if (engine_ref.asleep()) {
+      throw std::runtime_error("Engine.batch() called while the engine sleeps: wake() it first");
+    }
+    {
+      py::gil_scoped_release released;
+      batch_ = std::make_unique<Batch>(engine_ref, options);
+    }
+    ++engine_.batches;
   }
+  ~PyBatch() { --engine_.batches; }
+  PyBatch(const PyBatch&) = delete;
+  PyBatch& operator=(const PyBatch&) = delete;
 
   int64_t submit(const char* method, const std::vector<int64_t>& ids, DecodeOptions options,
                  py::handle on_tokens, const std::vector<Media>& media = {}) {
@@ -476,6 +502,20 @@ void bind_engine(py::module_& m) {
           "has_vision", [](PyEngine& self) { return self.begin("Engine.has_vision").has_vision(); })
       .def_property_readonly(
           "has_audio", [](PyEngine& self) { return self.begin("Engine.has_audio").has_audio(); })
+      .def("sleep", &PyEngine::sleep,
+           "Frees the weights, the towers and the rings (the server's --sleep-idle-seconds); the "
+           "properties and checks still answer, a call that runs the model raises RuntimeError "
+           "until wake(). RuntimeError while a Batch of this engine is alive.")
+      .def(
+          "wake",
+          [](PyEngine& self) {
+            Engine& engine = self.begin("Engine.wake", /*exclusive=*/true);
+            py::gil_scoped_release released;
+            engine.wake();
+          },
+          "Loads the weights again as the constructor did; nothing when awake.")
+      .def_property_readonly("asleep",
+                             [](PyEngine& self) { return self.begin("Engine.asleep").asleep(); })
       .def(
           "media",
           [](PyEngine& self, const py::list& images, const py::list& audio, int64_t image_tokens) {

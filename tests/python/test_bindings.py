@@ -666,6 +666,29 @@ def test_a_thinking_budget_closes_the_block_for_the_model(cli, tmp_path, test_to
         engine.decode(prompt, 4, thinking_budget_message="Stop.")
 
 
+def test_an_engine_sleeps_and_wakes(cli, tmp_path):
+    """Engine.sleep() frees the weights (the server's --sleep-idle-seconds) while its properties
+    still answer; what runs the model is a RuntimeError until wake(), which gives the tokens of
+    before. A live Batch keeps the engine awake."""
+    model = cli.make_tiny(tmp_path / "m", seed=3, dtype="f32")
+    engine = tt.Engine(model, context=64, dtype="float32")
+    before = engine.decode([2, 3, 4], 5, stop=()).tokens
+    vocab = engine.vocab_size
+    batch = engine.batch(rows=1)
+    with pytest.raises(RuntimeError, match=r"while 1 Batch\(es\) of this engine are alive"):
+        engine.sleep()
+    del batch
+    engine.sleep()
+    assert engine.asleep and engine.vocab_size == vocab
+    with pytest.raises(RuntimeError, match="the engine is asleep: wake"):
+        engine.decode([2, 3, 4], 5, stop=())
+    with pytest.raises(RuntimeError, match="called while the engine sleeps"):
+        engine.batch(rows=1)
+    engine.wake()
+    assert not engine.asleep
+    assert engine.decode([2, 3, 4], 5, stop=()).tokens == before
+
+
 def _caps_by_transformers(reference, source):
     """ChatTemplate.caps' probes (the spec of llama.cpp's chat_template_caps: a probe
     conversation is rendered and its marker text looked for), rendered by transformers."""

@@ -424,6 +424,26 @@ def test_a_different_image_gives_a_different_answer(checkpoint, media_files):
     assert answers[0].tokens != answers[1].tokens
 
 
+def test_an_asleep_engine_checks_media_and_answers_them_once_awake(checkpoint, media_files):
+    """Asleep (the server's --sleep-idle-seconds), the engine still preprocesses and checks
+    images, since the towers' configuration stays; reading them needs wake(), after which the
+    answer is the one of before."""
+    engine = torchtpu_cpp.Engine(checkpoint, dtype="float32", context=1024)
+    ids = [2] + text_ids(3, 11) + [IMAGE] + text_ids(2, 12)
+    media = engine.media(images=[media_files["image"]], image_tokens=IMAGE_TOKENS)
+    expanded = engine.expand_media(ids, media)
+    before = engine.decode(expanded, 8, stop=[], media=media).tokens
+    engine.sleep()
+    asleep = engine.media(images=[media_files["image"]], image_tokens=IMAGE_TOKENS)
+    assert asleep[0].digest == media[0].digest
+    with pytest.raises(ValueError, match="soft-token positions"):
+        engine.decode(ids, 8, stop=[], media=media)
+    with pytest.raises(RuntimeError, match="the engine is asleep"):
+        engine.decode(expanded, 8, stop=[], media=media)
+    engine.wake()
+    assert engine.decode(expanded, 8, stop=[], media=media).tokens == before
+
+
 # Errors -------------------------------------------------------------------------------
 
 

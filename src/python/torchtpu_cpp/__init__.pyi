@@ -162,6 +162,14 @@ class Engine:
         dense checkpoint's linears and head at load. int4_activation_bits=8: the int4 kernel's
         fast mode for several rows (8-bit activations). no_vision / no_audio leave the
         checkpoint's image / audio tower unloaded."""
+    def sleep(self) -> None:
+        """Frees the weights, towers and rings (the server's --sleep-idle-seconds); properties
+        and checks still answer, a call that runs the model raises RuntimeError until wake().
+        RuntimeError while a Batch of this engine is alive."""
+    def wake(self) -> None:
+        """Loads the weights again as the constructor did; nothing when awake."""
+    @property
+    def asleep(self) -> bool: ...
     def layout(self) -> _Layout: ...
     def report(self) -> dict[str, Any]: ...
     @property
