@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "common/memory.h"
 #include "engine/sequence.h"
 
 namespace torchtpu {
@@ -211,6 +212,7 @@ void Engine::sleep() {
   audio_.reset();
   vision_.reset();
   model_.reset();
+  release_free_heap();
 }
 
 void Engine::check_awake() const {
@@ -397,17 +399,17 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
       throw ValueError("thinking_budget must be at least 0, got " +
                        std::to_string(budget->tokens));
     }
-    for (const int64_t id : {budget->markers.open, budget->markers.close}) {
+    auto check_id = [&](int64_t id, const std::string& what) {
       if (id < 0 || id >= config().vocab_size) {
-        throw ValueError("thinking_budget: marker id " + std::to_string(id) +
-                         " is outside the vocabulary of " + std::to_string(config().vocab_size));
+        throw ValueError(what + std::to_string(id) + " is outside the vocabulary of " +
+                         std::to_string(config().vocab_size));
       }
+    };
+    for (const int64_t id : {budget->markers.open, budget->markers.close}) {
+      check_id(id, "thinking_budget: marker id ");
     }
     for (const int64_t id : budget->message) {
-      if (id < 0 || id >= config().vocab_size) {
-        throw ValueError("thinking_budget message: token id " + std::to_string(id) +
-                         " is outside the vocabulary of " + std::to_string(config().vocab_size));
-      }
+      check_id(id, "thinking_budget message: token id ");
       // A marker in the message would open the block again or close it early: the budget's
       // count would restart forever or the message end cut.
       if (id == budget->markers.open || id == budget->markers.close) {

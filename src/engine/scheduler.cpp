@@ -147,7 +147,6 @@ void Scheduler::sleep(Engine& engine) {
     stats_.batch.cache.states = 0;
     stats_.batch.cache.bytes = 0;
   }
-  release_free_heap();
 }
 
 bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted) {

@@ -10,7 +10,6 @@
 #include <thread>
 
 #include "common/errors.h"
-#include "common/memory.h"
 #include "engine/batch.h"
 #include "engine/engine.h"
 #include "engine/media.h"
@@ -105,7 +104,6 @@ class PyEngine {
     }
     py::gil_scoped_release released;
     engine.sleep();
-    release_free_heap();
   }
 
  private:
