@@ -32,6 +32,18 @@ void add_engine_settings(CLI::App& cmd, EngineSettings& settings) {
                "Do not load the checkpoint's audio tower (audio is then refused)");
 }
 
+void add_draft_flags(CLI::App& cmd, Drafting& draft) {
+  cmd.add_option("--draft-max", draft.tokens,
+                 "Speculative decoding by prompt lookup: tokens drafted per step at most, from "
+                 "what followed the last tokens earlier in the sequence (0: off)")
+      ->capture_default_str();
+  cmd.add_option("--draft-ngram-min", draft.ngram_min,
+                 "Shortest run of last tokens a draft is looked up by")
+      ->capture_default_str();
+  cmd.add_option("--draft-ngram-max", draft.ngram_max, "Longest run, tried first")
+      ->capture_default_str();
+}
+
 void EngineFlags::add_to(CLI::App& cmd) {
   cmd.add_option("--model", model, "Checkpoint directory or Hub id (org/name[@rev])")->required();
   cmd.add_option("--emb4", emb4, "Directory or Hub id with int4 vocabulary tables");

@@ -14,6 +14,10 @@ namespace torchtpu::cli {
 // --no-vision, --no-audio into `settings` (every command that builds an engine; `serve` too).
 void add_engine_settings(CLI::App& cmd, EngineSettings& settings);
 
+// --draft-max, --draft-ngram-min, --draft-ngram-max into `draft` (speculative decoding by prompt
+// lookup: generate and serve).
+void add_draft_flags(CLI::App& cmd, Drafting& draft);
+
 struct EngineFlags {
   std::string model, emb4;  // a directory or a Hub id each
   EngineSettings settings;  // its emb4_dir is set from emb4 by options()

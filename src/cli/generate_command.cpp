@@ -83,6 +83,7 @@ void add_generate_command(CLI::App& app) {
     int64_t max_new = 64, read_every = 1, image_tokens = 280;
     bool json = false, ignore_eos = false, chat = false, think = false;
     SamplingParams sampling;
+    Drafting draft;
     uint64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
@@ -104,6 +105,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-new", a->max_new, "Tokens to generate");
   cmd->add_option("--read-every", a->read_every, "Decode steps between host reads");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Decode exactly --max-new tokens");
+  add_draft_flags(*cmd, a->draft);
   cmd->add_option("--temperature", a->sampling.temperature, "0 (default): greedy");
   cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0: off)");
   cmd->add_option("--top-p", a->sampling.top_p, "Keep the smallest set with this mass (1: off)");
@@ -168,6 +170,7 @@ void add_generate_command(CLI::App& app) {
     decode.read_every = a->read_every;
     decode.ignore_eos = a->ignore_eos;
     decode.sampling = a->sampling;
+    decode.draft = a->draft;
     if (seed->count() > 0) decode.sampling.seed = a->seed;
     auto on_tokens = [&](const std::vector<int64_t>& batch) {
       if (a->json) return true;
@@ -202,6 +205,8 @@ void add_generate_command(CLI::App& app) {
     out["prompt_tokens"] = result.prompt_tokens;
     out["read_s"] = result.read_s;
     out["decode_s"] = result.decode_s;
+    out["drafted"] = result.drafted;
+    out["accepted"] = result.accepted;
     out["top5"] = {
         {"ids", std::vector<int64_t>(top_ids.data_ptr<int64_t>(), top_ids.data_ptr<int64_t>() + 5)},
         {"logits",
@@ -212,7 +217,11 @@ void add_generate_command(CLI::App& app) {
       std::cout << out.dump() << "\n";
     } else {
       std::cerr << "finish " << result.finish << ", read " << result.read_s << " s, decode "
-                << result.decode_s << " s\n";
+                << result.decode_s << " s";
+      if (a->draft.tokens > 0) {
+        std::cerr << ", drafts kept " << result.accepted << " of " << result.drafted;
+      }
+      std::cerr << "\n";
     }
   });
 }

@@ -61,6 +61,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--read-every", options->read_every,
                   "Decode steps between host reads (above 1 needs --parallel 1)")
       ->capture_default_str();
+  add_draft_flags(*cmd, options->draft);
   cmd->add_option("--reasoning-budget", options->reasoning_budget,
                   "Tokens a reply may think before its thinking block is closed for it, unless "
                   "the request sets thinking_token_budget or reasoning_budget_tokens (-1: no "

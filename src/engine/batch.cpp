@@ -73,6 +73,10 @@ Batch::Batch(Engine& engine, const BatchOptions& options)
 int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
                       OnTokens on_tokens, OnLogits on_logits, std::vector<Media> media) {
   engine_.check_decode(prompt, options, media);
+  if (options.draft.tokens > 0) {
+    throw ValueError("draft_max: a batch decodes one token a row per step; speculative "
+                     "decoding runs one sequence at a time (Engine::decode)");
+  }
   DecodeOptions every_step = options;
   every_step.read_every = 1;
   const int64_t id = next_id_++;

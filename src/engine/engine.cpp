@@ -19,6 +19,7 @@
 
 #include "common/errors.h"
 #include "common/memory.h"
+#include "engine/draft.h"
 #include "engine/sequence.h"
 
 namespace torchtpu {
@@ -419,7 +420,17 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
       }
     }
   }
+  options.draft.validate();
   options.sampling.validate(config().vocab_size);
+}
+
+void Drafting::validate() const {
+  if (tokens < 0) throw ValueError("draft_max must be at least 0, got " + std::to_string(tokens));
+  if (tokens > 0 && (ngram_min < 1 || ngram_max < ngram_min)) {
+    throw ValueError("draft_ngram_min must be at least 1 and draft_ngram_max at least "
+                     "draft_ngram_min, got " + std::to_string(ngram_min) + " and " +
+                     std::to_string(ngram_max));
+  }
 }
 
 int64_t Engine::token_budget(int64_t prompt_tokens, int64_t max_new) const {
@@ -438,8 +449,9 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   check_decode(prompt, options, media);
   // Each step's mask follows from every token before it, so a constrained request (or one with a
   // thinking budget) reads every token back to the host as it is sampled, whatever read_every
-  // the caller chose.
-  if ((options.constraint || options.thinking_budget) && options.read_every != 1) {
+  // the caller chose; a draft is looked up in the tokens read so far.
+  if ((options.constraint || options.thinking_budget || options.draft.tokens > 0) &&
+      options.read_every != 1) {
     DecodeOptions every_token = options;
     every_token.read_every = 1;
     return decode(prompt, media, every_token, on_tokens, on_logits);
@@ -484,7 +496,46 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   auto read_window = [&] { return take(window.to(at::kCPU), std::exchange(pending, 0)); };
   // The first token is read at once so read_s measures the prompt alone.
   bool go_on = take(token.view({1}).to(at::kCPU), 1);
-  for (int64_t step = 1; go_on && step < budget; ++step) {
+  // A draft's pass writes each of its positions' slots: at most the smallest ring's, less the
+  // step's own token, and within the tokens the sequence may still generate.
+  const int64_t draft_room = std::min(options.draft.tokens, rings_.min_slots() - 1);
+  int64_t drafted = 0, accepted = 0;
+  // One pass over the fed token and a draft after it, sampled position by position as steps
+  // would be, while the draft agrees. Returns the tokens taken; the rings keep what those
+  // positions wrote and get back what the rejected ones overwrote.
+  auto check_draft = [&](int64_t step, const std::vector<int64_t>& draft) {
+    RECORD_USER_SCOPE("engine::draft");
+    const int64_t p = n + step - 1;  // the fed token's position
+    const auto count = static_cast<int64_t>(draft.size());
+    std::vector<int64_t> ids{output.result().tokens.back()};
+    ids.insert(ids.end(), draft.begin(), draft.end());
+    const auto saved = rings_.save(p + 1, p + 1 + count);
+    const auto positions = at::arange(p, p + 1 + count, on_device).view({1, -1});
+    const auto logits =
+        model().forward(id_tensor(ids, options_.device), positions, &rings_).view({count + 1, -1});
+    int64_t kept = 0;
+    for (int64_t i = 0; i <= count; ++i) {
+      token = sample(logits[i]);
+      const auto id = token.item<int64_t>();
+      go_on = output.take(&id, 1);
+      if (!go_on || i == count || id != draft[i]) break;
+      ++kept;
+    }
+    drafted += count;
+    accepted += kept;
+    rings_.restore(saved, p + 1 + kept);
+    position = at::full({1, 1}, p + 1 + kept, on_device);
+    return kept + 1;
+  };
+  for (int64_t step = 1; go_on && step < budget;) {
+    if (draft_room > 0) {
+      const auto draft = lookup_draft(prompt, output.result().tokens, options.draft,
+                                      std::min(draft_room, budget - step - 1));
+      if (!draft.empty()) {
+        step += check_draft(step, draft);
+        continue;
+      }
+    }
     const auto logits = model().forward(token, position, &rings_).view({-1});
     {
       RECORD_USER_SCOPE("engine::sample");
@@ -493,9 +544,13 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
     position = position + 1;
     keep();
     if (pending == options.read_every) go_on = read_window();
+    ++step;
   }
   if (go_on && pending > 0) go_on = read_window();
-  return output.done("length");
+  auto result = output.done("length");
+  result.drafted = drafted;
+  result.accepted = accepted;
+  return result;
 }
 
 }  // namespace torchtpu

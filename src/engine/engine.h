@@ -88,6 +88,23 @@ struct ThinkingBudget {
   std::vector<int64_t> message;
 };
 
+// Speculative decoding by prompt lookup (vLLM's ngram method, llama.cpp's ngram speculation): each
+// step looks for the last few tokens of the sequence earlier in it (prompt or output), takes the
+// tokens that followed there as a draft, and checks the draft in one forward pass with the step's
+// own token. Each position's token is sampled as a plain step would sample it, in order, and the
+// draft is kept up to its first disagreement, that position's token included; so the output is the
+// tokens decoding without a draft gives (up to the float rounding of a pass over several tokens),
+// greedy or sampled with a seed, constrained or budgeted. Pays where the output repeats its input
+// (edits, code, quotes, extraction); a rejected draft costs the extra positions of its pass.
+struct Drafting {
+  int64_t tokens = 0;     // drafted per step at most (draft_max); 0: off
+  int64_t ngram_min = 2;  // the shortest run of last tokens looked up
+  int64_t ngram_max = 4;  // the longest, tried first
+
+  // ValueError naming draft_max, draft_ngram_min or draft_ngram_max.
+  void validate() const;
+};
+
 struct DecodeOptions {
   int64_t max_new = 64;
   std::vector<int64_t> stop_ids;  // empty: the checkpoint's eos ids
@@ -100,6 +117,8 @@ struct DecodeOptions {
   std::shared_ptr<Constraint> constraint;
   // Reads every token back too, as a constraint does.
   std::optional<ThinkingBudget> thinking_budget;
+  // Engine::decode only (a Batch decodes one token a row per step); reads every token back too.
+  Drafting draft;
 };
 
 struct DecodeResult {
@@ -108,6 +127,9 @@ struct DecodeResult {
   std::optional<int64_t> stop_id;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens a prefix cache gave instead of reading them
+  // Draft tokens checked by the model, and those it kept (speculative decoding).
+  int64_t drafted = 0;
+  int64_t accepted = 0;
   double read_s = 0;          // reading the prompt, until the first token is known on the host
   double decode_s = 0;        // the remaining steps
 };

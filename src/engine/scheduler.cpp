@@ -41,6 +41,11 @@ Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
                      std::to_string(options_.batch.rows) +
                      ": a batch reads every row's token back each step");
   }
+  if (options_.drafts && options_.batch.rows != 1) {
+    throw ValueError("draft_max needs 1 sequence at a time (parallel 1), got " +
+                     std::to_string(options_.batch.rows) +
+                     ": a batch decodes one token a row per step");
+  }
 }
 
 int64_t Scheduler::submit(Submission submission) {
@@ -172,11 +177,11 @@ bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted) {
 }
 
 int64_t Scheduler::cache_budget() const {
-  return options_.read_every > 1 ? 0 : options_.batch.cache_bytes;
+  return options_.serial() ? 0 : options_.batch.cache_bytes;
 }
 
 void Scheduler::run(Engine& engine) {
-  if (options_.read_every > 1) {
+  if (options_.serial()) {
     run_serial(engine);
   } else {
     run_batch(engine);

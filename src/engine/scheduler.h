@@ -21,7 +21,7 @@
 namespace torchtpu {
 
 struct SchedulerOptions {
-  // The batch's rows, step budget and prefix cache (batch.h). Ignored with read_every > 1.
+  // The batch's rows, step budget and prefix cache (batch.h). Ignored when serial().
   BatchOptions batch;
   int64_t max_queue = 16;  // sequences that may wait for a row; more are refused
   // Steps between host reads. Above 1 the scheduler runs one sequence at a time through
@@ -32,6 +32,12 @@ struct SchedulerOptions {
   // weights, rings and the batch's prefix cache freed) until a submission wakes it, which then
   // waits for the load; below 0: never (llama.cpp's --sleep-idle-seconds).
   double sleep_idle_s = -1;
+  // Sequences draft (speculative decoding, DecodeOptions::draft): they too run one at a time
+  // through Engine::decode, since a batch decodes one token a row per step.
+  bool drafts = false;
+
+  // One sequence at a time through Engine::decode, no batch.
+  bool serial() const { return read_every > 1 || drafts; }
 };
 
 // One sequence for the scheduler. Every callback runs on the owner thread.
@@ -67,8 +73,8 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // ValueError for a negative max_queue or a read_every below 1, or read_every > 1 with more
-  // than one row.
+  // ValueError for a negative max_queue or a read_every below 1, or read_every > 1 or drafts with
+  // more than one row.
   explicit Scheduler(const SchedulerOptions& options);
 
   // Any thread. Queues a sequence and returns its ticket. QueueFull when it would leave more than

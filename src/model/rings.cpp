@@ -1,5 +1,7 @@
 #include "model/rings.h"
 
+#include <algorithm>
+
 namespace torchtpu {
 
 Rings::Rings(const ModelConfig& config, int64_t context, int64_t batch, at::ScalarType dtype,
@@ -38,6 +40,44 @@ void Rings::reset() {
 
 void Rings::reset_row(int64_t row) {
   for (auto& ring : rings_) ring.kpos.select(0, row).fill_(-1);
+}
+
+namespace {
+
+at::Tensor slots_of(const Ring& ring, int64_t begin, int64_t end) {
+  return at::remainder(at::arange(begin, end, ring.kpos.options()), ring.slots);
+}
+
+}  // namespace
+
+RingEntries Rings::save(int64_t begin, int64_t end) const {
+  RingEntries saved{begin, end, {}, {}, {}};
+  for (const auto& ring : rings_) {
+    const auto slots = slots_of(ring, begin, end);
+    saved.k.push_back(ring.k.index_select(2, slots));
+    saved.v.push_back(ring.v.index_select(2, slots));
+    saved.kpos.push_back(ring.kpos.index_select(1, slots));
+  }
+  return saved;
+}
+
+void Rings::restore(const RingEntries& saved, int64_t from) {
+  const int64_t count = saved.end - from;
+  if (count <= 0) return;
+  for (size_t r = 0; r < rings_.size(); ++r) {
+    auto& ring = rings_[r];
+    const auto slots = slots_of(ring, from, saved.end);
+    const int64_t offset = from - saved.begin;
+    ring.k.index_copy_(2, slots, saved.k[r].narrow(2, offset, count));
+    ring.v.index_copy_(2, slots, saved.v[r].narrow(2, offset, count));
+    ring.kpos.index_copy_(1, slots, saved.kpos[r].narrow(1, offset, count));
+  }
+}
+
+int64_t Rings::min_slots() const {
+  int64_t fewest = layout_.context;
+  for (const auto& ring : rings_) fewest = std::min(fewest, ring.slots);
+  return fewest;
 }
 
 Rings Rings::rows(int64_t begin, int64_t count) const {

@@ -27,6 +27,12 @@ struct Layout {
   int64_t context = 0;
 };
 
+// What the rings held at some positions' slots before a pass wrote there (Rings::save).
+struct RingEntries {
+  int64_t begin = 0, end = 0;  // the positions
+  std::vector<at::Tensor> k, v, kpos;  // one per ring: its entries at those slots
+};
+
 class Rings {
  public:
   Rings() = default;
@@ -42,6 +48,16 @@ class Rings {
   // Rows [begin, begin + count) of every ring as views: a forward pass over them reads and writes
   // these rings' storage, and the other rows are untouched.
   Rings rows(int64_t begin, int64_t count) const;
+  // What every ring holds at the slots positions [begin, end) map to, before a pass that may be
+  // partly undone writes there (speculative decoding's check of a draft). At most as many
+  // positions as the smallest ring has slots.
+  RingEntries save(int64_t begin, int64_t end) const;
+  // Undoes a pass's writes for positions [from, saved.end): their slots hold again what `saved`
+  // found. A full ring's slot held nothing needed there, a sliding ring's the window's oldest
+  // entries, which the next positions still attend to.
+  void restore(const RingEntries& saved, int64_t from);
+  // The fewest slots of any ring: positions one pass may write without overwriting its own.
+  int64_t min_slots() const;
   // Every ring (one per non-shared layer, in layer order), for whoever copies ring states.
   std::vector<Ring>& all() { return rings_; }
   int64_t batch() const { return rings_.empty() ? 0 : rings_.front().kpos.size(0); }

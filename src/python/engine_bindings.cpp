@@ -222,6 +222,7 @@ struct DecodeArgs {
   std::optional<int64_t> thinking_budget;
   std::string thinking_budget_message;
   std::vector<Media> media;
+  Drafting draft;
 };
 
 // One media list cannot belong to several prompts: decode_many takes text prompts.
@@ -239,6 +240,7 @@ DecodeOptions decode_options(PyEngine& self, const std::string& method, const De
   DecodeOptions options;
   options.max_new = args.max_new;
   options.read_every = args.read_every;
+  options.draft = args.draft;
   if (!args.stop.is_none()) {
     options.stop_ids = to_ids(args.stop, "stop");
     options.ignore_eos = options.stop_ids.empty();
@@ -289,12 +291,14 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
           double frequency_penalty, const std::map<int64_t, double>& logit_bias,
           std::optional<uint64_t> seed, std::optional<std::string> grammar_kind,
           const std::string& grammar, std::optional<int64_t> thinking_budget,
-          const std::string& thinking_budget_message, const std::vector<Media>& media) {
+          const std::string& thinking_budget_message, const std::vector<Media>& media,
+          int64_t draft_max, int64_t draft_ngram_min, int64_t draft_ngram_max) {
         return f(self, first, on_tokens,
                  DecodeArgs{max_new, std::move(stop), read_every, temperature, top_k, top_p, min_p,
                             repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
                             seed, std::move(grammar_kind), grammar, thinking_budget,
-                            thinking_budget_message, media});
+                            thinking_budget_message, media,
+                            Drafting{draft_max, draft_ngram_min, draft_ngram_max}});
       },
       doc, py::arg(first_name), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
       py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
@@ -304,7 +308,9 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
       py::arg("logit_bias") = std::map<int64_t, double>{}, py::arg("seed") = py::none(),
       py::arg("grammar_kind") = py::none(), py::arg("grammar") = "",
       py::arg("thinking_budget") = py::none(), py::arg("thinking_budget_message") = "",
-      py::arg("media") = std::vector<Media>{});
+      py::arg("media") = std::vector<Media>{}, py::arg("draft_max") = 0,
+      py::arg("draft_ngram_min") = Drafting{}.ngram_min,
+      py::arg("draft_ngram_max") = Drafting{}.ngram_max);
 }
 
 // torchtpu_cpp.Batch: a Batch over the engine's model, owned by the engine's owner thread (every
@@ -426,6 +432,8 @@ void bind_engine(py::module_& m) {
       .def_readonly("cached_tokens", &DecodeResult::cached_tokens)
       .def_readonly("read_s", &DecodeResult::read_s)
       .def_readonly("decode_s", &DecodeResult::decode_s)
+      .def_readonly("drafted", &DecodeResult::drafted)
+      .def_readonly("accepted", &DecodeResult::accepted)
       .def("__repr__", [](const DecodeResult& r) {
         return "DecodeResult(tokens=<" + std::to_string(r.tokens.size()) + " ids>, finish='" +
                r.finish + "', read_s=" + std::to_string(r.read_s) +
@@ -602,7 +610,9 @@ void bind_engine(py::module_& m) {
       "penalties, temperature, top_k, top_p and min_p, in that order; a seed reproduces the "
       "tokens. Sampling values out of range raise ValueError. grammar_kind (json_schema, "
       "json_object, regex, lark) with `grammar` constrains the output to it (every token read "
-      "back, as with read_every=1; ValueError naming what llguidance cannot enforce).",
+      "back, as with read_every=1; ValueError naming what llguidance cannot enforce). "
+      "draft_max > 0: speculative decoding by prompt lookup, the same tokens (DecodeResult's "
+      "drafted and accepted count the draft tokens checked and kept).",
       [](PyEngine& self, py::handle ids, py::handle on_tokens, const DecodeArgs& args) {
         return run_decode(self, "Engine.decode", to_ids(ids, "ids"),
                           decode_options(self, "Engine.decode", args), on_tokens, args.media);

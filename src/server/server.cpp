@@ -385,6 +385,7 @@ SchedulerOptions scheduler_options(const ServeOptions& options) {
   o.batch.pass_rows = options.pass_rows;
   o.max_queue = options.max_queue;
   o.read_every = options.read_every;
+  o.drafts = options.draft.tokens > 0;
   o.sleep_idle_s = options.sleep_idle_s;
   return o;
 }
@@ -842,6 +843,11 @@ ojson Server::timings_json(const Job& job) const {
   t["decode_tokens_per_second"] = r.tokens.size() > 1 && r.decode_s > 0
                                       ? ojson(static_cast<double>(r.tokens.size() - 1) / r.decode_s)
                                       : ojson(nullptr);
+  // llama-server's names for the draft tokens checked and kept.
+  if (options_.draft.tokens > 0) {
+    t["draft_n"] = r.drafted;
+    t["draft_n_accepted"] = r.accepted;
+  }
   return t;
 }
 
@@ -1266,6 +1272,7 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   }
   job->decode.max_new = r.max_tokens.value_or(options_.engine.context);
   job->decode.read_every = options_.read_every;
+  job->decode.draft = options_.draft;
   job->decode.ignore_eos = r.ignore_eos;
   job->decode.constraint = constraint_for(r, chat, job->parser_prefix);
   if (const int64_t thinking = r.thinking_budget.value_or(options_.reasoning_budget);
@@ -1521,14 +1528,19 @@ ojson Server::engine_json() const {
   out["engine_class"] = std::string("torchtpu::Engine, owned by thread ") + kEngineThreadName;
   out["context"] = options_.engine.context;
   out["read_every"] = options_.read_every;
+  out["draft"] = {{"max", options_.draft.tokens},
+                  {"ngram_min", options_.draft.ngram_min},
+                  {"ngram_max", options_.draft.ngram_max}};
   out["max_queue"] = options_.max_queue;
   out["parallel"] = options_.parallel;
   out["reasoning_budget"] = options_.reasoning_budget;
   out["reasoning_budget_message"] = options_.reasoning_budget_message;
   const SchedulerStats stats = scheduler_.stats();
   const auto& cache = stats.batch.cache;
-  out["scheduler"] = {{"mode", options_.read_every > 1 ? "one sequence at a time (read_every > 1)"
-                                                       : "continuous batching"},
+  const bool serial = scheduler_.options().serial();
+  out["scheduler"] = {{"mode", !serial                   ? "continuous batching"
+                               : options_.read_every > 1 ? "one sequence at a time (read_every > 1)"
+                                                         : "one sequence at a time (drafts)"},
                       {"waiting", stats.waiting},
                       {"running", stats.running},
                       {"rows", stats.batch.rows},
@@ -1545,7 +1557,7 @@ ojson Server::engine_json() const {
                       {"sleeps", stats.sleeps},
                       {"last_wake_seconds", stats.last_wake_s}};
   // One sequence at a time there is no batch, so neither its step budget nor its passes.
-  if (options_.read_every == 1) {
+  if (!serial) {
     out["scheduler"]["step_tokens"] = stats.batch.step_tokens;
     const auto pass_rows = stats.batch.pass_rows;
     out["scheduler"]["pass_rows"] = pass_rows ? ojson(*pass_rows) : ojson(nullptr);
@@ -2047,7 +2059,8 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
                      given.str());
   }
   check_media_limits(options.media);
-  // The scheduler checks max_queue and read_every (with parallel) as it is built.
+  options.draft.validate();
+  // The scheduler checks max_queue, read_every and drafts (with parallel) as it is built.
   Server server(options, std::move(make_engine));
   return server.run();
 }

@@ -35,3 +35,13 @@ if(TORCHTPU_GTESTS AND TARGET torchtpu_engine)
   torchtpu_precompile_aten(media_engine_test)
   gtest_discover_tests(media_engine_test DISCOVERY_TIMEOUT 60 PROPERTIES LABELS engine)
 endif()
+# Speculative decoding by prompt lookup: the drafter, and decodes with drafts giving the tokens
+# and logits (1e-4 at f32) of decodes without.
+if(TORCHTPU_GTESTS AND TARGET torchtpu_engine)
+  add_executable(draft_test ${CMAKE_CURRENT_LIST_DIR}/draft_test.cpp)
+  target_link_libraries(draft_test PRIVATE torchtpu_engine GTest::gtest_main)
+  torchtpu_precompile_aten(draft_test)
+  gtest_discover_tests(draft_test TEST_PREFIX "engine_draft." DISCOVERY_TIMEOUT 60
+                       PROPERTIES LABELS engine TIMEOUT 900
+                       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+endif()

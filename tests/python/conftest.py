@@ -117,6 +117,8 @@ class Cli:
         ignore_eos=True,
         int4=None,
         activation_bits=None,
+        draft_max=None,
+        draft_ngram_min=None,
     ):
         """`generate --json`: returns (parsed JSON, dumped logits {name: float32 array} or None)."""
         args = [
@@ -147,6 +149,10 @@ class Cli:
             args += ["--int4", int4]
         if activation_bits:
             args += ["--int4-activation-bits", activation_bits]
+        if draft_max:
+            args += ["--draft-max", draft_max]
+        if draft_ngram_min:
+            args += ["--draft-ngram-min", draft_ngram_min]
         out = json.loads(self(*args).stdout)
         if not dump:
             return out, None

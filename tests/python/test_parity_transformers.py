@@ -54,6 +54,40 @@ def test_engine_matches_transformers_f32(checkpoint, cli, tmp_path, report):
     _f32_against_transformers(cli, path, label, tmp_path, report)
 
 
+def test_drafts_give_the_tokens_of_transformers_prompt_lookup(checkpoint, cli, tmp_path, report):
+    """Speculative decoding (generate --draft-max) against transformers' own prompt-lookup
+    decoding (generate with prompt_lookup_num_tokens), whose tokens are its greedy ones: tokens
+    one for one and every step's logits within TOL, after a prompt that repeats itself, so that
+    drafts are made, kept and rejected while the sliding rings wrap. Drafts are looked up by runs
+    down to one token: a random model's output need not repeat a pair in 64 tokens."""
+    label, path = checkpoint
+    model = hf_tiny.load(path)
+    model.generation_config.eos_token_id = None  # as --ignore-eos
+    window, vocab = _sizes(model)
+    part = hf_tiny.prompt(vocab, window + 6, 71)[1:]
+    ids = [2] + part + part + part[:3]
+    out, logits = cli.generate(
+        path,
+        ids,
+        N_NEW,
+        context=len(ids) + N_NEW + 8,
+        dump=str(tmp_path / "drafts.safetensors"),
+        draft_max=4,
+        draft_ngram_min=1,
+    )
+    looked_up = model.generate(
+        torch.tensor([ids]), max_new_tokens=N_NEW, do_sample=False, prompt_lookup_num_tokens=4
+    )
+    tokens = looked_up[0, len(ids) :].tolist()
+    want = hf_tiny.logits(model, ids + tokens)
+    summary = hf_tiny.check_run(label, out, logits, tokens, want, TOL)
+    report(
+        f"engine drafts vs transformers prompt lookup [{label}]: {summary}, drafts kept "
+        f"{out['accepted']} of {out['drafted']}"
+    )
+    assert out["drafted"] > 0
+
+
 def test_engine_bf16_matches_transformers_bf16(checkpoint, cli, engine_device, tmp_path, report):
     label, path = checkpoint
     model = hf_tiny.load(path, dtype=torch.bfloat16)

@@ -43,6 +43,10 @@ class DecodeResult:
     def read_s(self) -> float: ...
     @property
     def decode_s(self) -> float: ...
+    @property
+    def drafted(self) -> int: ...
+    @property
+    def accepted(self) -> int: ...
 
 class _CacheStats(TypedDict):
     hits: int
@@ -99,6 +103,9 @@ class Batch:
         thinking_budget: int | None = None,
         thinking_budget_message: str = "",
         media: Sequence[Media] = (),
+        draft_max: int = 0,
+        draft_ngram_min: int = 2,
+        draft_ngram_max: int = 4,
     ) -> int:
         """Queues a sequence with Engine.decode's arguments (read_every taken as 1); its id."""
     def decode_many(
@@ -123,6 +130,9 @@ class Batch:
         thinking_budget: int | None = None,
         thinking_budget_message: str = "",
         media: Sequence[Media] = (),
+        draft_max: int = 0,
+        draft_ngram_min: int = 2,
+        draft_ngram_max: int = 4,
     ) -> list[DecodeResult]:
         """Every prompt decoded together with the same arguments; results in order, each what
         Engine.decode gives that prompt alone. on_tokens(index, tokens); falsy cancels one."""
@@ -241,6 +251,9 @@ class Engine:
         thinking_budget: int | None = None,
         thinking_budget_message: str = "",
         media: Sequence[Media] = (),
+        draft_max: int = 0,
+        draft_ngram_min: int = 2,
+        draft_ngram_max: int = 4,
     ) -> DecodeResult:
         """Decode (greedy unless temperature > 0) ending at a stop id (None: the checkpoint's eos
         ids; empty: none), max_new tokens, or a falsy on_tokens return ("cancelled").
@@ -249,7 +262,9 @@ class Engine:
         vocabulary); ValueError for a grammar it cannot enforce. thinking_budget: once that many
         tokens follow <|channel> (in ids or the output), thinking_budget_message's tokens and then
         <channel|> are forced. media: the images and clips of `ids` (Engine.media), whose
-        placeholders expand_media has expanded."""
+        placeholders expand_media has expanded. draft_max > 0: speculative decoding by prompt
+        lookup (up to draft_max tokens that followed the last draft_ngram_max..draft_ngram_min
+        tokens earlier on, checked in one pass), the same tokens; Batch refuses it."""
 
 class Tokenizer:
     def __init__(self, path: str) -> None: ...

@@ -1,0 +1,31 @@
+#include "engine/draft.h"
+
+#include <algorithm>
+
+namespace torchtpu {
+
+std::vector<int64_t> lookup_draft(const std::vector<int64_t>& prompt,
+                                  const std::vector<int64_t>& output, const Drafting& draft,
+                                  int64_t limit) {
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  const int64_t length = n_prompt + static_cast<int64_t>(output.size());
+  auto at = [&](int64_t i) { return i < n_prompt ? prompt[i] : output[i - n_prompt]; };
+  for (int64_t n = std::min(draft.ngram_max, length - 1); n >= draft.ngram_min && limit > 0;
+       --n) {
+    // Latest first: the recent past predicts the near future best (a loop, the line being
+    // edited). A run starting at `start` ends before the suffix's own last token.
+    for (int64_t start = length - n - 1; start >= 0; --start) {
+      bool same = true;
+      for (int64_t i = 0; i < n && same; ++i) same = at(start + i) == at(length - n + i);
+      if (!same) continue;
+      std::vector<int64_t> tokens;
+      for (int64_t i = start + n; i < length && static_cast<int64_t>(tokens.size()) < limit; ++i) {
+        tokens.push_back(at(i));
+      }
+      return tokens;
+    }
+  }
+  return {};
+}
+
+}  // namespace torchtpu

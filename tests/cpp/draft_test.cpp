@@ -1,0 +1,223 @@
+// Speculative decoding by prompt lookup (engine/draft.h, Engine::decode with DecodeOptions::draft):
+// the drafter's choice of continuation, and a decode with drafts giving the tokens and logits a
+// decode without them gives: greedy and seeded sampling at float32, drafts longer than a sliding
+// window, stops and thinking budgets inside a draft, the rings' windows across rejected drafts.
+#include "engine/draft.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/batch.h"
+#include "engine/engine.h"
+#include "tiny_checkpoint.h"
+
+namespace torchtpu {
+namespace {
+
+using Ids = std::vector<int64_t>;
+
+Drafting ngrams(int64_t min, int64_t max) { return {.tokens = 8, .ngram_min = min, .ngram_max = max}; }
+
+TEST(LookupDraft, TakesWhatFollowedTheLatestEarlierRunOfTheLastTokens) {
+  // [1, 2] ends the sequence and occurs at 0 and 4: the latest, at 4, is followed by 5, 6.
+  const Ids history{1, 2, 3, 4, 1, 2, 5, 6, 1, 2};
+  EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 4), 3), (Ids{5, 6, 1}));
+  EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 4), 8), (Ids{5, 6, 1, 2}));
+  EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 4), 0), Ids{});
+  // The same split between prompt and output.
+  EXPECT_EQ(lookup_draft({1, 2, 3, 4, 1, 2}, {5, 6, 1, 2}, ngrams(2, 4), 3), (Ids{5, 6, 1}));
+}
+
+TEST(LookupDraft, PrefersTheLongestRunAndStopsAtTheShortest) {
+  // [7, 1, 2] recurs from 0 (followed by 9); the shorter [1, 2] more recently (followed by 8).
+  const Ids history{7, 1, 2, 9, 3, 1, 2, 8, 7, 1, 2};
+  EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 3), 2), (Ids{9, 3}));
+  EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 2), 2), (Ids{8, 7}));
+  // Only the last token recurs: a run of 2 finds nothing, a run of 1 does.
+  const Ids once{4, 5, 6, 5};
+  EXPECT_EQ(lookup_draft(once, {}, ngrams(2, 4), 4), Ids{});
+  EXPECT_EQ(lookup_draft(once, {}, ngrams(1, 4), 4), (Ids{6, 5}));
+  // A run may overlap its own recurrence: 4 4 4 after 4 4 leaves one token to follow.
+  EXPECT_EQ(lookup_draft({4, 4, 4, 4}, {}, ngrams(2, 2), 4), (Ids{4}));
+  EXPECT_EQ(lookup_draft({}, {3}, ngrams(1, 4), 4), Ids{});
+}
+
+std::string tiny_dir() { return testing::tiny_checkpoint("draft-tiny", 5); }
+
+Engine make_engine() { return Engine(testing::tiny_engine_options(tiny_dir(), 16)); }
+
+// A prompt that says the same thing twice, so its continuation has runs to look up.
+Ids repeating_prompt(int64_t salt) {
+  Ids ids;
+  for (int64_t i = 0; i < 10; ++i) ids.push_back(2 + (i * 37 + salt * 101) % 500);
+  const Ids once = ids;
+  ids.insert(ids.end(), once.begin(), once.end());
+  ids.insert(ids.end(), once.begin(), once.begin() + 3);
+  return ids;
+}
+
+DecodeOptions greedy(int64_t max_new, int64_t draft = 0) {
+  DecodeOptions o;
+  o.max_new = max_new;
+  o.ignore_eos = true;
+  o.draft.tokens = draft;
+  return o;
+}
+
+struct Decoded {
+  DecodeResult result;
+  std::vector<at::Tensor> logits;
+};
+
+Decoded decode(Engine& engine, const Ids& prompt, const DecodeOptions& options) {
+  Decoded d;
+  d.result = engine.decode(prompt, options, {}, [&](const at::Tensor& l) {
+    d.logits.push_back(l.clone());
+  });
+  return d;
+}
+
+void expect_same(const Decoded& plain, const Decoded& drafted) {
+  EXPECT_EQ(drafted.result.tokens, plain.result.tokens);
+  EXPECT_EQ(drafted.result.finish, plain.result.finish);
+  ASSERT_EQ(drafted.logits.size(), plain.logits.size());
+  for (size_t i = 0; i < plain.logits.size(); ++i) {
+    EXPECT_LE((drafted.logits[i] - plain.logits[i]).abs().max().item<double>(), 1e-4)
+        << "logits of token " << i;
+  }
+}
+
+TEST(SpeculativeDecode, GreedyGivesTheTokensAndLogitsOfPlainDecoding) {
+  auto engine = make_engine();
+  int64_t drafted = 0, accepted = 0;
+  for (int64_t salt = 0; salt < 4; ++salt) {
+    const auto prompt = repeating_prompt(salt);
+    // 80 tokens cross the tiny model's 8-position sliding window ten times.
+    const auto plain = decode(engine, prompt, greedy(80));
+    EXPECT_EQ(plain.result.drafted, 0);
+    for (const int64_t k : {1, 3, 7, 16}) {
+      SCOPED_TRACE("salt " + std::to_string(salt) + ", draft " + std::to_string(k));
+      const auto with = decode(engine, prompt, greedy(80, k));
+      expect_same(plain, with);
+      EXPECT_LE(with.result.accepted, with.result.drafted);
+      drafted += with.result.drafted;
+      accepted += with.result.accepted;
+    }
+  }
+  std::cout << "drafted " << drafted << ", accepted " << accepted << "\n";
+  // Both halves of the check ran: drafts kept and drafts rejected (where the rings' windows
+  // were put back).
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+}
+
+TEST(SpeculativeDecode, SampledWithASeedGivesTheTokensOfPlainDecoding) {
+  auto engine = make_engine();
+  for (uint64_t seed : {1u, 7u, 42u}) {
+    auto o = greedy(60);
+    o.sampling.temperature = 0.7;
+    o.sampling.top_k = 20;
+    o.sampling.repetition_penalty = 1.05;
+    o.sampling.seed = seed;
+    const auto prompt = repeating_prompt(static_cast<int64_t>(seed));
+    const auto plain = decode(engine, prompt, o);
+    o.draft.tokens = 4;
+    o.draft.ngram_min = 1;
+    const auto with = decode(engine, prompt, o);
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    expect_same(plain, with);
+    EXPECT_GT(with.result.drafted, 0);
+  }
+}
+
+TEST(SpeculativeDecode, AStopInsideADraftEndsWhereItEndsWithoutOne) {
+  auto engine = make_engine();
+  const auto prompt = repeating_prompt(2);
+  const auto free = engine.decode(prompt, greedy(40, 4));
+  ASSERT_GT(free.accepted, 0);
+  // Each of the free run's tokens in turn as the stop id.
+  for (size_t i = 0; i < free.tokens.size(); i += 5) {
+    auto o = greedy(40);
+    o.ignore_eos = false;
+    o.stop_ids = {free.tokens[i]};
+    const auto plain = engine.decode(prompt, o);
+    o.draft.tokens = 4;
+    const auto with = engine.decode(prompt, o);
+    EXPECT_EQ(with.tokens, plain.tokens) << "stop id " << free.tokens[i];
+    EXPECT_EQ(with.finish, "stop");
+    EXPECT_EQ(with.stop_id, plain.stop_id);
+  }
+  // on_tokens cancelling mid-draft leaves the tokens it saw.
+  int64_t seen = 0;
+  const auto cancelled = engine.decode(prompt, greedy(40, 4), [&](const Ids& tokens) {
+    seen += static_cast<int64_t>(tokens.size());
+    return seen < 9;
+  });
+  EXPECT_EQ(cancelled.finish, "cancelled");
+  EXPECT_EQ(cancelled.tokens, Ids(free.tokens.begin(), free.tokens.begin() + 9));
+}
+
+TEST(SpeculativeDecode, AThinkingBudgetSpentInsideADraftClosesTheBlockAsWithoutOne) {
+  auto engine = make_engine();
+  const auto prompt = repeating_prompt(1);
+  const auto free = engine.decode(prompt, greedy(30)).tokens;
+  // The block opens at the model's third token and closes with an id it never writes.
+  int64_t close = 2;
+  while (std::count(free.begin(), free.end(), close) ||
+         std::count(prompt.begin(), prompt.end(), close)) {
+    ++close;
+  }
+  const ThinkingMarkers markers{free[2], close};
+  Ids message;
+  for (int64_t id = 2; message.size() < 3; ++id) {
+    if (id != markers.open && id != markers.close) message.push_back(id);
+  }
+  auto o = greedy(30);
+  o.thinking_budget = ThinkingBudget{5, markers, message};
+  const auto plain = engine.decode(prompt, o);
+  o.draft.tokens = 6;
+  const auto with = engine.decode(prompt, o);
+  EXPECT_EQ(with.tokens, plain.tokens);
+  EXPECT_NE(std::find(plain.tokens.begin(), plain.tokens.end(), close), plain.tokens.end());
+}
+
+TEST(SpeculativeDecode, BadDraftOptionsAreValueErrorsAndABatchRefusesDrafts) {
+  auto engine = make_engine();
+  auto o = greedy(4, -1);
+  try {
+    engine.decode({2, 3}, o);
+    FAIL() << "a negative draft was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(), "draft_max must be at least 0, got -1");
+  }
+  o.draft = {.tokens = 4, .ngram_min = 3, .ngram_max = 2};
+  try {
+    engine.decode({2, 3}, o);
+    FAIL() << "ngram_max below ngram_min was accepted";
+  } catch (const ValueError& e) {
+    EXPECT_STREQ(e.what(),
+                 "draft_ngram_min must be at least 1 and draft_ngram_max at least draft_ngram_min, "
+                 "got 3 and 2");
+  }
+  o.draft = {.tokens = 4, .ngram_min = 0, .ngram_max = 2};
+  EXPECT_THROW(engine.decode({2, 3}, o), ValueError);
+  Batch batch(engine, {.rows = 2});
+  try {
+    batch.submit({2, 3}, greedy(4, 2));
+    FAIL() << "a batch took a draft";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("speculative decoding runs one sequence at a time"),
+              std::string::npos)
+        << e.what();
+  }
+  // The engine decodes on after the refusals.
+  EXPECT_EQ(engine.decode({2, 3}, greedy(4, 2)).tokens, engine.decode({2, 3}, greedy(4)).tokens);
+}
+
+}  // namespace
+}  // namespace torchtpu
