@@ -456,3 +456,38 @@ describe("sampling parameters", () => {
     assert.equal((await sampled(3)).choices[0].text, (await sampled(3)).choices[0].text);
   });
 });
+
+describe("speculative decoding (--draft-max)", () => {
+  test("answers as the batched server does, and counts its drafts in timings", async () => {
+    const drafting = await startServer(["--context", "1024", "--parallel", "1", "--draft-max", "4",
+      "--draft-ngram-min", "1"]);
+    try {
+      const c = new OpenAI({ apiKey: "none", baseURL: drafting.baseURL, maxRetries: 0 });
+      const engine = await (await fetch(`${drafting.url}/v1/engine`)).json();
+      assert.deepEqual(engine.draft, { max: 4, ngram_min: 1, ngram_max: 4 });
+      assert.equal(engine.scheduler.mode, "one sequence at a time (drafts)");
+      let drafted = 0;
+      for (const fields of [{ temperature: 0 }, { temperature: 0.8, seed: 11 }]) {
+        const body = { model: MODEL, messages: ask("Repeat after me: the sea, the sea, the sea."),
+          max_tokens: 48, ignore_eos: true, ...fields };
+        const plain = await client.chat.completions.create(body);
+        const got = await c.chat.completions.create(body);
+        assert.equal(got.choices[0].message.content, plain.choices[0].message.content,
+          JSON.stringify(fields));
+        assert.equal(got.usage.completion_tokens, 48);
+        assert.equal(plain.timings.draft_n, undefined);
+        assert.ok(got.timings.draft_n_accepted <= got.timings.draft_n);
+        drafted += got.timings.draft_n;
+        // Streamed: the same text, drafts and all.
+        let streamed = "";
+        for await (const chunk of await c.chat.completions.create({ ...body, stream: true })) {
+          streamed += chunk.choices[0]?.delta?.content ?? "";
+        }
+        assert.equal(streamed, plain.choices[0].message.content);
+      }
+      assert.ok(drafted > 0, "no draft was made");
+    } finally {
+      await drafting.stop();
+    }
+  });
+});

@@ -63,6 +63,15 @@ def _prompt(n, seed=1, vocab=512):
         (lambda e: e.decode([2, "5"], 4), ["ids[1]", "'5'"]),
         (lambda e: e.decode([2, 2**70], 4), ["ids[1]"]),
         (lambda e: e.logits(None), ["ids", "NoneType"]),
+        (lambda e: e.decode([2, 5], 4, draft_max=-2), ["draft_max", "-2"]),
+        (
+            lambda e: e.decode([2, 5], 4, draft_max=2, draft_ngram_min=3, draft_ngram_max=2),
+            ["draft_ngram_min", "draft_ngram_max", "got 3 and 2"],
+        ),
+        (
+            lambda e: e.batch(rows=2).submit([2, 5], 4, draft_max=2),
+            ["draft_max", "one sequence at a time"],
+        ),
     ],
 )
 def test_bad_input_is_value_error(engine, call, words):
@@ -300,6 +309,22 @@ def test_decode_stops_and_streams(engine):
     by_checkpoint = engine.decode(ids, 24, stop=None)
     assert default.tokens == by_checkpoint.tokens
     assert not set(default.tokens) & {1, 106, 50}
+
+
+def test_drafts_give_the_tokens_of_plain_decoding(engine):
+    """Speculative decoding by prompt lookup: the same tokens and stop, the drafts counted."""
+    part = _prompt(7, seed=6)[1:]
+    ids = [2] + part + part + part[:2]
+    for sampling in ({}, {"temperature": 0.8, "top_k": 40, "seed": 5}):
+        plain = engine.decode(ids, 40, stop=(), **sampling)
+        drafted = engine.decode(ids, 40, stop=(), draft_max=4, draft_ngram_min=1, **sampling)
+        assert drafted.tokens == plain.tokens, sampling
+        assert plain.drafted == plain.accepted == 0
+        assert 0 < drafted.drafted and 0 <= drafted.accepted <= drafted.drafted
+        stop = plain.tokens[len(plain.tokens) // 2]
+        stopped = engine.decode(ids, 40, stop=[stop], draft_max=4, draft_ngram_min=1, **sampling)
+        assert stopped.finish == "stop"
+        assert stopped.tokens == plain.tokens[: plain.tokens.index(stop)]
 
 
 # --- 5. the GIL is released during decode --------------------------------------------------------

@@ -110,6 +110,22 @@ def _parse_args(argv):
         "(default: none, the thought is closed straight away)",
     )
     p.add_argument(
+        "--draft-max",
+        type=int,
+        default=0,
+        help="speculative decoding by prompt lookup: tokens drafted per step at most, from what "
+        "followed the last tokens earlier in the sequence (0: off; above 0 needs --parallel 1)",
+    )
+    p.add_argument(
+        "--draft-ngram-min",
+        type=int,
+        default=2,
+        help="shortest run of last tokens a draft is looked up by",
+    )
+    p.add_argument(
+        "--draft-ngram-max", type=int, default=4, help="longest run, tried first"
+    )
+    p.add_argument(
         "--served-model-name",
         action="extend",
         nargs="+",
@@ -237,6 +253,9 @@ def main(argv=None):
                 constrain_tools=args.constrain_tools,
                 reasoning_budget=args.reasoning_budget,
                 reasoning_budget_message=args.reasoning_budget_message,
+                draft_max=args.draft_max,
+                draft_ngram_min=args.draft_ngram_min,
+                draft_ngram_max=args.draft_ngram_max,
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
                 metrics_compat=args.metrics_compat,
