@@ -12,18 +12,24 @@ std::vector<int64_t> lookup_draft(const std::vector<int64_t>& prompt,
   auto at = [&](int64_t i) { return i < n_prompt ? prompt[i] : output[i - n_prompt]; };
   for (int64_t n = std::min(draft.ngram_max, length - 1); n >= draft.ngram_min && limit > 0;
        --n) {
-    // Latest first: the recent past predicts the near future best (a loop, the line being
-    // edited). A run starting at `start` ends before the suffix's own last token.
+    // Latest first: the recent past predicts the near future best (the line being edited).
+    // But in a loop the latest run is followed only by the loop's last turn, so an earlier one
+    // gives a longer draft. A run starting at `start` ends before the suffix's own last token;
+    // the earlier it starts, the more tokens follow it.
+    int64_t found = -1;
     for (int64_t start = length - n - 1; start >= 0; --start) {
       bool same = true;
       for (int64_t i = 0; i < n && same; ++i) same = at(start + i) == at(length - n + i);
       if (!same) continue;
-      std::vector<int64_t> tokens;
-      for (int64_t i = start + n; i < length && static_cast<int64_t>(tokens.size()) < limit; ++i) {
-        tokens.push_back(at(i));
-      }
-      return tokens;
+      found = start;
+      if (length - (start + n) >= limit) break;
     }
+    if (found < 0) continue;
+    std::vector<int64_t> tokens;
+    for (int64_t i = found + n; i < length && static_cast<int64_t>(tokens.size()) < limit; ++i) {
+      tokens.push_back(at(i));
+    }
+    return tokens;
   }
   return {};
 }

@@ -499,6 +499,10 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   // A draft's pass writes each of its positions' slots: at most the smallest ring's, less the
   // step's own token, and within the tokens the sequence may still generate.
   const int64_t draft_room = std::min(options.draft.tokens, rings_.min_slots() - 1);
+  // The next draft's length at most, by transformers' heuristic schedule: 2 more after a draft
+  // kept whole, 1 fewer after one cut short, so a sequence whose drafts mostly fail stops paying
+  // for long passes while one that repeats itself gets the longest.
+  int64_t draft_length = draft_room;
   int64_t drafted = 0, accepted = 0;
   // One pass over the fed token and a draft after it, sampled position by position as steps
   // would be, while the draft agrees. Returns the tokens taken; the rings keep what those
@@ -530,9 +534,13 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   for (int64_t step = 1; go_on && step < budget;) {
     if (draft_room > 0) {
       const auto draft = lookup_draft(prompt, output.result().tokens, options.draft,
-                                      std::min(draft_room, budget - step - 1));
+                                      std::min(draft_length, budget - step - 1));
       if (!draft.empty()) {
-        step += check_draft(step, draft);
+        const int64_t taken = check_draft(step, draft);
+        step += taken;
+        draft_length = taken == static_cast<int64_t>(draft.size()) + 1
+                           ? std::min(draft_length + 2, draft_room)
+                           : std::max<int64_t>(draft_length - 1, 1);
         continue;
       }
     }

@@ -69,6 +69,8 @@ class Metrics {
 
   void count_request(const std::string& endpoint, int status);
   void count_tokens(int64_t prompt, int64_t generated);
+  // Speculative decoding's draft tokens checked and kept (--draft-max).
+  void count_drafts(int64_t drafted, int64_t accepted);
   void count_cancelled();
   // A sequence the engine started, once it has ended (finished, stopped or cancelled).
   void observe_request(const RequestTimes& times);
@@ -85,6 +87,8 @@ class Metrics {
   std::map<std::pair<std::string, int>, int64_t> requests_;
   int64_t prompt_tokens_ = 0;
   int64_t generated_tokens_ = 0;
+  int64_t drafted_tokens_ = 0;
+  int64_t accepted_tokens_ = 0;
   int64_t cancelled_ = 0;
   Histogram ttft_;
   Histogram decode_rate_;

@@ -761,6 +761,7 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       if (all) r.finish = "stop";
     }
     metrics_.count_tokens(r.prompt_tokens, static_cast<int64_t>(r.tokens.size()));
+    metrics_.count_drafts(r.drafted, r.accepted);
     metrics_.observe_request({.queue_s = job->queue_s,
                               .prefill_s = r.read_s,
                               .decode_s = r.decode_s,

@@ -21,16 +21,22 @@ namespace {
 
 using Ids = std::vector<int64_t>;
 
-Drafting ngrams(int64_t min, int64_t max) { return {.tokens = 8, .ngram_min = min, .ngram_max = max}; }
+Drafting ngrams(int64_t min, int64_t max) {
+  return {.tokens = 8, .ngram_min = min, .ngram_max = max};
+}
 
-TEST(LookupDraft, TakesWhatFollowedTheLatestEarlierRunOfTheLastTokens) {
-  // [1, 2] ends the sequence and occurs at 0 and 4: the latest, at 4, is followed by 5, 6.
+TEST(LookupDraft, TakesWhatFollowedTheLatestEarlierRunOfTheLastTokensThatIsFollowedEnough) {
+  // [1, 2] ends the sequence and occurs at 0 and 4: the latest, at 4, is followed by 5, 6, 1, 2.
   const Ids history{1, 2, 3, 4, 1, 2, 5, 6, 1, 2};
   EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 4), 3), (Ids{5, 6, 1}));
-  EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 4), 8), (Ids{5, 6, 1, 2}));
+  EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 4), 4), (Ids{5, 6, 1, 2}));
   EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 4), 0), Ids{});
   // The same split between prompt and output.
   EXPECT_EQ(lookup_draft({1, 2, 3, 4, 1, 2}, {5, 6, 1, 2}, ngrams(2, 4), 3), (Ids{5, 6, 1}));
+  // Fewer than asked follow the latest: the earliest, which the most follow.
+  EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 4), 8), (Ids{3, 4, 1, 2, 5, 6, 1, 2}));
+  // In a loop the latest run is followed by one turn only; the earliest continues it further.
+  EXPECT_EQ(lookup_draft({9, 4, 4, 4, 4}, {}, ngrams(2, 2), 3), (Ids{4, 4}));
 }
 
 TEST(LookupDraft, PrefersTheLongestRunAndStopsAtTheShortest) {
@@ -38,12 +44,14 @@ TEST(LookupDraft, PrefersTheLongestRunAndStopsAtTheShortest) {
   const Ids history{7, 1, 2, 9, 3, 1, 2, 8, 7, 1, 2};
   EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 3), 2), (Ids{9, 3}));
   EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 2), 2), (Ids{8, 7}));
+  EXPECT_EQ(lookup_draft(history, {}, ngrams(2, 2), 4), (Ids{8, 7, 1, 2}));
   // Only the last token recurs: a run of 2 finds nothing, a run of 1 does.
   const Ids once{4, 5, 6, 5};
   EXPECT_EQ(lookup_draft(once, {}, ngrams(2, 4), 4), Ids{});
   EXPECT_EQ(lookup_draft(once, {}, ngrams(1, 4), 4), (Ids{6, 5}));
-  // A run may overlap its own recurrence: 4 4 4 after 4 4 leaves one token to follow.
-  EXPECT_EQ(lookup_draft({4, 4, 4, 4}, {}, ngrams(2, 2), 4), (Ids{4}));
+  // A run may overlap its own recurrence: 4 4 at 1 and at 0, followed by one and two tokens.
+  EXPECT_EQ(lookup_draft({4, 4, 4, 4}, {}, ngrams(2, 2), 1), (Ids{4}));
+  EXPECT_EQ(lookup_draft({4, 4, 4, 4}, {}, ngrams(2, 2), 4), (Ids{4, 4}));
   EXPECT_EQ(lookup_draft({}, {3}, ngrams(1, 4), 4), Ids{});
 }
 

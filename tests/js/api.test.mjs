@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
-import { startServer } from "./server_helpers.mjs";
+import { metric, metrics, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const Q = '<|"|>';
@@ -460,13 +460,14 @@ describe("sampling parameters", () => {
 describe("speculative decoding (--draft-max)", () => {
   test("answers as the batched server does, and counts its drafts in timings", async () => {
     const drafting = await startServer(["--context", "1024", "--parallel", "1", "--draft-max", "4",
-      "--draft-ngram-min", "1"]);
+      "--draft-ngram-min", "1", "--metrics-compat", "vllm"]);
     try {
       const c = new OpenAI({ apiKey: "none", baseURL: drafting.baseURL, maxRetries: 0 });
       const engine = await (await fetch(`${drafting.url}/v1/engine`)).json();
       assert.deepEqual(engine.draft, { max: 4, ngram_min: 1, ngram_max: 4 });
       assert.equal(engine.scheduler.mode, "one sequence at a time (drafts)");
       let drafted = 0;
+      let accepted = 0;
       for (const fields of [{ temperature: 0 }, { temperature: 0.8, seed: 11 }]) {
         const body = { model: MODEL, messages: ask("Repeat after me: the sea, the sea, the sea."),
           max_tokens: 48, ignore_eos: true, ...fields };
@@ -478,6 +479,7 @@ describe("speculative decoding (--draft-max)", () => {
         assert.equal(plain.timings.draft_n, undefined);
         assert.ok(got.timings.draft_n_accepted <= got.timings.draft_n);
         drafted += got.timings.draft_n;
+        accepted += got.timings.draft_n_accepted;
         // Streamed: the same text, drafts and all.
         let streamed = "";
         for await (const chunk of await c.chat.completions.create({ ...body, stream: true })) {
@@ -486,6 +488,15 @@ describe("speculative decoding (--draft-max)", () => {
         assert.equal(streamed, plain.choices[0].message.content);
       }
       assert.ok(drafted > 0, "no draft was made");
+      // /metrics counts them, under vLLM's names too: each body was asked whole and streamed,
+      // and drafted alike both times.
+      const text = await metrics(drafting.url);
+      assert.equal(metric(text, "torchtpu_draft_tokens_total"), drafted * 2);
+      assert.equal(metric(text, "torchtpu_draft_accepted_tokens_total"), accepted * 2);
+      assert.equal(metric(text, 'vllm:spec_decode_num_draft_tokens_total{model_name="' + MODEL +
+        '"}'), drafted * 2);
+      assert.equal(metric(text, 'vllm:spec_decode_num_accepted_tokens_total{model_name="' +
+        MODEL + '"}'), accepted * 2);
     } finally {
       await drafting.stop();
     }

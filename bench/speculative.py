@@ -1,0 +1,124 @@
+"""What speculative decoding by prompt lookup (Engine.decode's draft_max, `serve --draft-max`)
+costs and gives on this machine.
+
+    python bench/speculative.py --model DIR [--emb4 DIR] [--drafts 1,2,4,8] [--new 64]
+        [--rounds 3] [--context 2048] [--threads 0] [--int4-activation-bits 16]
+
+Two measures, each against plain decoding in the same round:
+
+- Every draft kept: a logit bias of +100 on one token makes every step choose it, so after two
+  tokens each draft of k is kept whole and a pass over 1 + k positions yields k + 1 tokens. Its
+  rate over plain decoding's (the same bias) is the most drafts of k can give here, and
+  (k + 1) x plain's rate / its rate is what one pass over 1 + k positions costs in one-token
+  steps: a draft pays when more of its tokens than that, less one, are kept on average.
+- The model's own output: greedy, after a prompt that says one random passage three times, as a
+  reply that quotes its input would; drafts kept over drafts checked, and the rate over plain's.
+  With synthetic weights the output does not follow the passage, so this is the floor: what
+  drafting costs when few drafts are kept.
+
+Prints one JSON object; docs/BENCHMARKS.md, "Speculative decoding by prompt lookup", has the
+figures.
+"""
+
+import argparse
+import json
+import os
+import statistics
+
+import torchtpu_cpp as tt
+
+FORCED = 1234  # an ordinary id the bias forces
+
+
+def rate(result):
+    """Decode steps' tokens per second: the first token belongs to the prompt's read."""
+    return (len(result.tokens) - 1) / result.decode_s
+
+
+def outcome(drafting, plain):
+    """A decode with drafts beside the plain one: its rate, its drafts, and where its tokens first
+    differ from plain's (None: nowhere). At bf16 a pass over several positions rounds otherwise
+    than single steps, so a near tie can go the other way (docs/ARCHITECTURE.md)."""
+    pairs = zip(drafting.tokens, plain.tokens)
+    return {
+        "tok_s": rate(drafting),
+        "drafted": drafting.drafted,
+        "accepted": drafting.accepted,
+        "first_difference": next((i for i, (a, b) in enumerate(pairs) if a != b), None),
+    }
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--emb4", default="")
+    p.add_argument("--drafts", default="1,2,4,8")
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--int4-activation-bits", type=int, default=16)
+    args = p.parse_args()
+    drafts = [int(k) for k in args.drafts.split(",")]
+    engine = tt.Engine(
+        args.model,
+        args.emb4,
+        context=args.context,
+        threads=args.threads,
+        int4_activation_bits=args.int4_activation_bits,
+    )
+    vocab = engine.vocab_size
+    passage = [4 + (i * 104729) % (vocab - 4) for i in range(40)]
+    quoting = [2] + passage * 3
+    forced = {"logit_bias": {FORCED: 100.0}}
+    engine.decode([2, 5, 7], 4, stop=())  # warm-up
+
+    rounds = []
+    for _ in range(args.rounds):
+        r = {"kept_all": {}, "own": {}}
+        plain = engine.decode([2, 5, 7], args.new, stop=(), **forced)
+        r["kept_all"]["plain_tok_s"] = rate(plain)
+        for k in drafts:
+            d = engine.decode([2, 5, 7], args.new, stop=(), draft_max=k, **forced)
+            r["kept_all"][k] = outcome(d, plain)
+        plain = engine.decode(quoting, args.new, stop=())
+        r["own"]["plain_tok_s"] = rate(plain)
+        for k in drafts:
+            d = engine.decode(quoting, args.new, stop=(), draft_max=k)
+            r["own"][k] = outcome(d, plain)
+        rounds.append(r)
+
+    def median(case, k=None):
+        values = [r[case]["plain_tok_s"] if k is None else r[case][k]["tok_s"] for r in rounds]
+        return statistics.median(values)
+
+    summary = {}
+    for case in ("kept_all", "own"):
+        plain = median(case)
+        summary[case] = {"plain_tok_s": plain}
+        for k in drafts:
+            with_k = median(case, k)
+            entry = {"tok_s": with_k, "over_plain": with_k / plain}
+            last = rounds[-1][case][k]
+            entry["accepted_of_drafted"] = [last["accepted"], last["drafted"]]
+            entry["first_difference"] = [r[case][k]["first_difference"] for r in rounds]
+            if case == "kept_all":
+                entry["pass_cost_in_steps"] = (k + 1) * plain / with_k
+            summary[case][k] = entry
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "threads": args.threads or os.cpu_count(),
+                "int4_activation_bits": args.int4_activation_bits,
+                "new": args.new,
+                "rounds": rounds,
+                "medians": summary,
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
