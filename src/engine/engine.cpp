@@ -21,6 +21,7 @@
 #include "common/memory.h"
 #include "engine/draft.h"
 #include "engine/sequence.h"
+#include "ops/attention.h"
 
 namespace torchtpu {
 namespace {
@@ -497,8 +498,11 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   // The first token is read at once so read_s measures the prompt alone.
   bool go_on = take(token.view({1}).to(at::kCPU), 1);
   // A draft's pass writes each of its positions' slots: at most the smallest ring's, less the
-  // step's own token, and within the tokens the sequence may still generate.
-  const int64_t draft_room = std::min(options.draft.tokens, rings_.min_slots() - 1);
+  // step's own token, and within the tokens the sequence may still generate. On the CPU it
+  // stays within the positions the attention kernel of a step takes: a longer pass goes through
+  // the composite formula, whose other rounding a bf16 near tie can follow to another token.
+  int64_t draft_room = std::min(options.draft.tokens, rings_.min_slots() - 1);
+  if (options_.device.is_cpu()) draft_room = std::min(draft_room, ops::kMaxFusedQueries - 1);
   // The next draft's length at most, by transformers' heuristic schedule: 2 more after a draft
   // kept whole, 1 fewer after one cut short, so a sequence whose drafts mostly fail stops paying
   // for long passes while one that repeats itself gets the longest.

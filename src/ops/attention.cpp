@@ -15,10 +15,6 @@ namespace {
 
 using cpu::FloatType;
 
-// Query positions per row up to which the CPU kernel runs; longer chunks (prompt reading) take
-// the composite, whose matmuls oneDNN runs on AMX (or in f32 below the AVX-512 tier).
-constexpr int64_t kMaxFusedQueries = 8;
-
 void check_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& query_pos, const at::Tensor& key_pos) {
   TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,

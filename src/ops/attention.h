@@ -22,6 +22,11 @@
 
 namespace torchtpu::ops {
 
+// Query positions per row up to which the CPU kernel runs; longer chunks (prompt reading) take
+// the composite, whose matmuls oneDNN runs on AMX (or in f32 below the AVX-512 tier), and whose
+// rounding differs from the kernel's.
+constexpr int64_t kMaxFusedQueries = 8;
+
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& query_pos, const at::Tensor& key_pos, int64_t window);
 

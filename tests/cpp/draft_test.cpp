@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "common/errors.h"
 #include "engine/batch.h"
 #include "engine/engine.h"
+#include "model/make_tiny.h"
 #include "tiny_checkpoint.h"
 
 namespace torchtpu {
@@ -122,6 +126,42 @@ TEST(SpeculativeDecode, GreedyGivesTheTokensAndLogitsOfPlainDecoding) {
   // were put back).
   EXPECT_GT(accepted, 0);
   EXPECT_LT(accepted, drafted);
+}
+
+// At bf16 a pass over more positions than the CPU's attention kernel takes would round otherwise
+// (the composite formula's products): drafts stay within it, and until a sliding window wraps (its
+// keys are then summed in another order) a pass's logits are a step's, bit for bit. E2B's
+// attention shapes (8 query heads a kv head, head dim 256) and some 400 positions: with drafts of
+// 16 let through, the logits here differed from the 26th token.
+TEST(SpeculativeDecode, AtBf16BeforeTheWindowWrapsTheLogitsAreAStepsBitForBit) {
+  namespace fs = std::filesystem;
+  const auto dir = fs::temp_directory_path() / ("draft-wide-" + std::to_string(::getpid()));
+  auto spec = tiny_preset("tiny");
+  spec.seed = 9;
+  spec.window = 512;
+  spec.heads = 8;
+  spec.head_dim = 256;
+  spec.global_head_dim = 512;
+  make_tiny(dir.string(), spec);
+  auto o = testing::tiny_engine_options(dir.string(), 16);
+  o.dtype = at::kBFloat16;
+  o.context = 512;
+  Engine engine(o);
+  int64_t drafted = 0;
+  for (int64_t salt = 0; salt < 3; ++salt) {
+    auto prompt = repeating_prompt(salt);
+    for (int64_t i = 0; i < 250; ++i) prompt.push_back(2 + (i * 53 + salt) % 500);
+    const auto plain = decode(engine, prompt, greedy(120));
+    const auto with = decode(engine, prompt, greedy(120, 16));
+    EXPECT_EQ(with.result.tokens, plain.result.tokens);
+    ASSERT_EQ(with.logits.size(), plain.logits.size());
+    for (size_t i = 0; i < plain.logits.size(); ++i) {
+      ASSERT_TRUE(at::equal(with.logits[i], plain.logits[i])) << "salt " << salt << ", token " << i;
+    }
+    drafted += with.result.drafted;
+  }
+  EXPECT_GT(drafted, 0);
+  fs::remove_all(dir);
 }
 
 TEST(SpeculativeDecode, SampledWithASeedGivesTheTokensOfPlainDecoding) {
