@@ -88,8 +88,8 @@ class Batch {
 
   // Queues a sequence and returns its id (0, 1, 2, ... per batch). The checks of Engine::decode
   // (ValueError), and no draft (ValueError); read_every is taken as 1 (every step reads each
-  // row's token back, to see stops and free rows). on_tokens sees this sequence's tokens as they reach the host, on_logits the
-  // float32 logits [vocab] each was chosen from.
+  // row's token back, to see stops and free rows). on_tokens sees this sequence's tokens as they
+  // reach the host, on_logits the float32 logits [vocab] each was chosen from.
   // `media`: the images and clips of an expanded prompt (Engine::decode's); their towers run
   // when the row is admitted, and the prefix cache keys their positions by the items' digests.
   int64_t submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,

@@ -110,7 +110,8 @@ void bind_serve(py::module_& m) {
       py::arg("image_tokens") = server::MediaLimits{}.image_tokens,
       py::arg("allow_media_urls") = false,
       py::arg("media_url_timeout_s") = server::MediaLimits{}.url_timeout_s,
-      py::arg("no_vision") = false, py::arg("no_audio") = false, py::arg("mcp_media_dir") = "", py::arg("draft_max") = 0,
+      py::arg("no_vision") = false, py::arg("no_audio") = false, py::arg("mcp_media_dir") = "",
+      py::arg("draft_max") = 0,
       py::arg("draft_ngram_min") = Drafting{}.ngram_min,
       py::arg("draft_ngram_max") = Drafting{}.ngram_max,
       "Runs the OpenAI-compatible server until request_stop(); returns the "
