@@ -22,7 +22,6 @@ figures.
 
 import argparse
 import json
-import os
 import statistics
 
 import torchtpu_cpp as tt
@@ -109,7 +108,7 @@ def main():
         json.dumps(
             {
                 "model": args.model,
-                "threads": args.threads or os.cpu_count(),
+                "threads": engine.report()["threads"],
                 "int4_activation_bits": args.int4_activation_bits,
                 "new": args.new,
                 "rounds": rounds,
