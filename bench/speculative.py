@@ -2,9 +2,9 @@
 costs and gives on this machine.
 
     python bench/speculative.py --model DIR [--emb4 DIR] [--drafts 1,2,4,8] [--new 64]
-        [--rounds 3] [--context 2048] [--threads 0] [--int4-activation-bits 16]
+        [--rounds 3] [--context 2048] [--threads 0] [--int4-activation-bits 16] [--streams 1,2,4]
 
-Two measures, each against plain decoding in the same round:
+Three measures, each against plain decoding in the same round:
 
 - Every draft kept: a logit bias of +100 on one token makes every step choose it, so after two
   tokens each draft of k is kept whole and a pass over 1 + k positions yields k + 1 tokens. Its
@@ -15,6 +15,10 @@ Two measures, each against plain decoding in the same round:
   reply that quotes its input would; drafts kept over drafts checked, and the rate over plain's.
   With synthetic weights the output does not follow the passage, so this is the floor: what
   drafting costs when few drafts are kept.
+- Several streams in a Batch, draft_max 7, both cases again (every draft kept; the model's own
+  output, each stream quoting its own passage): the aggregate rate of `streams` sequences decoded
+  together (Batch.decode_many, wall time, prompts included) with drafts over without. A pass's
+  drafts share 8 positions on the CPU, so one stream drafts 7 tokens, two 3 each, four 1 each.
 
 Prints one JSON object; docs/BENCHMARKS.md, "Speculative decoding by prompt lookup", has the
 figures.
@@ -23,6 +27,7 @@ figures.
 import argparse
 import json
 import statistics
+import time
 
 import torchtpu_cpp as tt
 
@@ -57,7 +62,9 @@ def main():
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--int4-activation-bits", type=int, default=16)
+    p.add_argument("--streams", default="1,2,4")
     args = p.parse_args()
+    streams = [int(s) for s in args.streams.split(",") if s]
     drafts = [int(k) for k in args.drafts.split(",")]
     engine = tt.Engine(
         args.model,
@@ -85,6 +92,22 @@ def main():
         for k in drafts:
             d = engine.decode(quoting, args.new, stop=(), draft_max=k)
             r["own"][k] = outcome(d, plain)
+        r["streams"] = {"kept_all": {}, "own": {}}
+        for n in streams:
+            cases = {
+                "kept_all": ([[2, 5, 7 + i] for i in range(n)], forced),
+                "own": ([[2] + (passage[i:] + passage[:i]) * 3 for i in range(n)], {}),
+            }
+            for case, (prompts, bias) in cases.items():
+                timed = {}
+                for k in (0, 7):
+                    start = time.perf_counter()
+                    results = engine.batch(rows=n).decode_many(
+                        prompts, args.new, stop=(), draft_max=k, **bias
+                    )
+                    wall = time.perf_counter() - start
+                    timed[k] = sum(len(x.tokens) for x in results) / wall
+                r["streams"][case][n] = {"plain_tok_s": timed[0], "tok_s": timed[7]}
         rounds.append(r)
 
     def median(case, k=None):
@@ -104,6 +127,15 @@ def main():
             if case == "kept_all":
                 entry["pass_cost_in_steps"] = (k + 1) * plain / with_k
             summary[case][k] = entry
+    summary["streams"] = {"kept_all": {}, "own": {}}
+    for case, by_streams in summary["streams"].items():
+        for n in streams:
+            runs = [r["streams"][case][n] for r in rounds]
+            by_streams[n] = {
+                "plain_tok_s": statistics.median(x["plain_tok_s"] for x in runs),
+                "tok_s": statistics.median(x["tok_s"] for x in runs),
+                "over_plain_per_round": [x["tok_s"] / x["plain_tok_s"] for x in runs],
+            }
     print(
         json.dumps(
             {

@@ -8,6 +8,8 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "engine/draft.h"
+#include "ops/int4_cpu.h"
 
 namespace torchtpu {
 
@@ -33,6 +35,12 @@ const BatchOptions& checked(const BatchOptions& options) {
 // chunks of 128, 1.6-1.9 s, for a read 0.98-1.25x as long (E2B, 2 cores, two pairs of runs;
 // docs/BENCHMARKS.md, "Several rows without AMX").
 constexpr int64_t kDefaultSharedChunk = 128;
+
+// On the CPU a pass that checks drafts takes at most this many positions, padding counted: the
+// rows the int4 kernel reads its weights once for. One decoding row may draft 7 tokens, two 3
+// each, three or four 1, five or more none: drafts take the room a busy batch leaves, where the
+// rows' multiplies are nearly free, and no more (docs/BENCHMARKS.md, "Speculative decoding").
+constexpr int64_t kDraftPassPositions = ops::int4_cpu::kMaxRows;
 
 }  // namespace
 
@@ -73,10 +81,6 @@ Batch::Batch(Engine& engine, const BatchOptions& options)
 int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
                       OnTokens on_tokens, OnLogits on_logits, std::vector<Media> media) {
   engine_.check_decode(prompt, options, media);
-  if (options.draft.tokens > 0) {
-    throw ValueError("draft_max: a batch decodes one token a row per step; speculative "
-                     "decoding runs one sequence at a time (Engine::decode)");
-  }
   DecodeOptions every_step = options;
   every_step.read_every = 1;
   const int64_t id = next_id_++;
@@ -142,6 +146,8 @@ void Batch::admit(Row& row, int64_t index, Request request) {
   row.output.emplace(request.options, engine_.config().eos_token_ids, request.prompt,
                      std::move(request.on_tokens));
   row.budget = engine_.token_budget(n, request.options.max_new);
+  row.draft_length = row.draft_room =
+      draft_room(request.options.draft, rings_, engine_.options().device);
   row.request = std::move(request);
   rings_.reset_row(index);
   row.media = engine_.embed_media(row.request->prompt, row.request->media);
@@ -195,18 +201,22 @@ void Batch::finish(Row& row, int64_t index, const char* reason, std::vector<int6
   }
   auto& result = results_[id] = row.output->done(reason);
   result.cached_tokens = row.cached;
+  result.drafted = row.drafted;
+  result.accepted = row.accepted;
   finished.push_back(id);
   sampler_.clear(index);
   row = Row{};
 }
 
-void Batch::accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>& finished) {
+const char* Batch::take(Row& row, int64_t token) {
   row.token_id = token;
-  if (!row.output->take(&token, 1)) {
-    finish(row, index, "stop", finished);  // the output has said why: a stop id or a cancel
-  } else if (row.sampled == row.budget) {
-    finish(row, index, "length", finished);
-  }
+  ++row.sampled;
+  if (!row.output->take(&token, 1)) return "stop";
+  return row.sampled == row.budget ? "length" : nullptr;
+}
+
+void Batch::accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>& finished) {
+  if (const char* reason = take(row, token)) finish(row, index, reason, finished);
 }
 
 void Batch::before_sampling(Row& row, int64_t index, const at::Tensor& logits) {
@@ -322,7 +332,6 @@ void Batch::after_chunk(Row& row, int64_t index, int64_t count, const at::Tensor
     sampler_.set(index, row.request->options.sampling, prompt);
     before_sampling(row, index, logits);
     row.token = sampler_.next(logits.view({1, -1}), index);
-    ++row.sampled;
     accept(row, index, row.token.item<int64_t>(), finished);
   }
 }
@@ -334,6 +343,9 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
   }
   if (last < 0) return;
   const int64_t n = fixed_shape_ ? options_.rows : last + 1;
+  if (const auto drafts = look_up_drafts(n); !drafts.empty()) {
+    return check_drafts(n, drafts, finished);
+  }
   std::vector<at::Tensor> tokens;
   std::vector<int64_t> positions, decoding;
   for (int64_t i = 0; i < n; ++i) {
@@ -366,9 +378,90 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
     Row& row = rows_[i];
     row.fed.push_back(row.token_id);
     row.token = row_tokens[i];
-    ++row.sampled;
     ++row.position;
     accept(row, i, host.data_ptr<int64_t>()[i], finished);
+  }
+}
+
+std::vector<std::vector<int64_t>> Batch::look_up_drafts(int64_t n) const {
+  // With fixed shapes every pass that checks drafts has the longest room of the rows (one more
+  // program beside the step's, for a server whose requests share their draft settings).
+  const int64_t room =
+      fixed_shape_ ? std::numeric_limits<int64_t>::max()
+                   : std::max<int64_t>(kDraftPassPositions / n - 1, 0);
+  std::vector<std::vector<int64_t>> drafts(n);
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const Row& row = rows_[i];
+    if (!row.decoding() || row.draft_length == 0) continue;
+    const int64_t limit = std::min({row.draft_length, room, row.budget - row.sampled - 1});
+    drafts[i] = lookup_draft(row.request->prompt, row.output->result().tokens,
+                             row.request->options.draft, limit);
+    any |= !drafts[i].empty();
+  }
+  if (!any) drafts.clear();
+  return drafts;
+}
+
+void Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& drafts,
+                         std::vector<int64_t>& finished) {
+  RECORD_USER_SCOPE("engine::draft");
+  int64_t T = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const Row& row = rows_[i];
+    if (!row.decoding()) continue;
+    T = std::max(T, 1 + (fixed_shape_ ? row.draft_room : static_cast<int64_t>(drafts[i].size())));
+  }
+  std::vector<int64_t> ids(n * T, 0), positions(n * T), lengths(n, 0);
+  std::vector<RingEntries> saved(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const Row& row = rows_[i];
+    for (int64_t j = 0; j < T; ++j) positions[i * T + j] = row.position + j;
+    if (!row.decoding()) continue;
+    const auto& draft = drafts[i];
+    ids[i * T] = row.token_id;
+    std::copy(draft.begin(), draft.end(), ids.begin() + i * T + 1);
+    lengths[i] = 1 + static_cast<int64_t>(draft.size());
+    if (!draft.empty()) {
+      saved[i] = rings_.rows(i, 1).save(row.position + 1, row.position + lengths[i]);
+    }
+  }
+  const auto device = engine_.options().device;
+  auto on_device = [&](const std::vector<int64_t>& v, std::vector<int64_t> shape) {
+    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).view(shape).to(device);
+  };
+  auto rings = rings_.rows(0, n);
+  const auto logits = engine_.model().forward(on_device(ids, {n, T}), on_device(positions, {n, T}),
+                                              &rings, /*last_only=*/false, /*no_logits=*/false,
+                                              /*soft=*/nullptr, on_device(lengths, {n}));
+  for (int64_t i = 0; i < n; ++i) {
+    Row& row = rows_[i];
+    if (!row.decoding()) continue;
+    const auto& draft = drafts[i];
+    const auto count = static_cast<int64_t>(draft.size());
+    const int64_t fed = row.position;
+    int64_t kept = 0;
+    const char* reason = nullptr;
+    for (int64_t j = 0; j <= count; ++j) {
+      const auto at_j = logits[i][j];
+      before_sampling(row, i, at_j);
+      row.token = sampler_.next(at_j.view({1, -1}), i);
+      const auto id = row.token.item<int64_t>();
+      reason = take(row, id);
+      if (reason || j == count || id != draft[j]) break;
+      ++kept;
+    }
+    row.fed.push_back(ids[i * T]);
+    row.fed.insert(row.fed.end(), draft.begin(), draft.begin() + kept);
+    row.position = fed + 1 + kept;
+    if (count > 0) {
+      rings_.rows(i, 1).restore(saved[i], row.position);
+      row.drafted += count;
+      row.accepted += kept;
+      row.draft_length = next_draft_length(row.draft_length, row.draft_room, kept == count);
+    }
+    // After the rings are whole again: a finished row's state goes to the prefix cache.
+    if (reason) finish(row, i, reason, finished);
   }
 }
 

@@ -2,7 +2,8 @@
 // rings of `rows` rows beside its engine's and schedules sequences onto them: each row has its own
 // positions, ring slots, sampler row, stop ids, cancel flag and output; sequences join and leave
 // between steps; one step reads prompt chunks within a token budget and then decodes one token
-// for every row past its prompt in a single forward pass. It belongs to the engine's owner thread
+// for every row past its prompt in a single forward pass, or, where rows draft (speculative
+// decoding, DecodeOptions::draft), checks each row's token and draft in one pass. It belongs to the engine's owner thread
 // and nothing here knows about HTTP, Python or threads: a server puts requests on its own queue
 // to that thread and calls submit, cancel and step there.
 #pragma once
@@ -87,8 +88,8 @@ class Batch {
   Batch(Engine& engine, const BatchOptions& options);
 
   // Queues a sequence and returns its id (0, 1, 2, ... per batch). The checks of Engine::decode
-  // (ValueError), and no draft (ValueError); read_every is taken as 1 (every step reads each
-  // row's token back, to see stops and free rows). on_tokens sees this sequence's tokens as they
+  // (ValueError); read_every is taken as 1 (every step reads each row's token back, to see stops
+  // and free rows). on_tokens sees this sequence's tokens as they
   // reach the host, on_logits the float32 logits [vocab] each was chosen from.
   // `media`: the images and clips of an expanded prompt (Engine::decode's); their towers run
   // when the row is admitted, and the prefix cache keys their positions by the items' digests.
@@ -99,7 +100,7 @@ class Batch {
   void cancel(int64_t id);
   // One step: cancels, admits queued sequences into free rows (lowest first), reads prompt chunks
   // within the token budget (oldest sequence first), then decodes one token for every row past
-  // its prompt. Returns the ids that finished in this step, whose results take_result hands over.
+  // its prompt, and the draft tokens the pass finds room for and the row's output agrees with. Returns the ids that finished in this step, whose results take_result hands over.
   std::vector<int64_t> step();
   // The result of a finished sequence, once. ValueError if `id` has not finished or was taken.
   DecodeResult take_result(int64_t id);
@@ -128,6 +129,9 @@ class Batch {
     int64_t budget = 0;        // tokens it may generate
     int64_t sampled = 0;       // tokens sampled so far
     int64_t cached = 0;        // prompt tokens restored from the prefix cache
+    int64_t draft_room = 0;    // the longest draft it checks (draft_room), 0 without drafts
+    int64_t draft_length = 0;  // its next draft's length at most (next_draft_length)
+    int64_t drafted = 0, accepted = 0;  // draft tokens checked and kept
     bool started = false;      // restored what the cache held and began reading (start_or_wait)
     // Where its chunks end and its state is saved, this step, for rows waiting on it.
     std::vector<int64_t> save_at;
@@ -162,7 +166,18 @@ class Batch {
   void after_chunk(Row& row, int64_t index, int64_t count, const at::Tensor& logits,
                    std::vector<int64_t>& finished);
   void decode_rows(std::vector<int64_t>& finished);
-  // Reads a row's new token back: ends the row when the output or its budget says so.
+  // Each of the first n rows' draft for this step (lookup_draft), empty for rows that do not
+  // decode or find none; no drafts at all when no row has one.
+  std::vector<std::vector<int64_t>> look_up_drafts(int64_t n) const;
+  // The step of decode_rows when rows draft: one pass over each decoding row's fed token and
+  // draft, the other rows padding; each row sampled position by position as steps would be, while
+  // its draft agrees, and the rings given back what its rejected positions overwrote.
+  void check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& drafts,
+                    std::vector<int64_t>& finished);
+  // Counts a row's new token, read back: why it ends the row (a stop id or a cancel, which the
+  // output has seen; or its budget), nullptr when it does not.
+  const char* take(Row& row, int64_t token);
+  // take, and the row finished when it ends.
   void accept(Row& row, int64_t index, int64_t token, std::vector<int64_t>& finished);
   void finish(Row& row, int64_t index, const char* reason, std::vector<int64_t>& finished);
   // Shows the logits [vocab] a row's token is chosen from to its on_logits, and its grammar's

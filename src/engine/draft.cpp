@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ops/attention.h"
+
 namespace torchtpu {
 
 std::vector<int64_t> lookup_draft(const std::vector<int64_t>& prompt,
@@ -32,6 +34,15 @@ std::vector<int64_t> lookup_draft(const std::vector<int64_t>& prompt,
     return tokens;
   }
   return {};
+}
+
+int64_t draft_room(const Drafting& draft, const Rings& rings, const at::Device& device) {
+  const int64_t room = std::min(draft.tokens, rings.min_slots() - 1);
+  return device.is_cpu() ? std::min(room, ops::kMaxFusedQueries - 1) : room;
+}
+
+int64_t next_draft_length(int64_t length, int64_t room, bool kept_whole) {
+  return kept_whole ? std::min(length + 2, room) : std::max<int64_t>(length - 1, 1);
 }
 
 }  // namespace torchtpu

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "model/rings.h"
 
 namespace torchtpu {
 
@@ -16,5 +17,16 @@ namespace torchtpu {
 std::vector<int64_t> lookup_draft(const std::vector<int64_t>& prompt,
                                   const std::vector<int64_t>& output, const Drafting& draft,
                                   int64_t limit);
+
+// The longest draft one pass may check: draft.tokens, within the slots of the smallest ring beside
+// the fed token (a pass must not overwrite its own entries) and, on the CPU, within the query
+// positions the attention kernel of a step takes: a longer pass goes through the composite
+// formula, whose other rounding a bf16 near tie can follow to another token.
+int64_t draft_room(const Drafting& draft, const Rings& rings, const at::Device& device);
+
+// The next draft's length at most, by transformers' heuristic schedule: 2 more after a draft
+// kept whole, 1 fewer after one cut short, so a sequence whose drafts mostly fail stops paying
+// for long passes while one that repeats itself gets the longest.
+int64_t next_draft_length(int64_t length, int64_t room, bool kept_whole);
 
 }  // namespace torchtpu

@@ -21,7 +21,6 @@
 #include "common/memory.h"
 #include "engine/draft.h"
 #include "engine/sequence.h"
-#include "ops/attention.h"
 
 namespace torchtpu {
 namespace {
@@ -497,15 +496,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   auto read_window = [&] { return take(window.to(at::kCPU), std::exchange(pending, 0)); };
   // The first token is read at once so read_s measures the prompt alone.
   bool go_on = take(token.view({1}).to(at::kCPU), 1);
-  // A draft's pass writes each of its positions' slots: at most the smallest ring's, less the
-  // step's own token, and within the tokens the sequence may still generate. On the CPU it
-  // stays within the positions the attention kernel of a step takes: a longer pass goes through
-  // the composite formula, whose other rounding a bf16 near tie can follow to another token.
-  int64_t draft_room = std::min(options.draft.tokens, rings_.min_slots() - 1);
-  if (options_.device.is_cpu()) draft_room = std::min(draft_room, ops::kMaxFusedQueries - 1);
-  // The next draft's length at most, by transformers' heuristic schedule: 2 more after a draft
-  // kept whole, 1 fewer after one cut short, so a sequence whose drafts mostly fail stops paying
-  // for long passes while one that repeats itself gets the longest.
+  const int64_t draft_room = torchtpu::draft_room(options.draft, rings_, options_.device);
   int64_t draft_length = draft_room;
   int64_t drafted = 0, accepted = 0;
   // One pass over the fed token and a draft after it, sampled position by position as steps
@@ -542,9 +533,8 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
       if (!draft.empty()) {
         const int64_t taken = check_draft(step, draft);
         step += taken;
-        draft_length = taken == static_cast<int64_t>(draft.size()) + 1
-                           ? std::min(draft_length + 2, draft_room)
-                           : std::max<int64_t>(draft_length - 1, 1);
+        draft_length = next_draft_length(draft_length, draft_room,
+                                         taken == static_cast<int64_t>(draft.size()) + 1);
         continue;
       }
     }

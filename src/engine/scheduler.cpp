@@ -41,11 +41,6 @@ Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
                      std::to_string(options_.batch.rows) +
                      ": a batch reads every row's token back each step");
   }
-  if (options_.drafts && options_.batch.rows != 1) {
-    throw ValueError("draft_max needs 1 sequence at a time (parallel 1), got " +
-                     std::to_string(options_.batch.rows) +
-                     ": a batch decodes one token a row per step");
-  }
 }
 
 int64_t Scheduler::submit(Submission submission) {

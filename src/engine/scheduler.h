@@ -32,12 +32,8 @@ struct SchedulerOptions {
   // weights, rings and the batch's prefix cache freed) until a submission wakes it, which then
   // waits for the load; below 0: never (llama.cpp's --sleep-idle-seconds).
   double sleep_idle_s = -1;
-  // Sequences draft (speculative decoding, DecodeOptions::draft): they too run one at a time
-  // through Engine::decode, since a batch decodes one token a row per step.
-  bool drafts = false;
-
   // One sequence at a time through Engine::decode, no batch.
-  bool serial() const { return read_every > 1 || drafts; }
+  bool serial() const { return read_every > 1; }
 };
 
 // One sequence for the scheduler. Every callback runs on the owner thread.
@@ -73,8 +69,8 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // ValueError for a negative max_queue or a read_every below 1, or read_every > 1 or drafts with
-  // more than one row.
+  // ValueError for a negative max_queue or a read_every below 1, or read_every > 1 with more than
+  // one row.
   explicit Scheduler(const SchedulerOptions& options);
 
   // Any thread. Queues a sequence and returns its ticket. QueueFull when it would leave more than

@@ -385,7 +385,6 @@ SchedulerOptions scheduler_options(const ServeOptions& options) {
   o.batch.pass_rows = options.pass_rows;
   o.max_queue = options.max_queue;
   o.read_every = options.read_every;
-  o.drafts = options.draft.tokens > 0;
   o.sleep_idle_s = options.sleep_idle_s;
   return o;
 }
@@ -1539,9 +1538,8 @@ ojson Server::engine_json() const {
   const SchedulerStats stats = scheduler_.stats();
   const auto& cache = stats.batch.cache;
   const bool serial = scheduler_.options().serial();
-  out["scheduler"] = {{"mode", !serial                   ? "continuous batching"
-                               : options_.read_every > 1 ? "one sequence at a time (read_every > 1)"
-                                                         : "one sequence at a time (drafts)"},
+  out["scheduler"] = {{"mode", serial ? "one sequence at a time (read_every > 1)"
+                                      : "continuous batching"},
                       {"waiting", stats.waiting},
                       {"running", stats.running},
                       {"rows", stats.batch.rows},
@@ -2061,7 +2059,7 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   }
   check_media_limits(options.media);
   options.draft.validate();
-  // The scheduler checks max_queue, read_every and drafts (with parallel) as it is built.
+  // The scheduler checks max_queue and read_every (with parallel) as it is built.
   Server server(options, std::move(make_engine));
   return server.run();
 }

@@ -436,6 +436,48 @@ TEST(Batch, OnTheStandinDeviceEveryStepRunsAllRowsWithPaddingAndMatchesTheCpu) {
   EXPECT_EQ(lookups.size(), 4u);
 }
 
+// Drafting rows on a fixed-shape device: every pass that checks drafts takes all rows with the
+// rows' longest draft room (3 rows x (1 + 3) tokens), whatever each row found, and each sequence
+// gets the tokens it gets alone on the CPU without drafts.
+TEST(Batch, OnTheStandinDeviceDraftingPassesHaveOneShapeAndMatchTheCpu) {
+  auto cpu = make_engine("cpu");
+  auto standin = make_engine(standin::kName);
+  Batch batch(standin, {.rows = 3});
+  std::vector<Job> jobs;
+  for (int64_t i = 0; i < 3; ++i) {
+    auto prompt = prompt_of(10, 60 + i);
+    const auto once = prompt;
+    prompt.insert(prompt.end(), once.begin(), once.end());
+    auto o = i == 1 ? sampled(20, 9) : greedy(20 + 5 * i);
+    o.draft = {.tokens = 3, .ngram_min = 1};
+    jobs.push_back({prompt, o});
+    batch.submit(jobs.back().prompt, o);
+  }
+  standin::start_recording();
+  const auto results = run(batch);
+  const auto record = standin::stop_recording();
+  int64_t drafted = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    auto alone = jobs[i].options;
+    alone.draft = {};
+    EXPECT_EQ(results.at(i).tokens, cpu.decode(jobs[i].prompt, alone).tokens) << "sequence " << i;
+    drafted += results.at(i).drafted;
+  }
+  EXPECT_GT(drafted, 0);
+  // The embedding lookups of a multiple of the 3 rows are plain steps' 3 tokens and drafting
+  // passes' 12, no other size (this test's prompt chunks come to other sizes).
+  std::map<int64_t, int64_t> all_rows;
+  const std::string lookup = "aten::index_select(Float[512, 64], 0, Long[";
+  for (const auto& line : record) {
+    if (line.rfind(lookup, 0) != 0) continue;
+    const int64_t n = std::stoll(line.substr(lookup.size()));
+    if (n % 3 == 0) ++all_rows[n];
+  }
+  EXPECT_GT(all_rows[12], 0) << "no drafting pass of 3 rows x 4 tokens";
+  EXPECT_GT(all_rows[3], 0) << "no plain step";
+  EXPECT_EQ(all_rows.size(), 2u);
+}
+
 // Issue #20's one program per decode step, with rows joining, leaving and cancelled: every step
 // that reads no prompt (nothing queued or reading when it starts) runs the same device ops, the
 // forward pass, the sampling of all rows and the one read back, whatever the number of live rows

@@ -9,8 +9,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -234,37 +236,126 @@ TEST(SpeculativeDecode, AThinkingBudgetSpentInsideADraftClosesTheBlockAsWithoutO
   EXPECT_NE(std::find(plain.tokens.begin(), plain.tokens.end(), close), plain.tokens.end());
 }
 
-TEST(SpeculativeDecode, BadDraftOptionsAreValueErrorsAndABatchRefusesDrafts) {
+TEST(SpeculativeDecode, BadDraftOptionsAreValueErrors) {
   auto engine = make_engine();
-  auto o = greedy(4, -1);
-  try {
-    engine.decode({2, 3}, o);
-    FAIL() << "a negative draft was accepted";
-  } catch (const ValueError& e) {
-    EXPECT_STREQ(e.what(), "draft_max must be at least 0, got -1");
-  }
-  o.draft = {.tokens = 4, .ngram_min = 3, .ngram_max = 2};
-  try {
-    engine.decode({2, 3}, o);
-    FAIL() << "ngram_max below ngram_min was accepted";
-  } catch (const ValueError& e) {
-    EXPECT_STREQ(e.what(),
-                 "draft_ngram_min must be at least 1 and draft_ngram_max at least draft_ngram_min, "
-                 "got 3 and 2");
-  }
-  o.draft = {.tokens = 4, .ngram_min = 0, .ngram_max = 2};
-  EXPECT_THROW(engine.decode({2, 3}, o), ValueError);
   Batch batch(engine, {.rows = 2});
-  try {
-    batch.submit({2, 3}, greedy(4, 2));
-    FAIL() << "a batch took a draft";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("speculative decoding runs one sequence at a time"),
-              std::string::npos)
-        << e.what();
+  auto o = greedy(4, -1);
+  // The engine's and a batch's checks are one: the same message from both.
+  for (const bool batched : {false, true}) {
+    auto submit = [&] { batched ? (void)batch.submit({2, 3}, o) : (void)engine.decode({2, 3}, o); };
+    o.draft = {.tokens = -1};
+    try {
+      submit();
+      FAIL() << "a negative draft was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_STREQ(e.what(), "draft_max must be at least 0, got -1");
+    }
+    o.draft = {.tokens = 4, .ngram_min = 3, .ngram_max = 2};
+    try {
+      submit();
+      FAIL() << "ngram_max below ngram_min was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_STREQ(e.what(),
+                   "draft_ngram_min must be at least 1 and draft_ngram_max at least "
+                   "draft_ngram_min, got 3 and 2");
+    }
+    o.draft = {.tokens = 4, .ngram_min = 0, .ngram_max = 2};
+    EXPECT_THROW(submit(), ValueError);
   }
+  EXPECT_TRUE(batch.idle());
   // The engine decodes on after the refusals.
   EXPECT_EQ(engine.decode({2, 3}, greedy(4, 2)).tokens, engine.decode({2, 3}, greedy(4)).tokens);
+}
+
+// Rows drafting in a Batch: each sequence gets the tokens and logits it gets decoded alone without
+// drafts, while rows join and leave (so a pass's room changes with the rows decoding: 7 tokens
+// for one, 3 for two, 1 for three), greedy and seeded, a stop and a cancel inside a pass, and the
+// prefix cache saving rows that end inside one and giving their state to later prompts.
+TEST(SpeculativeBatch, EveryRowGetsTheTokensAndLogitsOfDecodingAloneWithoutDrafts) {
+  auto engine = make_engine();
+  struct Job {
+    Ids prompt;
+    DecodeOptions options;
+    std::vector<at::Tensor> logits;
+    int64_t seen = 0;  // tokens on_tokens saw
+  };
+  std::deque<Job> jobs;  // the batch's callbacks hold references
+  for (int64_t salt = 0; salt < 6; ++salt) {
+    auto o = greedy(30 + 9 * salt, 7);
+    if (salt % 2) {
+      o.sampling.temperature = 0.7;
+      o.sampling.top_k = 20;
+      o.sampling.repetition_penalty = 1.05;
+      o.sampling.seed = 5 + salt;
+      o.draft.ngram_min = 1;
+    }
+    jobs.push_back({repeating_prompt(salt), o});
+  }
+  // Job 2 stops at the token it writes 12th decoded freely.
+  const auto free = engine.decode(jobs[2].prompt, jobs[2].options).tokens;
+  jobs[2].options.ignore_eos = false;
+  jobs[2].options.stop_ids = {free.at(11)};
+  Batch batch(engine, {.rows = 3, .cache_bytes = 64 << 20, .cache_block = 8});
+  std::map<int64_t, DecodeResult> results;
+  std::map<int64_t, Job*> by_id;
+  auto submit = [&](Job& job) {
+    by_id[batch.submit(job.prompt, job.options, [&job](const Ids& tokens) {
+      job.seen += static_cast<int64_t>(tokens.size());
+      return true;
+    }, [&job](const at::Tensor& l) { job.logits.push_back(l.clone()); })] = &job;
+  };
+  // A job joins every fourth step; the last is cancelled once it has 10 tokens.
+  bool cancelled = false;
+  for (int64_t step = 0; !batch.idle() || step < 4 * static_cast<int64_t>(jobs.size()); ++step) {
+    if (step % 4 == 0 && step / 4 < static_cast<int64_t>(jobs.size())) submit(jobs[step / 4]);
+    if (!cancelled && jobs.back().seen >= 10) {
+      batch.cancel(5);
+      cancelled = true;
+    }
+    for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
+  }
+  ASSERT_EQ(results.size(), jobs.size());
+  int64_t drafted = 0, accepted = 0;
+  for (const auto& [id, job] : by_id) {
+    SCOPED_TRACE("sequence " + std::to_string(id));
+    auto o = job->options;
+    o.draft.tokens = 0;
+    auto alone = decode(engine, job->prompt, o);
+    const auto& got = results.at(id);
+    if (id == 5) {
+      EXPECT_EQ(got.finish, "cancelled");
+      ASSERT_GE(got.tokens.size(), 10u);
+      alone.result.tokens.resize(got.tokens.size());
+      alone.logits.resize(got.tokens.size());
+      alone.result.finish = "cancelled";
+    }
+    expect_same(alone, {got, job->logits});
+    if (id == 2) EXPECT_EQ(got.finish, "stop");
+    drafted += got.drafted;
+    accepted += got.accepted;
+  }
+  std::cout << "drafted " << drafted << ", accepted " << accepted << "\n";
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+
+  // Later turns from the cache: each prompt, its reply and more, beside each other.
+  std::vector<Ids> turns;
+  for (int64_t id : {0, 1, 2}) {
+    Ids next = by_id[id]->prompt;
+    next.insert(next.end(), results[id].tokens.begin(), results[id].tokens.end());
+    next.insert(next.end(), {7, 8, 9});
+    turns.push_back(next);
+  }
+  for (const auto& t : turns) batch.submit(t, greedy(25, 7));
+  results.clear();
+  while (!batch.idle()) {
+    for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
+  }
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const auto& got = results.at(static_cast<int64_t>(jobs.size() + i));
+    EXPECT_GT(got.cached_tokens, 0) << "turn " << i;
+    EXPECT_EQ(got.tokens, engine.decode(turns[i], greedy(25)).tokens) << "turn " << i;
+  }
 }
 
 }  // namespace

@@ -458,23 +458,27 @@ describe("sampling parameters", () => {
 });
 
 describe("speculative decoding (--draft-max)", () => {
-  test("answers as the batched server does, and counts its drafts in timings", async () => {
-    const drafting = await startServer(["--context", "1024", "--parallel", "1", "--draft-max", "4",
+  test("answers as the server without drafts does, alone or side by side, and counts its " +
+    "drafts in timings", async () => {
+    const drafting = await startServer(["--context", "1024", "--parallel", "4", "--draft-max", "4",
       "--draft-ngram-min", "1", "--metrics-compat", "vllm"]);
     try {
       const c = new OpenAI({ apiKey: "none", baseURL: drafting.baseURL, maxRetries: 0 });
       const engine = await (await fetch(`${drafting.url}/v1/engine`)).json();
       assert.deepEqual(engine.draft, { max: 4, ngram_min: 1, ngram_max: 4 });
-      assert.equal(engine.scheduler.mode, "one sequence at a time (drafts)");
+      assert.equal(engine.scheduler.mode, "continuous batching");
       let drafted = 0;
       let accepted = 0;
-      for (const fields of [{ temperature: 0 }, { temperature: 0.8, seed: 11 }]) {
-        const body = { model: MODEL, messages: ask("Repeat after me: the sea, the sea, the sea."),
-          max_tokens: 48, ignore_eos: true, ...fields };
+      const bodies = [{ temperature: 0 }, { temperature: 0.8, seed: 11 }].map((fields) => ({
+        model: MODEL, messages: ask("Repeat after me: the sea, the sea, the sea."), max_tokens: 48,
+        ignore_eos: true, ...fields }));
+      const answers = [];
+      for (const body of bodies) {
         const plain = await client.chat.completions.create(body);
+        answers.push(plain.choices[0].message.content);
         const got = await c.chat.completions.create(body);
         assert.equal(got.choices[0].message.content, plain.choices[0].message.content,
-          JSON.stringify(fields));
+          JSON.stringify(body));
         assert.equal(got.usage.completion_tokens, 48);
         assert.equal(plain.timings.draft_n, undefined);
         assert.ok(got.timings.draft_n_accepted <= got.timings.draft_n);
@@ -497,6 +501,10 @@ describe("speculative decoding (--draft-max)", () => {
         '"}'), drafted * 2);
       assert.equal(metric(text, 'vllm:spec_decode_num_accepted_tokens_total{model_name="' +
         MODEL + '"}'), accepted * 2);
+      // Side by side, rows of one batch (drafting within the room a pass leaves them).
+      const together = await Promise.all(bodies.map((body) => c.chat.completions.create(body)));
+      assert.deepEqual(together.map((r) => r.choices[0].message.content), answers);
+      assert.ok(together.some((r) => r.timings.draft_n > 0), "no draft beside another row");
     } finally {
       await drafting.stop();
     }

@@ -357,12 +357,9 @@ describe("bad values of the new flags", () => {
       [["--reasoning-budget-message", "Enough.<channel|>"],
         "error: --reasoning-budget-message must not hold the thinking block's <channel|> marker"],
       [["--draft-max", "-1"], "error: draft_max must be at least 0, got -1"],
-      [["--draft-max", "4", "--parallel", "1", "--draft-ngram-max", "1"],
+      [["--draft-max", "4", "--draft-ngram-max", "1"],
         "error: draft_ngram_min must be at least 1 and draft_ngram_max at least draft_ngram_min, " +
         "got 2 and 1"],
-      [["--draft-max", "4"],
-        "error: draft_max needs 1 sequence at a time (parallel 1), got 4: a batch decodes one " +
-        "token a row per step"],
     ]) {
       const { code, stderr } = await refused(args);
       assert.equal(code, 2, `${args.join(" ")}: ${stderr}`);

@@ -68,10 +68,7 @@ def _prompt(n, seed=1, vocab=512):
             lambda e: e.decode([2, 5], 4, draft_max=2, draft_ngram_min=3, draft_ngram_max=2),
             ["draft_ngram_min", "draft_ngram_max", "got 3 and 2"],
         ),
-        (
-            lambda e: e.batch(rows=2).submit([2, 5], 4, draft_max=2),
-            ["draft_max", "one sequence at a time"],
-        ),
+        (lambda e: e.batch(rows=2).submit([2, 5], 4, draft_max=-1), ["draft_max", "-1"]),
     ],
 )
 def test_bad_input_is_value_error(engine, call, words):
@@ -325,6 +322,13 @@ def test_drafts_give_the_tokens_of_plain_decoding(engine):
         stopped = engine.decode(ids, 40, stop=[stop], draft_max=4, draft_ngram_min=1, **sampling)
         assert stopped.finish == "stop"
         assert stopped.tokens == plain.tokens[: plain.tokens.index(stop)]
+        # Several sequences drafting together in a batch: each gets its tokens alone.
+        many = engine.batch(rows=2).decode_many(
+            [ids, ids[:-3]], 40, stop=(), draft_max=4, draft_ngram_min=1, **sampling
+        )
+        assert many[0].tokens == plain.tokens, sampling
+        assert many[1].tokens == engine.decode(ids[:-3], 40, stop=(), **sampling).tokens
+        assert sum(r.drafted for r in many) > 0
 
 
 # --- 5. the GIL is released during decode --------------------------------------------------------

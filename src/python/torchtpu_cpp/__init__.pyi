@@ -264,7 +264,7 @@ class Engine:
         <channel|> are forced. media: the images and clips of `ids` (Engine.media), whose
         placeholders expand_media has expanded. draft_max > 0: speculative decoding by prompt
         lookup (up to draft_max tokens that followed the last draft_ngram_max..draft_ngram_min
-        tokens earlier on, checked in one pass), the same tokens; Batch refuses it."""
+        tokens earlier on, checked in one pass), the same tokens, in a Batch as well."""
 
 class Tokenizer:
     def __init__(self, path: str) -> None: ...

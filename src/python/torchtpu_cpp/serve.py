@@ -114,7 +114,7 @@ def _parse_args(argv):
         type=int,
         default=0,
         help="speculative decoding by prompt lookup: tokens drafted per step at most, from what "
-        "followed the last tokens earlier in the sequence (0: off; above 0 needs --parallel 1)",
+        "followed the last tokens earlier in the sequence (0: off)",
     )
     p.add_argument(
         "--draft-ngram-min",
