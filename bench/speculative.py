@@ -107,7 +107,14 @@ def main():
                     )
                     wall = time.perf_counter() - start
                     timed[k] = sum(len(x.tokens) for x in results) / wall
-                r["streams"][case][n] = {"plain_tok_s": timed[0], "tok_s": timed[7]}
+                r["streams"][case][n] = {
+                    "plain_tok_s": timed[0],
+                    "tok_s": timed[7],
+                    "accepted_of_drafted": [
+                        sum(x.accepted for x in results),
+                        sum(x.drafted for x in results),
+                    ],
+                }
         rounds.append(r)
 
     def median(case, k=None):
@@ -135,6 +142,7 @@ def main():
                 "plain_tok_s": statistics.median(x["plain_tok_s"] for x in runs),
                 "tok_s": statistics.median(x["tok_s"] for x in runs),
                 "over_plain_per_round": [x["tok_s"] / x["plain_tok_s"] for x in runs],
+                "accepted_of_drafted": runs[-1]["accepted_of_drafted"],
             }
     print(
         json.dumps(

@@ -38,9 +38,15 @@ constexpr int64_t kDefaultSharedChunk = 128;
 
 // On the CPU a pass that checks drafts takes at most this many positions, padding counted: the
 // rows the int4 kernel reads its weights once for. One decoding row may draft 7 tokens, two 3
-// each, three or four 1, five or more none: drafts take the room a busy batch leaves, where the
-// rows' multiplies are nearly free, and no more (docs/BENCHMARKS.md, "Speculative decoding").
+// each, three or four 1, five or more none: a drafting pass reads the weights once, as a step
+// does, and a full batch decodes as without drafts (docs/BENCHMARKS.md, "Drafts in a Batch").
 constexpr int64_t kDraftPassPositions = ops::int4_cpu::kMaxRows;
+
+// Host ids or positions as an int64 tensor of `shape` on `device`.
+at::Tensor long_tensor(const std::vector<int64_t>& v, at::IntArrayRef shape,
+                       const at::Device& device) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).view(shape).to(device);
+}
 
 }  // namespace
 
@@ -294,13 +300,11 @@ int64_t Batch::read_together(const std::vector<int64_t>& reading, int64_t budget
     any_final |= row.read + count == static_cast<int64_t>(prompt.size());
   }
   const auto device = engine_.options().device;
-  auto on_device = [&](const std::vector<int64_t>& v, std::vector<int64_t> shape) {
-    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).view(shape).to(device);
-  };
   auto rings = rings_.rows(lo, n);
   const auto logits = engine_.model().forward(
-      on_device(ids, {n, T}), on_device(positions, {n, T}), &rings, /*last_only=*/true,
-      /*no_logits=*/!any_final, /*soft=*/nullptr, on_device(lengths, {n}));
+      long_tensor(ids, {n, T}, device), long_tensor(positions, {n, T}, device), &rings,
+      /*last_only=*/true, /*no_logits=*/!any_final, /*soft=*/nullptr,
+      long_tensor(lengths, {n}, device));
   ++prompt_passes_;
   for (const auto& [i, count] : group) {
     Row& row = rows_[i];
@@ -355,7 +359,7 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
     positions.push_back(row.position);
   }
   const auto ids = at::cat(tokens).view({n, 1});
-  const auto at_positions = at::tensor(positions).view({n, 1}).to(engine_.options().device);
+  const auto at_positions = long_tensor(positions, {n, 1}, engine_.options().device);
   auto rings = rings_.rows(0, n);
   const auto logits = engine_.model().forward(ids, at_positions, &rings).view({n, -1});
   at::Tensor sampled;
@@ -427,13 +431,11 @@ void Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& dra
     }
   }
   const auto device = engine_.options().device;
-  auto on_device = [&](const std::vector<int64_t>& v, std::vector<int64_t> shape) {
-    return at::tensor(v, at::TensorOptions().dtype(at::kLong)).view(shape).to(device);
-  };
   auto rings = rings_.rows(0, n);
-  const auto logits = engine_.model().forward(on_device(ids, {n, T}), on_device(positions, {n, T}),
-                                              &rings, /*last_only=*/false, /*no_logits=*/false,
-                                              /*soft=*/nullptr, on_device(lengths, {n}));
+  const auto logits = engine_.model().forward(
+      long_tensor(ids, {n, T}, device), long_tensor(positions, {n, T}, device), &rings,
+      /*last_only=*/false, /*no_logits=*/false, /*soft=*/nullptr,
+      long_tensor(lengths, {n}, device));
   for (int64_t i = 0; i < n; ++i) {
     Row& row = rows_[i];
     if (!row.decoding()) continue;
