@@ -4,11 +4,11 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <utility>
 
 #include "common/errors.h"
-#include "engine/draft.h"
 #include "ops/int4_cpu.h"
 
 namespace torchtpu {
@@ -347,8 +347,23 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
   }
   if (last < 0) return;
   const int64_t n = fixed_shape_ ? options_.rows : last + 1;
-  if (const auto drafts = look_up_drafts(n); !drafts.empty()) {
-    return check_drafts(n, drafts, finished);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t rows = 0;
+  bool drafting = false, always = false;
+  for (const auto& row : rows_) {
+    if (!row.decoding()) continue;
+    ++rows;
+    drafting |= row.draft_room > 0;
+    always |= row.draft_room > 0 && row.request->options.draft.always;
+  }
+  // The passes of rows that draft teach the gate, with the row count it decides for.
+  auto record = [&](bool drafted, int64_t tokens) {
+    if (!drafting) return;
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    gate_.record(rows, drafted, tokens, took.count());
+  };
+  if (const auto drafts = look_up_drafts(n); !drafts.empty() && (always || gate_.draft(rows))) {
+    return record(/*drafted=*/true, check_drafts(n, drafts, finished));
   }
   std::vector<at::Tensor> tokens;
   std::vector<int64_t> positions, decoding;
@@ -385,6 +400,7 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
     ++row.position;
     accept(row, i, host.data_ptr<int64_t>()[i], finished);
   }
+  record(/*drafted=*/false, rows);
 }
 
 std::vector<std::vector<int64_t>> Batch::look_up_drafts(int64_t n) const {
@@ -407,8 +423,8 @@ std::vector<std::vector<int64_t>> Batch::look_up_drafts(int64_t n) const {
   return drafts;
 }
 
-void Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& drafts,
-                         std::vector<int64_t>& finished) {
+int64_t Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& drafts,
+                            std::vector<int64_t>& finished) {
   RECORD_USER_SCOPE("engine::draft");
   int64_t T = 1;
   for (int64_t i = 0; i < n; ++i) {
@@ -436,6 +452,7 @@ void Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& dra
       long_tensor(ids, {n, T}, device), long_tensor(positions, {n, T}, device), &rings,
       /*last_only=*/false, /*no_logits=*/false, /*soft=*/nullptr,
       long_tensor(lengths, {n}, device));
+  int64_t taken = 0;
   for (int64_t i = 0; i < n; ++i) {
     Row& row = rows_[i];
     if (!row.decoding()) continue;
@@ -453,6 +470,7 @@ void Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& dra
       if (reason || j == count || id != draft[j]) break;
       ++kept;
     }
+    taken += kept + 1;
     row.fed.push_back(ids[i * T]);
     row.fed.insert(row.fed.end(), draft.begin(), draft.begin() + kept);
     row.position = fed + 1 + kept;
@@ -465,6 +483,7 @@ void Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& dra
     // After the rings are whole again: a finished row's state goes to the prefix cache.
     if (reason) finish(row, i, reason, finished);
   }
+  return taken;
 }
 
 std::vector<int64_t> Batch::step() {

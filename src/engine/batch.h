@@ -3,9 +3,10 @@
 // positions, ring slots, sampler row, stop ids, cancel flag and output; sequences join and leave
 // between steps; one step reads prompt chunks within a token budget and then decodes one token
 // for every row past its prompt in a single forward pass, or, where rows draft (speculative
-// decoding, DecodeOptions::draft), checks each row's token and draft in one pass. It belongs to the engine's owner thread
-// and nothing here knows about HTTP, Python or threads: a server puts requests on its own queue
-// to that thread and calls submit, cancel and step there.
+// decoding, DecodeOptions::draft) and drafting pays, checks each row's token and draft in one
+// pass. It belongs to the engine's owner thread and nothing here knows about HTTP, Python or
+// threads: a server puts requests on its own queue to that thread and calls submit, cancel and
+// step there.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -17,6 +18,7 @@
 #include <set>
 #include <vector>
 
+#include "engine/draft.h"
 #include "engine/engine.h"
 #include "engine/prefix_cache.h"
 #include "engine/sequence.h"
@@ -100,7 +102,9 @@ class Batch {
   void cancel(int64_t id);
   // One step: cancels, admits queued sequences into free rows (lowest first), reads prompt chunks
   // within the token budget (oldest sequence first), then decodes one token for every row past
-  // its prompt, and the draft tokens the pass finds room for and the row's output agrees with. Returns the ids that finished in this step, whose results take_result hands over.
+  // its prompt, and the draft tokens the pass finds room for and the row's output agrees with
+  // (where the gate lets the pass check them: DraftGate). Returns the ids that finished in this
+  // step, whose results take_result hands over.
   std::vector<int64_t> step();
   // The result of a finished sequence, once. ValueError if `id` has not finished or was taken.
   DecodeResult take_result(int64_t id);
@@ -171,9 +175,10 @@ class Batch {
   std::vector<std::vector<int64_t>> look_up_drafts(int64_t n) const;
   // The step of decode_rows when rows draft: one pass over each decoding row's fed token and
   // draft, the other rows padding; each row sampled position by position as steps would be, while
-  // its draft agrees, and the rings given back what its rejected positions overwrote.
-  void check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& drafts,
-                    std::vector<int64_t>& finished);
+  // its draft agrees, and the rings given back what its rejected positions overwrote. Returns
+  // the tokens the rows took.
+  int64_t check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& drafts,
+                       std::vector<int64_t>& finished);
   // Counts a row's new token, read back: why it ends the row (a stop id or a cancel, which the
   // output has seen; or its budget), nullptr when it does not.
   const char* take(Row& row, int64_t token);
@@ -189,6 +194,7 @@ class Batch {
   // Whether each step's shapes stay fixed (all rows, padding included) or follow the rows in use:
   // the model's host-side shortcut switch (ModelOptions::attend_filled_slots, the CPU's).
   bool fixed_shape_ = false;
+  DraftGate gate_;   // whether rows that found drafts check them (engine/draft.h)
   Sampler sampler_;  // one row per ring row, through the same ops every step with fixed shapes
   Rings rings_;
   std::vector<Row> rows_;

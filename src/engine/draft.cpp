@@ -45,4 +45,33 @@ int64_t next_draft_length(int64_t length, int64_t room, bool kept_whole) {
   return kept_whole ? std::min(length + 2, room) : std::max<int64_t>(length - 1, 1);
 }
 
+bool DraftGate::draft(int64_t rows) {
+  auto& [step, drafts] = kinds_[rows];
+  // Two steps (a warm-up and one counted), then a drafting pass, before any comparison.
+  bool chosen;
+  if (step.passes < 2 || drafts.passes < 1) {
+    chosen = step.passes >= 2;
+  } else {
+    chosen = drafts.per_second > step.per_second;
+    const Kind& behind = chosen ? step : drafts;
+    if (behind.skipped >= kRetry) chosen = !chosen;
+  }
+  (chosen ? drafts : step).skipped = 0;
+  ++(chosen ? step : drafts).skipped;
+  return chosen;
+}
+
+void DraftGate::record(int64_t rows, bool drafted, int64_t tokens, double seconds) {
+  // Recent passes weigh most: a quarter of the average is the newest pass's rate.
+  constexpr double kWeight = 0.25;
+  Kind& kind = kinds_[rows][drafted ? 1 : 0];
+  const double rate = static_cast<double>(tokens) / std::max(seconds, 1e-9);
+  const int64_t first = drafted ? 1 : 2;  // the first pass counted
+  if (++kind.passes == first) {
+    kind.per_second = rate;
+  } else if (kind.passes > first) {
+    kind.per_second += kWeight * (rate - kind.per_second);
+  }
+}
+
 }  // namespace torchtpu

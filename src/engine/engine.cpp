@@ -526,12 +526,18 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
     position = at::full({1, 1}, p + 1 + kept, on_device);
     return kept + 1;
   };
+  DraftGate gate;
   for (int64_t step = 1; go_on && step < budget;) {
+    const auto start = std::chrono::steady_clock::now();
+    auto seconds = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    };
     if (draft_room > 0) {
       const auto draft = lookup_draft(prompt, output.result().tokens, options.draft,
                                       std::min(draft_length, budget - step - 1));
-      if (!draft.empty()) {
+      if (!draft.empty() && (options.draft.always || gate.draft(1))) {
         const int64_t taken = check_draft(step, draft);
+        gate.record(1, /*drafted=*/true, taken, seconds());
         step += taken;
         draft_length = next_draft_length(draft_length, draft_room,
                                          taken == static_cast<int64_t>(draft.size()) + 1);
@@ -546,6 +552,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
     position = position + 1;
     keep();
     if (pending == options.read_every) go_on = read_window();
+    if (draft_room > 0) gate.record(1, /*drafted=*/false, 1, seconds());
     ++step;
   }
   if (go_on && pending > 0) go_on = read_window();

@@ -100,6 +100,9 @@ struct Drafting {
   int64_t tokens = 0;     // drafted per step at most (draft_max); 0: off
   int64_t ngram_min = 2;  // the shortest run of last tokens looked up
   int64_t ngram_max = 4;  // the longest, tried first
+  // Check every draft found, whatever it costs; else only while drafts give tokens faster than
+  // steps do (DraftGate in engine/draft.h).
+  bool always = false;
 
   // ValueError naming draft_max, draft_ngram_min or draft_ngram_max.
   void validate() const;
@@ -117,7 +120,8 @@ struct DecodeOptions {
   std::shared_ptr<Constraint> constraint;
   // Reads every token back too, as a constraint does.
   std::optional<ThinkingBudget> thinking_budget;
-  // Engine::decode only (a Batch decodes one token a row per step); reads every token back too.
+  // Speculative decoding by prompt lookup, in Engine::decode and in a Batch; reads every token
+  // back too.
   Drafting draft;
 };
 

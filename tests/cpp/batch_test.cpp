@@ -449,7 +449,7 @@ TEST(Batch, OnTheStandinDeviceDraftingPassesHaveOneShapeAndMatchTheCpu) {
     const auto once = prompt;
     prompt.insert(prompt.end(), once.begin(), once.end());
     auto o = i == 1 ? sampled(20, 9) : greedy(20 + 5 * i);
-    o.draft = {.tokens = 3, .ngram_min = 1};
+    o.draft = {.tokens = 3, .ngram_min = 1, .always = true};
     jobs.push_back({prompt, o});
     batch.submit(jobs.back().prompt, o);
   }

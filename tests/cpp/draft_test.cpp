@@ -61,6 +61,33 @@ TEST(LookupDraft, PrefersTheLongestRunAndStopsAtTheShortest) {
   EXPECT_EQ(lookup_draft({}, {3}, ngrams(1, 4), 4), Ids{});
 }
 
+// The gate's choices, from passes timed by hand.
+TEST(DraftGate, ChecksDraftsWhileTheyGiveTokensFasterAndRetriesTheKindBehind) {
+  DraftGate gate;
+  // Steps first, two of them (the first a warm-up), then a drafting pass.
+  EXPECT_FALSE(gate.draft(1));
+  gate.record(1, false, 1, 0.5);  // warm-up: its rate is not counted
+  EXPECT_FALSE(gate.draft(1));
+  gate.record(1, false, 1, 0.1);  // 10 tokens a second
+  EXPECT_TRUE(gate.draft(1));
+  gate.record(1, true, 2, 0.4);  // 5 a second: steps are faster
+  for (int64_t i = 0; i < DraftGate::kRetry; ++i) {
+    EXPECT_FALSE(gate.draft(1)) << "pass " << i;
+    gate.record(1, false, 1, 0.1);
+  }
+  // Drafts are tried again, and now give 45 a second: 5 + (45 - 5) / 4 = 15 on average.
+  EXPECT_TRUE(gate.draft(1));
+  gate.record(1, true, 9, 0.2);
+  // That pass was the first of 16 without a step.
+  for (int64_t i = 1; i < DraftGate::kRetry; ++i) {
+    EXPECT_TRUE(gate.draft(1)) << "pass " << i;
+    gate.record(1, true, 3, 0.2);  // 15 a second
+  }
+  EXPECT_FALSE(gate.draft(1)) << "steps were not tried again";
+  // Another number of rows decoding learns its own rates.
+  EXPECT_FALSE(gate.draft(2));
+}
+
 std::string tiny_dir() { return testing::tiny_checkpoint("draft-tiny", 5); }
 
 Engine make_engine() { return Engine(testing::tiny_engine_options(tiny_dir(), 16)); }
@@ -75,11 +102,14 @@ Ids repeating_prompt(int64_t salt) {
   return ids;
 }
 
+// Drafts are checked whenever found (Drafting::always): these tests check the drafting itself,
+// which the gate would leave out on passes it times as too slow.
 DecodeOptions greedy(int64_t max_new, int64_t draft = 0) {
   DecodeOptions o;
   o.max_new = max_new;
   o.ignore_eos = true;
   o.draft.tokens = draft;
+  o.draft.always = true;
   return o;
 }
 
@@ -128,6 +158,42 @@ TEST(SpeculativeDecode, GreedyGivesTheTokensAndLogitsOfPlainDecoding) {
   // were put back).
   EXPECT_GT(accepted, 0);
   EXPECT_LT(accepted, drafted);
+}
+
+// With the gate deciding (Drafting::always off) drafts are tried once steps are timed, whatever
+// the timings, and the tokens and logits are plain decoding's, alone and in a Batch.
+TEST(SpeculativeDecode, GatedDraftsGiveThePlainTokensAloneAndInABatch) {
+  auto engine = make_engine();
+  auto o = greedy(60, 4);
+  o.draft.always = false;
+  std::vector<Decoded> plain;
+  int64_t drafted = 0;
+  for (int64_t salt = 0; salt < 3; ++salt) {
+    plain.push_back(decode(engine, repeating_prompt(salt), greedy(60)));
+    const auto with = decode(engine, repeating_prompt(salt), o);
+    expect_same(plain.back(), with);
+    drafted += with.result.drafted;
+  }
+  EXPECT_GT(drafted, 0);
+
+  Batch batch(engine, {.rows = 3});
+  std::vector<std::vector<at::Tensor>> logits(plain.size());
+  for (size_t salt = 0; salt < plain.size(); ++salt) {
+    batch.submit(repeating_prompt(static_cast<int64_t>(salt)), o, {},
+                 [&logits, salt](const at::Tensor& l) { logits[salt].push_back(l.clone()); });
+  }
+  std::map<int64_t, DecodeResult> results;
+  while (!batch.idle()) {
+    for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
+  }
+  drafted = 0;
+  for (size_t salt = 0; salt < plain.size(); ++salt) {
+    SCOPED_TRACE("sequence " + std::to_string(salt));
+    const auto& got = results.at(static_cast<int64_t>(salt));
+    expect_same(plain[salt], {got, logits[salt]});
+    drafted += got.drafted;
+  }
+  EXPECT_GT(drafted, 0);
 }
 
 // At bf16 a pass over more positions than the CPU's attention kernel takes would round otherwise
