@@ -42,6 +42,9 @@ void add_draft_flags(CLI::App& cmd, Drafting& draft) {
       ->capture_default_str();
   cmd.add_option("--draft-ngram-max", draft.ngram_max, "Longest run, tried first")
       ->capture_default_str();
+  cmd.add_flag("--draft-always", draft.always,
+               "Check every draft found, even while drafts give tokens slower than plain steps "
+               "(by default they are checked only while they give them faster)");
 }
 
 void EngineFlags::add_to(CLI::App& cmd) {

@@ -14,8 +14,8 @@ namespace torchtpu::cli {
 // --no-vision, --no-audio into `settings` (every command that builds an engine; `serve` too).
 void add_engine_settings(CLI::App& cmd, EngineSettings& settings);
 
-// --draft-max, --draft-ngram-min, --draft-ngram-max into `draft` (speculative decoding by prompt
-// lookup: generate and serve).
+// --draft-max, --draft-ngram-min, --draft-ngram-max, --draft-always into `draft` (speculative
+// decoding by prompt lookup: generate and serve).
 void add_draft_flags(CLI::App& cmd, Drafting& draft);
 
 struct EngineFlags {

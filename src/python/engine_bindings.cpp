@@ -292,13 +292,14 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
           std::optional<uint64_t> seed, std::optional<std::string> grammar_kind,
           const std::string& grammar, std::optional<int64_t> thinking_budget,
           const std::string& thinking_budget_message, const std::vector<Media>& media,
-          int64_t draft_max, int64_t draft_ngram_min, int64_t draft_ngram_max) {
+          int64_t draft_max, int64_t draft_ngram_min, int64_t draft_ngram_max,
+          bool draft_always) {
         return f(self, first, on_tokens,
                  DecodeArgs{max_new, std::move(stop), read_every, temperature, top_k, top_p, min_p,
                             repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
                             seed, std::move(grammar_kind), grammar, thinking_budget,
                             thinking_budget_message, media,
-                            Drafting{draft_max, draft_ngram_min, draft_ngram_max}});
+                            Drafting{draft_max, draft_ngram_min, draft_ngram_max, draft_always}});
       },
       doc, py::arg(first_name), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
       py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
@@ -310,7 +311,7 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
       py::arg("thinking_budget") = py::none(), py::arg("thinking_budget_message") = "",
       py::arg("media") = std::vector<Media>{}, py::arg("draft_max") = 0,
       py::arg("draft_ngram_min") = Drafting{}.ngram_min,
-      py::arg("draft_ngram_max") = Drafting{}.ngram_max);
+      py::arg("draft_ngram_max") = Drafting{}.ngram_max, py::arg("draft_always") = false);
 }
 
 // torchtpu_cpp.Batch: a Batch over the engine's model, owned by the engine's owner thread (every

@@ -30,7 +30,7 @@ void bind_serve(py::module_& m) {
          int64_t max_audio_bytes, int64_t image_tokens, bool allow_media_urls,
          double media_url_timeout_s, bool no_vision, bool no_audio,
          const std::string& mcp_media_dir, int64_t draft_max, int64_t draft_ngram_min,
-         int64_t draft_ngram_max) {
+         int64_t draft_ngram_max, bool draft_always) {
         server::ServeOptions options;
         options.model_dir = model_dir;
         options.engine.emb4_dir = emb4_dir;
@@ -69,7 +69,7 @@ void bind_serve(py::module_& m) {
         options.engine.no_vision = no_vision;
         options.engine.no_audio = no_audio;
         options.mcp_media_dir = mcp_media_dir;
-        options.draft = Drafting{draft_max, draft_ngram_min, draft_ngram_max};
+        options.draft = Drafting{draft_max, draft_ngram_min, draft_ngram_max, draft_always};
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
         options.install_signal_handlers = false;
@@ -113,7 +113,7 @@ void bind_serve(py::module_& m) {
       py::arg("no_vision") = false, py::arg("no_audio") = false, py::arg("mcp_media_dir") = "",
       py::arg("draft_max") = 0,
       py::arg("draft_ngram_min") = Drafting{}.ngram_min,
-      py::arg("draft_ngram_max") = Drafting{}.ngram_max,
+      py::arg("draft_ngram_max") = Drafting{}.ngram_max, py::arg("draft_always") = false,
       "Runs the OpenAI-compatible server until request_stop(); returns the "
       "exit code. Blocks the "
       "calling thread with the GIL released; installs no signal handlers.");

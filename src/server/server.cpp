@@ -1530,7 +1530,8 @@ ojson Server::engine_json() const {
   out["read_every"] = options_.read_every;
   out["draft"] = {{"max", options_.draft.tokens},
                   {"ngram_min", options_.draft.ngram_min},
-                  {"ngram_max", options_.draft.ngram_max}};
+                  {"ngram_max", options_.draft.ngram_max},
+                  {"always", options_.draft.always}};
   out["max_queue"] = options_.max_queue;
   out["parallel"] = options_.parallel;
   out["reasoning_budget"] = options_.reasoning_budget;

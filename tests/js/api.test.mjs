@@ -461,11 +461,11 @@ describe("speculative decoding (--draft-max)", () => {
   test("answers as the server without drafts does, alone or side by side, and counts its " +
     "drafts in timings", async () => {
     const drafting = await startServer(["--context", "1024", "--parallel", "4", "--draft-max", "4",
-      "--draft-ngram-min", "1", "--metrics-compat", "vllm"]);
+      "--draft-ngram-min", "1", "--draft-always", "--metrics-compat", "vllm"]);
     try {
       const c = new OpenAI({ apiKey: "none", baseURL: drafting.baseURL, maxRetries: 0 });
       const engine = await (await fetch(`${drafting.url}/v1/engine`)).json();
-      assert.deepEqual(engine.draft, { max: 4, ngram_min: 1, ngram_max: 4 });
+      assert.deepEqual(engine.draft, { max: 4, ngram_min: 1, ngram_max: 4, always: true });
       assert.equal(engine.scheduler.mode, "continuous batching");
       let drafted = 0;
       let accepted = 0;

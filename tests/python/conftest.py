@@ -119,6 +119,7 @@ class Cli:
         activation_bits=None,
         draft_max=None,
         draft_ngram_min=None,
+        draft_always=False,
     ):
         """`generate --json`: returns (parsed JSON, dumped logits {name: float32 array} or None)."""
         args = [
@@ -153,6 +154,8 @@ class Cli:
             args += ["--draft-max", draft_max]
         if draft_ngram_min:
             args += ["--draft-ngram-min", draft_ngram_min]
+        if draft_always:
+            args.append("--draft-always")
         out = json.loads(self(*args).stdout)
         if not dump:
             return out, None

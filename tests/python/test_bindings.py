@@ -309,23 +309,25 @@ def test_decode_stops_and_streams(engine):
 
 
 def test_drafts_give_the_tokens_of_plain_decoding(engine):
-    """Speculative decoding by prompt lookup: the same tokens and stop, the drafts counted."""
+    """Speculative decoding by prompt lookup: the same tokens and stop, the drafts counted, with
+    every draft checked (draft_always) and as the engine's timing chooses."""
     part = _prompt(7, seed=6)[1:]
     ids = [2] + part + part + part[:2]
+    drafts = {"draft_max": 4, "draft_ngram_min": 1, "draft_always": True}
     for sampling in ({}, {"temperature": 0.8, "top_k": 40, "seed": 5}):
         plain = engine.decode(ids, 40, stop=(), **sampling)
-        drafted = engine.decode(ids, 40, stop=(), draft_max=4, draft_ngram_min=1, **sampling)
+        drafted = engine.decode(ids, 40, stop=(), **drafts, **sampling)
         assert drafted.tokens == plain.tokens, sampling
         assert plain.drafted == plain.accepted == 0
         assert 0 < drafted.drafted and 0 <= drafted.accepted <= drafted.drafted
+        gated = engine.decode(ids, 40, stop=(), **{**drafts, "draft_always": False}, **sampling)
+        assert gated.tokens == plain.tokens, sampling
         stop = plain.tokens[len(plain.tokens) // 2]
-        stopped = engine.decode(ids, 40, stop=[stop], draft_max=4, draft_ngram_min=1, **sampling)
+        stopped = engine.decode(ids, 40, stop=[stop], **drafts, **sampling)
         assert stopped.finish == "stop"
         assert stopped.tokens == plain.tokens[: plain.tokens.index(stop)]
         # Several sequences drafting together in a batch: each gets its tokens alone.
-        many = engine.batch(rows=2).decode_many(
-            [ids, ids[:-3]], 40, stop=(), draft_max=4, draft_ngram_min=1, **sampling
-        )
+        many = engine.batch(rows=2).decode_many([ids, ids[:-3]], 40, stop=(), **drafts, **sampling)
         assert many[0].tokens == plain.tokens, sampling
         assert many[1].tokens == engine.decode(ids[:-3], 40, stop=(), **sampling).tokens
         assert sum(r.drafted for r in many) > 0

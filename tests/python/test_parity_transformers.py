@@ -59,7 +59,8 @@ def test_drafts_give_the_tokens_of_transformers_prompt_lookup(checkpoint, cli, t
     decoding (generate with prompt_lookup_num_tokens), whose tokens are its greedy ones: tokens
     one for one and every step's logits within TOL, after a prompt that repeats itself, so that
     drafts are made, kept and rejected while the sliding rings wrap. Drafts are looked up by runs
-    down to one token: a random model's output need not repeat a pair in 64 tokens."""
+    down to one token: a random model's output need not repeat a pair in 64 tokens. Every draft
+    found is checked (--draft-always), whatever the engine's timing would choose."""
     label, path = checkpoint
     model = hf_tiny.load(path)
     model.generation_config.eos_token_id = None  # as --ignore-eos
@@ -74,6 +75,7 @@ def test_drafts_give_the_tokens_of_transformers_prompt_lookup(checkpoint, cli, t
         dump=str(tmp_path / "drafts.safetensors"),
         draft_max=4,
         draft_ngram_min=1,
+        draft_always=True,
     )
     looked_up = model.generate(
         torch.tensor([ids]), max_new_tokens=N_NEW, do_sample=False, prompt_lookup_num_tokens=4

@@ -106,6 +106,7 @@ class Batch:
         draft_max: int = 0,
         draft_ngram_min: int = 2,
         draft_ngram_max: int = 4,
+        draft_always: bool = False,
     ) -> int:
         """Queues a sequence with Engine.decode's arguments (read_every taken as 1); its id."""
     def decode_many(
@@ -133,6 +134,7 @@ class Batch:
         draft_max: int = 0,
         draft_ngram_min: int = 2,
         draft_ngram_max: int = 4,
+        draft_always: bool = False,
     ) -> list[DecodeResult]:
         """Every prompt decoded together with the same arguments; results in order, each what
         Engine.decode gives that prompt alone. on_tokens(index, tokens); falsy cancels one."""
@@ -254,6 +256,7 @@ class Engine:
         draft_max: int = 0,
         draft_ngram_min: int = 2,
         draft_ngram_max: int = 4,
+        draft_always: bool = False,
     ) -> DecodeResult:
         """Decode (greedy unless temperature > 0) ending at a stop id (None: the checkpoint's eos
         ids; empty: none), max_new tokens, or a falsy on_tokens return ("cancelled").
@@ -264,7 +267,8 @@ class Engine:
         <channel|> are forced. media: the images and clips of `ids` (Engine.media), whose
         placeholders expand_media has expanded. draft_max > 0: speculative decoding by prompt
         lookup (up to draft_max tokens that followed the last draft_ngram_max..draft_ngram_min
-        tokens earlier on, checked in one pass), the same tokens, in a Batch as well."""
+        tokens earlier on, checked in one pass), the same tokens, in a Batch as well; a draft is
+        checked only while drafts give tokens faster than plain steps, unless draft_always."""
 
 class Tokenizer:
     def __init__(self, path: str) -> None: ...

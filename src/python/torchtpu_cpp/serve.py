@@ -126,6 +126,11 @@ def _parse_args(argv):
         "--draft-ngram-max", type=int, default=4, help="longest run, tried first"
     )
     p.add_argument(
+        "--draft-always",
+        action="store_true",
+        help="check every draft found, even while drafts give tokens slower than plain steps",
+    )
+    p.add_argument(
         "--served-model-name",
         action="extend",
         nargs="+",
@@ -256,6 +261,7 @@ def main(argv=None):
                 draft_max=args.draft_max,
                 draft_ngram_min=args.draft_ngram_min,
                 draft_ngram_max=args.draft_ngram_max,
+                draft_always=args.draft_always,
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
                 metrics_compat=args.metrics_compat,
