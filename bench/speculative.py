@@ -20,6 +20,10 @@ Three measures, each against plain decoding in the same round:
   together (Batch.decode_many, wall time, prompts included) with drafts over without. A pass's
   drafts share 8 positions on the CPU, so one stream drafts 7 tokens, two 3 each, four 1 each.
 
+Every drafting decode runs twice: with drafts checked whenever found (`draft_always`) and as
+by default, where the engine's gate checks them only while drafting passes give tokens faster
+than plain steps (engine/draft.h, DraftGate).
+
 Prints one JSON object; docs/BENCHMARKS.md, "Speculative decoding by prompt lookup", has the
 figures.
 """
@@ -32,6 +36,7 @@ import time
 import torchtpu_cpp as tt
 
 FORCED = 1234  # an ordinary id the bias forces
+MODES = {"always": {"draft_always": True}, "gated": {}}
 
 
 def rate(result):
@@ -85,13 +90,22 @@ def main():
         plain = engine.decode([2, 5, 7], args.new, stop=(), **forced)
         r["kept_all"]["plain_tok_s"] = rate(plain)
         for k in drafts:
-            d = engine.decode([2, 5, 7], args.new, stop=(), draft_max=k, **forced)
-            r["kept_all"][k] = outcome(d, plain)
+            r["kept_all"][k] = {
+                mode: outcome(
+                    engine.decode([2, 5, 7], args.new, stop=(), draft_max=k, **forced, **how),
+                    plain,
+                )
+                for mode, how in MODES.items()
+            }
         plain = engine.decode(quoting, args.new, stop=())
         r["own"]["plain_tok_s"] = rate(plain)
         for k in drafts:
-            d = engine.decode(quoting, args.new, stop=(), draft_max=k)
-            r["own"][k] = outcome(d, plain)
+            r["own"][k] = {
+                mode: outcome(
+                    engine.decode(quoting, args.new, stop=(), draft_max=k, **how), plain
+                )
+                for mode, how in MODES.items()
+            }
         r["streams"] = {"kept_all": {}, "own": {}}
         for n in streams:
             cases = {
@@ -99,51 +113,54 @@ def main():
                 "own": ([[2] + (passage[i:] + passage[:i]) * 3 for i in range(n)], {}),
             }
             for case, (prompts, bias) in cases.items():
-                timed = {}
-                for k in (0, 7):
+                timed, kept = {}, {}
+                for mode, how in {"plain": {"draft_max": 0}, **MODES}.items():
+                    options = {"draft_max": 7, **how}
                     start = time.perf_counter()
                     results = engine.batch(rows=n).decode_many(
-                        prompts, args.new, stop=(), draft_max=k, **bias
+                        prompts, args.new, stop=(), **options, **bias
                     )
                     wall = time.perf_counter() - start
-                    timed[k] = sum(len(x.tokens) for x in results) / wall
-                r["streams"][case][n] = {
-                    "plain_tok_s": timed[0],
-                    "tok_s": timed[7],
-                    "accepted_of_drafted": [
+                    timed[mode] = sum(len(x.tokens) for x in results) / wall
+                    kept[mode] = [
                         sum(x.accepted for x in results),
                         sum(x.drafted for x in results),
-                    ],
+                    ]
+                r["streams"][case][n] = {
+                    "plain_tok_s": timed["plain"],
+                    **{
+                        mode: {"tok_s": timed[mode], "accepted_of_drafted": kept[mode]}
+                        for mode in MODES
+                    },
                 }
         rounds.append(r)
 
-    def median(case, k=None):
-        values = [r[case]["plain_tok_s"] if k is None else r[case][k]["tok_s"] for r in rounds]
-        return statistics.median(values)
-
     summary = {}
     for case in ("kept_all", "own"):
-        plain = median(case)
+        plain = statistics.median(r[case]["plain_tok_s"] for r in rounds)
         summary[case] = {"plain_tok_s": plain}
         for k in drafts:
-            with_k = median(case, k)
-            entry = {"tok_s": with_k, "over_plain": with_k / plain}
-            last = rounds[-1][case][k]
-            entry["accepted_of_drafted"] = [last["accepted"], last["drafted"]]
-            entry["first_difference"] = [r[case][k]["first_difference"] for r in rounds]
-            if case == "kept_all":
-                entry["pass_cost_in_steps"] = (k + 1) * plain / with_k
-            summary[case][k] = entry
+            summary[case][k] = {}
+            for mode in MODES:
+                runs = [r[case][k][mode] for r in rounds]
+                with_k = statistics.median(x["tok_s"] for x in runs)
+                entry = {"tok_s": with_k, "over_plain": with_k / plain}
+                entry["accepted_of_drafted"] = [runs[-1]["accepted"], runs[-1]["drafted"]]
+                entry["first_difference"] = [x["first_difference"] for x in runs]
+                if case == "kept_all":
+                    entry["pass_cost_in_steps"] = (k + 1) * plain / with_k
+                summary[case][k][mode] = entry
     summary["streams"] = {"kept_all": {}, "own": {}}
     for case, by_streams in summary["streams"].items():
         for n in streams:
             runs = [r["streams"][case][n] for r in rounds]
-            by_streams[n] = {
-                "plain_tok_s": statistics.median(x["plain_tok_s"] for x in runs),
-                "tok_s": statistics.median(x["tok_s"] for x in runs),
-                "over_plain_per_round": [x["tok_s"] / x["plain_tok_s"] for x in runs],
-                "accepted_of_drafted": runs[-1]["accepted_of_drafted"],
-            }
+            by_streams[n] = {"plain_tok_s": statistics.median(x["plain_tok_s"] for x in runs)}
+            for mode in MODES:
+                by_streams[n][mode] = {
+                    "tok_s": statistics.median(x[mode]["tok_s"] for x in runs),
+                    "over_plain_per_round": [x[mode]["tok_s"] / x["plain_tok_s"] for x in runs],
+                    "accepted_of_drafted": runs[-1][mode]["accepted_of_drafted"],
+                }
     print(
         json.dumps(
             {
