@@ -180,6 +180,14 @@ void parse_common(const ojson& body, GenerationRequest& r) {
       if (!r.thinking_budget) r.thinking_budget = n;
     }
   }
+  if (auto n = get_int(body, "speculative.n_max")) {
+    if (*n < 0) {
+      throw ApiError(400,
+                     "'speculative.n_max' must be 0 (no drafts) or more, got " + std::to_string(*n),
+                     "invalid_request_error", "speculative.n_max", "invalid_value");
+    }
+    r.draft_max = n;
+  }
   r.response_format = parse_response_format(body);
 }
 

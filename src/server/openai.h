@@ -108,6 +108,10 @@ struct GenerationRequest {
   // thinking_token_budget, llama.cpp's reasoning_budget_tokens); -1: no limit; none: the
   // server's --reasoning-budget.
   std::optional<int64_t> thinking_budget;
+  // Draft tokens a step at most for this request (llama-server's speculative.n_max): 0 turns
+  // speculative decoding off, more turns it on with the server's n-gram settings; none: the
+  // server's --draft-max.
+  std::optional<int64_t> draft_max;
   SamplingRequest sampling;
   // logprobs of the returned tokens, and how many alternatives per position (0-20). Chat:
   // logprobs=true plus top_logprobs; completions: logprobs=N sets both.

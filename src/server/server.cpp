@@ -844,7 +844,7 @@ ojson Server::timings_json(const Job& job) const {
                                       ? ojson(static_cast<double>(r.tokens.size() - 1) / r.decode_s)
                                       : ojson(nullptr);
   // llama-server's names for the draft tokens checked and kept.
-  if (options_.draft.tokens > 0) {
+  if (job.decode.draft.tokens > 0) {
     t["draft_n"] = r.drafted;
     t["draft_n_accepted"] = r.accepted;
   }
@@ -1273,6 +1273,7 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   job->decode.max_new = r.max_tokens.value_or(options_.engine.context);
   job->decode.read_every = options_.read_every;
   job->decode.draft = options_.draft;
+  job->decode.draft.tokens = r.draft_max.value_or(options_.draft.tokens);
   job->decode.ignore_eos = r.ignore_eos;
   job->decode.constraint = constraint_for(r, chat, job->parser_prefix);
   if (const int64_t thinking = r.thinking_budget.value_or(options_.reasoning_budget);

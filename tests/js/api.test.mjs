@@ -505,8 +505,40 @@ describe("speculative decoding (--draft-max)", () => {
       const together = await Promise.all(bodies.map((body) => c.chat.completions.create(body)));
       assert.deepEqual(together.map((r) => r.choices[0].message.content), answers);
       assert.ok(together.some((r) => r.timings.draft_n > 0), "no draft beside another row");
+      // A request turns drafts off for itself (llama-server's speculative.n_max)...
+      const off = await c.chat.completions.create({ ...bodies[0], "speculative.n_max": 0 });
+      assert.equal(off.choices[0].message.content, answers[0]);
+      assert.equal(off.timings.draft_n, undefined);
     } finally {
       await drafting.stop();
     }
   });
+
+  test("a request turns drafts on for itself with speculative.n_max; a wrong one is a 400",
+    async () => {
+      const body = { model: MODEL, messages: ask("Repeat after me: the sea, the sea, the sea."),
+        max_tokens: 48, ignore_eos: true, temperature: 0 };
+      const plain = await client.chat.completions.create(body);
+      assert.equal(plain.timings.draft_n, undefined);
+      // This server runs without --draft-max: the request's own drafts, checked while they pay,
+      // give the same answer. The first pass that finds a draft after two steps checks it.
+      const drafted = await client.chat.completions.create({ ...body, "speculative.n_max": 4 });
+      assert.equal(drafted.choices[0].message.content, plain.choices[0].message.content);
+      assert.ok(drafted.timings.draft_n > 0, JSON.stringify(drafted.timings));
+      assert.ok(drafted.timings.draft_n_accepted <= drafted.timings.draft_n);
+      const text = await client.completions.create({ model: MODEL, prompt: "the sea, the sea, the sea,",
+        max_tokens: 24, ignore_eos: true, temperature: 0, "speculative.n_max": 3 });
+      assert.ok(text.timings.draft_n >= 0, JSON.stringify(text.timings));
+      for (const [value, message] of [
+        [-1, "'speculative.n_max' must be 0 (no drafts) or more, got -1"],
+        [2.5, "'speculative.n_max' must be an integer, got a number"],
+        ["4", "'speculative.n_max' must be an integer, got a string"],
+      ]) {
+        const e = await client.chat.completions.create({ ...body, "speculative.n_max": value })
+          .catch((x) => x);
+        assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+        assert.equal(e.error.param, "speculative.n_max");
+        assert.equal(e.error.message, message);
+      }
+    });
 });
