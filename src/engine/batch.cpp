@@ -50,7 +50,7 @@ at::Tensor long_tensor(const std::vector<int64_t>& v, at::IntArrayRef shape,
 
 }  // namespace
 
-Batch::Batch(Engine& engine, const BatchOptions& options)
+Batch::Batch(Engine& engine, const BatchOptions& options, std::optional<PrefixCache> cache)
     : engine_(engine),
       options_(checked(options)),
       fixed_shape_(!engine.model_options().attend_filled_slots),
@@ -81,7 +81,11 @@ Batch::Batch(Engine& engine, const BatchOptions& options)
   rings_ = Rings(engine.config(), o.context, options_.rows, o.dtype, o.device);
   rows_.resize(options_.rows);
   pad_token_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(o.device));
-  if (options_.cache_bytes > 0) cache_.emplace(options_.cache_bytes, options_.cache_block);
+  if (cache) {
+    cache_ = std::move(cache);
+  } else if (options_.cache_bytes > 0) {
+    cache_.emplace(options_.cache_bytes, options_.cache_block);
+  }
 }
 
 int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,

@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "engine/draft.h"
@@ -86,8 +87,9 @@ class Batch {
  public:
   // Rings for `options.rows` sequences on the engine's device (each as large as the engine's
   // own). The engine must outlive the batch. ValueError for rows < 1, a step_tokens of rows or
-  // fewer, or a negative pass_rows.
-  Batch(Engine& engine, const BatchOptions& options);
+  // fewer, or a negative pass_rows. `cache`: an earlier batch's prefix cache on this engine
+  // (take_cache) to go on with, instead of a new one of options.cache_bytes.
+  Batch(Engine& engine, const BatchOptions& options, std::optional<PrefixCache> cache = {});
 
   // Queues a sequence and returns its id (0, 1, 2, ... per batch). The checks of Engine::decode
   // (ValueError); read_every is taken as 1 (every step reads each row's token back, to see stops
@@ -106,6 +108,9 @@ class Batch {
   // (where the gate lets the pass check them: DraftGate). Returns the ids that finished in this
   // step, whose results take_result hands over.
   std::vector<int64_t> step();
+  // Hands the prefix cache over, states and counters, for a later batch on the same engine (the
+  // scheduler keeps it while the engine sleeps); this batch saves and restores nothing after.
+  std::optional<PrefixCache> take_cache() { return std::exchange(cache_, std::nullopt); }
   // The result of a finished sequence, once. ValueError if `id` has not finished or was taken.
   DecodeResult take_result(int64_t id);
 

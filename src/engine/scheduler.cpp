@@ -144,8 +144,6 @@ void Scheduler::sleep(Engine& engine) {
     std::lock_guard lock(mutex_);
     stats_.asleep = true;
     ++stats_.sleeps;
-    stats_.batch.cache.states = 0;
-    stats_.batch.cache.bytes = 0;
   }
 }
 
@@ -191,6 +189,9 @@ void Scheduler::run_batch(Engine& engine) {
     stats_.batch = batch->stats();
   }
   std::map<int64_t, Entry> running;  // by the batch's id
+  // The prefix cache while the engine sleeps: a chat's next turn, however late, still starts
+  // from its history (at most cache_bytes stay held).
+  std::optional<PrefixCache> kept;
   while (true) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
@@ -200,7 +201,8 @@ void Scheduler::run_batch(Engine& engine) {
         take_work(idle, free_rows, sleep_after(engine), admitted, dropped, cancels);
     if (taken == Taken::kStopped) break;
     if (taken == Taken::kIdleTooLong) {
-      // The batch's rings and prefix cache go with the weights.
+      // The batch's rings go with the weights.
+      kept = batch->take_cache();
       batch.reset();
       sleep(engine);
       continue;
@@ -212,7 +214,7 @@ void Scheduler::run_batch(Engine& engine) {
       if (cancels.count(entry.ticket) > 0) batch->cancel(id);
     }
     if (!wake(engine, admitted)) continue;
-    if (!batch) batch.emplace(engine, options_.batch);
+    if (!batch) batch.emplace(engine, options_.batch, std::exchange(kept, std::nullopt));
     for (auto& entry : admitted) {
       auto& s = entry.submission;
       int64_t id;

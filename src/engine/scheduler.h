@@ -29,8 +29,9 @@ struct SchedulerOptions {
   // read); a batch reads every row's token back each step, to see stops and free rows.
   int64_t read_every = 1;
   // With nothing waiting or running for this many seconds the engine sleeps (Engine::sleep: its
-  // weights, rings and the batch's prefix cache freed) until a submission wakes it, which then
-  // waits for the load; below 0: never (llama.cpp's --sleep-idle-seconds).
+  // weights and rings freed, the batch's too; the prefix cache is kept for the batch after the
+  // wake) until a submission wakes it, which then waits for the load; below 0: never
+  // (llama.cpp's --sleep-idle-seconds).
   double sleep_idle_s = -1;
   // One sequence at a time through Engine::decode, no batch.
   bool serial() const { return read_every > 1; }

@@ -350,14 +350,19 @@ TEST(Scheduler, ReadEveryAboveOneRunsOneSequenceAtATime) {
   }
 }
 
-// --sleep-idle-seconds: the engine frees its weights (and a batch its rings and prefix cache)
-// once idle that long; its configuration and checks still answer, and the next submission
-// loads them again and gets the tokens it got before, batched or one at a time.
+// --sleep-idle-seconds: the engine frees its weights (and a batch its rings) once idle that
+// long; its configuration and checks still answer, and the next submission loads them again and
+// gets the tokens it would have got awake, batched or one at a time. A batch's prefix cache
+// outlives the sleep: the next turn of the conversation starts from its history.
 TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
   auto engine = make_engine();
   auto options = options_of(6, false, 0);
   const auto prompt = prompt_of(5, 3);
   const auto before = engine.decode(prompt, options).tokens;
+  auto next_turn = prompt;
+  next_turn.insert(next_turn.end(), before.begin(), before.end());
+  next_turn.push_back(7);
+  const auto after = engine.decode(next_turn, options).tokens;
   engine.sleep();
   EXPECT_TRUE(engine.asleep());
   EXPECT_THROW(engine.decode(prompt, options), std::logic_error);
@@ -387,18 +392,22 @@ TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
     ASSERT_TRUE(asleep.asleep) << "read_every " << read_every;
     EXPECT_TRUE(engine.asleep());
     EXPECT_EQ(asleep.sleeps, 1);
-    EXPECT_EQ(asleep.batch.cache.bytes, 0);
+    const bool cached = o.batch.cache_bytes > 0;
+    EXPECT_EQ(asleep.batch.cache.bytes > 0, cached) << asleep.batch.cache.bytes;
     EXPECT_EQ(engine.config().vocab_size, make_engine().config().vocab_size);
 
-    scheduler.submit(recording(prompt, options, seen[1], done[1]));
+    scheduler.submit(recording(next_turn, options, seen[1], done[1]));
     done[1].get_future().wait();
     const auto awake = scheduler.stats();
     EXPECT_FALSE(awake.asleep);
     EXPECT_GT(awake.last_wake_s, 0);
-    for (const auto& s : seen) {
-      EXPECT_EQ(s.error, nullptr);
-      EXPECT_EQ(s.result.tokens, before) << "read_every " << read_every;
-    }
+    for (const auto& s : seen) EXPECT_EQ(s.error, nullptr);
+    EXPECT_EQ(seen[0].result.tokens, before) << "read_every " << read_every;
+    EXPECT_EQ(seen[1].result.tokens, after) << "read_every " << read_every;
+    // The first turn's rings held its prompt and every output token but the last (never fed).
+    const auto history = static_cast<int64_t>(prompt.size() + before.size()) - 1;
+    EXPECT_EQ(seen[1].result.cached_tokens, cached ? history : 0);
+    EXPECT_EQ(awake.batch.cache.hits, cached ? 1 : 0);
   }
 }
 

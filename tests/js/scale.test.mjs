@@ -303,8 +303,8 @@ describe("an idle replica sleeps (--sleep-idle-seconds)", () => {
         const rss = () => Number(readFileSync(`/proc/${server.child.pid}/status`, "utf8")
           .match(/VmRSS:\s+(\d+) kB/)[1]) * 1024;
         const gauge = async (name) => metric(await (await fetch(`${server.url}/metrics`)).text(), name);
-        const ask = async () => (await post(server.url, "/v1/completions",
-          { prompt: "Write about rain.", max_tokens: 8, ignore_eos: true },
+        const ask = async (prompt = "Write about rain.") => (await post(server.url,
+          "/v1/completions", { prompt, max_tokens: 8, ignore_eos: true },
           { "Content-Type": "application/json" })).body;
         const first = await ask();
         const awake = rss();
@@ -320,7 +320,17 @@ describe("an idle replica sleeps (--sleep-idle-seconds)", () => {
         assert.equal((await fetch(`${server.url}/health`)).status, 200);
         assert.equal((await (await fetch(`${server.url}/props`)).json()).is_sleeping, true);
         assert.equal(await gauge("torchtpu_engine_asleep"), 1);
-        // A request loads the weights again and gets the answer it got before.
+        // The prefix cache stays: a request that goes on from the first prompt wakes the engine
+        // and reads only what is new (the first prompt's tokens come from the cache, with the BOS
+        // before them).
+        const held = await gauge("torchtpu_prefix_cache_bytes");
+        assert.ok(held > 0, `the prefix cache holds ${held} bytes asleep`);
+        const more = await ask("Write about rain. Then write about snow.");
+        const prompt = (await (await fetch(`${server.url}/tokenize`, {
+          method: "POST", body: JSON.stringify({ content: "Write about rain." }),
+        })).json()).tokens;
+        assert.equal(more.usage.prompt_tokens_details.cached_tokens, prompt.length + 1);
+        // Awake again, the first request gets the answer it got before.
         const second = await ask();
         assert.equal(second.choices[0].text, first.choices[0].text);
         assert.equal(await gauge("torchtpu_engine_asleep"), 0);
