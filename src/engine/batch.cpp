@@ -139,7 +139,8 @@ BatchStats Batch::stats() const {
     (row.decoding() ? s.decoding : s.reading)++;
     const auto prompt = static_cast<int64_t>(row.request->prompt.size());
     s.positions += std::max(row.position, prompt);
-    r = {row.request->id, !row.decoding(), prompt, row.sampled, row.budget - row.sampled};
+    r = {row.request->id, !row.decoding(), prompt, row.sampled, row.budget - row.sampled,
+         row.request->options.draft.tokens > 0};
   }
   s.capacity = options_.rows * engine_.options().context;
   s.steps = steps_;

@@ -57,6 +57,7 @@ struct RowStats {
   int64_t prompt_tokens = 0;
   int64_t generated = 0;  // tokens sampled so far
   int64_t remaining = 0;  // tokens it may still generate
+  bool drafting = false;  // its options draft (DecodeOptions::draft), whether or not a pass checks
 };
 
 // What a Batch holds at the moment (a server's /metrics, /v1/engine and /slots).

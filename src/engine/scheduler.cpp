@@ -298,7 +298,8 @@ void Scheduler::run_serial(Engine& engine) {
       {
         std::lock_guard lock(mutex_);
         stats_.batch.row_stats[0] = {entry.ticket, true, positions, 0,
-                                     engine.token_budget(positions, s.options.max_new)};
+                                     engine.token_budget(positions, s.options.max_new),
+                                     s.options.draft.tokens > 0};
       }
       auto on_tokens = [&](const std::vector<int64_t>& tokens) {
         const auto count = static_cast<int64_t>(tokens.size());

@@ -1495,7 +1495,7 @@ ojson Server::slots_json() const {
     out.push_back({{"id", i},
                    {"id_task", row.sequence},
                    {"n_ctx", options_.engine.context},
-                   {"speculative", false},
+                   {"speculative", busy && row.drafting},
                    {"is_processing", busy},
                    {"reading_prompt", row.reading},
                    {"n_prompt_tokens", row.prompt_tokens},

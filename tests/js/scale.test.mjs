@@ -215,12 +215,13 @@ describe("a replica behind a router", () => {
       assert.equal((await fetch(`${server.url}/slots`)).status, 401);
       const idle = await slots("?fail_on_no_slot=1");
       assert.equal(idle.status, 200);
-      assert.deepEqual(idle.body.map((s) => [s.id, s.n_ctx, s.is_processing, s.id_task]),
-        [[0, 1024, false, -1], [1, 1024, false, -1]]);
-      // Two long answers take both rows.
+      assert.deepEqual(idle.body.map((s) => [s.id, s.n_ctx, s.is_processing, s.id_task,
+        s.speculative]), [[0, 1024, false, -1, false], [1, 1024, false, -1, false]]);
+      // Two long answers take both rows, one of them drafting (speculative).
       const maxTokens = 400;
-      const answers = [0, 1].map(() => post(server.url, "/v1/completions",
-        { prompt: "Write about rain.", max_tokens: maxTokens, ignore_eos: true }));
+      const answers = [0, 3].map((draft) => post(server.url, "/v1/completions",
+        { prompt: "Write about rain.", max_tokens: maxTokens, ignore_eos: true,
+          "speculative.n_max": draft }));
       let busy;
       await eventually(async () => {
         busy = await slots();
@@ -232,6 +233,7 @@ describe("a replica behind a router", () => {
           s.n_prompt_tokens + maxTokens, JSON.stringify(s));
         assert.equal(s.prompt, undefined, "a slot never shows its prompt");
       }
+      assert.deepEqual(busy.body.map((s) => s.speculative).sort(), [false, true]);
       const full = await slots("?fail_on_no_slot=1");
       assert.equal(full.status, 503);
       assert.equal(full.body.error.message, "no slot available: all 2 rows are busy");
