@@ -39,6 +39,9 @@ void add_serve_command(CLI::App& app) {
                   "Seconds without a request after which the engine frees its weights and "
                   "caches until the next request reloads them (-1: never)")
       ->capture_default_str();
+  cmd->add_flag("--sleep-preserve-cache", options->sleep_preserve_cache,
+                "Keep the prefix cache while asleep (at most --cache-mb), so a conversation taken "
+                "up again reads only its new turn");
   cmd->add_option("--parallel", options->parallel,
                   "Requests decoded together, each with its own KV cache (more wait)")
       ->capture_default_str();

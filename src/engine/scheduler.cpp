@@ -144,6 +144,10 @@ void Scheduler::sleep(Engine& engine) {
     std::lock_guard lock(mutex_);
     stats_.asleep = true;
     ++stats_.sleeps;
+    if (!options_.sleep_preserve_cache) {
+      stats_.batch.cache.states = 0;
+      stats_.batch.cache.bytes = 0;
+    }
   }
 }
 
@@ -189,8 +193,7 @@ void Scheduler::run_batch(Engine& engine) {
     stats_.batch = batch->stats();
   }
   std::map<int64_t, Entry> running;  // by the batch's id
-  // The prefix cache while the engine sleeps: a chat's next turn, however late, still starts
-  // from its history (at most cache_bytes stay held).
+  // The prefix cache while the engine sleeps (sleep_preserve_cache).
   std::optional<PrefixCache> kept;
   while (true) {
     std::vector<Entry> admitted, dropped;
@@ -202,7 +205,7 @@ void Scheduler::run_batch(Engine& engine) {
     if (taken == Taken::kStopped) break;
     if (taken == Taken::kIdleTooLong) {
       // The batch's rings go with the weights.
-      kept = batch->take_cache();
+      if (options_.sleep_preserve_cache) kept = batch->take_cache();
       batch.reset();
       sleep(engine);
       continue;

@@ -29,10 +29,13 @@ struct SchedulerOptions {
   // read); a batch reads every row's token back each step, to see stops and free rows.
   int64_t read_every = 1;
   // With nothing waiting or running for this many seconds the engine sleeps (Engine::sleep: its
-  // weights and rings freed, the batch's too; the prefix cache is kept for the batch after the
-  // wake) until a submission wakes it, which then waits for the load; below 0: never
-  // (llama.cpp's --sleep-idle-seconds).
+  // weights and rings freed, the batch's too) until a submission wakes it, which then waits for
+  // the load; below 0: never (llama.cpp's --sleep-idle-seconds).
   double sleep_idle_s = -1;
+  // The batch's prefix cache outlives a sleep (at most batch.cache_bytes stay held), for the
+  // batch made at the wake: a conversation taken up again reads only its new turn. Else it is
+  // freed with the rest.
+  bool sleep_preserve_cache = false;
   // One sequence at a time through Engine::decode, no batch.
   bool serial() const { return read_every > 1; }
 };

@@ -24,7 +24,7 @@ void bind_serve(py::module_& m) {
          int64_t reasoning_budget, const std::string& reasoning_budget_message,
          const std::vector<std::string>& served_model_names,
          bool metrics_auth, const std::string& metrics_compat, double drain_grace_s,
-         double sleep_idle_s,
+         double sleep_idle_s, bool sleep_preserve_cache,
          int64_t parallel, int64_t cache_mb, int64_t step_tokens, int64_t pass_rows,
          int64_t max_media, int64_t max_image_bytes,
          int64_t max_audio_bytes, int64_t image_tokens, bool allow_media_urls,
@@ -56,6 +56,7 @@ void bind_serve(py::module_& m) {
         options.metrics_compat = metrics_compat;
         options.drain_grace_s = drain_grace_s;
         options.sleep_idle_s = sleep_idle_s;
+        options.sleep_preserve_cache = sleep_preserve_cache;
         options.parallel = parallel;
         options.cache_mb = cache_mb;
         options.step_tokens = step_tokens;
@@ -101,7 +102,8 @@ void bind_serve(py::module_& m) {
       py::arg("served_model_names") = std::vector<std::string>{},
       py::arg("metrics_auth") = false, py::arg("metrics_compat") = "none",
       py::arg("drain_grace_s") = 0.0,
-      py::arg("sleep_idle_s") = server::ServeOptions{}.sleep_idle_s, py::arg("parallel") = server::ServeOptions{}.parallel,
+      py::arg("sleep_idle_s") = server::ServeOptions{}.sleep_idle_s,
+      py::arg("sleep_preserve_cache") = false, py::arg("parallel") = server::ServeOptions{}.parallel,
       py::arg("cache_mb") = server::ServeOptions{}.cache_mb, py::arg("step_tokens") = 0,
       py::arg("pass_rows") = 0,
       py::arg("max_media") = server::MediaLimits{}.max_items,

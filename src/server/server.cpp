@@ -386,6 +386,7 @@ SchedulerOptions scheduler_options(const ServeOptions& options) {
   o.max_queue = options.max_queue;
   o.read_every = options.read_every;
   o.sleep_idle_s = options.sleep_idle_s;
+  o.sleep_preserve_cache = options.sleep_preserve_cache;
   return o;
 }
 
@@ -1554,6 +1555,7 @@ ojson Server::engine_json() const {
                       {"cache_capacity", stats.batch.capacity},
                       {"busy_seconds", stats.busy_s},
                       {"sleep_idle_seconds", options_.sleep_idle_s},
+                      {"sleep_preserve_cache", options_.sleep_preserve_cache},
                       {"asleep", stats.asleep},
                       {"sleeps", stats.sleeps},
                       {"last_wake_seconds", stats.last_wake_s}};

@@ -35,6 +35,9 @@ struct ServeOptions {
   // Seconds without a request after which the engine frees its weights and caches until the next
   // request reloads them (llama.cpp's --sleep-idle-seconds); -1: never.
   double sleep_idle_s = -1;
+  // The prefix cache outlives a sleep (at most --cache-mb stays held), so a conversation taken up
+  // again reads only its new turn (llama.cpp's --sleep-preserve-cache).
+  bool sleep_preserve_cache = false;
   // Requests decoded together, each in a row of its own (its own KV cache of `context`
   // positions); more wait in the queue.
   int64_t parallel = 4;

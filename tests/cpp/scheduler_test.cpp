@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
@@ -350,10 +351,11 @@ TEST(Scheduler, ReadEveryAboveOneRunsOneSequenceAtATime) {
   }
 }
 
-// --sleep-idle-seconds: the engine frees its weights (and a batch its rings) once idle that
-// long; its configuration and checks still answer, and the next submission loads them again and
-// gets the tokens it would have got awake, batched or one at a time. A batch's prefix cache
-// outlives the sleep: the next turn of the conversation starts from its history.
+// --sleep-idle-seconds: the engine frees its weights (and a batch its rings and prefix cache)
+// once idle that long; its configuration and checks still answer, and the next submission loads
+// them again and gets the tokens it would have got awake, batched or one at a time. With
+// sleep_preserve_cache the prefix cache outlives the sleep: the conversation's next turn starts
+// from its history.
 TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
   auto engine = make_engine();
   auto options = options_of(6, false, 0);
@@ -371,12 +373,14 @@ TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
   engine.wake();
   EXPECT_EQ(engine.decode(prompt, options).tokens, before);
 
-  for (const int64_t read_every : {1, 4}) {
+  const std::pair<int64_t, bool> cases[] = {{1, true}, {1, false}, {4, false}};
+  for (const auto& [read_every, preserve] : cases) {
     SchedulerOptions o;
     o.batch.rows = read_every > 1 ? 1 : 2;
     o.batch.cache_bytes = read_every > 1 ? 0 : 8 << 20;
     o.read_every = read_every;
     o.sleep_idle_s = 0.2;
+    o.sleep_preserve_cache = preserve;
     Scheduler scheduler(o);
     options.read_every = read_every;
     std::vector<Seen> seen(2);
@@ -392,7 +396,7 @@ TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
     ASSERT_TRUE(asleep.asleep) << "read_every " << read_every;
     EXPECT_TRUE(engine.asleep());
     EXPECT_EQ(asleep.sleeps, 1);
-    const bool cached = o.batch.cache_bytes > 0;
+    const bool cached = preserve;
     EXPECT_EQ(asleep.batch.cache.bytes > 0, cached) << asleep.batch.cache.bytes;
     EXPECT_EQ(engine.config().vocab_size, make_engine().config().vocab_size);
 
@@ -406,8 +410,8 @@ TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
     EXPECT_EQ(seen[1].result.tokens, after) << "read_every " << read_every;
     // The first turn's rings held its prompt and every output token but the last (never fed).
     const auto history = static_cast<int64_t>(prompt.size() + before.size()) - 1;
-    EXPECT_EQ(seen[1].result.cached_tokens, cached ? history : 0);
-    EXPECT_EQ(awake.batch.cache.hits, cached ? 1 : 0);
+    EXPECT_EQ(seen[1].result.cached_tokens, cached ? history : 0) << "read_every " << read_every;
+    EXPECT_EQ(awake.batch.cache.hits, cached ? 1 : 0) << "read_every " << read_every;
   }
 }
 

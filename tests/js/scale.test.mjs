@@ -298,9 +298,11 @@ describe("one sequence at a time (--read-every above 1)", () => {
 });
 
 describe("an idle replica sleeps (--sleep-idle-seconds)", () => {
-  test("frees its weights once idle, still answers the probes, and wakes for a request",
+  test("frees its weights once idle, still answers the probes, and wakes for a request, its " +
+    "prefix cache kept (--sleep-preserve-cache)",
     async () => {
-      const server = await startServer(["--sleep-idle-seconds", "1", "--threads", "1"]);
+      const server = await startServer(["--sleep-idle-seconds", "1", "--sleep-preserve-cache",
+        "--threads", "1"]);
       try {
         const rss = () => Number(readFileSync(`/proc/${server.child.pid}/status`, "utf8")
           .match(/VmRSS:\s+(\d+) kB/)[1]) * 1024;
@@ -318,6 +320,7 @@ describe("an idle replica sleeps (--sleep-idle-seconds)", () => {
         assert.ok(awake - rss() > weights / 2, `${awake} -> ${rss()} bytes, weights ${weights}`);
         assert.equal(engine.scheduler.asleep, true);
         assert.equal(engine.scheduler.sleep_idle_seconds, 1);
+        assert.equal(engine.scheduler.sleep_preserve_cache, true);
         // Probes neither wake it nor report it unready.
         assert.equal((await fetch(`${server.url}/health`)).status, 200);
         assert.equal((await (await fetch(`${server.url}/props`)).json()).is_sleeping, true);

@@ -159,6 +159,12 @@ def _parse_args(argv):
         help="seconds without a request after which the engine frees its weights and caches "
         "until the next request reloads them (-1: never)",
     )
+    p.add_argument(
+        "--sleep-preserve-cache",
+        action="store_true",
+        help="keep the prefix cache while asleep (at most --cache-mb), so a conversation taken "
+        "up again reads only its new turn",
+    )
     # Images and audio in requests (#19): the names, defaults and checks of `torchtpu-cpp serve`
     # (the server checks the values and names the flag: error: --max-media must be ...).
     p.add_argument(
@@ -267,6 +273,7 @@ def main(argv=None):
                 metrics_compat=args.metrics_compat,
                 drain_grace_s=args.drain_grace,
                 sleep_idle_s=args.sleep_idle_seconds,
+                sleep_preserve_cache=args.sleep_preserve_cache,
                 parallel=args.parallel,
                 cache_mb=args.cache_mb,
                 step_tokens=args.step_tokens,
