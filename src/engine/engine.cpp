@@ -426,7 +426,8 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
 
 void Drafting::validate() const {
   if (tokens < 0) throw ValueError("draft_max must be at least 0, got " + std::to_string(tokens));
-  if (tokens > 0 && (ngram_min < 1 || ngram_max < ngram_min)) {
+  // The bounds are checked with drafts off too: a server's requests may turn drafts on with them.
+  if (ngram_min < 1 || ngram_max < ngram_min) {
     throw ValueError("draft_ngram_min must be at least 1 and draft_ngram_max at least "
                      "draft_ngram_min, got " + std::to_string(ngram_min) + " and " +
                      std::to_string(ngram_max));

@@ -327,6 +327,8 @@ TEST(SpeculativeDecode, BadDraftOptionsAreValueErrors) {
     }
     o.draft = {.tokens = 4, .ngram_min = 0, .ngram_max = 2};
     EXPECT_THROW(submit(), ValueError);
+    o.draft = {.tokens = 0, .ngram_min = 0, .ngram_max = 2};
+    EXPECT_THROW(submit(), ValueError);
   }
   EXPECT_TRUE(batch.idle());
   // The engine decodes on after the refusals.

@@ -375,6 +375,10 @@ describe("bad values of the new flags", () => {
       [["--draft-max", "4", "--draft-ngram-max", "1"],
         "error: draft_ngram_min must be at least 1 and draft_ngram_max at least draft_ngram_min, " +
         "got 2 and 1"],
+      // Without --draft-max too: a request's speculative.n_max would draft with them.
+      [["--draft-ngram-min", "0"],
+        "error: draft_ngram_min must be at least 1 and draft_ngram_max at least draft_ngram_min, " +
+        "got 0 and 4"],
     ]) {
       const { code, stderr } = await refused(args);
       assert.equal(code, 2, `${args.join(" ")}: ${stderr}`);
