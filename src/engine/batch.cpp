@@ -94,7 +94,7 @@ int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& o
   DecodeOptions every_step = options;
   every_step.read_every = 1;
   const int64_t id = next_id_++;
-  auto cache_key = media.empty() ? prompt : media_cache_key(prompt, media, engine_.config());
+  auto cache_key = prefix_cache_key(prompt, media, engine_.config(), options.cache_salt);
   queue_.push_back({id, prompt, std::move(every_step), std::move(on_tokens), std::move(on_logits),
                     std::move(media), std::move(cache_key)});
   return id;

@@ -128,7 +128,7 @@ class Batch {
     OnTokens on_tokens;
     OnLogits on_logits;
     std::vector<Media> media;
-    std::vector<int64_t> cache_key;  // the prompt, soft tokens as media_cache_key names them
+    std::vector<int64_t> cache_key;  // the prompt as prefix_cache_key names it
   };
   struct Row {
     std::optional<Request> request;  // none: the row is free

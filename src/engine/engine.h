@@ -123,6 +123,9 @@ struct DecodeOptions {
   // Speculative decoding by prompt lookup, in Engine::decode and in a Batch; reads every token
   // back too.
   Drafting draft;
+  // A Batch's prefix cache shares states only between sequences of the same salt
+  // (prefix_cache_key); "": those without one. Engine::decode keeps no cache.
+  std::string cache_salt;
 };
 
 struct DecodeResult {

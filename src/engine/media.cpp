@@ -88,8 +88,9 @@ std::vector<int64_t> expand_media_placeholders(const std::vector<int64_t>& ids,
   return out;
 }
 
-std::vector<int64_t> media_cache_key(const std::vector<int64_t>& ids,
-                                     const std::vector<Media>& media, const ModelConfig& config) {
+std::vector<int64_t> prefix_cache_key(const std::vector<int64_t>& ids,
+                                      const std::vector<Media>& media, const ModelConfig& config,
+                                      const std::string& salt) {
   // Per kind: its items in order, the one being filled and how many of its positions are done.
   struct Run {
     int64_t token;
@@ -110,6 +111,12 @@ std::vector<int64_t> media_cache_key(const std::vector<int64_t>& ids,
       if (++run.done == m.soft_tokens) run.done = 0, ++run.item;
       break;
     }
+  }
+  if (!salt.empty() && !key.empty()) {
+    uint64_t h = kFnvOffset;
+    for (const unsigned char byte : salt) h = (h ^ byte) * kFnvPrime;
+    h = (h ^ static_cast<uint64_t>(key[0])) * kFnvPrime;
+    key[0] = -1 - static_cast<int64_t>(h >> 1);
   }
   return key;
 }

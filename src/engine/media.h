@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "io/config.h"
@@ -40,8 +41,11 @@ std::vector<int64_t> expand_media_placeholders(const std::vector<int64_t>& ids,
 
 // The prompt ids a prefix cache keys on: soft-token positions of item i become a negative
 // pseudo-id derived from its digest, so the same item at the same place matches and another does
-// not. `ids` is an expanded prompt (every soft token of every item present, in order).
-std::vector<int64_t> media_cache_key(const std::vector<int64_t>& ids,
-                                     const std::vector<Media>& media, const ModelConfig& config);
+// not. `ids` is an expanded prompt (every soft token of every item present, in order). A `salt`
+// (vLLM's cache_salt) makes the first id a negative pseudo-id of it and of that id, so prompts
+// match only under the same salt (a tenant's cached prompts cannot be timed by another); "": none.
+std::vector<int64_t> prefix_cache_key(const std::vector<int64_t>& ids,
+                                      const std::vector<Media>& media, const ModelConfig& config,
+                                      const std::string& salt = "");
 
 }  // namespace torchtpu

@@ -188,6 +188,14 @@ void parse_common(const ojson& body, GenerationRequest& r) {
     }
     r.draft_max = n;
   }
+  if (const ojson* salt = field(body, "cache_salt")) {
+    if (!salt->is_string()) throw wrong_type("cache_salt", "a string", *salt);
+    r.cache_salt = salt->get<std::string>();
+    if (r.cache_salt.empty()) {
+      throw ApiError(400, "'cache_salt' must not be empty: leave it out for no salt",
+                     "invalid_request_error", "cache_salt", "invalid_value");
+    }
+  }
   r.response_format = parse_response_format(body);
 }
 

@@ -112,6 +112,9 @@ struct GenerationRequest {
   // speculative decoding off, more turns it on with the server's n-gram settings; none: the
   // server's --draft-max.
   std::optional<int64_t> draft_max;
+  // The prefix cache shares states only between requests of the same salt (vLLM's cache_salt);
+  // "": those without one.
+  std::string cache_salt;
   SamplingRequest sampling;
   // logprobs of the returned tokens, and how many alternatives per position (0-20). Chat:
   // logprobs=true plus top_logprobs; completions: logprobs=N sets both.

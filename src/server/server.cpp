@@ -1275,6 +1275,7 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   job->decode.read_every = options_.read_every;
   job->decode.draft = options_.draft;
   job->decode.draft.tokens = r.draft_max.value_or(options_.draft.tokens);
+  job->decode.cache_salt = r.cache_salt;
   job->decode.ignore_eos = r.ignore_eos;
   job->decode.constraint = constraint_for(r, chat, job->parser_prefix);
   if (const int64_t thinking = r.thinking_budget.value_or(options_.reasoning_budget);

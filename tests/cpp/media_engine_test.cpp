@@ -46,18 +46,35 @@ TEST(MediaExpansion, CountsMustAgree) {
                ValueError);
 }
 
-TEST(MediaCacheKey, SameItemSameKeyOtherItemOtherKey) {
+TEST(PrefixCacheKey, SameItemSameKeyOtherItemOtherKey) {
   const auto c = ids_config();
   const std::vector<int64_t> ids = {2, 501, 500, 500, 502, 7};
-  const auto a = media_cache_key(ids, {item(MediaKind::kImage, 2, 11)}, c);
-  const auto again = media_cache_key(ids, {item(MediaKind::kImage, 2, 11)}, c);
-  const auto b = media_cache_key(ids, {item(MediaKind::kImage, 2, 12)}, c);
+  const auto a = prefix_cache_key(ids, {item(MediaKind::kImage, 2, 11)}, c);
+  const auto again = prefix_cache_key(ids, {item(MediaKind::kImage, 2, 11)}, c);
+  const auto b = prefix_cache_key(ids, {item(MediaKind::kImage, 2, 12)}, c);
   EXPECT_EQ(a, again);
   EXPECT_NE(a, b);
   EXPECT_LT(a[2], 0);
   EXPECT_LT(a[3], 0);
   EXPECT_NE(a[2], a[3]);
   for (size_t i : {0, 1, 4, 5}) EXPECT_EQ(a[i], ids[i]);
+  EXPECT_EQ(prefix_cache_key(ids, {}, c), ids);
+}
+
+// A salt changes the first id only, to a negative one of its own: one salt, one key; another salt
+// or none, another first id.
+TEST(PrefixCacheKey, ASaltMarksTheFirstId) {
+  const auto c = ids_config();
+  const std::vector<int64_t> ids = {2, 501, 7};
+  const auto a = prefix_cache_key(ids, {}, c, "tenant-a");
+  EXPECT_EQ(a, prefix_cache_key(ids, {}, c, "tenant-a"));
+  const auto b = prefix_cache_key(ids, {}, c, "tenant-b");
+  EXPECT_LT(a[0], 0);
+  EXPECT_LT(b[0], 0);
+  EXPECT_NE(a[0], b[0]);
+  EXPECT_NE(a[0], prefix_cache_key({3, 501, 7}, {}, c, "tenant-a")[0]);
+  for (size_t i : {1, 2}) EXPECT_EQ(a[i], ids[i]);
+  EXPECT_EQ(prefix_cache_key(ids, {}, c, ""), ids);
 }
 
 TEST(MediaDigest, FollowsTheTensors) {

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/errors.h"
@@ -91,6 +92,28 @@ TEST(PrefixCache, ASecondTurnStartsFromTheFirstTurnAndItsReply) {
   EXPECT_EQ(stats.hits, 1);
   EXPECT_EQ(stats.misses, 1);
   EXPECT_EQ(stats.reused_tokens, 46);
+}
+
+// DecodeOptions::cache_salt: a sequence starts only from states saved under its own salt, and
+// gives the tokens it gives from scratch either way.
+TEST(PrefixCache, ASequenceReusesOnlyWhatWasSavedUnderItsSalt) {
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 1, .cache_bytes = 64 << 20, .cache_block = 16});
+  const auto prompt = tokens_of(37, 3);
+  auto salted = [&](const std::string& salt) {
+    auto o = greedy(6);
+    o.cache_salt = salt;
+    const int64_t id = batch.submit(prompt, o);
+    while (!batch.idle()) batch.step();
+    return batch.take_result(id);
+  };
+  const auto alone_tokens = alone(engine, prompt, 6).result.tokens;
+  for (const auto& [salt, cached] : std::vector<std::pair<std::string, int64_t>>{
+           {"a", 0}, {"a", 32}, {"b", 0}, {"", 0}, {"", 32}, {"b", 32}}) {
+    const auto result = salted(salt);
+    EXPECT_EQ(result.cached_tokens, cached) << "salt '" << salt << "'";
+    EXPECT_EQ(result.tokens, alone_tokens) << "salt '" << salt << "'";
+  }
 }
 
 TEST(PrefixCache, ATurnWhoseReplyIsRenderedInOtherTokensReusesThePreviousPrompt) {

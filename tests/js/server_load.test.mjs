@@ -155,6 +155,43 @@ test("the next turn of a chat reuses the previous turn from the prefix cache", a
   assert.equal(engine.scheduler.step_tokens, 128 + 4);
 });
 
+test("cache_salt: a prompt reuses only what was cached under its own salt", async () => {
+  const client = new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 });
+  // Longer than a cache block (256 tokens): the prompts share the block at its start.
+  const system = { role: "system", content: "You answer tenants in one short line. ".repeat(45) };
+  const ask = (content, salt) => client.chat.completions.create({ model: MODEL, max_tokens: 4,
+    messages: [system, { role: "user", content }], ...(salt ? { cache_salt: salt } : {}) });
+  const cached = (r) => r.usage.prompt_tokens_details.cached_tokens;
+  const first = await ask("Name a river.", "tenant-a");
+  assert.equal(cached(first), 0);
+  // The same system prompt under the same salt comes from the cache, up to its last block.
+  assert.equal(cached(await ask("Name a lake.", "tenant-a")), 256);
+  // Under another salt, or none, nothing does; the answers are those of the prompt alone.
+  const other = await ask("Name a river.", "tenant-b");
+  assert.equal(cached(other), 0);
+  const none = await ask("Name a river.");
+  assert.equal(cached(none), 0);
+  assert.equal(other.choices[0].message.content, first.choices[0].message.content);
+  assert.equal(none.choices[0].message.content, first.choices[0].message.content);
+  // The Responses API takes it too.
+  const responses = (salt) => fetch(`${wide.url}/v1/responses`, { method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ model: MODEL, input: "Name a sea.", instructions: system.content,
+      max_output_tokens: 4, cache_salt: salt }) }).then((r) => r.json());
+  assert.equal((await responses("tenant-c")).usage.input_tokens_details.cached_tokens, 0);
+  assert.equal((await responses("tenant-c")).usage.input_tokens_details.cached_tokens, 256);
+  for (const [salt, message] of [
+    ["", "'cache_salt' must not be empty: leave it out for no salt"],
+    [7, "'cache_salt' must be a string, got an integer"],
+  ]) {
+    const e = await client.chat.completions.create({ model: MODEL, max_tokens: 4,
+      messages: [{ role: "user", content: "Hi." }], cache_salt: salt }).catch((x) => x);
+    assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+    assert.equal(e.error.param, "cache_salt");
+    assert.equal(e.error.message, message);
+  }
+});
+
 const messages = [{ role: "user", content: "Hold the engine." }];
 
 // Starts a long stream that keeps `client`'s engine busy (its second chunk proves it is being
