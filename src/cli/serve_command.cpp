@@ -28,6 +28,8 @@ void add_serve_command(CLI::App& app) {
                   "Require 'Authorization: Bearer KEY' on everything but /health, /livez and "
                   "/metrics (default: $TORCHTPU_API_KEY)");
   cmd->add_flag("--metrics-auth", options->metrics_auth, "/metrics needs the API key too");
+  cmd->add_flag("--no-slots", options->no_slots,
+                "GET /slots answers 501: which requests run where stays unseen");
   cmd->add_option("--metrics-compat", options->metrics_compat,
                   "none | vllm: also export the load gauges under vLLM's names")
       ->capture_default_str();

@@ -1473,7 +1473,7 @@ ojson Server::props_json() const {
           {"reasoning_budget", options_.reasoning_budget}}}}},
       {"total_slots", options_.parallel},
       // The routes a client may look for next; this server always has them.
-      {"endpoint_slots", true},
+      {"endpoint_slots", !options_.no_slots},
       {"endpoint_props", true},
       {"endpoint_metrics", true},
       {"model_alias", model_id_},
@@ -1741,6 +1741,10 @@ void Server::set_up_routes(httplib::Server& http) {
   // ?fail_on_no_slot (llama-server's): 503 while every row is busy, for a balancer's probe.
   http.Get("/slots", guarded(
                          [this](const httplib::Request& req, httplib::Response& res) {
+                           if (options_.no_slots) {
+                             throw ApiError(501, "/slots is off on this server (--no-slots)",
+                                            "not_supported_error", "", "slots_disabled");
+                           }
                            const ojson slots = slots_json();
                            const bool free = std::any_of(slots.begin(), slots.end(), [](auto& s) {
                              return !s["is_processing"].template get<bool>();

@@ -27,6 +27,8 @@ struct ServeOptions {
   int port = 8000;
   std::string api_key;        // non-empty: Bearer auth on everything but the probes and /metrics
   bool metrics_auth = false;  // /metrics needs the API key too
+  // GET /slots answers 501 (llama-server's --no-slots): what runs where stays unseen.
+  bool no_slots = false;
   // "vllm": the load gauges also under vLLM's names (vllm:num_requests_waiting, ...).
   std::string metrics_compat = "none";
   // After SIGINT/SIGTERM: seconds during which /health answers 503 while requests are still

@@ -243,24 +243,33 @@ describe("a replica behind a router", () => {
     });
 });
 
-describe("--metrics-auth", () => {
-  test("puts /metrics behind the key again; the probes stay open", async () => {
-    const server = await startServer(["--api-key", KEY, "--metrics-auth", "--context", "512",
-      "--threads", "1"]);
-    try {
-      assert.equal((await fetch(`${server.url}/metrics`)).status, 401);
-      const res = await fetch(`${server.url}/metrics`, { headers: auth });
-      assert.equal(res.status, 200);
-      assert.equal(metric(await res.text(), "torchtpu_running_requests"), 0);
-      // Without --metrics-compat, no vLLM names.
-      assert.doesNotMatch(await (await fetch(`${server.url}/metrics`, { headers: auth })).text(),
-        /vllm:/);
-      assert.equal((await fetch(`${server.url}/health`)).status, 200);
-      assert.equal((await fetch(`${server.url}/livez`)).status, 200);
-    } finally {
-      await server.stop();
-    }
-  });
+describe("--metrics-auth, --no-slots", () => {
+  test("put /metrics behind the key again and /slots out of reach; the probes stay open",
+    async () => {
+      const server = await startServer(["--api-key", KEY, "--metrics-auth", "--no-slots",
+        "--context", "512", "--threads", "1"]);
+      try {
+        assert.equal((await fetch(`${server.url}/metrics`)).status, 401);
+        const res = await fetch(`${server.url}/metrics`, { headers: auth });
+        assert.equal(res.status, 200);
+        assert.equal(metric(await res.text(), "torchtpu_running_requests"), 0);
+        // Without --metrics-compat, no vLLM names.
+        assert.doesNotMatch(await (await fetch(`${server.url}/metrics`, { headers: auth })).text(),
+          /vllm:/);
+        assert.equal((await fetch(`${server.url}/health`)).status, 200);
+        assert.equal((await fetch(`${server.url}/livez`)).status, 200);
+        // llama-server's --no-slots: a 501, and /props says so.
+        const slots = await fetch(`${server.url}/slots`, { headers: auth });
+        assert.equal(slots.status, 501);
+        assert.deepEqual((await slots.json()).error, { message: "/slots is off on this server " +
+          "(--no-slots)", type: "not_supported_error", param: null, code: "slots_disabled" });
+        const props = await (await fetch(`${server.url}/props`, { headers: auth })).json();
+        assert.equal(props.endpoint_slots, false);
+        assert.equal(props.endpoint_metrics, true);
+      } finally {
+        await server.stop();
+      }
+    });
 });
 
 describe("the drain", () => {

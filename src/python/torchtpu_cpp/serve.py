@@ -141,6 +141,11 @@ def _parse_args(argv):
         "--metrics-auth", action="store_true", help="/metrics needs the API key too"
     )
     p.add_argument(
+        "--no-slots",
+        action="store_true",
+        help="GET /slots answers 501: which requests run where stays unseen",
+    )
+    p.add_argument(
         "--metrics-compat",
         default="none",
         help="none | vllm: also export the load gauges under vLLM's names",
@@ -270,6 +275,7 @@ def main(argv=None):
                 draft_always=args.draft_always,
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
+                no_slots=args.no_slots,
                 metrics_compat=args.metrics_compat,
                 drain_grace_s=args.drain_grace,
                 sleep_idle_s=args.sleep_idle_seconds,
