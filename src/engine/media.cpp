@@ -10,12 +10,22 @@ namespace {
 constexpr uint64_t kFnvOffset = 14695981039346656037ull;
 constexpr uint64_t kFnvPrime = 1099511628211ull;
 
+uint64_t fnv1a(uint64_t hash, const uint8_t* bytes, size_t n) {
+  for (size_t i = 0; i < n; ++i) hash = (hash ^ bytes[i]) * kFnvPrime;
+  return hash;
+}
+
 uint64_t fnv1a(uint64_t hash, const at::Tensor& t) {
   const auto c = t.contiguous();
-  const auto* bytes = static_cast<const uint8_t*>(c.data_ptr());
-  for (int64_t i = 0; i < c.nbytes(); ++i) hash = (hash ^ bytes[i]) * kFnvPrime;
+  hash = fnv1a(hash, static_cast<const uint8_t*>(c.data_ptr()), c.nbytes());
   for (auto size : c.sizes()) hash = (hash ^ static_cast<uint64_t>(size)) * kFnvPrime;
   return hash;
+}
+
+// A key's pseudo-id for `value` mixed into `hash`: negative (the top bit cleared, then negated),
+// so it never equals a token id.
+int64_t pseudo_id(uint64_t hash, uint64_t value) {
+  return -1 - static_cast<int64_t>(((hash ^ value) * kFnvPrime) >> 1);
 }
 
 int64_t token_of(MediaKind kind, const ModelConfig& config) {
@@ -105,18 +115,15 @@ std::vector<int64_t> prefix_cache_key(const std::vector<int64_t>& ids,
     for (auto& run : runs) {
       if (id != run.token || run.item >= run.items.size()) continue;
       const Media& m = *run.items[run.item];
-      // Negative (the top bit cleared, then negated), one per item and position inside it.
-      const uint64_t h = (m.digest ^ static_cast<uint64_t>(run.done)) * kFnvPrime;
-      id = -1 - static_cast<int64_t>(h >> 1);
+      // One per item and position inside it.
+      id = pseudo_id(m.digest, static_cast<uint64_t>(run.done));
       if (++run.done == m.soft_tokens) run.done = 0, ++run.item;
       break;
     }
   }
   if (!salt.empty() && !key.empty()) {
-    uint64_t h = kFnvOffset;
-    for (const unsigned char byte : salt) h = (h ^ byte) * kFnvPrime;
-    h = (h ^ static_cast<uint64_t>(key[0])) * kFnvPrime;
-    key[0] = -1 - static_cast<int64_t>(h >> 1);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(salt.data());
+    key[0] = pseudo_id(fnv1a(kFnvOffset, bytes, salt.size()), static_cast<uint64_t>(key[0]));
   }
   return key;
 }
