@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -18,8 +19,10 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "common/fnv1a.h"
 #include "common/memory.h"
 #include "engine/draft.h"
+#include "io/checkpoint.h"
 #include "engine/sequence.h"
 
 namespace torchtpu {
@@ -187,6 +190,11 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
   storage_ = model_->storage();
   layout_ = rings_.layout();
   if (audio_) audio_options_ = load_audio_feature_options(options_.model_dir);
+  uint64_t id = Checkpoint(options_.model_dir).fingerprint();
+  if (!options_.emb4_dir.empty()) id = id * kFnvPrime ^ Checkpoint(options_.emb4_dir).fingerprint();
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id));
+  weights_id_ = hex;
 }
 
 void Engine::load() {

@@ -170,6 +170,10 @@ class Engine {
 
   // The last load of the weights (the constructor's, or wake's).
   double load_seconds() const { return load_s_; }
+  // The weights' identity as 16 hex digits: Checkpoint::fingerprint of the model and of the int4
+  // tables when given. A prefix state file names it, and only an engine with the same weights
+  // reads the file back (the rings' dtype and shapes are checked on their own).
+  const std::string& weights_id() const { return weights_id_; }
   // Frees the weights, the towers and the rings, giving their memory back (a server idle for a
   // while: llama.cpp's --sleep-idle-seconds); the configuration and checks above still answer.
   // Until wake(), nothing that runs the model may be called. Owner thread.
@@ -237,6 +241,7 @@ class Engine {
   AudioFeatureOptions audio_options_;
   Rings rings_;
   double load_s_ = 0;
+  std::string weights_id_;
 };
 
 }  // namespace torchtpu

@@ -3,21 +3,14 @@
 #include <string>
 
 #include "common/errors.h"
+#include "common/fnv1a.h"
 
 namespace torchtpu {
 namespace {
 
-constexpr uint64_t kFnvOffset = 14695981039346656037ull;
-constexpr uint64_t kFnvPrime = 1099511628211ull;
-
-uint64_t fnv1a(uint64_t hash, const uint8_t* bytes, size_t n) {
-  for (size_t i = 0; i < n; ++i) hash = (hash ^ bytes[i]) * kFnvPrime;
-  return hash;
-}
-
 uint64_t fnv1a(uint64_t hash, const at::Tensor& t) {
   const auto c = t.contiguous();
-  hash = fnv1a(hash, static_cast<const uint8_t*>(c.data_ptr()), c.nbytes());
+  hash = torchtpu::fnv1a(hash, static_cast<const uint8_t*>(c.data_ptr()), c.nbytes());
   for (auto size : c.sizes()) hash = (hash ^ static_cast<uint64_t>(size)) * kFnvPrime;
   return hash;
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "common/errors.h"
 #include "io/safetensors.h"
@@ -28,6 +29,27 @@ inline at::ScalarType scalar_type(Dtype d) {
     case Dtype::kU64: return at::kUInt64;
   }
   throw FormatError("unknown dtype");
+}
+
+// The safetensors dtype of a tensor's; ValueError for one the writers never produce.
+inline Dtype file_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kInt: return Dtype::kI32;
+    case at::kLong: return Dtype::kI64;
+    case at::kBFloat16: return Dtype::kBF16;
+    case at::kHalf: return Dtype::kF16;
+    case at::kFloat: return Dtype::kF32;
+    default: throw ValueError(std::string("no safetensors dtype for ") + at::toString(t));
+  }
+}
+
+// A tensor (on any device) as write_safetensors takes it: a host copy of its bytes.
+inline TensorToWrite to_write(const std::string& name, const at::Tensor& t) {
+  const at::Tensor c = t.cpu().contiguous();
+  TensorToWrite w{name, file_dtype(c.scalar_type()), c.sizes().vec(), {}};
+  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
+  w.bytes.assign(p, p + c.nbytes());
+  return w;
 }
 
 // A CPU tensor over the view's bytes. Aliases the mapping (read-only: never write to it) when the

@@ -3,6 +3,7 @@
 // are optional: a checkpoint without them still serves work in token ids.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,12 @@ class Checkpoint {
 
   // Optional files beside the weights, empty when absent.
   std::string file_if_exists(const std::string& name) const;
+
+  // The weights' identity, for files derived from them (prefix state files): a digest of every
+  // tensor's name, dtype, shape and first and last 64 bytes. Checkpoints that differ in a
+  // tensor's layout, or in weights that training or fine-tuning changes throughout, differ
+  // here; computing it touches a page or two per tensor.
+  uint64_t fingerprint() const;
 
  private:
   std::string dir_;

@@ -51,25 +51,6 @@ std::pair<double, double> dtype_range(at::ScalarType t) {
   }
 }
 
-Dtype file_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kInt: return Dtype::kI32;
-    case at::kLong: return Dtype::kI64;
-    case at::kBFloat16: return Dtype::kBF16;
-    case at::kHalf: return Dtype::kF16;
-    case at::kFloat: return Dtype::kF32;
-    default: throw ValueError(std::string("no safetensors dtype for ") + at::toString(t));
-  }
-}
-
-TensorToWrite to_write(const std::string& name, const at::Tensor& t) {
-  const at::Tensor c = t.cpu().contiguous();
-  TensorToWrite w{name, file_dtype(c.scalar_type()), c.sizes().vec(), {}};
-  const auto* p = static_cast<const uint8_t*>(c.data_ptr());
-  w.bytes.assign(p, p + c.nbytes());
-  return w;
-}
-
 // int4 values q in [-8, 7] (int8 [rows, cols]) as pack_to_int32 stores them: q + 8 in nibble
 // c % 8 of word c / 8, the last word zero-padded.
 at::Tensor pack_cols(const at::Tensor& q) {
