@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <limits>
 #include <utility>
 
 #include "common/errors.h"
+#include "engine/state_file.h"
 #include "ops/int4_cpu.h"
 
 namespace torchtpu {
@@ -209,6 +211,7 @@ void Batch::finish(Row& row, int64_t index, const char* reason, std::vector<int6
     std::vector<int64_t> held(key.begin(), key.begin() + row.read);
     held.insert(held.end(), row.fed.begin(), row.fed.end());
     cache_->save(held, rings_, index);
+    cache_->set_row_state(index, std::move(held));
   }
   auto& result = results_[id] = row.output->done(reason);
   result.cached_tokens = row.cached;
@@ -217,6 +220,55 @@ void Batch::finish(Row& row, int64_t index, const char* reason, std::vector<int6
   finished.push_back(id);
   sampler_.clear(index);
   row = Row{};
+}
+
+PrefixCache& Batch::slot_cache(int64_t row) {
+  if (row < 0 || row >= options_.rows) {
+    throw ValueError("slot " + std::to_string(row) + " does not exist: the slots are 0 to " +
+                     std::to_string(options_.rows - 1));
+  }
+  if (!cache_) {
+    throw ValueError("the prefix cache is off (a budget of 0 bytes): slots keep no state");
+  }
+  return *cache_;
+}
+
+SlotOutcome Batch::save_slot(int64_t row, const std::string& path) {
+  PrefixCache& cache = slot_cache(row);
+  const auto* tokens = cache.row_state(row);
+  const std::string slot = "slot " + std::to_string(row);
+  if (!tokens) {
+    throw ValueError(slot + " has no state to save: no sequence has finished in it, and none " +
+                     "was restored into it, since the prefix cache was made");
+  }
+  const auto state = cache.get(*tokens);
+  if (!state) {
+    throw ValueError(slot + "'s last state (" + std::to_string(tokens->size()) +
+                     " tokens) is no longer in the prefix cache: evicted for its budget");
+  }
+  return {static_cast<int64_t>(tokens->size()),
+          write_prefix_state(path, *state, engine_.weights_id())};
+}
+
+SlotOutcome Batch::restore_slot(int64_t row, const std::string& path) {
+  PrefixCache& cache = slot_cache(row);
+  PrefixState state = read_prefix_state(path, engine_.weights_id(), rings_);
+  const auto tokens = static_cast<int64_t>(state.tokens.size());
+  if (!cache.put(state)) {
+    throw ValueError(path + " holds a state of " + std::to_string(tokens) +
+                     " tokens, larger than the prefix cache's whole budget (" +
+                     std::to_string(cache.budget() >> 20) + " MiB)");
+  }
+  cache.set_row_state(row, std::move(state.tokens));
+  return {tokens, static_cast<int64_t>(std::filesystem::file_size(path))};
+}
+
+int64_t Batch::erase_slot(int64_t row) {
+  PrefixCache& cache = slot_cache(row);
+  const auto* tokens = cache.row_state(row);
+  const int64_t erased = tokens ? cache.erase(*tokens) : 0;
+  cache.set_row_state(row, {});
+  return erased;
 }
 
 const char* Batch::take(Row& row, int64_t token) {

@@ -16,6 +16,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -84,6 +85,13 @@ struct BatchStats {
   std::vector<RowStats> row_stats;  // one per row, in row order
 };
 
+// What a slot action did (Batch::save_slot, restore_slot, erase_slot).
+struct SlotOutcome {
+  int64_t tokens = 0;  // the state's tokens: saved, restored or erased
+  int64_t bytes = 0;   // the file's size: written or read
+  double seconds = 0;  // the action itself (the scheduler times it)
+};
+
 class Batch {
  public:
   // Rings for `options.rows` sequences on the engine's device (each as large as the engine's
@@ -112,6 +120,19 @@ class Batch {
   // Hands the prefix cache over, states and counters, for a later batch on the same engine (the
   // scheduler keeps it while the engine sleeps); this batch saves and restores nothing after.
   std::optional<PrefixCache> take_cache() { return std::exchange(cache_, std::nullopt); }
+  // llama-server's slot actions (POST /slots/{id}?action=save|restore|erase). Here they act on
+  // the prefix cache, which every row shares: a row names the state its last sequence left there,
+  // or the last one restored into it (PrefixCache::row_state). ValueError for a row outside the
+  // batch or a batch without a prefix cache.
+  // Writes that state to `path` (write_prefix_state). ValueError when the row holds none: no
+  // sequence has finished there since the cache was made, or its state was evicted or erased.
+  SlotOutcome save_slot(int64_t row, const std::string& path);
+  // Reads a state file into the prefix cache as the row's (read_prefix_state's errors): a prompt
+  // starting with its tokens then starts from it, in any row. ValueError when the state alone
+  // exceeds the cache's budget.
+  SlotOutcome restore_slot(int64_t row, const std::string& path);
+  // Forgets the row's state (and the blocks only it held); its tokens, 0 when it held none.
+  int64_t erase_slot(int64_t row);
   // The result of a finished sequence, once. ValueError if `id` has not finished or was taken.
   DecodeResult take_result(int64_t id);
 
@@ -154,6 +175,8 @@ class Batch {
   };
 
   void admit(Row& row, int64_t index, Request request);
+  // The prefix cache, for a slot action on `row` (save_slot's ValueErrors).
+  PrefixCache& slot_cache(int64_t row);
   // Of the rows reading their prompt (ids ascending), those that read this step, in that order.
   // A row that has not started waits while a row ahead of it (further into its prompt, or as far
   // and older) has yet to read tokens both prompts start with, beyond what the prefix cache holds

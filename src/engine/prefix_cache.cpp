@@ -37,54 +37,146 @@ void PrefixCache::evict_to(int64_t budget) {
   stats_.bytes = held_bytes();
 }
 
+std::shared_ptr<PrefixCache::Block> PrefixCache::block_for(const Key& key,
+                                                          const std::function<Block()>& make) {
+  auto& slot = blocks_[key];
+  auto block = slot.lock();
+  if (!block) {
+    block = std::make_shared<Block>(make());
+    slot = block;
+  }
+  return block;
+}
+
+bool PrefixCache::hold(State state) {
+  int64_t own_bytes = state.sliding_nbytes;
+  for (const auto& block : state.blocks) own_bytes += block->nbytes;
+  if (own_bytes > budget_) {
+    state.blocks.clear();
+    evict_to(budget_);  // forgets the blocks made for it
+    return false;
+  }
+  states_.push_front(std::move(state));
+  ++stats_.saves;
+  evict_to(budget_);
+  return true;
+}
+
+std::list<PrefixCache::State>::const_iterator PrefixCache::find(
+    const std::vector<int64_t>& tokens) const {
+  return std::find_if(states_.begin(), states_.end(),
+                      [&](const State& s) { return s.tokens == tokens; });
+}
+
+void PrefixCache::count_sliding(State& state) {
+  state.sliding_nbytes = 0;
+  for (size_t j = 0; j < state.sliding_k.size(); ++j) {
+    state.sliding_nbytes += state.sliding_k[j].nbytes() + state.sliding_v[j].nbytes() +
+                            state.sliding_kpos[j].nbytes();
+  }
+}
+
+bool PrefixCache::touch(const std::vector<int64_t>& tokens) {
+  const auto held = find(tokens);
+  if (held == states_.end()) return false;
+  states_.splice(states_.begin(), states_, held);
+  return true;
+}
+
 void PrefixCache::save(const std::vector<int64_t>& tokens, Rings& rings, int64_t row) {
   const auto p = static_cast<int64_t>(tokens.size());
-  if (p == 0 || budget_ == 0) return;
-  const auto held = std::find_if(states_.begin(), states_.end(),
-                                 [&](const State& s) { return s.tokens == tokens; });
-  if (held != states_.end()) {
-    states_.splice(states_.begin(), states_, held);
-    return;
-  }
+  if (p == 0 || budget_ == 0 || touch(tokens)) return;
   State state;
   state.tokens = tokens;
-  int64_t new_bytes = 0;
   for (int64_t begin = 0; begin < p; begin += block_) {
     const int64_t size = std::min(block_, p - begin);
-    Key key(tokens.begin(), tokens.begin() + begin + size);
-    auto& slot = blocks_[key];
-    auto block = slot.lock();
-    if (!block) {
-      block = std::make_shared<Block>();
+    state.blocks.push_back(block_for({tokens.begin(), tokens.begin() + begin + size}, [&] {
+      Block block;
       for (auto& ring : rings.all()) {
         if (ring.type != LayerType::kFull) continue;
-        block->k.push_back(ring.k[row].narrow(1, begin, size).clone());
-        block->v.push_back(ring.v[row].narrow(1, begin, size).clone());
-        block->nbytes += block->k.back().nbytes() + block->v.back().nbytes();
+        block.k.push_back(ring.k[row].narrow(1, begin, size).clone());
+        block.v.push_back(ring.v[row].narrow(1, begin, size).clone());
+        block.nbytes += block.k.back().nbytes() + block.v.back().nbytes();
       }
-      slot = block;
-      new_bytes += block->nbytes;
-    }
-    state.blocks.push_back(std::move(block));
+      return block;
+    }));
   }
   for (auto& ring : rings.all()) {
     if (ring.type != LayerType::kSliding) continue;
     state.sliding_k.push_back(ring.k[row].clone());
     state.sliding_v.push_back(ring.v[row].clone());
     state.sliding_kpos.push_back(ring.kpos[row].clone());
-    state.sliding_nbytes += state.sliding_k.back().nbytes() + state.sliding_v.back().nbytes() +
-                            state.sliding_kpos.back().nbytes();
   }
-  int64_t own_bytes = state.sliding_nbytes;
-  for (const auto& block : state.blocks) own_bytes += block->nbytes;
-  if (own_bytes > budget_) {
-    state.blocks.clear();
-    evict_to(budget_);  // forgets the blocks made for it
-    return;
+  count_sliding(state);
+  hold(std::move(state));
+}
+
+bool PrefixCache::put(const PrefixState& saved) {
+  const auto& tokens = saved.tokens;
+  const auto p = static_cast<int64_t>(tokens.size());
+  if (p == 0 || budget_ == 0) return false;
+  if (touch(tokens)) return true;
+  State state;
+  state.tokens = tokens;
+  for (int64_t begin = 0; begin < p; begin += block_) {
+    const int64_t size = std::min(block_, p - begin);
+    state.blocks.push_back(block_for({tokens.begin(), tokens.begin() + begin + size}, [&] {
+      Block block;
+      for (size_t j = 0; j < saved.full_k.size(); ++j) {
+        block.k.push_back(saved.full_k[j].narrow(1, begin, size).clone());
+        block.v.push_back(saved.full_v[j].narrow(1, begin, size).clone());
+        block.nbytes += block.k.back().nbytes() + block.v.back().nbytes();
+      }
+      return block;
+    }));
   }
-  states_.push_front(std::move(state));
-  ++stats_.saves;
-  evict_to(budget_);
+  state.sliding_k = saved.sliding_k;
+  state.sliding_v = saved.sliding_v;
+  state.sliding_kpos = saved.sliding_kpos;
+  count_sliding(state);
+  return hold(std::move(state));
+}
+
+std::optional<PrefixState> PrefixCache::get(const std::vector<int64_t>& tokens) const {
+  const auto held = find(tokens);
+  if (held == states_.end()) return std::nullopt;
+  PrefixState out;
+  out.tokens = tokens;
+  const size_t full = held->blocks.empty() ? 0 : held->blocks.front()->k.size();
+  for (size_t j = 0; j < full; ++j) {
+    std::vector<at::Tensor> k, v;
+    for (const auto& block : held->blocks) {
+      k.push_back(block->k[j]);
+      v.push_back(block->v[j]);
+    }
+    out.full_k.push_back(at::cat(k, 1));
+    out.full_v.push_back(at::cat(v, 1));
+  }
+  out.sliding_k = held->sliding_k;
+  out.sliding_v = held->sliding_v;
+  out.sliding_kpos = held->sliding_kpos;
+  return out;
+}
+
+int64_t PrefixCache::erase(const std::vector<int64_t>& tokens) {
+  const auto held = find(tokens);
+  if (held == states_.end()) return 0;
+  states_.erase(held);
+  evict_to(budget_);  // forgets the blocks no other state holds
+  return static_cast<int64_t>(tokens.size());
+}
+
+void PrefixCache::set_row_state(int64_t row, std::vector<int64_t> tokens) {
+  if (tokens.empty()) {
+    row_states_.erase(row);
+  } else {
+    row_states_[row] = std::move(tokens);
+  }
+}
+
+const std::vector<int64_t>* PrefixCache::row_state(int64_t row) const {
+  const auto it = row_states_.find(row);
+  return it == row_states_.end() ? nullptr : &it->second;
 }
 
 std::list<PrefixCache::State>::const_iterator PrefixCache::longest_state(

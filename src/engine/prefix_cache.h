@@ -10,9 +10,11 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "model/rings.h"
@@ -27,6 +29,15 @@ struct PrefixCacheStats {
   int64_t evictions = 0;      // states evicted for the budget
   int64_t states = 0;         // states held now
   int64_t bytes = 0;          // bytes held now (shared blocks counted once)
+};
+
+// One held state as whole tensors, as a state file holds it: the full rings' entries for
+// positions [0, tokens.size()) and each sliding ring's row, rings in layer order.
+struct PrefixState {
+  std::vector<int64_t> tokens;
+  std::vector<at::Tensor> full_k, full_v;  // per full ring: [kv_heads, tokens.size(), head_dim]
+  std::vector<at::Tensor> sliding_k, sliding_v;  // per sliding ring: [kv_heads, slots, head_dim]
+  std::vector<at::Tensor> sliding_kpos;          // per sliding ring: [slots]
 };
 
 class PrefixCache {
@@ -46,8 +57,25 @@ class PrefixCache {
   // The tokens restore() would cover now, with nothing restored or counted.
   int64_t held_for(const std::vector<int64_t>& prompt) const;
 
+  // The state held for exactly `tokens`, or none.
+  std::optional<PrefixState> get(const std::vector<int64_t>& tokens) const;
+  // Holds `state` (its tensors shaped as the rings' rows it came from) as the most recently used
+  // one, its full entries in blocks shared with the states already held, as save() would.
+  // False when it alone exceeds the budget: nothing is held then.
+  bool put(const PrefixState& state);
+  // Forgets the state held for exactly `tokens` (the blocks no other state shares go with it).
+  // Returns its tokens' count, 0 when none was held.
+  int64_t erase(const std::vector<int64_t>& tokens);
+
+  // The tokens of the state a row's last sequence left, or restored into it (llama-server's slot
+  // save and erase name a row); kept here so that they travel with the cache (Batch::take_cache).
+  // Empty tokens: the row names none. The state itself may be evicted meanwhile.
+  void set_row_state(int64_t row, std::vector<int64_t> tokens);
+  const std::vector<int64_t>* row_state(int64_t row) const;
+
   const PrefixCacheStats& stats() const { return stats_; }
   int64_t block() const { return block_; }
+  int64_t budget() const { return budget_; }
 
  private:
   // Positions [b · block, b · block + size) of every full ring: k and v [kv_heads, size, d].
@@ -63,6 +91,18 @@ class PrefixCache {
   };
   using Key = std::vector<int64_t>;  // the tokens up to a block's end, or a state's tokens
 
+  // The block of the full rings' entries after `key` (the tokens up to its end), shared with
+  // the states that hold it already, else made by `make` and recorded.
+  std::shared_ptr<Block> block_for(const Key& key, const std::function<Block()>& make);
+  // Holds `state` as the most recently used; false (its blocks forgotten) when it alone
+  // exceeds the budget.
+  bool hold(State state);
+  // The state held for exactly `tokens`, or states_.end().
+  std::list<State>::const_iterator find(const std::vector<int64_t>& tokens) const;
+  // Makes the state held for exactly `tokens` the most recently used; false when none is.
+  bool touch(const std::vector<int64_t>& tokens);
+  // Sets state.sliding_nbytes from its sliding tensors.
+  static void count_sliding(State& state);
   void evict_to(int64_t budget);
   int64_t held_bytes() const;
   // The longest state whose tokens are a proper prefix of `prompt`, or states_.end().
@@ -72,6 +112,7 @@ class PrefixCache {
   int64_t block_;
   std::list<State> states_;  // most recently used first
   std::map<Key, std::weak_ptr<Block>> blocks_;
+  std::map<int64_t, std::vector<int64_t>> row_states_;
   PrefixCacheStats stats_;
 };
 

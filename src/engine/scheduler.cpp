@@ -28,6 +28,23 @@ DecodeResult cancelled_before_start(const Submission& submission) {
 
 }  // namespace
 
+void Scheduler::run_slot(Batch& batch, SlotEntry& action) {
+  const auto start = Clock::now();
+  try {
+    SlotOutcome outcome;
+    const SlotTask& task = action.task;
+    switch (task.action) {
+      case SlotAction::kSave: outcome = batch.save_slot(task.row, task.path); break;
+      case SlotAction::kRestore: outcome = batch.restore_slot(task.row, task.path); break;
+      case SlotAction::kErase: outcome.tokens = batch.erase_slot(task.row); break;
+    }
+    outcome.seconds = seconds_since(start);
+    action.done.set_value(outcome);
+  } catch (...) {
+    action.done.set_exception(std::current_exception());
+  }
+}
+
 Scheduler::Scheduler(const SchedulerOptions& options) : options_(options) {
   if (options_.max_queue < 0) {
     throw ValueError("max_queue must be at least 0, got " + std::to_string(options_.max_queue));
@@ -82,6 +99,22 @@ void Scheduler::cancel(int64_t ticket) {
   changed_.notify_all();
 }
 
+SlotOutcome Scheduler::slot(const SlotTask& task) {
+  if (options_.serial()) {
+    throw ValueError("slots keep no state one sequence at a time (read_every " +
+                     std::to_string(options_.read_every) + "): there is no prefix cache");
+  }
+  std::future<SlotOutcome> done;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) throw std::runtime_error("the engine is stopping: slot actions are over");
+    actions_.push_back({task, {}});
+    done = actions_.back().done.get_future();
+  }
+  changed_.notify_all();
+  return done.get();
+}
+
 void Scheduler::stop() {
   {
     std::lock_guard lock(mutex_);
@@ -100,9 +133,12 @@ SchedulerStats Scheduler::stats() const {
 Scheduler::Taken Scheduler::take_work(bool idle, int64_t free_rows,
                                       std::optional<double> sleep_after,
                                       std::vector<Entry>& admitted, std::vector<Entry>& dropped,
-                                      std::set<int64_t>& cancels) {
+                                      std::set<int64_t>& cancels,
+                                      std::vector<SlotEntry>& actions) {
   std::unique_lock lock(mutex_);
-  auto ready = [&] { return !idle || !waiting_.empty() || !cancels_.empty() || stopping_; };
+  auto ready = [&] {
+    return !idle || !waiting_.empty() || !cancels_.empty() || !actions_.empty() || stopping_;
+  };
   if (idle && sleep_after) {
     if (!changed_.wait_for(lock, std::chrono::duration<double>(*sleep_after), ready)) {
       return Taken::kIdleTooLong;
@@ -110,8 +146,9 @@ Scheduler::Taken Scheduler::take_work(bool idle, int64_t free_rows,
   } else {
     changed_.wait(lock, ready);
   }
-  if (idle && waiting_.empty() && stopping_) return Taken::kStopped;
+  if (idle && waiting_.empty() && actions_.empty() && stopping_) return Taken::kStopped;
   cancels = std::exchange(cancels_, {});
+  actions = std::exchange(actions_, {});
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     if (cancels.erase(it->ticket) > 0) {
       dropped.push_back(std::move(*it));
@@ -151,8 +188,9 @@ void Scheduler::sleep(Engine& engine) {
   }
 }
 
-bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted) {
-  if (!engine.asleep() || admitted.empty()) return !engine.asleep();
+bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted,
+                     std::vector<SlotEntry>& actions) {
+  if (!engine.asleep() || (admitted.empty() && actions.empty())) return !engine.asleep();
   const auto start = Clock::now();
   try {
     engine.wake();
@@ -164,7 +202,9 @@ bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted) {
       stats_.batch.positions = 0;
     }
     for (auto& entry : admitted) entry.submission.on_done({}, error);
+    for (auto& action : actions) action.done.set_exception(error);
     admitted.clear();
+    actions.clear();
     return false;
   }
   std::lock_guard lock(mutex_);
@@ -198,10 +238,11 @@ void Scheduler::run_batch(Engine& engine) {
   while (true) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
+    std::vector<SlotEntry> actions;
     const auto free_rows = options_.batch.rows - static_cast<int64_t>(running.size());
     const bool idle = !batch || batch->idle();
     const Taken taken =
-        take_work(idle, free_rows, sleep_after(engine), admitted, dropped, cancels);
+        take_work(idle, free_rows, sleep_after(engine), admitted, dropped, cancels, actions);
     if (taken == Taken::kStopped) break;
     if (taken == Taken::kIdleTooLong) {
       // The batch's rings go with the weights.
@@ -216,8 +257,9 @@ void Scheduler::run_batch(Engine& engine) {
     for (const auto& [id, entry] : running) {
       if (cancels.count(entry.ticket) > 0) batch->cancel(id);
     }
-    if (!wake(engine, admitted)) continue;
+    if (!wake(engine, admitted, actions)) continue;
     if (!batch) batch.emplace(engine, options_.batch, std::exchange(kept, std::nullopt));
+    for (auto& action : actions) run_slot(*batch, action);
     for (auto& entry : admitted) {
       auto& s = entry.submission;
       int64_t id;
@@ -283,8 +325,9 @@ void Scheduler::run_serial(Engine& engine) {
   while (true) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
+    std::vector<SlotEntry> actions;  // none: slot() refuses them here
     const Taken taken =
-        take_work(/*idle=*/true, 1, sleep_after(engine), admitted, dropped, cancels);
+        take_work(/*idle=*/true, 1, sleep_after(engine), admitted, dropped, cancels, actions);
     if (taken == Taken::kStopped) break;
     if (taken == Taken::kIdleTooLong) {
       sleep(engine);
@@ -293,7 +336,7 @@ void Scheduler::run_serial(Engine& engine) {
     for (auto& entry : dropped) {
       entry.submission.on_done(cancelled_before_start(entry.submission), nullptr);
     }
-    if (!wake(engine, admitted)) continue;
+    if (!wake(engine, admitted, actions)) continue;
     for (auto& entry : admitted) {
       auto& s = entry.submission;
       if (s.on_start) s.on_start();

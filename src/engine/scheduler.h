@@ -9,10 +9,12 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "engine/batch.h"
@@ -56,6 +58,14 @@ struct Submission {
   std::function<void(DecodeResult, std::exception_ptr)> on_done;
 };
 
+// A slot action for the owner thread (llama-server's POST /slots/{id}?action=...).
+enum class SlotAction { kSave, kRestore, kErase };
+struct SlotTask {
+  SlotAction action = SlotAction::kSave;
+  int64_t row = 0;
+  std::string path;  // the state file, for save and restore
+};
+
 // The queue has no room for a submission: more than max_queue sequences would wait.
 struct QueueFull : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -87,6 +97,11 @@ class Scheduler {
   // Any thread. Ends a waiting or running sequence (finish "cancelled", its on_done called on the
   // owner thread); nothing for a ticket that has ended.
   void cancel(int64_t ticket);
+  // Any thread. Waits until the owner thread has run the action between two steps (a sleeping
+  // engine woken first, as for a submission) and returns what it did: Batch::save_slot,
+  // restore_slot or erase_slot, and their exceptions. ValueError one sequence at a time (no
+  // batch, no prefix cache); std::runtime_error once stop() was called.
+  SlotOutcome slot(const SlotTask& task);
   // Any thread. run() returns once nothing waits or runs.
   void stop();
   SchedulerStats stats() const;
@@ -103,22 +118,28 @@ class Scheduler {
     int64_t ticket;
     Submission submission;
   };
+  struct SlotEntry {
+    SlotTask task;
+    std::promise<SlotOutcome> done;
+  };
 
   enum class Taken { kWork, kStopped, kIdleTooLong };
-  // Waits for work; takes the cancels and up to `free_rows` waiting entries. kStopped when stopped
-  // and nothing is left to do (`idle`: nothing in the batch); kIdleTooLong when idle and nothing
-  // came for `sleep_after` (none: no limit).
+  // Waits for work; takes the cancels, the slot actions and up to `free_rows` waiting entries.
+  // kStopped when stopped and nothing is left to do (`idle`: nothing in the batch); kIdleTooLong
+  // when idle and nothing came for `sleep_after` (none: no limit).
   Taken take_work(bool idle, int64_t free_rows, std::optional<double> sleep_after,
                   std::vector<Entry>& admitted, std::vector<Entry>& dropped,
-                  std::set<int64_t>& cancels);
+                  std::set<int64_t>& cancels, std::vector<SlotEntry>& actions);
   // sleep_idle_s when the engine is awake and may sleep.
   std::optional<double> sleep_after(const Engine& engine) const;
   // Engine::sleep after sleep_idle_s of idleness, with the stats saying so.
   void sleep(Engine& engine);
-  // Engine::wake before `admitted` run. False when the engine stays asleep: nothing was admitted,
-  // or the load failed and each entry ended with its exception.
-  bool wake(Engine& engine, std::vector<Entry>& admitted);
+  // Engine::wake before `admitted` and `actions` run. False when the engine stays asleep: there
+  // are none, or the load failed and each ended with its exception.
+  bool wake(Engine& engine, std::vector<Entry>& admitted, std::vector<SlotEntry>& actions);
   void run_batch(Engine& engine);
+  // One slot action on `batch`, timed; its outcome or exception goes to whoever waits in slot().
+  static void run_slot(Batch& batch, SlotEntry& action);
   void run_serial(Engine& engine);
   // With nothing running or waiting: the heap's free pages go back to the system. Requests of
   // many shapes (prompt chunks, batch sizes, oneDNN's compiled matmuls coming and going) leave
@@ -130,6 +151,7 @@ class Scheduler {
   std::condition_variable changed_;
   std::deque<Entry> waiting_;
   std::set<int64_t> cancels_;
+  std::vector<SlotEntry> actions_;
   int64_t next_ticket_ = 0;
   bool stopping_ = false;
   SchedulerStats stats_;  // running, batch and busy_s; waiting is waiting_'s size

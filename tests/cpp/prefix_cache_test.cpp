@@ -7,6 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <map>
 #include <string>
 #include <utility>
@@ -274,6 +277,124 @@ TEST(PrefixCache, ARowWaitsForTheStartItSharesAndReadsOnlyItsOwnTokens) {
     SCOPED_TRACE("row " + std::to_string(i));
     expect_same(runs[i], expected[i]);
   }
+}
+
+// llama-server's slot save and restore (engine/state_file.h): a state a row left, written to a
+// file and read by another engine on the same weights (a restarted server), gives a sequence
+// starting with its tokens the tokens and logits of reading them all, across the sliding window.
+TEST(SlotState, AStateReadFromAFileGivesAnotherEngineWhatReadingItsTokensGives) {
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("slot-state-" + std::to_string(::getpid()) + ".safetensors");
+  const auto first_prompt = tokens_of(37, 12);
+  std::vector<int64_t> second_prompt;
+  {
+    auto engine = make_engine();
+    Batch batch(engine, {.rows = 2, .cache_bytes = 64 << 20, .cache_block = 16});
+    through(batch, tokens_of(20, 13), 3);  // row 0 is free again: the next sequence takes it
+    const auto first = through(batch, first_prompt, 10);
+    second_prompt = first_prompt + first.result.tokens + tokens_of(6, 14);
+    const SlotOutcome saved = batch.save_slot(0, file.string());
+    EXPECT_EQ(saved.tokens, 37 + 9);
+    EXPECT_EQ(saved.bytes, static_cast<int64_t>(std::filesystem::file_size(file)));
+  }
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 2, .cache_bytes = 64 << 20, .cache_block = 16});
+  const SlotOutcome restored = batch.restore_slot(1, file.string());
+  EXPECT_EQ(restored.tokens, 46);
+  EXPECT_EQ(restored.bytes, static_cast<int64_t>(std::filesystem::file_size(file)));
+  const auto second = through(batch, second_prompt, 12);
+  EXPECT_EQ(second.result.cached_tokens, 46);
+  expect_same(second, alone(engine, second_prompt, 12));
+  // The restored state is the row's: saved again, it is the same file's worth.
+  const auto again = file.string() + ".again";
+  EXPECT_EQ(batch.save_slot(1, again).tokens, 46);
+  std::filesystem::remove(file);
+  std::filesystem::remove(again);
+}
+
+TEST(SlotState, AFileOfOtherWeightsRingsOrContextIsAFormatErrorSayingSo) {
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto file = (dir / ("slot-other-" + std::to_string(::getpid()))).string();
+  {
+    auto engine = make_engine();
+    Batch batch(engine, {.rows = 1, .cache_bytes = 64 << 20, .cache_block = 16});
+    through(batch, tokens_of(45, 15), 4);
+    ASSERT_EQ(batch.save_slot(0, file).tokens, 48);
+  }
+  const auto refused = [&](EngineOptions options, const std::string& needle) {
+    Engine engine(options);
+    Batch batch(engine, {.rows = 1, .cache_bytes = 64 << 20, .cache_block = 16});
+    try {
+      batch.restore_slot(0, file);
+      ADD_FAILURE() << "restored into an engine whose " << needle << " differs";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(batch.stats().cache.states, 0);
+  };
+  const auto same = testing::tiny_engine_options(tiny_dir(), 24);
+  refused(testing::tiny_engine_options(testing::tiny_checkpoint("prefix-cache-tiny", 5), 24),
+          "other weights");
+  auto bf16 = same;
+  bf16.dtype = at::kBFloat16;
+  refused(bf16, "where this engine's rings hold BF16");
+  auto short_context = same;
+  short_context.context = 40;
+  refused(short_context, "holds a state of 48 tokens; this engine's context takes states of 1 "
+                         "to 39");
+
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 1, .cache_bytes = 64 << 20, .cache_block = 16});
+  EXPECT_THROW(batch.restore_slot(0, file + ".missing"), NotFoundError);
+  // A safetensors file of another kind: the checkpoint's own weights.
+  try {
+    batch.restore_slot(0, tiny_dir() + "/model.safetensors");
+    ADD_FAILURE() << "restored a checkpoint as a state";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a prefix state file"), std::string::npos);
+  }
+  // Cut short on the way: the header no longer fits the file.
+  const auto cut = file + ".cut";
+  std::filesystem::copy_file(file, cut);
+  std::filesystem::resize_file(cut, std::filesystem::file_size(file) / 2);
+  EXPECT_THROW(batch.restore_slot(0, cut), FormatError);
+  // A state larger than the whole budget is refused, and nothing is held.
+  Batch small(engine, {.rows = 1, .cache_bytes = 4096, .cache_block = 16});
+  try {
+    small.restore_slot(0, file);
+    ADD_FAILURE() << "restored a state larger than the budget";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("larger than the prefix cache's whole budget"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_EQ(small.stats().cache.states, 0);
+  std::filesystem::remove(file);
+  std::filesystem::remove(cut);
+}
+
+TEST(SlotState, EraseForgetsTheRowsStateAndActionsOnNothingAreValueErrors) {
+  const auto file = (std::filesystem::temp_directory_path() /
+                     ("slot-erase-" + std::to_string(::getpid()))).string();
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 2, .cache_bytes = 64 << 20, .cache_block = 16});
+  EXPECT_THROW(batch.save_slot(0, file), ValueError) << "no sequence has finished in row 0";
+  EXPECT_THROW(batch.save_slot(2, file), ValueError) << "there is no row 2";
+  EXPECT_THROW(batch.erase_slot(-1), ValueError);
+  EXPECT_EQ(batch.erase_slot(1), 0);
+  const auto prompt = tokens_of(37, 16);
+  const auto first = through(batch, prompt, 10);
+  EXPECT_EQ(batch.erase_slot(0), 46);
+  EXPECT_EQ(batch.erase_slot(0), 0);
+  EXPECT_THROW(batch.save_slot(0, file), ValueError) << "row 0's state was erased";
+  // What is left is the prompt's own save point: the next turn reads the reply again.
+  const auto next = prompt + first.result.tokens + tokens_of(6, 17);
+  const auto run = through(batch, next, 6);
+  EXPECT_EQ(run.result.cached_tokens, 37);
+  expect_same(run, alone(engine, next, 6));
+
+  Batch uncached(engine, {.rows = 1});
+  EXPECT_THROW(uncached.erase_slot(0), ValueError) << "no prefix cache";
+  EXPECT_FALSE(std::filesystem::exists(file));
 }
 
 TEST(PrefixCache, BadBudgetsAreValueErrors) {

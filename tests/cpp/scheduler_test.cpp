@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <map>
 #include <mutex>
@@ -413,6 +416,56 @@ TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
     EXPECT_EQ(seen[1].result.cached_tokens, cached ? history : 0) << "read_every " << read_every;
     EXPECT_EQ(awake.batch.cache.hits, cached ? 1 : 0) << "read_every " << read_every;
   }
+}
+
+// Slot actions (llama-server's save, restore, erase) from another thread run on the owner thread
+// between steps; one waking a sleeping engine, as a submission does. A state saved before the
+// sleep, whose cache went with the weights, comes back from its file for the next turn.
+TEST(Scheduler, SlotActionsRunOnTheOwnerThreadAndWakeASleepingEngine) {
+  auto engine = make_engine();
+  const auto options = options_of(6, false, 0);
+  const auto prompt = prompt_of(9, 4);
+  const auto before = engine.decode(prompt, options).tokens;
+  auto next_turn = prompt;
+  next_turn.insert(next_turn.end(), before.begin(), before.end());
+  next_turn.push_back(7);
+  const auto after = engine.decode(next_turn, options).tokens;
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("scheduler-slot-" + std::to_string(::getpid()));
+
+  SchedulerOptions o;
+  o.batch.rows = 2;
+  o.batch.cache_bytes = 8 << 20;
+  o.sleep_idle_s = 2;  // time enough for the save before the cache goes with the weights
+  Scheduler scheduler(o);
+  std::vector<Seen> seen(2);
+  std::vector<std::promise<void>> done(2);
+  {
+    Running running(scheduler, engine);
+    scheduler.submit(recording(prompt, options, seen[0], done[0]));
+    done[0].get_future().wait();
+    const auto history = static_cast<int64_t>(prompt.size() + before.size()) - 1;
+    EXPECT_EQ(scheduler.slot({SlotAction::kSave, 0, file.string()}).tokens, history);
+    EXPECT_THROW(scheduler.slot({SlotAction::kSave, 1, file.string() + ".no"}), ValueError);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!scheduler.stats().asleep && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_TRUE(scheduler.stats().asleep);
+    const SlotOutcome restored = scheduler.slot({SlotAction::kRestore, 1, file.string()});
+    EXPECT_EQ(restored.tokens, history);
+    EXPECT_EQ(restored.bytes, static_cast<int64_t>(std::filesystem::file_size(file)));
+    EXPECT_FALSE(scheduler.stats().asleep);
+    scheduler.submit(recording(next_turn, options, seen[1], done[1]));
+    done[1].get_future().wait();
+    EXPECT_EQ(seen[1].error, nullptr);
+    EXPECT_EQ(seen[1].result.tokens, after);
+    EXPECT_EQ(seen[1].result.cached_tokens, history);
+  }
+  EXPECT_THROW(scheduler.slot({SlotAction::kErase, 0, ""}), std::runtime_error) << "stopped";
+  Scheduler serial(SchedulerOptions{.batch = {.rows = 1}, .read_every = 4});
+  EXPECT_THROW(serial.slot({SlotAction::kErase, 0, ""}), ValueError);
+  std::filesystem::remove(file);
 }
 
 TEST(Scheduler, StopReturnsOnceNothingIsLeft) {
