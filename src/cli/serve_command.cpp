@@ -30,6 +30,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_flag("--metrics-auth", options->metrics_auth, "/metrics needs the API key too");
   cmd->add_flag("--no-slots", options->no_slots,
                 "GET /slots answers 501: which requests run where stays unseen");
+  cmd->add_option("--slot-save-path", options->slot_save_path,
+                  "Folder of the prefix state files of POST /slots/{id}?action=save|restore "
+                  "(made if missing); without it slot actions answer 501");
   cmd->add_option("--metrics-compat", options->metrics_compat,
                   "none | vllm: also export the load gauges under vLLM's names")
       ->capture_default_str();

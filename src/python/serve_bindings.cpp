@@ -23,7 +23,8 @@ void bind_serve(py::module_& m) {
          const std::string& quantize, int64_t int4_activation_bits, bool constrain_tools,
          int64_t reasoning_budget, const std::string& reasoning_budget_message,
          const std::vector<std::string>& served_model_names,
-         bool metrics_auth, bool no_slots, const std::string& metrics_compat,
+         bool metrics_auth, bool no_slots, const std::string& slot_save_path,
+         const std::string& metrics_compat,
          double drain_grace_s,
          double sleep_idle_s, bool sleep_preserve_cache,
          int64_t parallel, int64_t cache_mb, int64_t step_tokens, int64_t pass_rows,
@@ -55,6 +56,7 @@ void bind_serve(py::module_& m) {
         options.served_model_names = served_model_names;
         options.metrics_auth = metrics_auth;
         options.no_slots = no_slots;
+        options.slot_save_path = slot_save_path;
         options.metrics_compat = metrics_compat;
         options.drain_grace_s = drain_grace_s;
         options.sleep_idle_s = sleep_idle_s;
@@ -103,6 +105,7 @@ void bind_serve(py::module_& m) {
       py::arg("reasoning_budget_message") = "",
       py::arg("served_model_names") = std::vector<std::string>{},
       py::arg("metrics_auth") = false, py::arg("no_slots") = false,
+      py::arg("slot_save_path") = "",
       py::arg("metrics_compat") = "none",
       py::arg("drain_grace_s") = 0.0,
       py::arg("sleep_idle_s") = server::ServeOptions{}.sleep_idle_s,

@@ -20,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "build_info.h"
@@ -52,6 +53,25 @@ constexpr const char* kEngineThreadName = "torchtpu-engine";  // at most 15 char
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// A slot file's name as a client gives it: a plain name inside --slot-save-path (no folder, no
+// hidden file, nothing a shell or another system reads differently). 400 otherwise.
+void check_slot_filename(const std::string& name) {
+  const auto bad = [&](const std::string& why) {
+    throw ApiError(400, "invalid slot filename \"" + name + "\": " + why, "invalid_request_error",
+                   "filename");
+  };
+  if (name.empty()) bad("it is empty");
+  if (name.size() > 255) bad("it is longer than 255 bytes");
+  if (name.front() == '.') bad("it starts with a dot");
+  if (name.back() == '.' || name.back() == ' ') bad("it ends with a dot or a space");
+  for (const unsigned char c : name) {
+    if (c < 0x20 || c == 0x7f) bad("it holds a control character");
+    if (std::string_view("/\\:*?\"<>|").find(static_cast<char>(c)) != std::string_view::npos) {
+      bad(std::string("it holds '") + static_cast<char>(c) + "'");
+    }
+  }
 }
 
 int64_t unix_seconds() {
@@ -519,6 +539,9 @@ class Server {
   ojson props_json() const;
   // llama-server's GET /slots: each row of the batch, busy or free, without its prompt.
   ojson slots_json() const;
+  // llama-server's POST /slots/{id}?action=save|restore|erase: a row's prefix state to and from
+  // a file in --slot-save-path (Scheduler::slot).
+  void slot_action(const httplib::Request& req, httplib::Response& res, const std::string& id);
   // The load gauges' figures at this moment.
   EngineLoad engine_load();
   // 404 model_not_found unless `name` is empty or one of the model's names.
@@ -1509,6 +1532,82 @@ ojson Server::slots_json() const {
   return out;
 }
 
+void Server::slot_action(const httplib::Request& req, httplib::Response& res,
+                         const std::string& id) {
+  if (options_.slot_save_path.empty()) {
+    throw ApiError(501, "slot save, restore and erase are off on this server: start it with "
+                   "--slot-save-path DIR", "not_supported_error", "", "slot_save_disabled");
+  }
+  if (scheduler_.cache_budget() == 0) {
+    throw ApiError(501, "slots keep no state on this server: its prefix cache is off (--cache-mb "
+                   "0, or --read-every above 1)", "not_supported_error", "",
+                   "prefix_cache_disabled");
+  }
+  SlotTask task;
+  try {
+    size_t end = 0;
+    task.row = std::stoll(id, &end);
+    if (end != id.size() || task.row < 0) throw std::invalid_argument(id);
+  } catch (const std::logic_error&) {
+    throw ApiError(400, "the slot id must be a whole number from 0, got \"" + id + "\"");
+  }
+  const std::string action = req.get_param_value("action");
+  if (action == "erase") {
+    task.action = SlotAction::kErase;
+  } else if (action == "save" || action == "restore") {
+    task.action = action == "save" ? SlotAction::kSave : SlotAction::kRestore;
+  } else {
+    throw ApiError(400, "action must be save, restore or erase, got \"" + action + "\"",
+                   "invalid_request_error", "action");
+  }
+  std::string filename;
+  if (task.action != SlotAction::kErase) {
+    const ojson body = parse_body(req.body);
+    if (!body.is_object() || !body.contains("filename") || !body["filename"].is_string()) {
+      throw ApiError(400, "the body must be an object with a string \"filename\"",
+                     "invalid_request_error", "filename");
+    }
+    filename = body["filename"].get<std::string>();
+    check_slot_filename(filename);
+    task.path = (std::filesystem::path(options_.slot_save_path) / filename).string();
+  }
+  // The server's folder stays out of what the client reads: errors name the file as given.
+  const auto as_given = [&](std::string message) {
+    if (task.path.empty()) return message;
+    for (size_t at = 0; (at = message.find(task.path, at)) != std::string::npos;) {
+      message.replace(at, task.path.size(), filename);
+      at += filename.size();
+    }
+    return message;
+  };
+  SlotOutcome done;
+  try {
+    done = scheduler_.slot(task);
+  } catch (const FormatError& e) {
+    throw ApiError(400, as_given(e.what()), "invalid_request_error", "filename");
+  } catch (const NotFoundError& e) {
+    if (task.action == SlotAction::kSave) throw ApiError(500, as_given(e.what()), "server_error");
+    throw ApiError(404, "no slot file \"" + filename + "\" in this server's slot save path",
+                   "invalid_request_error", "filename", "not_found");
+  } catch (const ValueError& e) {
+    throw ApiError(400, as_given(e.what()));
+  }
+  const double ms = done.seconds * 1e3;
+  ojson out = {{"id_slot", task.row}};
+  switch (task.action) {
+    case SlotAction::kSave:
+      out.update({{"filename", filename}, {"n_saved", done.tokens}, {"n_written", done.bytes},
+                  {"timings", {{"save_ms", ms}}}});
+      break;
+    case SlotAction::kRestore:
+      out.update({{"filename", filename}, {"n_restored", done.tokens}, {"n_read", done.bytes},
+                  {"timings", {{"restore_ms", ms}}}});
+      break;
+    case SlotAction::kErase: out["n_erased"] = done.tokens; break;
+  }
+  res.set_content(dump(out), "application/json");
+}
+
 ojson Server::engine_json() const {
   ojson out = {{"model", model_id_},
                {"model_dir", model_dir_},
@@ -1624,6 +1723,7 @@ std::string Server::endpoint_label(const std::string& path) const {
   if (known.count(path)) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  if (path.rfind("/slots/", 0) == 0) return "/slots/{id}";
   return "other";
 }
 
@@ -1758,6 +1858,11 @@ void Server::set_up_routes(httplib::Server& http) {
                            res.set_content(dump(slots), "application/json");
                          },
                          true));
+  http.Post(R"(/slots/([^/]*))", guarded(
+                                   [this](const httplib::Request& req, httplib::Response& res) {
+                                     slot_action(req, res, req.matches[1]);
+                                   },
+                                   true));
   http.Get("/props", guarded(
                          [this](const httplib::Request&, httplib::Response& res) {
                            res.set_content(dump(props_json()), "application/json");
@@ -2068,6 +2173,15 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   }
   check_media_limits(options.media);
   options.draft.validate();
+  if (!options.slot_save_path.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(options.slot_save_path, error);
+    if (!std::filesystem::is_directory(options.slot_save_path)) {
+      throw ValueError("--slot-save-path " + options.slot_save_path +
+                       " is not a folder this server can make" +
+                       (error ? ": " + error.message() : std::string()));
+    }
+  }
   // The scheduler checks max_queue and read_every (with parallel) as it is built.
   Server server(options, std::move(make_engine));
   return server.run();

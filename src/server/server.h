@@ -29,6 +29,9 @@ struct ServeOptions {
   bool metrics_auth = false;  // /metrics needs the API key too
   // GET /slots answers 501 (llama-server's --no-slots): what runs where stays unseen.
   bool no_slots = false;
+  // The folder of POST /slots/{id}?action=save|restore's state files (llama-server's
+  // --slot-save-path), made at start if missing; empty: those actions, and erase, answer 501.
+  std::string slot_save_path;
   // "vllm": the load gauges also under vLLM's names (vllm:num_requests_waiting, ...).
   std::string metrics_compat = "none";
   // After SIGINT/SIGTERM: seconds during which /health answers 503 while requests are still

@@ -146,6 +146,12 @@ def _parse_args(argv):
         help="GET /slots answers 501: which requests run where stays unseen",
     )
     p.add_argument(
+        "--slot-save-path",
+        default="",
+        help="folder of the prefix state files of POST /slots/{id}?action=save|restore "
+        "(made if missing); without it slot actions answer 501",
+    )
+    p.add_argument(
         "--metrics-compat",
         default="none",
         help="none | vllm: also export the load gauges under vLLM's names",
@@ -276,6 +282,7 @@ def main(argv=None):
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
                 no_slots=args.no_slots,
+                slot_save_path=args.slot_save_path,
                 metrics_compat=args.metrics_compat,
                 drain_grace_s=args.drain_grace,
                 sleep_idle_s=args.sleep_idle_seconds,
