@@ -84,31 +84,21 @@ bool PrefixCache::touch(const std::vector<int64_t>& tokens) {
 }
 
 void PrefixCache::save(const std::vector<int64_t>& tokens, Rings& rings, int64_t row) {
-  const auto p = static_cast<int64_t>(tokens.size());
-  if (p == 0 || budget_ == 0 || touch(tokens)) return;
-  State state;
+  if (tokens.empty() || budget_ == 0 || touch(tokens)) return;
+  PrefixState state;
   state.tokens = tokens;
-  for (int64_t begin = 0; begin < p; begin += block_) {
-    const int64_t size = std::min(block_, p - begin);
-    state.blocks.push_back(block_for({tokens.begin(), tokens.begin() + begin + size}, [&] {
-      Block block;
-      for (auto& ring : rings.all()) {
-        if (ring.type != LayerType::kFull) continue;
-        block.k.push_back(ring.k[row].narrow(1, begin, size).clone());
-        block.v.push_back(ring.v[row].narrow(1, begin, size).clone());
-        block.nbytes += block.k.back().nbytes() + block.v.back().nbytes();
-      }
-      return block;
-    }));
-  }
   for (auto& ring : rings.all()) {
-    if (ring.type != LayerType::kSliding) continue;
-    state.sliding_k.push_back(ring.k[row].clone());
-    state.sliding_v.push_back(ring.v[row].clone());
-    state.sliding_kpos.push_back(ring.kpos[row].clone());
+    if (ring.type == LayerType::kFull) {
+      // Views of the whole row: put copies out the blocks it does not share already.
+      state.full_k.push_back(ring.k[row]);
+      state.full_v.push_back(ring.v[row]);
+    } else {
+      state.sliding_k.push_back(ring.k[row].clone());
+      state.sliding_v.push_back(ring.v[row].clone());
+      state.sliding_kpos.push_back(ring.kpos[row].clone());
+    }
   }
-  count_sliding(state);
-  hold(std::move(state));
+  put(state);
 }
 
 bool PrefixCache::put(const PrefixState& saved) {

@@ -35,7 +35,9 @@ struct PrefixCacheStats {
 // positions [0, tokens.size()) and each sliding ring's row, rings in layer order.
 struct PrefixState {
   std::vector<int64_t> tokens;
-  std::vector<at::Tensor> full_k, full_v;  // per full ring: [kv_heads, tokens.size(), head_dim]
+  // Per full ring: [kv_heads, positions, head_dim], position i at index i; get() gives exactly
+  // tokens.size() positions, put() reads the first tokens.size().
+  std::vector<at::Tensor> full_k, full_v;
   std::vector<at::Tensor> sliding_k, sliding_v;  // per sliding ring: [kv_heads, slots, head_dim]
   std::vector<at::Tensor> sliding_kpos;          // per sliding ring: [slots]
 };
@@ -60,7 +62,7 @@ class PrefixCache {
   // The state held for exactly `tokens`, or none.
   std::optional<PrefixState> get(const std::vector<int64_t>& tokens) const;
   // Holds `state` (its tensors shaped as the rings' rows it came from) as the most recently used
-  // one, its full entries in blocks shared with the states already held, as save() would.
+  // one, its full entries copied into blocks, or shared with the states already holding them.
   // False when it alone exceeds the budget: nothing is held then.
   bool put(const PrefixState& state);
   // Forgets the state held for exactly `tokens` (the blocks no other state shares go with it).

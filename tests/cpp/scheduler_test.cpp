@@ -92,6 +92,22 @@ class Running {
   std::thread thread_;
 };
 
+// A conversation's two turns decoded alone: the first's output, and the second's prompt (the
+// first turn, its output and one more token) and output.
+struct TwoTurns {
+  std::vector<int64_t> before, next_turn, after;
+};
+TwoTurns two_turns(Engine& engine, const std::vector<int64_t>& prompt,
+                   const DecodeOptions& options) {
+  TwoTurns turns;
+  turns.before = engine.decode(prompt, options).tokens;
+  turns.next_turn = prompt;
+  turns.next_turn.insert(turns.next_turn.end(), turns.before.begin(), turns.before.end());
+  turns.next_turn.push_back(7);
+  turns.after = engine.decode(turns.next_turn, options).tokens;
+  return turns;
+}
+
 std::string message_of(std::exception_ptr error) {
   try {
     std::rethrow_exception(error);
@@ -363,11 +379,7 @@ TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
   auto engine = make_engine();
   auto options = options_of(6, false, 0);
   const auto prompt = prompt_of(5, 3);
-  const auto before = engine.decode(prompt, options).tokens;
-  auto next_turn = prompt;
-  next_turn.insert(next_turn.end(), before.begin(), before.end());
-  next_turn.push_back(7);
-  const auto after = engine.decode(next_turn, options).tokens;
+  const auto [before, next_turn, after] = two_turns(engine, prompt, options);
   engine.sleep();
   EXPECT_TRUE(engine.asleep());
   EXPECT_THROW(engine.decode(prompt, options), std::logic_error);
@@ -425,11 +437,7 @@ TEST(Scheduler, SlotActionsRunOnTheOwnerThreadAndWakeASleepingEngine) {
   auto engine = make_engine();
   const auto options = options_of(6, false, 0);
   const auto prompt = prompt_of(9, 4);
-  const auto before = engine.decode(prompt, options).tokens;
-  auto next_turn = prompt;
-  next_turn.insert(next_turn.end(), before.begin(), before.end());
-  next_turn.push_back(7);
-  const auto after = engine.decode(next_turn, options).tokens;
+  const auto [before, next_turn, after] = two_turns(engine, prompt, options);
   const auto file = std::filesystem::temp_directory_path() /
                     ("scheduler-slot-" + std::to_string(::getpid()));
 
