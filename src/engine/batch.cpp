@@ -90,9 +90,31 @@ Batch::Batch(Engine& engine, const BatchOptions& options, std::optional<PrefixCa
   }
 }
 
+std::vector<int64_t> place_in_rows(const std::vector<int64_t>& wanted, std::vector<bool> free) {
+  std::vector<int64_t> placed(wanted.size(), -1);
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    const int64_t row = wanted[k];
+    if (row >= 0 && row < static_cast<int64_t>(free.size()) && free[row]) {
+      placed[k] = row;
+      free[row] = false;
+    }
+  }
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    const auto first = std::find(free.begin(), free.end(), true);
+    if (wanted[k] >= 0 || first == free.end()) continue;
+    placed[k] = first - free.begin();
+    *first = false;
+  }
+  return placed;
+}
+
 int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
                       OnTokens on_tokens, OnLogits on_logits, std::vector<Media> media) {
   engine_.check_decode(prompt, options, media);
+  if (options.row < -1 || options.row >= options_.rows) {
+    throw ValueError("row " + std::to_string(options.row) + " does not exist: the rows are 0 to " +
+                     std::to_string(options_.rows - 1) + " (-1: the first free one)");
+  }
   DecodeOptions every_step = options;
   every_step.read_every = 1;
   const int64_t id = next_id_++;
@@ -129,6 +151,12 @@ DecodeResult Batch::take_result(int64_t id) {
 bool Batch::idle() const {
   return queue_.empty() &&
          std::none_of(rows_.begin(), rows_.end(), [](const Row& row) { return row.request; });
+}
+
+std::vector<bool> Batch::free_rows() const {
+  std::vector<bool> free;
+  for (const auto& row : rows_) free.push_back(!row.request);
+  return free;
 }
 
 BatchStats Batch::stats() const {
@@ -564,11 +592,18 @@ std::vector<int64_t> Batch::step() {
       queue_.erase(queued);
     }
   }
-  for (int64_t i = 0; i < options_.rows && !queue_.empty(); ++i) {
-    if (rows_[i].request) continue;
-    admit(rows_[i], i, std::move(queue_.front()));
-    queue_.pop_front();
+  std::vector<int64_t> wanted;
+  for (const auto& request : queue_) wanted.push_back(request.options.row);
+  const auto placed = place_in_rows(wanted, free_rows());
+  std::deque<Request> waiting;
+  for (size_t k = 0; k < placed.size(); ++k) {
+    if (placed[k] < 0) {
+      waiting.push_back(std::move(queue_[k]));
+    } else {
+      admit(rows_[placed[k]], placed[k], std::move(queue_[k]));
+    }
   }
+  queue_ = std::move(waiting);
 
   // Prompt chunks take what the decoding rows leave of the budget, the oldest sequence first.
   // While no row decodes, no one waits on the step: it reads a whole prefill chunk at least.

@@ -92,6 +92,12 @@ struct SlotOutcome {
   double seconds = 0;  // the action itself (the scheduler times it)
 };
 
+// Where sequences waiting in this order go, given which rows are free (free[i]): those asking
+// for a row (DecodeOptions::row) take it if it is free, the earliest first; then the others take
+// the lowest rows left, in order. -1 for those that wait: their turn comes as rows free up, and
+// they hold back no one. A Batch admits so, and the scheduler chooses what to hand it alike.
+std::vector<int64_t> place_in_rows(const std::vector<int64_t>& wanted, std::vector<bool> free);
+
 class Batch {
  public:
   // Rings for `options.rows` sequences on the engine's device (each as large as the engine's
@@ -101,9 +107,9 @@ class Batch {
   Batch(Engine& engine, const BatchOptions& options, std::optional<PrefixCache> cache = {});
 
   // Queues a sequence and returns its id (0, 1, 2, ... per batch). The checks of Engine::decode
-  // (ValueError); read_every is taken as 1 (every step reads each row's token back, to see stops
-  // and free rows). on_tokens sees this sequence's tokens as they
-  // reach the host, on_logits the float32 logits [vocab] each was chosen from.
+  // (ValueError), and a row (DecodeOptions::row) inside the batch; read_every is taken as 1 (every
+  // step reads each row's token back, to see stops and free rows). on_tokens sees this sequence's
+  // tokens as they reach the host, on_logits the float32 logits [vocab] each was chosen from.
   // `media`: the images and clips of an expanded prompt (Engine::decode's); their towers run
   // when the row is admitted, and the prefix cache keys their positions by the items' digests.
   int64_t submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
@@ -138,6 +144,8 @@ class Batch {
 
   // Nothing queued or in a row (results may still wait to be taken).
   bool idle() const;
+  // Whether each row is free now (no sequence in it).
+  std::vector<bool> free_rows() const;
   BatchStats stats() const;
   const BatchOptions& options() const { return options_; }
 

@@ -126,6 +126,10 @@ struct DecodeOptions {
   // A Batch's prefix cache shares states only between sequences of the same salt
   // (prefix_cache_key); "": those without one. Engine::decode keeps no cache.
   std::string cache_salt;
+  // The Batch row this sequence runs in (llama-server's id_slot: a client that saves or restores
+  // a slot's state names the row its conversation used); it waits for that row while others take
+  // the rest. -1: the first free row. Engine::decode has one row and ignores it.
+  int64_t row = -1;
 };
 
 struct DecodeResult {

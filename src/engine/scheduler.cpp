@@ -67,6 +67,14 @@ int64_t Scheduler::submit(Submission submission) {
 }
 
 std::vector<int64_t> Scheduler::submit(std::vector<Submission> submissions) {
+  const int64_t rows = options_.serial() ? 1 : options_.batch.rows;
+  for (const auto& submission : submissions) {
+    const int64_t row = submission.options.row;
+    if (row < -1 || row >= rows) {
+      throw ValueError("row " + std::to_string(row) + " does not exist: the rows are 0 to " +
+                       std::to_string(rows - 1) + " (-1: the first free one)");
+    }
+  }
   std::vector<int64_t> tickets;
   {
     std::lock_guard lock(mutex_);
@@ -130,7 +138,7 @@ SchedulerStats Scheduler::stats() const {
   return s;
 }
 
-Scheduler::Taken Scheduler::take_work(bool idle, int64_t free_rows,
+Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
                                       std::optional<double> sleep_after,
                                       std::vector<Entry>& admitted, std::vector<Entry>& dropped,
                                       std::set<int64_t>& cancels,
@@ -157,10 +165,18 @@ Scheduler::Taken Scheduler::take_work(bool idle, int64_t free_rows,
       ++it;
     }
   }
-  for (; free_rows > 0 && !waiting_.empty(); --free_rows) {
-    admitted.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+  std::vector<int64_t> wanted;
+  for (const auto& entry : waiting_) wanted.push_back(entry.submission.options.row);
+  const auto placed = place_in_rows(wanted, std::move(free));
+  std::deque<Entry> still;
+  for (size_t k = 0; k < placed.size(); ++k) {
+    if (placed[k] >= 0) {
+      admitted.push_back(std::move(waiting_[k]));
+    } else {
+      still.push_back(std::move(waiting_[k]));
+    }
   }
+  waiting_ = std::move(still);
   // Counted as running, its prompt as held, from here, so a scrape never misses a sequence
   // between queue and row (the next step's stats replace these figures).
   stats_.running += static_cast<int64_t>(admitted.size());
@@ -239,10 +255,10 @@ void Scheduler::run_batch(Engine& engine) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
     std::vector<SlotEntry> actions;
-    const auto free_rows = options_.batch.rows - static_cast<int64_t>(running.size());
     const bool idle = !batch || batch->idle();
-    const Taken taken =
-        take_work(idle, free_rows, sleep_after(engine), admitted, dropped, cancels, actions);
+    auto free = batch ? batch->free_rows() : std::vector<bool>(options_.batch.rows, true);
+    const Taken taken = take_work(idle, std::move(free), sleep_after(engine), admitted, dropped,
+                                  cancels, actions);
     if (taken == Taken::kStopped) break;
     if (taken == Taken::kIdleTooLong) {
       // The batch's rings go with the weights.
@@ -326,8 +342,8 @@ void Scheduler::run_serial(Engine& engine) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
     std::vector<SlotEntry> actions;  // none: slot() refuses them here
-    const Taken taken =
-        take_work(/*idle=*/true, 1, sleep_after(engine), admitted, dropped, cancels, actions);
+    const Taken taken = take_work(/*idle=*/true, {true}, sleep_after(engine), admitted, dropped,
+                                  cancels, actions);
     if (taken == Taken::kStopped) break;
     if (taken == Taken::kIdleTooLong) {
       sleep(engine);

@@ -89,7 +89,8 @@ class Scheduler {
 
   // Any thread. Queues a sequence and returns its ticket. QueueFull when it would leave more than
   // max_queue sequences waiting once the rows free now are taken (before run() starts, none are);
-  // the submission is then dropped without a call to on_done.
+  // the submission is then dropped without a call to on_done. ValueError for a row
+  // (DecodeOptions::row) outside the batch.
   int64_t submit(Submission submission);
   // Any thread. Queues several sequences (a request's choices) as submit() does, all of them or,
   // with QueueFull, none.
@@ -124,10 +125,10 @@ class Scheduler {
   };
 
   enum class Taken { kWork, kStopped, kIdleTooLong };
-  // Waits for work; takes the cancels, the slot actions and up to `free_rows` waiting entries.
-  // kStopped when stopped and nothing is left to do (`idle`: nothing in the batch); kIdleTooLong
-  // when idle and nothing came for `sleep_after` (none: no limit).
-  Taken take_work(bool idle, int64_t free_rows, std::optional<double> sleep_after,
+  // Waits for work; takes the cancels, the slot actions and the waiting entries the `free` rows
+  // take (place_in_rows). kStopped when stopped and nothing is left to do (`idle`: nothing in the
+  // batch); kIdleTooLong when idle and nothing came for `sleep_after` (none: no limit).
+  Taken take_work(bool idle, std::vector<bool> free, std::optional<double> sleep_after,
                   std::vector<Entry>& admitted, std::vector<Entry>& dropped,
                   std::set<int64_t>& cancels, std::vector<SlotEntry>& actions);
   // sleep_idle_s when the engine is awake and may sleep.

@@ -196,6 +196,14 @@ void parse_common(const ojson& body, GenerationRequest& r) {
                      "invalid_request_error", "cache_salt", "invalid_value");
     }
   }
+  if (auto n = get_int(body, "id_slot")) {
+    if (*n < -1) {
+      throw ApiError(400, "'id_slot' must be -1 (any free slot) or a slot's id, got " +
+                              std::to_string(*n),
+                     "invalid_request_error", "id_slot", "invalid_value");
+    }
+    r.id_slot = *n;
+  }
   r.response_format = parse_response_format(body);
 }
 

@@ -115,6 +115,9 @@ struct GenerationRequest {
   // The prefix cache shares states only between requests of the same salt (vLLM's cache_salt);
   // "": those without one.
   std::string cache_salt;
+  // The slot (row) the request runs in, once free (llama-server's id_slot: a client that saves
+  // or restores a slot's state names the one its conversation used); -1: any free one.
+  int64_t id_slot = -1;
   SamplingRequest sampling;
   // logprobs of the returned tokens, and how many alternatives per position (0-20). Chat:
   // logprobs=true plus top_logprobs; completions: logprobs=N sets both.

@@ -1273,6 +1273,17 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
                        "at most " + std::to_string(room) + " choices",
                    "invalid_request_error", "n", "invalid_value");
   }
+  if (r.id_slot >= options_.parallel) {
+    throw ApiError(400,
+                   "'id_slot' " + std::to_string(r.id_slot) + " does not exist: the slots are 0 "
+                       "to " + std::to_string(options_.parallel - 1) + " (--parallel)",
+                   "invalid_request_error", "id_slot", "invalid_value");
+  }
+  if (r.id_slot >= 0 && r.n > 1) {
+    throw ApiError(400, "'id_slot' runs one sequence in one slot: 'n' must be 1 with it, got " +
+                            std::to_string(r.n),
+                   "invalid_request_error", "n", "invalid_value");
+  }
   auto job = std::make_shared<Job>();
   job->media = read_media(r.media);
   std::string rendered = r.prompt;
@@ -1299,6 +1310,7 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   job->decode.draft = options_.draft;
   job->decode.draft.tokens = r.draft_max.value_or(options_.draft.tokens);
   job->decode.cache_salt = r.cache_salt;
+  job->decode.row = r.id_slot;
   job->decode.ignore_eos = r.ignore_eos;
   job->decode.constraint = constraint_for(r, chat, job->parser_prefix);
   if (const int64_t thinking = r.thinking_budget.value_or(options_.reasoning_budget);

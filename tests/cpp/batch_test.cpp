@@ -354,6 +354,55 @@ TEST(Batch, ASpentThinkingBudgetForcesTheBlockClosedAloneAndBesideOtherRows) {
   EXPECT_EQ(results.at(3).tokens, told_alone);
 }
 
+// llama-server's id_slot (DecodeOptions::row): a sequence asking for a busy row waits for it while
+// later ones take the other rows; each gets its tokens alone.
+TEST(Batch, ASequenceAskingForARowWaitsForItWhileOthersTakeTheRest) {
+  EXPECT_EQ(place_in_rows({1, -1, 1, -1, 0}, {true, true, false}),
+            (std::vector<int64_t>{1, -1, -1, -1, 0}));
+  EXPECT_EQ(place_in_rows({-1, 1, -1}, {true, true, true}), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(place_in_rows({-1, 0}, {true, true}), (std::vector<int64_t>{1, 0}))
+      << "a row asked for goes to the sequence asking, even a later one";
+  EXPECT_EQ(place_in_rows({2, -1}, {false, false, false}), (std::vector<int64_t>{-1, -1}));
+
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 2});
+  std::map<int64_t, Job> jobs;
+  const auto submit = [&](Job job, int64_t row) {
+    job.options.row = row;
+    jobs[batch.submit(job.prompt, job.options)] = job;
+  };
+  std::map<int64_t, DecodeResult> results;
+  std::map<int64_t, std::set<int64_t>> rows_of;  // sequence -> the rows it was seen in
+  submit({prompt_of(5, 1), greedy(12)}, -1);  // row 0
+  ASSERT_TRUE(batch.step().empty());
+  submit({prompt_of(6, 2), greedy(4)}, 0);    // waits for row 0
+  submit({prompt_of(7, 3), greedy(3)}, -1);   // row 1, free
+  submit({prompt_of(4, 4), greedy(3)}, -1);   // row 1, once the third leaves it
+  while (!batch.idle()) {
+    for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
+    const auto stats = batch.stats();
+    for (size_t row = 0; row < stats.row_stats.size(); ++row) {
+      if (stats.row_stats[row].sequence >= 0) rows_of[stats.row_stats[row].sequence].insert(row);
+    }
+  }
+  EXPECT_EQ(rows_of, (std::map<int64_t, std::set<int64_t>>{{0, {0}}, {1, {0}}, {2, {1}},
+                                                           {3, {1}}}));
+  for (const auto& [id, result] : results) EXPECT_EQ(result.finish, "length") << id;
+  expect_as_alone(engine, jobs, results);
+  auto bad = greedy(2);
+  for (const int64_t row : {2, -2}) {
+    bad.row = row;
+    try {
+      batch.submit(prompt_of(3), bad);
+      ADD_FAILURE() << "row " << row << " was accepted";
+    } catch (const ValueError& e) {
+      EXPECT_EQ(std::string(e.what()), "row " + std::to_string(row) +
+                                           " does not exist: the rows are 0 to 1 (-1: the "
+                                           "first free one)");
+    }
+  }
+}
+
 TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
   auto engine = make_engine();
   EXPECT_THROW(Batch(engine, {.rows = 0}), ValueError);

@@ -476,6 +476,50 @@ TEST(Scheduler, SlotActionsRunOnTheOwnerThreadAndWakeASleepingEngine) {
   std::filesystem::remove(file);
 }
 
+// A sequence asking for a row (llama-server's id_slot) waits for it in the queue while later
+// ones take the free rows.
+TEST(Scheduler, ASequenceAskingForABusyRowHoldsBackNoOne) {
+  auto engine = make_engine();
+  SchedulerOptions o;
+  o.batch.rows = 2;
+  Scheduler scheduler(o);
+  std::vector<Seen> seen(3);
+  std::vector<std::promise<void>> done(3);
+  std::mutex order_mutex;
+  std::vector<int> order;  // which sequences ended, in order
+  const std::pair<int64_t, int64_t> asks[] = {{40, -1}, {2, 0}, {2, -1}};  // max_new, row
+  std::vector<Submission> submissions;
+  for (int i = 0; i < 3; ++i) {
+    auto options = options_of(asks[i].first, false, 0);
+    options.row = asks[i].second;
+    submissions.push_back(recording(prompt_of(6, 20 + i), options, seen[i], done[i]));
+    auto on_done = submissions.back().on_done;
+    submissions.back().on_done = [&, i, on_done](DecodeResult r, std::exception_ptr e) {
+      {
+        std::lock_guard lock(order_mutex);
+        order.push_back(i);
+      }
+      on_done(std::move(r), e);
+    };
+  }
+  // Queued before the owner thread runs, so all three wait at its first look.
+  for (auto& submission : submissions) scheduler.submit(std::move(submission));
+  {
+    Running running(scheduler, engine);
+    for (auto& d : done) d.get_future().wait();
+  }
+  EXPECT_EQ(order, (std::vector<int>{2, 0, 1}));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(seen[i].error, nullptr);
+    EXPECT_EQ(seen[i].result.tokens.size(), static_cast<size_t>(asks[i].first));
+  }
+  auto options = options_of(2, false, 0);
+  options.row = 2;
+  Seen never;
+  std::promise<void> unused;
+  EXPECT_THROW(scheduler.submit(recording(prompt_of(3, 1), options, never, unused)), ValueError);
+}
+
 TEST(Scheduler, StopReturnsOnceNothingIsLeft) {
   auto engine = make_engine();
   Scheduler scheduler(SchedulerOptions{});

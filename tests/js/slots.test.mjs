@@ -23,9 +23,9 @@ async function post(url, route, body) {
 const first = Array.from({ length: 60 }, (_, i) => 100 + ((i * 37) % 500));
 const second = [...first, ...Array.from({ length: 12 }, (_, i) => 700 + i * 3)];
 
-async function complete(url, prompt, maxTokens) {
+async function complete(url, prompt, maxTokens, extra = {}) {
   const res = await post(url, "/v1/completions",
-    { prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true });
+    { prompt, max_tokens: maxTokens, temperature: 0, ignore_eos: true, ...extra });
   assert.equal(res.status, 200, JSON.stringify(res.body));
   return { text: res.body.choices[0].text,
     cached: res.body.usage.prompt_tokens_details.cached_tokens };
@@ -45,12 +45,14 @@ describe("slot save, restore and erase", () => {
     let expected;
     const a = await startServer(args());  // makes the folder
     try {
-      // One token: none is fed back, so the row's state is exactly the prompt.
-      await complete(a.url, first, 1);
-      const saved = await post(a.url, "/slots/0?action=save", { filename: "conv.bin" });
+      // One token: none is fed back, so the row's state is exactly the prompt. id_slot puts it
+      // in slot 1 (slot 0 is the first free one); the other slot's sequence leaves its own.
+      await complete(a.url, first, 1, { id_slot: 1 });
+      await complete(a.url, second, 2);
+      const saved = await post(a.url, "/slots/1?action=save", { filename: "conv.bin" });
       assert.equal(saved.status, 200, JSON.stringify(saved.body));
       const file = path.join(dir, "slots", "conv.bin");
-      assert.deepEqual({ ...saved.body, timings: undefined }, { id_slot: 0,
+      assert.deepEqual({ ...saved.body, timings: undefined }, { id_slot: 1,
         filename: "conv.bin", n_saved: first.length, n_written: statSync(file).size,
         timings: undefined });
       assert.ok(saved.body.timings.save_ms >= 0);
@@ -127,6 +129,21 @@ describe("slot save, restore and erase", () => {
         assert.equal(junk.status, 400);
         assert.match(junk.body.error.message, /^junk\.bin: /);
         assert.ok(!junk.body.error.message.includes(dir), junk.body.error.message);
+        // llama-server's id_slot on a generation request.
+        for (const [extra, message, param] of [
+          [{ id_slot: 2 }, "'id_slot' 2 does not exist: the slots are 0 to 1 (--parallel)",
+            "id_slot"],
+          [{ id_slot: -2 }, "'id_slot' must be -1 (any free slot) or a slot's id, got -2",
+            "id_slot"],
+          [{ id_slot: 0, n: 2 }, "'id_slot' runs one sequence in one slot: 'n' must be 1 with " +
+            "it, got 2", "n"],
+        ]) {
+          const res = await post(server.url, "/v1/completions",
+            { prompt: first, max_tokens: 1, ...extra });
+          assert.equal(res.status, 400, JSON.stringify(extra));
+          assert.equal(res.body.error.message, message);
+          assert.equal(res.body.error.param, param);
+        }
         assert.equal((await fetch(`${server.url}/health`)).status, 200);
         assert.equal((await complete(server.url, first, 2)).cached, 0);
       } finally {
