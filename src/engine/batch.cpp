@@ -108,13 +108,17 @@ std::vector<int64_t> place_in_rows(const std::vector<int64_t>& wanted, std::vect
   return placed;
 }
 
+void check_row(int64_t row, int64_t rows) {
+  if (row < -1 || row >= rows) {
+    throw ValueError("row " + std::to_string(row) + " does not exist: the rows are 0 to " +
+                     std::to_string(rows - 1) + " (-1: the first free one)");
+  }
+}
+
 int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& options,
                       OnTokens on_tokens, OnLogits on_logits, std::vector<Media> media) {
   engine_.check_decode(prompt, options, media);
-  if (options.row < -1 || options.row >= options_.rows) {
-    throw ValueError("row " + std::to_string(options.row) + " does not exist: the rows are 0 to " +
-                     std::to_string(options_.rows - 1) + " (-1: the first free one)");
-  }
+  check_row(options.row, options_.rows);
   DecodeOptions every_step = options;
   every_step.read_every = 1;
   const int64_t id = next_id_++;

@@ -97,6 +97,8 @@ struct SlotOutcome {
 // the lowest rows left, in order. -1 for those that wait: their turn comes as rows free up, and
 // they hold back no one. A Batch admits so, and the scheduler chooses what to hand it alike.
 std::vector<int64_t> place_in_rows(const std::vector<int64_t>& wanted, std::vector<bool> free);
+// ValueError unless `row` (DecodeOptions::row) is -1 or one of `rows` rows.
+void check_row(int64_t row, int64_t rows);
 
 class Batch {
  public:

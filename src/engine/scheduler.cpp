@@ -68,13 +68,7 @@ int64_t Scheduler::submit(Submission submission) {
 
 std::vector<int64_t> Scheduler::submit(std::vector<Submission> submissions) {
   const int64_t rows = options_.serial() ? 1 : options_.batch.rows;
-  for (const auto& submission : submissions) {
-    const int64_t row = submission.options.row;
-    if (row < -1 || row >= rows) {
-      throw ValueError("row " + std::to_string(row) + " does not exist: the rows are 0 to " +
-                       std::to_string(rows - 1) + " (-1: the first free one)");
-    }
-  }
+  for (const auto& submission : submissions) check_row(submission.options.row, rows);
   std::vector<int64_t> tickets;
   {
     std::lock_guard lock(mutex_);

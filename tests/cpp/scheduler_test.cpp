@@ -487,7 +487,7 @@ TEST(Scheduler, ASequenceAskingForABusyRowHoldsBackNoOne) {
   std::vector<std::promise<void>> done(3);
   std::mutex order_mutex;
   std::vector<int> order;  // which sequences ended, in order
-  const std::pair<int64_t, int64_t> asks[] = {{40, -1}, {2, 0}, {2, -1}};  // max_new, row
+  const std::pair<int64_t, int64_t> asks[] = {{200, -1}, {2, 0}, {2, -1}};  // max_new, row
   std::vector<Submission> submissions;
   for (int i = 0; i < 3; ++i) {
     auto options = options_of(asks[i].first, false, 0);
@@ -502,10 +502,19 @@ TEST(Scheduler, ASequenceAskingForABusyRowHoldsBackNoOne) {
       on_done(std::move(r), e);
     };
   }
-  // Queued before the owner thread runs, so all three wait at its first look.
-  for (auto& submission : submissions) scheduler.submit(std::move(submission));
+  // The first has row 0 when the others come: the second waits for it, the third takes row 1.
+  std::promise<void> first_started;
+  auto on_start = submissions[0].on_start;
+  submissions[0].on_start = [&, on_start] {
+    on_start();
+    first_started.set_value();
+  };
   {
     Running running(scheduler, engine);
+    scheduler.submit(std::move(submissions[0]));
+    first_started.get_future().wait();
+    scheduler.submit(std::move(submissions[1]));
+    scheduler.submit(std::move(submissions[2]));
     for (auto& d : done) d.get_future().wait();
   }
   EXPECT_EQ(order, (std::vector<int>{2, 0, 1}));
