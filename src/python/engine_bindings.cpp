@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -363,6 +364,14 @@ class PyBatch {
     return finished;
   }
 
+  // A slot action (Batch::save_slot, restore_slot, erase_slot) with the GIL released.
+  SlotOutcome slot(const char* method, const std::function<SlotOutcome(Batch&)>& action) {
+    engine_.begin(method, /*exclusive=*/true);
+    PyEngine::Busy busy(engine_);
+    py::gil_scoped_release released;
+    return action(*batch_);
+  }
+
   Batch& batch(const char* method) {
     engine_.begin(method);
     return *batch_;
@@ -681,6 +690,40 @@ void bind_engine(py::module_& m) {
           [](PyBatch& self, int64_t id) { return self.batch("Batch.result").take_result(id); },
           "The DecodeResult of a finished sequence, handed over once. ValueError otherwise.",
           py::arg("id"))
+      .def(
+          "save_slot",
+          [](PyBatch& self, int64_t row, const std::string& path) {
+            const SlotOutcome saved = self.slot(
+                "Batch.save_slot", [&](Batch& b) { return b.save_slot(row, path); });
+            return py::dict(py::arg("tokens") = saved.tokens, py::arg("bytes") = saved.bytes);
+          },
+          "Writes the prefix cache state that the last sequence to finish in row `row` left (or "
+          "the last one restored into it) to a file at `path` (llama-server's slot save): "
+          "{'tokens', 'bytes'}. ValueError when the row holds none or the batch has no cache.",
+          py::arg("row"), py::arg("path"))
+      .def(
+          "restore_slot",
+          [](PyBatch& self, int64_t row, const std::string& path) {
+            const SlotOutcome restored = self.slot(
+                "Batch.restore_slot", [&](Batch& b) { return b.restore_slot(row, path); });
+            return py::dict(py::arg("tokens") = restored.tokens,
+                            py::arg("bytes") = restored.bytes);
+          },
+          "Reads a state save_slot wrote (by any engine on the same weights) into the prefix "
+          "cache as row `row`'s: a prompt starting with its tokens then starts from it. "
+          "FileNotFoundError without the file; ValueError for a file of other weights or rings "
+          "(naming what differs) or a state larger than the cache's budget.",
+          py::arg("row"), py::arg("path"))
+      .def(
+          "erase_slot",
+          [](PyBatch& self, int64_t row) {
+            return self
+                .slot("Batch.erase_slot",
+                      [&](Batch& b) { return SlotOutcome{b.erase_slot(row)}; })
+                .tokens;
+          },
+          "Forgets row `row`'s state in the prefix cache; the tokens it held (0: none).",
+          py::arg("row"))
       .def_property_readonly("idle", [](PyBatch& self) { return self.batch("Batch.idle").idle(); })
       .def("stats", [](PyBatch& self) { return stats_dict(self.batch("Batch.stats").stats()); });
 }

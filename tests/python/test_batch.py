@@ -257,3 +257,34 @@ def test_a_second_turn_reuses_the_first_from_the_prefix_cache(engine):
         engine.batch(cache_mb=-1)
     with pytest.raises(ValueError, match="block"):
         engine.batch(cache_mb=1, cache_block=0)
+
+
+def test_a_slots_state_in_a_file_gives_another_engine_the_next_turn(engine, tiny, tmp_path):
+    """llama-server's slot save and restore: a second engine on the same weights (a restarted
+    host) starts the next turn from the file, with the tokens of reading it all."""
+    batch = engine.batch(rows=2, cache_mb=16, cache_block=16)
+    first_prompt = _prompt(37, 8)
+    first = batch.decode_many([first_prompt], 10, stop=())[0]  # in row 0, the first free
+    path = tmp_path / "turn.safetensors"
+    assert batch.save_slot(0, str(path)) == {"tokens": 46, "bytes": path.stat().st_size}
+    with pytest.raises(ValueError, match="slot 1 has no state to save"):
+        batch.save_slot(1, str(tmp_path / "none"))
+
+    other = tt.Engine(tiny, context=CONTEXT, dtype="float32", prefill_chunk=16, threads=1)
+    restored = other.batch(rows=2, cache_mb=16, cache_block=16)
+    assert restored.restore_slot(1, str(path)) == {"tokens": 46, "bytes": path.stat().st_size}
+    second_prompt = first_prompt + first.tokens + _prompt(6, 9)[1:]
+    second = restored.decode_many([second_prompt], 8, stop=())[0]
+    assert second.cached_tokens == 46
+    assert second.tokens == engine.decode(second_prompt, 8, stop=()).tokens
+    assert restored.erase_slot(1) == 46
+    assert restored.erase_slot(1) == 0
+    with pytest.raises(FileNotFoundError):
+        restored.restore_slot(0, str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="slot 2 does not exist: the slots are 0 to 1"):
+        restored.restore_slot(2, str(path))
+    bf16 = tt.Engine(tiny, context=CONTEXT, dtype="bfloat16", prefill_chunk=16, threads=1)
+    with pytest.raises(ValueError, match="where this engine's rings hold BF16"):
+        bf16.batch(cache_mb=16).restore_slot(0, str(path))
+    with pytest.raises(ValueError, match="prefix cache is off"):
+        engine.batch(rows=1).save_slot(0, str(path))
