@@ -37,43 +37,10 @@ void PrefixCache::evict_to(int64_t budget) {
   stats_.bytes = held_bytes();
 }
 
-std::shared_ptr<PrefixCache::Block> PrefixCache::block_for(const Key& key,
-                                                          const std::function<Block()>& make) {
-  auto& slot = blocks_[key];
-  auto block = slot.lock();
-  if (!block) {
-    block = std::make_shared<Block>(make());
-    slot = block;
-  }
-  return block;
-}
-
-bool PrefixCache::hold(State state) {
-  int64_t own_bytes = state.sliding_nbytes;
-  for (const auto& block : state.blocks) own_bytes += block->nbytes;
-  if (own_bytes > budget_) {
-    state.blocks.clear();
-    evict_to(budget_);  // forgets the blocks made for it
-    return false;
-  }
-  states_.push_front(std::move(state));
-  ++stats_.saves;
-  evict_to(budget_);
-  return true;
-}
-
 std::list<PrefixCache::State>::const_iterator PrefixCache::find(
     const std::vector<int64_t>& tokens) const {
   return std::find_if(states_.begin(), states_.end(),
                       [&](const State& s) { return s.tokens == tokens; });
-}
-
-void PrefixCache::count_sliding(State& state) {
-  state.sliding_nbytes = 0;
-  for (size_t j = 0; j < state.sliding_k.size(); ++j) {
-    state.sliding_nbytes += state.sliding_k[j].nbytes() + state.sliding_v[j].nbytes() +
-                            state.sliding_kpos[j].nbytes();
-  }
 }
 
 bool PrefixCache::touch(const std::vector<int64_t>& tokens) {
@@ -89,7 +56,7 @@ void PrefixCache::save(const std::vector<int64_t>& tokens, Rings& rings, int64_t
   state.tokens = tokens;
   for (auto& ring : rings.all()) {
     if (ring.type == LayerType::kFull) {
-      // Views of the whole row: put copies out the blocks it does not share already.
+      // Views of the whole row: insert copies out the blocks no state holds already.
       state.full_k.push_back(ring.k[row]);
       state.full_v.push_back(ring.v[row]);
     } else {
@@ -98,33 +65,52 @@ void PrefixCache::save(const std::vector<int64_t>& tokens, Rings& rings, int64_t
       state.sliding_kpos.push_back(ring.kpos[row].clone());
     }
   }
-  put(state);
+  insert(state);
 }
 
-bool PrefixCache::put(const PrefixState& saved) {
+bool PrefixCache::put(const PrefixState& state) {
+  if (state.tokens.empty() || budget_ == 0) return false;
+  return touch(state.tokens) || insert(state);
+}
+
+bool PrefixCache::insert(const PrefixState& saved) {
   const auto& tokens = saved.tokens;
   const auto p = static_cast<int64_t>(tokens.size());
-  if (p == 0 || budget_ == 0) return false;
-  if (touch(tokens)) return true;
   State state;
   state.tokens = tokens;
   for (int64_t begin = 0; begin < p; begin += block_) {
     const int64_t size = std::min(block_, p - begin);
-    state.blocks.push_back(block_for({tokens.begin(), tokens.begin() + begin + size}, [&] {
-      Block block;
+    auto& slot = blocks_[Key(tokens.begin(), tokens.begin() + begin + size)];
+    auto block = slot.lock();
+    if (!block) {
+      block = std::make_shared<Block>();
       for (size_t j = 0; j < saved.full_k.size(); ++j) {
-        block.k.push_back(saved.full_k[j].narrow(1, begin, size).clone());
-        block.v.push_back(saved.full_v[j].narrow(1, begin, size).clone());
-        block.nbytes += block.k.back().nbytes() + block.v.back().nbytes();
+        block->k.push_back(saved.full_k[j].narrow(1, begin, size).clone());
+        block->v.push_back(saved.full_v[j].narrow(1, begin, size).clone());
+        block->nbytes += block->k.back().nbytes() + block->v.back().nbytes();
       }
-      return block;
-    }));
+      slot = block;
+    }
+    state.blocks.push_back(std::move(block));
   }
   state.sliding_k = saved.sliding_k;
   state.sliding_v = saved.sliding_v;
   state.sliding_kpos = saved.sliding_kpos;
-  count_sliding(state);
-  return hold(std::move(state));
+  for (size_t j = 0; j < state.sliding_k.size(); ++j) {
+    state.sliding_nbytes += state.sliding_k[j].nbytes() + state.sliding_v[j].nbytes() +
+                            state.sliding_kpos[j].nbytes();
+  }
+  int64_t own_bytes = state.sliding_nbytes;
+  for (const auto& block : state.blocks) own_bytes += block->nbytes;
+  if (own_bytes > budget_) {
+    state.blocks.clear();
+    evict_to(budget_);  // forgets the blocks made for it
+    return false;
+  }
+  states_.push_front(std::move(state));
+  ++stats_.saves;
+  evict_to(budget_);
+  return true;
 }
 
 std::optional<PrefixState> PrefixCache::get(const std::vector<int64_t>& tokens) const {

@@ -10,7 +10,6 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -93,18 +92,14 @@ class PrefixCache {
   };
   using Key = std::vector<int64_t>;  // the tokens up to a block's end, or a state's tokens
 
-  // The block of the full rings' entries after `key` (the tokens up to its end), shared with
-  // the states that hold it already, else made by `make` and recorded.
-  std::shared_ptr<Block> block_for(const Key& key, const std::function<Block()>& make);
-  // Holds `state` as the most recently used; false (its blocks forgotten) when it alone
-  // exceeds the budget.
-  bool hold(State state);
+  // Holds `state`, which no state holds for the same tokens, as the most recently used: its full
+  // entries copied into blocks, or shared with the states holding them already. False (the
+  // blocks made for it forgotten) when it alone exceeds the budget.
+  bool insert(const PrefixState& state);
   // The state held for exactly `tokens`, or states_.end().
   std::list<State>::const_iterator find(const std::vector<int64_t>& tokens) const;
   // Makes the state held for exactly `tokens` the most recently used; false when none is.
   bool touch(const std::vector<int64_t>& tokens);
-  // Sets state.sliding_nbytes from its sliding tensors.
-  static void count_sliding(State& state);
   void evict_to(int64_t budget);
   int64_t held_bytes() const;
   // The longest state whose tokens are a proper prefix of `prompt`, or states_.end().

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -1563,15 +1564,17 @@ void Server::slot_action(const httplib::Request& req, httplib::Response& res,
   } catch (const std::logic_error&) {
     throw ApiError(400, "the slot id must be a whole number from 0, got \"" + id + "\"");
   }
+  static const std::map<std::string, SlotAction> actions = {
+      {"save", SlotAction::kSave},
+      {"restore", SlotAction::kRestore},
+      {"erase", SlotAction::kErase}};
   const std::string action = req.get_param_value("action");
-  if (action == "erase") {
-    task.action = SlotAction::kErase;
-  } else if (action == "save" || action == "restore") {
-    task.action = action == "save" ? SlotAction::kSave : SlotAction::kRestore;
-  } else {
+  const auto named = actions.find(action);
+  if (named == actions.end()) {
     throw ApiError(400, "action must be save, restore or erase, got \"" + action + "\"",
                    "invalid_request_error", "action");
   }
+  task.action = named->second;
   std::string filename;
   if (task.action != SlotAction::kErase) {
     const ojson body = parse_body(req.body);
