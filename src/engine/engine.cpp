@@ -190,11 +190,19 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
   storage_ = model_->storage();
   layout_ = rings_.layout();
   if (audio_) audio_options_ = load_audio_feature_options(options_.model_dir);
-  uint64_t id = Checkpoint(options_.model_dir).fingerprint();
-  if (!options_.emb4_dir.empty()) id = id * kFnvPrime ^ Checkpoint(options_.emb4_dir).fingerprint();
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id));
-  weights_id_ = hex;
+}
+
+const std::string& Engine::weights_id() const {
+  std::call_once(weights_id_once_, [this] {
+    uint64_t id = Checkpoint(options_.model_dir).fingerprint();
+    if (!options_.emb4_dir.empty()) {
+      id = id * kFnvPrime ^ Checkpoint(options_.emb4_dir).fingerprint();
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id));
+    weights_id_ = hex;
+  });
+  return weights_id_;
 }
 
 void Engine::load() {

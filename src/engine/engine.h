@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -176,8 +177,10 @@ class Engine {
   double load_seconds() const { return load_s_; }
   // The weights' identity as 16 hex digits: Checkpoint::fingerprint of the model and of the int4
   // tables when given. A prefix state file names it, and only an engine with the same weights
-  // reads the file back (the rings' dtype and shapes are checked on their own).
-  const std::string& weights_id() const { return weights_id_; }
+  // reads the file back (the rings' dtype and shapes are checked on their own). Computed at the
+  // first call, not at load: it touches a page or two of every tensor, seconds on a cold disk,
+  // which only an engine that saves or restores states should pay.
+  const std::string& weights_id() const;
   // Frees the weights, the towers and the rings, giving their memory back (a server idle for a
   // while: llama.cpp's --sleep-idle-seconds); the configuration and checks above still answer.
   // Until wake(), nothing that runs the model may be called. Owner thread.
@@ -245,7 +248,8 @@ class Engine {
   AudioFeatureOptions audio_options_;
   Rings rings_;
   double load_s_ = 0;
-  std::string weights_id_;
+  mutable std::once_flag weights_id_once_;
+  mutable std::string weights_id_;
 };
 
 }  // namespace torchtpu
