@@ -378,9 +378,10 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   const std::string model_type = top.string("model_type", "");
   const json* text = &root;
   std::string prefix;
-  if (model_type == "gemma4") {
+  const bool assistant = model_type == "gemma4_assistant";
+  if (model_type == "gemma4" || assistant) {
     if (!top.has("text_config") || !root["text_config"].is_object()) {
-      top.fail("text_config", "must be an object for model_type \"gemma4\"");
+      top.fail("text_config", "must be an object for model_type \"" + model_type + "\"");
     }
     text = &root["text_config"];
     prefix = "text_config.";
@@ -391,12 +392,20 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
     }
   } else if (model_type != "gemma4_text") {
     top.unsupported("model_type", root.value("model_type", json()),
-                    "expected \"gemma4\" or \"gemma4_text\"");
+                    "expected \"gemma4\", \"gemma4_text\" or \"gemma4_assistant\"");
   }
   const Fields f(*text, path, prefix);
 
   ModelConfig c;
-  if (text != &root) {
+  if (assistant) {
+    AssistantConfig a;
+    a.backbone_hidden_size = top.positive("backbone_hidden_size", a.backbone_hidden_size);
+    a.use_ordered_embeddings = top.boolean("use_ordered_embeddings", a.use_ordered_embeddings);
+    a.num_centroids = top.positive("num_centroids", a.num_centroids);
+    a.centroid_intermediate_top_k =
+        top.positive("centroid_intermediate_top_k", a.centroid_intermediate_top_k);
+    c.assistant = a;
+  } else if (text != &root) {
     if (top.has("vision_config")) {
       if (!root["vision_config"].is_object())
         top.fail("vision_config", "must be an object or null, got " + root["vision_config"].dump());
@@ -418,9 +427,13 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   c.max_position_embeddings = f.positive("max_position_embeddings", 131072);
   c.sliding_window = f.positive("sliding_window", 512);
   c.hidden_size_per_layer_input = f.integer("hidden_size_per_layer_input", 256);
-  c.vocab_size_per_layer_input = f.positive("vocab_size_per_layer_input", 262144);
+  // An assistant has no per-layer inputs and writes their table's size as 0.
+  c.vocab_size_per_layer_input = assistant ? f.integer("vocab_size_per_layer_input", 0)
+                                           : f.positive("vocab_size_per_layer_input", 262144);
   c.use_double_wide_mlp = f.boolean("use_double_wide_mlp", false);
   c.num_kv_shared_layers = f.integer("num_kv_shared_layers", 0);
+  // Gemma4AssistantConfig makes every layer shared when the text config names none.
+  if (assistant && c.num_kv_shared_layers == 0) c.num_kv_shared_layers = c.num_hidden_layers;
   c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
   c.final_logit_softcapping = f.number("final_logit_softcapping", 0.0);
   c.hidden_activation = f.string("hidden_activation", "gelu_pytorch_tanh");
@@ -441,7 +454,8 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   }
   // PLE rows are looked up with the token ids; a table at least as large as the vocabulary is
   // what transformers builds, a smaller one would be indexed out of range.
-  if (c.hidden_size_per_layer_input > 0 && c.vocab_size_per_layer_input < c.vocab_size) {
+  if (!assistant && c.hidden_size_per_layer_input > 0 &&
+      c.vocab_size_per_layer_input < c.vocab_size) {
     f.unsupported("vocab_size_per_layer_input", c.vocab_size_per_layer_input,
                   "it is smaller than vocab_size = " + std::to_string(c.vocab_size));
   }
@@ -487,12 +501,36 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
     c.layer_types = default_layer_types(c.num_hidden_layers);
   }
 
-  if (c.num_kv_shared_layers < 0 || c.num_kv_shared_layers >= c.num_hidden_layers) {
+  if (assistant) {
+    // transformers' Gemma4AssistantConfig.validate_architecture, as FormatErrors.
+    if (c.hidden_size_per_layer_input != 0) {
+      f.unsupported("hidden_size_per_layer_input", c.hidden_size_per_layer_input,
+                    "an assistant has no per-layer inputs (0)");
+    }
+    if (c.use_double_wide_mlp) {
+      f.unsupported("use_double_wide_mlp", true, "an assistant's MLPs are all one width");
+    }
+    if (c.num_kv_shared_layers != c.num_hidden_layers) {
+      f.unsupported("num_kv_shared_layers", c.num_kv_shared_layers,
+                    "every layer of an assistant reads the target's K/V (num_hidden_layers = " +
+                        std::to_string(c.num_hidden_layers) + ")");
+    }
+    const auto& a = *c.assistant;
+    if (a.use_ordered_embeddings &&
+        (c.vocab_size % a.num_centroids != 0 || a.centroid_intermediate_top_k > a.num_centroids)) {
+      top.fail("num_centroids", "= " + std::to_string(a.num_centroids) +
+                                    " must divide text_config.vocab_size = " +
+                                    std::to_string(c.vocab_size) +
+                                    " and be at least centroid_intermediate_top_k = " +
+                                    std::to_string(a.centroid_intermediate_top_k));
+    }
+  } else if (c.num_kv_shared_layers < 0 || c.num_kv_shared_layers >= c.num_hidden_layers) {
     f.fail("num_kv_shared_layers",
            "= " + std::to_string(c.num_kv_shared_layers) +
                " must be in [0, num_hidden_layers = " + std::to_string(c.num_hidden_layers) + ")");
   }
-  for (int64_t l = c.first_shared_layer(); l < c.num_hidden_layers; ++l) {
+  for (int64_t l = assistant ? c.num_hidden_layers : c.first_shared_layer();
+       l < c.num_hidden_layers; ++l) {
     const auto t = c.layer_types[l];
     bool found = false;
     for (int64_t s = 0; s < c.first_shared_layer(); ++s) found = found || c.layer_types[s] == t;

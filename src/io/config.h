@@ -80,6 +80,17 @@ struct AudioConfig {
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
 };
 
+// The top level of a Gemma 4 assistant's config.json (model_type "gemma4_assistant",
+// Gemma4AssistantConfig): the multi-token-prediction drafter that reads a target model's K/V.
+struct AssistantConfig {
+  int64_t backbone_hidden_size = 1536;  // the target's hidden size
+  // The head scores only the tokens of the centroid_intermediate_top_k of num_centroids token
+  // clusters its centroids rank highest (masked_embedding), not the whole vocabulary.
+  bool use_ordered_embeddings = false;
+  int64_t num_centroids = 2048;
+  int64_t centroid_intermediate_top_k = 32;
+};
+
 struct ModelConfig {
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
@@ -119,6 +130,9 @@ struct ModelConfig {
   int64_t audio_token_id = 258881;
   int64_t boa_token_id = 256000;
   int64_t eoa_token_index = 258883;
+  // An assistant's: its text_config is the rest of this struct, every layer of which reads the
+  // target's K/V (num_kv_shared_layers = num_hidden_layers, no per-layer inputs).
+  std::optional<AssistantConfig> assistant;
 
   // Derived, from the research note §1 / §2.5.
   int64_t first_shared_layer() const { return num_hidden_layers - num_kv_shared_layers; }
@@ -130,7 +144,8 @@ struct ModelConfig {
   const RopeParams& rope(int64_t layer) const;
 };
 
-// Parses and validates. `path` is used in every message.
+// Parses and validates (model_type "gemma4", "gemma4_text" or "gemma4_assistant"). `path` is used
+// in every message.
 ModelConfig parse_config_json(const std::string& json_text, const std::string& path);
 // DIR/config.json plus the eos ids of DIR/generation_config.json when that file exists.
 ModelConfig load_config(const std::string& dir);

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
           {{"type", c.layer_types[l] == LayerType::kFull ? "full_attention" : "sliding_attention"},
            {"head_dim", c.layer_head_dim(l)},
            {"mlp_width", c.mlp_width(l)},
-           {"kv_source", c.kv_source(l)},
+           {"kv_source", c.assistant ? -1 : c.kv_source(l)},  // an assistant reads its target's
            {"shared", c.is_shared(l)}});
     }
     nlohmann::json out = {
@@ -100,6 +100,13 @@ int main(int argc, char** argv) {
           {"gradient_clipping", a->gradient_clipping},
           {"output_proj_dims", a->output_proj_dims},
       };
+    }
+    out["assistant"] = nullptr;
+    if (const auto& a = c.assistant) {
+      out["assistant"] = {{"backbone_hidden_size", a->backbone_hidden_size},
+                          {"use_ordered_embeddings", a->use_ordered_embeddings},
+                          {"num_centroids", a->num_centroids},
+                          {"centroid_intermediate_top_k", a->centroid_intermediate_top_k}};
     }
     std::cout << out.dump() << "\n";
   } catch (const std::exception& e) {

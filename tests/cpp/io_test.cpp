@@ -985,8 +985,8 @@ TEST(Config, AudioConfigErrorsNameTheField) {
 
 TEST(Config, TopLevelErrors) {
   EXPECT_THAT(config_error({{"model_type", "llama"}}),
-              HasSubstr("model_type = \"llama\" is not supported: expected \"gemma4\" or "
-                        "\"gemma4_text\""));
+              HasSubstr("model_type = \"llama\" is not supported: expected \"gemma4\", "
+                        "\"gemma4_text\" or \"gemma4_assistant\""));
   EXPECT_THAT(config_error({{"model_type", "gemma4"}}),
               HasSubstr("text_config must be an object for model_type \"gemma4\""));
   try {

@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 from transformers import (
+    Gemma4AssistantConfig,
     Gemma4AudioConfig,
     Gemma4Config,
     Gemma4TextConfig,
@@ -187,3 +188,84 @@ def test_generation_config_eos_ids_are_added(tmp_path):
     Gemma4Config(text_config=e2b_text().to_dict(), eos_token_id=[1, 106]).save_pretrained(tmp_path)
     GenerationConfig(eos_token_id=[1, 106, 50], bos_token_id=2).save_pretrained(tmp_path)
     assert dump(tmp_path)["eos_token_ids"] == [1, 106, 50]
+
+
+def assistant(**overrides):
+    """A Gemma 4 assistant's config as transformers writes it: two layers that both read the
+    target's K/V, no per-layer inputs, ordered embeddings over 16 clusters."""
+    text = tiny_text(
+        num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
+        num_kv_shared_layers=2, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+        use_double_wide_mlp=False,
+    )  # fmt: skip
+    kwargs = dict(
+        text_config=text.to_dict(), backbone_hidden_size=1536, use_ordered_embeddings=True,
+        num_centroids=16, centroid_intermediate_top_k=4,
+    )  # fmt: skip
+    kwargs.update(overrides)
+    return Gemma4AssistantConfig(**kwargs)
+
+
+def test_assistant_matches_transformers(tmp_path):
+    assistant().save_pretrained(tmp_path)
+    ours = dump(tmp_path)
+    loaded = Gemma4AssistantConfig.from_pretrained(tmp_path)
+    for field in ["backbone_hidden_size", "use_ordered_embeddings", "num_centroids",
+                  "centroid_intermediate_top_k"]:  # fmt: skip
+        assert ours["assistant"][field] == getattr(loaded, field), field
+    text = loaded.get_text_config()
+    for field in ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "hidden_size_per_layer_input",
+                  "sliding_window"]:  # fmt: skip
+        assert ours[field] == getattr(text, field), field
+    assert ours["num_kv_shared_layers"] == text.num_hidden_layers
+    assert [l["shared"] for l in ours["layers"]] == [True, True]
+    assert [l["head_dim"] for l in ours["layers"]] == [
+        text.per_layer_config[i].head_dim for i in range(2)
+    ]
+    tiny_text().save_pretrained(tmp_path / "target")
+    assert dump(tmp_path / "target")["assistant"] is None
+
+
+def _set(section, key, value):
+    def edit(config):
+        (config[section] if section else config)[key] = value
+        return config
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            _set("text_config", "hidden_size_per_layer_input", 8),
+            "text_config.hidden_size_per_layer_input = 8 is not supported: an assistant has no "
+            "per-layer inputs (0)",
+        ),
+        (
+            _set("text_config", "num_kv_shared_layers", 1),
+            "text_config.num_kv_shared_layers = 1 is not supported: every layer of an assistant "
+            "reads the target's K/V (num_hidden_layers = 2)",
+        ),
+        (
+            _set("text_config", "use_double_wide_mlp", True),
+            "text_config.use_double_wide_mlp = true is not supported",
+        ),
+        (
+            _set(None, "num_centroids", 10),
+            "num_centroids = 10 must divide text_config.vocab_size = 512 and be at least "
+            "centroid_intermediate_top_k = 4",
+        ),
+        (_set(None, "text_config", None), "text_config must be an object for model_type "
+         "\"gemma4_assistant\""),  # fmt: skip
+    ],
+    ids=["per-layer-inputs", "unshared-layer", "double-wide", "centroids", "no-text-config"],
+)
+def test_assistant_errors_name_the_field(tmp_path, edit, message):
+    assistant().save_pretrained(tmp_path)
+    config = edit(json.loads((tmp_path / "config.json").read_text()))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    out = subprocess.run([DUMP, str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 1
+    assert message in out.stderr
