@@ -346,6 +346,25 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
                         lm_head_.nbytes()});
   }
 
+  if (c.assistant) {
+    const auto& a = *c.assistant;
+    pre_projection_ = linear_weight(ckpt, "pre_projection", {H, 2 * a.backbone_hidden_size});
+    post_projection_ = linear_weight(ckpt, "post_projection", {a.backbone_hidden_size, H});
+    head_rows_ = head ? *head : embed_tokens_;
+    if (a.use_ordered_embeddings) {
+      centroids_ = linear_weight(ckpt, "masked_embedding.centroids", {a.num_centroids, H});
+      const auto& view = ckpt.get("masked_embedding.token_ordering");
+      expect_shape(view, {c.vocab_size});
+      const auto ordering = host_tensor(view).to(at::kLong);
+      if (ordering.numel() > 0 &&
+          (ordering.min().item<int64_t>() < 0 || ordering.max().item<int64_t>() >= c.vocab_size)) {
+        throw FormatError("tensor masked_embedding.token_ordering in " + ckpt.dir() +
+                          " holds ids outside [0, " + std::to_string(c.vocab_size) + ")");
+      }
+      token_ordering_ = ordering.to(o.device);
+    }
+  }
+
   inv_freq_sliding_ = inverse_frequencies(c.rope_sliding, c.head_dim).to(o.device);
   inv_freq_full_ = inverse_frequencies(c.rope_full, c.global_head_dim).to(o.device);
   release_free_heap();
@@ -377,13 +396,10 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
   const auto& w = layers_[l];
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t d = c.layer_head_dim(l);
-  const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads;
-  const int64_t group = heads / kv_heads;
-  const bool sliding = c.layer_types[l] == LayerType::kSliding;
+  const int64_t kv_heads = c.num_key_value_heads;
 
   const auto projected = w.qkv(x);
-  auto q = rms_norm(projected[0].view({B, T, heads, d}), w.q_norm, c.rms_norm_eps);
-  q = ops::rope(q, cos, sin).transpose(1, 2);  // [B, heads, T, d]
+  const auto q = query(l, projected[0], cos, sin);
 
   at::Tensor k, v, kpos;
   if (c.is_shared(l)) {
@@ -402,11 +418,8 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
       // The ring as attention reads it: all slots, or only up to the last filled one (the rest
       // are empty, masked anyway).
       auto readable = [&] {
-        if (!options_.attend_filled_slots) return std::make_tuple(ring.k, ring.v, ring.kpos);
-        const auto filled = (ring.kpos >= 0).any(0).nonzero();
-        const int64_t n = filled.numel() ? filled.max().item<int64_t>() + 1 : 0;
-        return std::make_tuple(ring.k.narrow(2, 0, n), ring.v.narrow(2, 0, n),
-                               ring.kpos.narrow(1, 0, n));
+        const Ring read = options_.attend_filled_slots ? filled_part(ring) : ring;
+        return std::make_tuple(read.k, read.v, read.kpos);
       };
       // Each row writes at its own positions: position p into slot p % slots of its ring row.
       // One row (Engine::decode) takes index_copy_ along the slots; several take index_put_ with
@@ -477,23 +490,63 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
     kv_views[3 * l + 2] = kpos;
   }
 
+  return attend(l, q, k, v, positions, kpos);
+}
+
+at::Tensor Gemma4::query(int64_t l, const at::Tensor& projected, const at::Tensor& cos,
+                         const at::Tensor& sin) const {
+  const auto& c = config_;
+  const int64_t B = projected.size(0), T = projected.size(1);
+  auto q = rms_norm(projected.view({B, T, c.num_attention_heads, c.layer_head_dim(l)}),
+                    layers_[l].q_norm, c.rms_norm_eps);
+  return ops::rope(q, cos, sin).transpose(1, 2);
+}
+
+at::Tensor Gemma4::attend(int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const at::Tensor& query_pos, const at::Tensor& key_pos) const {
+  const auto& c = config_;
+  const int64_t B = q.size(0), heads = q.size(1), T = q.size(2), d = q.size(3);
+  const int64_t kv_heads = c.num_key_value_heads;
+  const bool sliding = c.layer_types[l] == LayerType::kSliding;
   // Query head h reads kv head h / group (transformers' repeat_kv order).
-  const auto q_rows = q.reshape({B, kv_heads, group * T, d});
-  auto out = ops::attention(q_rows, k, v, positions, kpos, sliding ? c.sliding_window : 0);
+  const auto q_rows = q.reshape({B, kv_heads, heads / kv_heads * T, d});
+  auto out = ops::attention(q_rows, k, v, query_pos, key_pos, sliding ? c.sliding_window : 0);
   out = out.view({B, heads, T, d}).transpose(1, 2).reshape({B, T, heads * d});
-  return w.o_proj(out);
+  return layers_[l].o_proj(out);
+}
+
+at::Tensor Gemma4::after_attention(int64_t l, const at::Tensor& h, const at::Tensor& attn) const {
+  const auto& c = config_;
+  const auto& w = layers_[l];
+  auto x = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
+  RECORD_USER_SCOPE("gemma4::mlp");
+  auto f = rms_norm(x, w.pre_feedforward_layernorm, c.rms_norm_eps);
+  const auto gate_up = w.gate_up(f);
+  auto m = w.down_proj(ops::gelu_tanh_mul(gate_up[0], gate_up[1]));
+  return x + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
+}
+
+std::pair<at::Tensor, at::Tensor> Gemma4::angles(const at::Tensor& positions,
+                                                 const at::Tensor& inv_freq) const {
+  auto freqs = positions.unsqueeze(-1).to(at::kFloat) * inv_freq;
+  auto emb = at::cat({freqs, freqs}, -1);
+  // [B, T, 1, d]: broadcast over heads.
+  return {emb.cos().to(options_.dtype).unsqueeze(2), emb.sin().to(options_.dtype).unsqueeze(2)};
+}
+
+at::Tensor Gemma4::embed(const at::Tensor& ids) const {
+  auto scale = at::scalar_tensor(std::sqrt(static_cast<double>(config_.hidden_size)),
+                                 ids.options().dtype(at::kFloat))
+                   .to(options_.dtype);
+  return embed_tokens_.lookup(ids) * scale;
 }
 
 at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
                            bool last_only, bool no_logits, const SoftTokens* soft,
-                           const at::Tensor& lengths) const {
+                           const at::Tensor& lengths, at::Tensor* hidden) const {
   const auto& c = config_;
-  const auto dtype = options_.dtype;
   const int64_t B = ids.size(0), T = ids.size(1);
 
-  auto embed_scale = at::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)),
-                                       ids.options().dtype(at::kFloat))
-                         .to(dtype);
   // Profiler scopes (bench/decode_profile.py groups a decode step's time by them).
   at::Tensor h, ple;
   {
@@ -501,20 +554,14 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     // Soft-token positions read pad_token_id's rows (the per-layer token part included), then
     // their main embeddings become the tower's rows, which the per-layer context part sees.
     const auto text_ids = soft ? at::where(soft->mask, c.pad_token_id, ids) : ids;
-    h = embed_tokens_.lookup(text_ids.reshape(-1)).view({B, T, c.hidden_size}) * embed_scale;
+    h = embed(text_ids.reshape(-1)).view({B, T, c.hidden_size});
     if (soft) h = h.masked_scatter(soft->mask.unsqueeze(-1), soft->rows.to(h.scalar_type()));
     if (c.hidden_size_per_layer_input > 0) ple = per_layer_inputs(text_ids, h);
   }
 
   auto pos = positions;
-  auto angles = [&](const at::Tensor& inv_freq) {
-    auto freqs = pos.unsqueeze(-1).to(at::kFloat) * inv_freq;
-    auto emb = at::cat({freqs, freqs}, -1);
-    // [B, T, 1, d]: broadcast over heads.
-    return std::make_pair(emb.cos().to(dtype).unsqueeze(2), emb.sin().to(dtype).unsqueeze(2));
-  };
-  auto [cos_sliding, sin_sliding] = angles(inv_freq_sliding_);
-  auto [cos_full, sin_full] = angles(inv_freq_full_);
+  auto [cos_sliding, sin_sliding] = angles(pos, inv_freq_sliding_);
+  auto [cos_full, sin_full] = angles(pos, inv_freq_full_);
 
   const auto padding =
       lengths.defined() ? at::arange(T, lengths.options()).unsqueeze(0) >= lengths.unsqueeze(1)
@@ -546,21 +593,14 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     }
     const auto& w = layers_[l];
     const bool sliding = c.layer_types[l] == LayerType::kSliding;
+    at::Tensor attn;
     {
       RECORD_USER_SCOPE("gemma4::attention");
-      auto attn = attention(l, rms_norm(h, w.input_layernorm, c.rms_norm_eps), pos,
-                            sliding ? cos_sliding : cos_full, sliding ? sin_sliding : sin_full,
-                            padding, rings, kv_views);
-      h = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
+      attn = attention(l, rms_norm(h, w.input_layernorm, c.rms_norm_eps), pos,
+                       sliding ? cos_sliding : cos_full, sliding ? sin_sliding : sin_full, padding,
+                       rings, kv_views);
     }
-
-    {
-      RECORD_USER_SCOPE("gemma4::mlp");
-      auto f = rms_norm(h, w.pre_feedforward_layernorm, c.rms_norm_eps);
-      const auto gate_up = w.gate_up(f);
-      auto m = w.down_proj(ops::gelu_tanh_mul(gate_up[0], gate_up[1]));
-      h = h + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
-    }
+    h = after_attention(l, h, attn);
     if (ple.defined()) {
       RECORD_USER_SCOPE("gemma4::per_layer_input");
       auto g = ops::gelu_tanh_mul(w.per_layer_input_gate(h), ple.select(2, l));
@@ -572,11 +612,50 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
   keep_last_position();
 
   RECORD_USER_SCOPE("gemma4::head");
-  const auto logits = lm_head_(rms_norm(h, final_norm_, c.rms_norm_eps));
+  const auto normed = rms_norm(h, final_norm_, c.rms_norm_eps);
+  if (hidden) *hidden = normed;
+  const auto logits = lm_head_(normed);
   if (c.final_logit_softcapping > 0) {
     return ops::softcap(logits, c.final_logit_softcapping, at::kFloat);
   }
   return logits.to(at::kFloat);
+}
+
+std::pair<at::Tensor, at::Tensor> Gemma4::draft(const at::Tensor& x, const at::Tensor& positions,
+                                                const Ring& sliding, const Ring& full) const {
+  const auto& c = config_;
+  TORCH_CHECK(c.assistant, "Gemma4::draft needs an assistant's checkpoint");
+  const int64_t B = x.size(0);
+  auto h = pre_projection_(x);
+  auto [cos_sliding, sin_sliding] = angles(positions, inv_freq_sliding_);
+  auto [cos_full, sin_full] = angles(positions, inv_freq_full_);
+  // The rings hold the target's keys before the token, its own not yet: what the token's
+  // position sees, the window's W keys included, is what position - 1 sees causally.
+  const auto seen = positions - 1;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const auto& w = layers_[l];
+    const bool is_sliding = c.layer_types[l] == LayerType::kSliding;
+    const Ring& ring = is_sliding ? sliding : full;
+    const auto q = query(l, w.qkv(rms_norm(h, w.input_layernorm, c.rms_norm_eps))[0],
+                         is_sliding ? cos_sliding : cos_full, is_sliding ? sin_sliding : sin_full);
+    h = after_attention(l, h, attend(l, q, ring.k, ring.v, seen, ring.kpos)) * w.layer_scalar;
+  }
+  h = rms_norm(h, final_norm_, c.rms_norm_eps);
+  auto carry = post_projection_(h);
+  if (!c.assistant->use_ordered_embeddings) {
+    return {lm_head_(h).view({B, -1}).argmax(-1), std::move(carry)};
+  }
+  // Gemma4AssistantMaskedEmbedder: the tokens of the top clusters scored, the rest masked below
+  // them, so the argmax is the best of those tokens.
+  const auto& a = *c.assistant;
+  const int64_t per_cluster = c.vocab_size / a.num_centroids;
+  const auto top = std::get<1>(centroids_(h).view({B, -1}).topk(a.centroid_intermediate_top_k));
+  const auto candidates = token_ordering_.view({a.num_centroids, per_cluster})
+                              .index_select(0, top.reshape(-1))
+                              .view({B, -1});
+  const auto rows = head_rows_.lookup(candidates.reshape(-1)).view({B, -1, c.hidden_size});
+  const auto scores = at::bmm(rows, h.view({B, c.hidden_size, 1})).view({B, -1});
+  return {candidates.gather(1, scores.argmax(-1, /*keepdim=*/true)).view({B}), std::move(carry)};
 }
 
 }  // namespace torchtpu

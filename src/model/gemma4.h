@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/checkpoint.h"
@@ -151,9 +152,27 @@ class Gemma4 {
   // `lengths` ([batch] int64 on the device, with rings): row b's tokens are its first lengths[b]
   // (0 to T); the rest are padding, which writes nothing into the rings, and with last_only row
   // b continues from its position lengths[b] - 1. Several prompts read in one pass (a Batch).
+  // `hidden`: set to the final norm's output [batch, T or 1, hidden_size] (the head's input at
+  // the positions of the logits), what an assistant drafts from; undefined with no_logits.
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
                      bool last_only = false, bool no_logits = false,
-                     const SoftTokens* soft = nullptr, const at::Tensor& lengths = {}) const;
+                     const SoftTokens* soft = nullptr, const at::Tensor& lengths = {},
+                     at::Tensor* hidden = nullptr) const;
+  // The input embeddings of ids [N] (int64, on the device): embed_tokens' rows times
+  // sqrt(hidden_size), [N, hidden_size] in the compute dtype.
+  at::Tensor embed(const at::Tensor& ids) const;
+
+  // One step of an assistant (config().assistant, a multi-token-prediction drafter): a draft
+  // token for each of B rows. `x` [B, 1, 2 * backbone_hidden_size]: the target's embed() of the
+  // row's last token beside the target's final hidden state that chose it, or beside the carry
+  // of this call for the draft token before. `positions` [B, 1]: that last token's position; the
+  // layers attend, at that position and without a causal order, to the K/V the target's rings
+  // hold before it: sliding layers to `sliding` (the target's last non-shared sliding layer's
+  // ring, its window of keys), full layers to `full` (likewise, every key). Returns the draft
+  // tokens [B] (int64, the head's argmax over the vocabulary or, with ordered embeddings, over
+  // the top clusters' tokens) and the carry [B, 1, backbone_hidden_size].
+  std::pair<at::Tensor, at::Tensor> draft(const at::Tensor& x, const at::Tensor& positions,
+                                          const Ring& sliding, const Ring& full) const;
 
  private:
   // `padding`: [batch, T] bool, true where forward's `lengths` say padding (undefined: none).
@@ -161,6 +180,17 @@ class Gemma4 {
                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& padding,
                        Rings* rings, std::vector<at::Tensor>& kv_views) const;
   at::Tensor per_layer_inputs(const at::Tensor& ids, const at::Tensor& embeds) const;
+  // cos and sin [B, T, 1, d] of positions [B, T] for one layer type's inverse frequencies.
+  std::pair<at::Tensor, at::Tensor> angles(const at::Tensor& positions,
+                                           const at::Tensor& inv_freq) const;
+  // Layer l's queries of x [B, T, hidden]: projected, normed and rotated, [B, heads, T, d].
+  at::Tensor query(int64_t l, const at::Tensor& projected, const at::Tensor& cos,
+                   const at::Tensor& sin) const;
+  // The attention's output [B, T, heads * d] of queries [B, heads, T, d] over k/v, projected.
+  at::Tensor attend(int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& query_pos, const at::Tensor& key_pos) const;
+  // The residual stream h after layer l's attention output: its norm added, then the MLP's.
+  at::Tensor after_attention(int64_t l, const at::Tensor& h, const at::Tensor& attn) const;
   Linear linear_weight(const Checkpoint& ckpt, const std::string& module,
                        const std::vector<int64_t>& shape);
   // The form options_.int4 asks for of an int4 weight on the host.
@@ -176,6 +206,12 @@ class Gemma4 {
   Linear lm_head_, per_layer_model_projection_;
   at::Tensor per_layer_projection_norm_, final_norm_;
   at::Tensor inv_freq_sliding_, inv_freq_full_;  // f32 on the device
+  // An assistant's own weights (config_.assistant): the projections into and out of its width,
+  // the vocabulary table its head scores, and with ordered embeddings the clusters' centroids
+  // and token_ordering (the vocabulary ids, cluster by cluster).
+  Linear pre_projection_, post_projection_, centroids_;
+  VocabTable head_rows_;
+  at::Tensor token_ordering_;  // [vocab] int64 on the device
   std::vector<StorageReport> storage_;
 };
 

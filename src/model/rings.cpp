@@ -4,6 +4,16 @@
 
 namespace torchtpu {
 
+Ring filled_part(const Ring& ring) {
+  const auto filled = (ring.kpos >= 0).any(0).nonzero();
+  const int64_t n = filled.numel() ? filled.max().item<int64_t>() + 1 : 0;
+  Ring part = ring;
+  part.k = ring.k.narrow(2, 0, n);
+  part.v = ring.v.narrow(2, 0, n);
+  part.kpos = ring.kpos.narrow(1, 0, n);
+  return part;
+}
+
 Rings::Rings(const ModelConfig& config, int64_t context, int64_t batch, at::ScalarType dtype,
              const at::Device& device) {
   const int64_t layers = config.num_hidden_layers;

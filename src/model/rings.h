@@ -20,6 +20,10 @@ struct Ring {
   LayerType type = LayerType::kSliding;
 };
 
+// The ring up to its last slot that any row has filled (one host read of kpos): the slots past it
+// are empty and masked anyway (ModelOptions::attend_filled_slots); slots and type as they are.
+Ring filled_part(const Ring& ring);
+
 struct Layout {
   int64_t full_rings = 0;
   int64_t sliding_rings = 0;
