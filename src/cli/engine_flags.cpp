@@ -30,12 +30,17 @@ void add_engine_settings(CLI::App& cmd, EngineSettings& settings) {
                "Do not load the checkpoint's image tower (images are then refused)");
   cmd.add_flag("--no-audio", settings.no_audio,
                "Do not load the checkpoint's audio tower (audio is then refused)");
+  cmd.add_option("--draft-model", settings.draft_model,
+                 "Directory of the model's Gemma 4 assistant (model_type gemma4_assistant): "
+                 "drafts come from it (multi-token prediction) instead of prompt lookup, for "
+                 "requests that draft (--draft-max)");
 }
 
 void add_draft_flags(CLI::App& cmd, Drafting& draft) {
   cmd.add_option("--draft-max", draft.tokens,
-                 "Speculative decoding by prompt lookup: tokens drafted per step at most, from "
-                 "what followed the last tokens earlier in the sequence (0: off)")
+                 "Speculative decoding: tokens drafted per step at most, from the assistant "
+                 "(--draft-model) or else from what followed the last tokens earlier in the "
+                 "sequence (prompt lookup; 0: off)")
       ->capture_default_str();
   cmd.add_option("--draft-ngram-min", draft.ngram_min,
                  "Shortest run of last tokens a draft is looked up by")

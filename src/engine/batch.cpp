@@ -339,7 +339,7 @@ int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<in
   const int64_t count = chunk_size(row, limit);
   auto row_rings = rings_.rows(index, 1);
   const auto logits = engine_.read_chunk(row_rings, row.request->prompt, row.read,
-                                         row.read + count, &row.media);
+                                         row.read + count, &row.media, keep_hidden(row.hidden));
   ++prompt_passes_;
   after_chunk(row, index, count, logits, finished);
   return count;
@@ -390,14 +390,16 @@ int64_t Batch::read_together(const std::vector<int64_t>& reading, int64_t budget
   }
   const auto device = engine_.options().device;
   auto rings = rings_.rows(lo, n);
+  at::Tensor hidden;
   const auto logits = engine_.model().forward(
       long_tensor(ids, {n, T}, device), long_tensor(positions, {n, T}, device), &rings,
       /*last_only=*/true, /*no_logits=*/!any_final, /*soft=*/nullptr,
-      long_tensor(lengths, {n}, device));
+      long_tensor(lengths, {n}, device), keep_hidden(hidden));
   ++prompt_passes_;
   for (const auto& [i, count] : group) {
     Row& row = rows_[i];
     const bool last = row.read + count == static_cast<int64_t>(row.request->prompt.size());
+    if (last && hidden.defined()) row.hidden = hidden.narrow(0, i - lo, 1);
     after_chunk(row, i, count, last ? logits[i - lo].view({-1}) : at::Tensor(), finished);
   }
   return n * T;
@@ -451,8 +453,14 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
     const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
     gate_.record(rows, drafted, tokens, took.count());
   };
-  if (const auto drafts = look_up_drafts(n); !drafts.empty() && (always || gate_.draft(rows))) {
-    return record(/*drafted=*/true, check_drafts(n, drafts, finished));
+  // The assistant's drafts cost passes of their own, so the gate is asked before they are made;
+  // prompt lookup's cost next to nothing, and it is asked once some are found.
+  const bool assistant = engine_.has_drafter();
+  if (drafting && (!assistant || always || gate_.draft(rows))) {
+    const auto drafts = look_up_drafts(n);
+    if (!drafts.empty() && (assistant || always || gate_.draft(rows))) {
+      return record(/*drafted=*/true, check_drafts(n, drafts, finished));
+    }
   }
   std::vector<at::Tensor> tokens;
   std::vector<int64_t> positions, decoding;
@@ -465,7 +473,12 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
   const auto ids = at::cat(tokens).view({n, 1});
   const auto at_positions = long_tensor(positions, {n, 1}, engine_.options().device);
   auto rings = rings_.rows(0, n);
-  const auto logits = engine_.model().forward(ids, at_positions, &rings).view({n, -1});
+  at::Tensor hidden;
+  const auto logits = engine_.model()
+                          .forward(ids, at_positions, &rings, /*last_only=*/false,
+                                   /*no_logits=*/false, /*soft=*/nullptr, /*lengths=*/{},
+                                   keep_hidden(hidden))
+                          .view({n, -1});
   at::Tensor sampled;
   {
     RECORD_USER_SCOPE("engine::sample");
@@ -486,30 +499,69 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
     Row& row = rows_[i];
     row.fed.push_back(row.token_id);
     row.token = row_tokens[i];
+    if (hidden.defined()) row.hidden = hidden.narrow(0, i, 1);
     ++row.position;
     accept(row, i, host.data_ptr<int64_t>()[i], finished);
   }
   record(/*drafted=*/false, rows);
 }
 
-std::vector<std::vector<int64_t>> Batch::look_up_drafts(int64_t n) const {
+std::vector<std::vector<int64_t>> Batch::look_up_drafts(int64_t n) {
   // With fixed shapes every pass that checks drafts has the longest room of the rows (one more
   // program beside the step's, for a server whose requests share their draft settings).
   const int64_t room =
       fixed_shape_ ? std::numeric_limits<int64_t>::max()
                    : std::max<int64_t>(kDraftPassPositions / n - 1, 0);
   std::vector<std::vector<int64_t>> drafts(n);
-  bool any = false;
+  // The assistant drafts for runs of neighbouring rows at once: a row between them that does not
+  // draft may hold no keys for its attention to see.
+  std::vector<int64_t> run;
+  auto end_run = [&](int64_t next) {
+    if (!run.empty()) assistant_drafts(next - static_cast<int64_t>(run.size()), run, drafts);
+    run.clear();
+  };
   for (int64_t i = 0; i < n; ++i) {
     const Row& row = rows_[i];
-    if (!row.decoding() || row.draft_length == 0) continue;
-    const int64_t limit = std::min({row.draft_length, room, row.budget - row.sampled - 1});
-    drafts[i] = lookup_draft(row.request->prompt, row.output->result().tokens,
-                             row.request->options.draft, limit);
-    any |= !drafts[i].empty();
+    const int64_t limit = row.decoding() && row.draft_length > 0
+                              ? std::min({row.draft_length, room, row.budget - row.sampled - 1})
+                              : 0;
+    if (!engine_.has_drafter()) {
+      if (limit > 0) {
+        drafts[i] = lookup_draft(row.request->prompt, row.output->result().tokens,
+                                 row.request->options.draft, limit);
+      }
+    } else if (limit > 0 && row.hidden.defined()) {
+      run.push_back(limit);
+      continue;
+    }
+    end_run(i);
   }
-  if (!any) drafts.clear();
+  end_run(n);
+  if (std::all_of(drafts.begin(), drafts.end(), [](const auto& d) { return d.empty(); })) {
+    drafts.clear();
+  }
   return drafts;
+}
+
+void Batch::assistant_drafts(int64_t lo, const std::vector<int64_t>& limits,
+                             std::vector<std::vector<int64_t>>& drafts) {
+  const auto count = static_cast<int64_t>(limits.size());
+  std::vector<at::Tensor> tokens, hidden;
+  std::vector<int64_t> positions;
+  for (int64_t b = 0; b < count; ++b) {
+    const Row& row = rows_[lo + b];
+    tokens.push_back(row.token);
+    hidden.push_back(row.hidden);
+    positions.push_back(row.position);
+  }
+  auto rings = rings_.rows(lo, count);
+  const auto guessed =
+      engine_.draft(rings, at::cat(tokens), at::cat(hidden), positions,
+                    *std::max_element(limits.begin(), limits.end()));
+  for (int64_t b = 0; b < count; ++b) {
+    const auto* ids = guessed[b].data_ptr<int64_t>();
+    drafts[lo + b].assign(ids, ids + limits[b]);
+  }
 }
 
 int64_t Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& drafts,
@@ -537,10 +589,11 @@ int64_t Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& 
   }
   const auto device = engine_.options().device;
   auto rings = rings_.rows(0, n);
+  at::Tensor hidden;
   const auto logits = engine_.model().forward(
       long_tensor(ids, {n, T}, device), long_tensor(positions, {n, T}, device), &rings,
       /*last_only=*/false, /*no_logits=*/false, /*soft=*/nullptr,
-      long_tensor(lengths, {n}, device));
+      long_tensor(lengths, {n}, device), keep_hidden(hidden));
   int64_t taken = 0;
   for (int64_t i = 0; i < n; ++i) {
     Row& row = rows_[i];
@@ -563,6 +616,7 @@ int64_t Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& 
     row.fed.push_back(ids[i * T]);
     row.fed.insert(row.fed.end(), draft.begin(), draft.begin() + kept);
     row.position = fed + 1 + kept;
+    if (hidden.defined()) row.hidden = hidden.narrow(0, i, 1).narrow(1, kept, 1);
     if (count > 0) {
       rings_.rows(i, 1).restore(saved[i], row.position);
       row.drafted += count;

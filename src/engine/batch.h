@@ -178,6 +178,9 @@ class Batch {
     std::vector<int64_t> save_at;
     at::Tensor token;          // [1] on the device: the token the next decode step feeds
     int64_t token_id = 0;      // its value, as read back
+    // [1, 1, hidden_size] on the device, with an assistant (Engine::has_drafter): the model's
+    // final hidden state at the position that chose `token`, what the assistant drafts from.
+    at::Tensor hidden;
     PromptMedia media;         // the towers' rows for the prompt's soft tokens
     bool decoding() const {
       return request && read == static_cast<int64_t>(request->prompt.size());
@@ -209,9 +212,14 @@ class Batch {
   void after_chunk(Row& row, int64_t index, int64_t count, const at::Tensor& logits,
                    std::vector<int64_t>& finished);
   void decode_rows(std::vector<int64_t>& finished);
-  // Each of the first n rows' draft for this step (lookup_draft), empty for rows that do not
-  // decode or find none; no drafts at all when no row has one.
-  std::vector<std::vector<int64_t>> look_up_drafts(int64_t n) const;
+  // Each of the first n rows' draft for this step (lookup_draft, or the assistant's:
+  // Engine::draft), empty for rows that do not decode or find none; no drafts at all when no row
+  // has one.
+  std::vector<std::vector<int64_t>> look_up_drafts(int64_t n);
+  // The assistant's drafts of rows [lo, lo + limits.size()), limits[b] tokens for row lo + b, in
+  // drafts[lo + b]: one Engine::draft over those rows' rings.
+  void assistant_drafts(int64_t lo, const std::vector<int64_t>& limits,
+                        std::vector<std::vector<int64_t>>& drafts);
   // The step of decode_rows when rows draft: one pass over each decoding row's fed token and
   // draft, the other rows padding; each row sampled position by position as steps would be, while
   // its draft agrees, and the rings given back what its rejected positions overwrote. Returns
@@ -233,6 +241,8 @@ class Batch {
   // Whether each step's shapes stay fixed (all rows, padding included) or follow the rows in use:
   // the model's host-side shortcut switch (ModelOptions::attend_filled_slots, the CPU's).
   bool fixed_shape_ = false;
+  // Whether passes keep each row's final hidden state (Row::hidden): an assistant drafts.
+  at::Tensor* keep_hidden(at::Tensor& out) const { return engine_.has_drafter() ? &out : nullptr; }
   DraftGate gate_;   // whether rows that found drafts check them (engine/draft.h)
   Sampler sampler_;  // one row per ring row, through the same ops every step with fixed shapes
   Rings rings_;

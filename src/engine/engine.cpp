@@ -38,6 +38,12 @@ at::Tensor id_tensor(const std::vector<int64_t>& ids, const at::Device& device) 
   return at::tensor(ids, at::kLong).view({1, static_cast<int64_t>(ids.size())}).to(device);
 }
 
+// The ids of a host int64 tensor, in order.
+std::vector<int64_t> host_ids(const at::Tensor& ids) {
+  const auto flat = ids.contiguous();
+  return {flat.data_ptr<int64_t>(), flat.data_ptr<int64_t>() + flat.numel()};
+}
+
 // The soft tokens of prompt positions [begin, end), or none when the chunk has none.
 std::optional<SoftTokens> soft_tokens(const PromptMedia& media, int64_t begin, int64_t end,
                                       const at::Device& device) {
@@ -108,6 +114,7 @@ EngineOptions EngineSettings::options(const std::string& model_dir) const {
   o.int4_activation_bits = int4_activation_bits;
   o.no_vision = no_vision;
   o.no_audio = no_audio;
+  o.draft_model = draft_model;
   return o;
 }
 
@@ -220,14 +227,56 @@ void Engine::load() {
   if (c.audio && !options_.no_audio) {
     audio_ = std::make_unique<AudioTower>(options_.model_dir, model_->options());
   }
+  if (!options_.draft_model.empty()) load_drafter();
   rings_ = Rings(c, options_.context, /*batch=*/1, options_.dtype, options_.device);
   load_s_ = seconds_since(start);
+}
+
+void Engine::load_drafter() {
+  const auto& t = model_->config();
+  const std::string& dir = options_.draft_model;
+  const ModelConfig a = load_config(dir);
+  auto mismatch = [&](const std::string& what, int64_t assistant, int64_t target) {
+    if (assistant != target) {
+      throw ValueError("the draft model " + dir + " does not fit " + options_.model_dir + ": its " +
+                       what + " is " + std::to_string(assistant) + ", the model's " +
+                       std::to_string(target));
+    }
+  };
+  if (!a.assistant) {
+    throw ValueError("the draft model " + dir + " is not a Gemma 4 assistant: its config.json " +
+                     "needs model_type \"gemma4_assistant\"");
+  }
+  mismatch("backbone_hidden_size", a.assistant->backbone_hidden_size, t.hidden_size);
+  mismatch("vocab_size", a.vocab_size, t.vocab_size);
+  mismatch("num_key_value_heads", a.num_key_value_heads, t.num_key_value_heads);
+  for (int64_t l = t.first_shared_layer() - 1; l >= 0; --l) {
+    auto& layer =
+        t.layer_types[l] == LayerType::kSliding ? draft_sliding_layer_ : draft_full_layer_;
+    if (layer < 0) layer = l;
+  }
+  for (const auto type : {LayerType::kSliding, LayerType::kFull}) {
+    const bool sliding = type == LayerType::kSliding;
+    if (std::find(a.layer_types.begin(), a.layer_types.end(), type) == a.layer_types.end()) {
+      continue;
+    }
+    if ((sliding ? draft_sliding_layer_ : draft_full_layer_) < 0) {
+      throw ValueError("the draft model " + dir + " has " + (sliding ? "sliding" : "full") +
+                       " layers but " + options_.model_dir + " has no such layer to read K/V from");
+    }
+    mismatch(sliding ? "head_dim" : "global_head_dim", sliding ? a.head_dim : a.global_head_dim,
+             sliding ? t.head_dim : t.global_head_dim);
+  }
+  ModelOptions options = model_->options();
+  options.emb4_dir.clear();  // the model's tables, not the assistant's
+  drafter_ = std::make_unique<Gemma4>(dir, options);
 }
 
 void Engine::sleep() {
   rings_ = Rings();
   audio_.reset();
   vision_.reset();
+  drafter_.reset();
   model_.reset();
   release_free_heap();
 }
@@ -376,25 +425,71 @@ at::Tensor Engine::logits(const std::vector<int64_t>& ids, const std::vector<Med
 }
 
 at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
-                              int64_t end, const PromptMedia* media) const {
+                              int64_t end, const PromptMedia* media, at::Tensor* hidden) const {
   std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
   auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
   const bool final_chunk = end == static_cast<int64_t>(prompt.size());
   const auto soft = media ? soft_tokens(*media, begin, end, options_.device) : std::nullopt;
   auto logits =
       model().forward(id_tensor(part, options_.device), positions.to(options_.device), &rings,
-                      /*last_only=*/true, /*no_logits=*/!final_chunk, soft ? &*soft : nullptr);
+                      /*last_only=*/true, /*no_logits=*/!final_chunk, soft ? &*soft : nullptr,
+                      /*lengths=*/{}, hidden);
   return final_chunk ? logits.view({-1}) : logits;
 }
 
-at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media) {
+at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
+                               at::Tensor* hidden) {
   const auto n = static_cast<int64_t>(prompt.size());
   at::Tensor last_logits;
   for (int64_t begin = 0; begin < n; begin += options_.prefill_chunk) {
-    last_logits =
-        read_chunk(rings_, prompt, begin, std::min(n, begin + options_.prefill_chunk), media);
+    last_logits = read_chunk(rings_, prompt, begin, std::min(n, begin + options_.prefill_chunk),
+                             media, hidden);
   }
   return last_logits;
+}
+
+at::Tensor Engine::draft(Rings& rings, const at::Tensor& tokens, const at::Tensor& hidden,
+                         const std::vector<int64_t>& positions, int64_t count) const {
+  check_awake();
+  TORCH_CHECK(drafter_, "Engine::draft needs a draft model");
+  RECORD_USER_SCOPE("engine::assistant");
+  const auto B = static_cast<int64_t>(positions.size());
+  // The rings as the model's own attention reads them: on the CPU only up to the last filled
+  // slot (ModelOptions::attend_filled_slots), read once for every draft token.
+  auto readable = [&](int64_t layer) {
+    const Ring& ring = rings.for_layer(layer);
+    return model_options_.attend_filled_slots ? filled_part(ring) : ring;
+  };
+  const Ring empty;
+  const Ring sliding = draft_sliding_layer_ >= 0 ? readable(draft_sliding_layer_) : empty;
+  const Ring full = draft_full_layer_ >= 0 ? readable(draft_full_layer_) : empty;
+  const auto at = id_tensor(positions, options_.device).view({B, 1});
+  auto token = tokens.view({B});
+  auto carry = hidden;
+  std::vector<at::Tensor> drafts;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto x = at::cat({model_->embed(token).view({B, 1, -1}), carry}, -1);
+    std::tie(token, carry) = drafter_->draft(x, at, sliding, full);
+    drafts.push_back(token);
+  }
+  return at::stack(drafts, 1).to(at::kCPU);
+}
+
+std::vector<int64_t> Engine::draft_after(const std::vector<int64_t>& prompt, int64_t count) {
+  check_prompt(prompt);
+  if (!has_drafter()) {
+    throw ValueError("drafts need a draft model (draft_model), and none is loaded");
+  }
+  if (count < 1) throw ValueError("count must be at least 1, got " + std::to_string(count));
+  c10::InferenceMode inference;
+  rings_.reset();
+  at::Tensor hidden;
+  const auto token = read_prompt(prompt, nullptr, &hidden).argmax().view({1});
+  auto ids = host_ids(token.to(at::kCPU));
+  const auto drafts = host_ids(
+      draft(rings_, token, hidden, {static_cast<int64_t>(prompt.size())}, count));
+  ids.insert(ids.end(), drafts.begin(), drafts.end());
+  return ids;
 }
 
 void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
@@ -490,7 +585,10 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
     return sampler.next(logits.view({1, -1})).view({1, 1});
   };
   const auto prompt_media = embed_media(prompt, media);
-  auto token = sample(read_prompt(prompt, &prompt_media));
+  // With an assistant: the final hidden state at the position that chose `token`.
+  at::Tensor hidden;
+  at::Tensor* keep_hidden = drafter_ && options.draft.tokens > 0 ? &hidden : nullptr;
+  auto token = sample(read_prompt(prompt, &prompt_media, keep_hidden));
   const auto on_device = at::TensorOptions().dtype(at::kLong).device(options_.device);
   auto position = at::full({1, 1}, n, on_device);
   // Tokens not yet read wait in a device buffer, one slot per step of the read window. The slot
@@ -527,8 +625,11 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
     ids.insert(ids.end(), draft.begin(), draft.end());
     const auto saved = rings_.save(p + 1, p + 1 + count);
     const auto positions = at::arange(p, p + 1 + count, on_device).view({1, -1});
-    const auto logits =
-        model().forward(id_tensor(ids, options_.device), positions, &rings_).view({count + 1, -1});
+    const auto logits = model()
+                            .forward(id_tensor(ids, options_.device), positions, &rings_,
+                                     /*last_only=*/false, /*no_logits=*/false, /*soft=*/nullptr,
+                                     /*lengths=*/{}, keep_hidden)
+                            .view({count + 1, -1});
     int64_t kept = 0;
     for (int64_t i = 0; i <= count; ++i) {
       token = sample(logits[i]);
@@ -539,6 +640,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
     }
     drafted += count;
     accepted += kept;
+    if (keep_hidden) hidden = hidden.narrow(1, kept, 1);
     rings_.restore(saved, p + 1 + kept);
     position = at::full({1, 1}, p + 1 + kept, on_device);
     return kept + 1;
@@ -549,10 +651,16 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
     auto seconds = [&] {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     };
-    if (draft_room > 0) {
-      const auto draft = lookup_draft(prompt, output.result().tokens, options.draft,
-                                      std::min(draft_length, budget - step - 1));
-      if (!draft.empty() && (options.draft.always || gate.draft(1))) {
+    // As in a Batch: the gate is asked before the assistant's drafts are made, after prompt
+    // lookup's are found.
+    const bool assistant = drafter_ != nullptr;
+    if (draft_room > 0 && (!assistant || options.draft.always || gate.draft(1))) {
+      const int64_t limit = std::min(draft_length, budget - step - 1);
+      const auto draft =
+          !assistant  ? lookup_draft(prompt, output.result().tokens, options.draft, limit)
+          : limit > 0 ? host_ids(this->draft(rings_, token, hidden, {n + step - 1}, limit))
+                      : std::vector<int64_t>();
+      if (!draft.empty() && (assistant || options.draft.always || gate.draft(1))) {
         const int64_t taken = check_draft(step, draft);
         gate.record(1, /*drafted=*/true, taken, seconds());
         step += taken;
@@ -561,7 +669,11 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
         continue;
       }
     }
-    const auto logits = model().forward(token, position, &rings_).view({-1});
+    const auto logits = model()
+                            .forward(token, position, &rings_, /*last_only=*/false,
+                                     /*no_logits=*/false, /*soft=*/nullptr, /*lengths=*/{},
+                                     keep_hidden)
+                            .view({-1});
     {
       RECORD_USER_SCOPE("engine::sample");
       token = sample(logits);

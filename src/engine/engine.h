@@ -37,6 +37,10 @@ struct EngineOptions {
   // are then refused).
   bool no_vision = false;
   bool no_audio = false;
+  // A Gemma 4 assistant's checkpoint (model_type "gemma4_assistant", the target's
+  // multi-token-prediction drafter, llama.cpp's --model-draft): when given, drafts come from it
+  // instead of from prompt lookup (Drafting), for requests that draft.
+  std::string draft_model;
 };
 
 // "auto", "packed", "composite", "dequantized" -> Int4Weights; ValueError otherwise.
@@ -71,6 +75,7 @@ struct EngineSettings {
   int64_t int4_activation_bits = 16;
   bool no_vision = false;
   bool no_audio = false;
+  std::string draft_model;
 
   // For the checkpoint in model_dir; the parse_* functions' ValueErrors for a bad name.
   EngineOptions options(const std::string& model_dir) const;
@@ -92,9 +97,11 @@ struct ThinkingBudget {
 // Speculative decoding by prompt lookup (vLLM's ngram method, llama.cpp's ngram speculation): each
 // step looks for the last few tokens of the sequence earlier in it (prompt or output), takes the
 // tokens that followed there as a draft, and checks the draft in one forward pass with the step's
-// own token. Each position's token is sampled as a plain step would sample it, in order, and the
-// draft is kept up to its first disagreement, that position's token included; so the output is the
-// tokens decoding without a draft gives (up to the float rounding of a pass over several tokens),
+// own token. With an assistant loaded (EngineOptions::draft_model) the draft is the assistant's
+// instead (multi-token prediction, Engine::draft), and the n-gram bounds go unused. Each
+// position's token is sampled as a plain step would sample it, in order, and the draft is kept up
+// to its first disagreement, that position's token included; so the output is the tokens decoding
+// without a draft gives (up to the float rounding of a pass over several tokens),
 // greedy or sampled with a seed, constrained or budgeted. Pays where the output repeats its input
 // (edits, code, quotes, extraction); a rejected draft costs the extra positions of its pass.
 struct Drafting {
@@ -223,17 +230,38 @@ class Engine {
 
   // The model, for whoever drives its forward pass with rings of their own (Batch).
   const Gemma4& model() const;
+  // Whether drafts come from an assistant (EngineOptions::draft_model).
+  bool has_drafter() const { return !options_.draft_model.empty(); }
+  // The assistant's drafts, `count` for each row of `rings`: row b's last token tokens[b] ([B]
+  // int64 on the device) sits at positions[b], not yet in the rings, which hold the positions
+  // before it; hidden[b] ([B, 1, hidden_size]) is the model's final hidden state (Gemma4::forward)
+  // at the position that chose it. Each draft token is the assistant's greedy guess after the one
+  // before (transformers' Gemma4AssistantCandidateGenerator). Returns [B, count] int64 on the
+  // host. Needs has_drafter().
+  at::Tensor draft(Rings& rings, const at::Tensor& tokens, const at::Tensor& hidden,
+                   const std::vector<int64_t>& positions, int64_t count) const;
+  // What the assistant guesses after a prompt: reads it into fresh rings and returns the model's
+  // greedy next token followed by `count` draft tokens after it (what a decode's first drafting
+  // pass would check), to compare with other implementations or measure how often the drafts
+  // are the tokens decoding gives. check_prompt's errors; ValueError without a draft model or
+  // for a count below 1.
+  std::vector<int64_t> draft_after(const std::vector<int64_t>& prompt, int64_t count);
   // Reads prompt[begin, end) into `rings` (one row) after the positions before `begin`; returns
   // the float32 logits [vocab] of its last token when `end` is the prompt's end, else undefined.
   // `media`: the prompt's soft tokens (nullptr or empty: none).
+  // `hidden`: the final hidden state [1, 1, hidden_size] there too (Gemma4::forward's).
   at::Tensor read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
-                        int64_t end, const PromptMedia* media = nullptr) const;
+                        int64_t end, const PromptMedia* media = nullptr,
+                        at::Tensor* hidden = nullptr) const;
 
  private:
   // In chunks, into rings_.
-  at::Tensor read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media);
+  at::Tensor read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
+                         at::Tensor* hidden);
   // The weights, towers and rings from options_.
   void load();
+  // The assistant of options_.draft_model, checked against the model (ValueError).
+  void load_drafter();
   // std::logic_error while asleep.
   void check_awake() const;
 
@@ -243,6 +271,10 @@ class Engine {
   std::vector<StorageReport> storage_;
   Layout layout_;
   std::unique_ptr<Gemma4> model_;
+  std::unique_ptr<Gemma4> drafter_;  // the assistant, with options_.draft_model
+  // The target's layers whose rings the assistant's sliding and full layers read: the last
+  // non-shared layer of each type (the K/V transformers hands it as shared_kv_states).
+  int64_t draft_sliding_layer_ = -1, draft_full_layer_ = -1;
   std::unique_ptr<VisionTower> vision_;
   std::unique_ptr<AudioTower> audio_;
   AudioFeatureOptions audio_options_;

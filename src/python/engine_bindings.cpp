@@ -130,7 +130,8 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
                              py::handle like, int64_t context, py::handle device, py::handle dtype,
                              int64_t prefill_chunk, int64_t threads, const std::string& int4,
                              const std::optional<std::string>& quantize,
-                             int64_t int4_activation_bits, bool no_vision, bool no_audio) {
+                             int64_t int4_activation_bits, bool no_vision, bool no_audio,
+                             const std::optional<std::string>& draft_model) {
   EngineSettings settings;
   settings.emb4_dir = emb4.value_or("");
   settings.context = context;
@@ -140,6 +141,7 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
   settings.int4_activation_bits = int4_activation_bits;
   settings.no_vision = no_vision;
   settings.no_audio = no_audio;
+  settings.draft_model = draft_model.value_or("");
   // device and dtype may come as torch objects (a dtype, like's device): set after the names.
   EngineOptions options = settings.options(model_dir);
   options.prefill_chunk = prefill_chunk;
@@ -464,18 +466,19 @@ void bind_engine(py::module_& m) {
                        py::handle like, int64_t context, py::handle device, py::handle dtype,
                        int64_t prefill_chunk, int64_t threads, const std::string& int4,
                        const std::optional<std::string>& quantize, int64_t int4_activation_bits,
-                       bool no_vision, bool no_audio) {
+                       bool no_vision, bool no_audio,
+                       const std::optional<std::string>& draft_model) {
              return std::make_unique<PyEngine>(
                  engine_options(model_dir, emb4_dir, like, context, device, dtype, prefill_chunk,
                                 threads, int4, quantize, int4_activation_bits, no_vision,
-                                no_audio));
+                                no_audio, draft_model));
            }),
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
            py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512, py::arg("threads") = 0,
            py::arg("int4") = "auto", py::arg("quantize") = py::none(),
            py::arg("int4_activation_bits") = 16, py::arg("no_vision") = false,
-           py::arg("no_audio") = false)
+           py::arg("no_audio") = false, py::arg("draft_model") = py::none())
       .def("layout",
            [](PyEngine& self) { return layout_dict(self.begin("Engine.layout").layout()); })
       .def("report",
@@ -514,6 +517,18 @@ void bind_engine(py::module_& m) {
             return to_python(logits);
           },
           py::arg("ids"), py::kw_only(), py::arg("media") = std::vector<Media>{})
+      .def(
+          "draft",
+          [](PyEngine& self, py::handle ids, int64_t count) {
+            Engine& engine = self.begin("Engine.draft", /*exclusive=*/true);
+            const auto tokens = to_ids(ids, "ids");
+            py::gil_scoped_release released;
+            return engine.draft_after(tokens, count);
+          },
+          py::arg("ids"), py::arg("count"),
+          "The model's greedy next token after the prompt `ids`, then `count` tokens the "
+          "assistant (draft_model) guesses after it: what a decode's first drafting pass checks. "
+          "ValueError without a draft model, for a bad prompt or a count below 1.")
       .def_property_readonly(
           "has_vision", [](PyEngine& self) { return self.begin("Engine.has_vision").has_vision(); })
       .def_property_readonly(

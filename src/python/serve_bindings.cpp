@@ -32,7 +32,7 @@ void bind_serve(py::module_& m) {
          int64_t max_audio_bytes, int64_t image_tokens, bool allow_media_urls,
          double media_url_timeout_s, bool no_vision, bool no_audio,
          const std::string& mcp_media_dir, int64_t draft_max, int64_t draft_ngram_min,
-         int64_t draft_ngram_max, bool draft_always) {
+         int64_t draft_ngram_max, bool draft_always, const std::string& draft_model) {
         server::ServeOptions options;
         options.model_dir = model_dir;
         options.engine.emb4_dir = emb4_dir;
@@ -75,6 +75,7 @@ void bind_serve(py::module_& m) {
         options.engine.no_audio = no_audio;
         options.mcp_media_dir = mcp_media_dir;
         options.draft = Drafting{draft_max, draft_ngram_min, draft_ngram_max, draft_always};
+        options.engine.draft_model = draft_model;
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
         options.install_signal_handlers = false;
@@ -122,6 +123,7 @@ void bind_serve(py::module_& m) {
       py::arg("draft_max") = 0,
       py::arg("draft_ngram_min") = Drafting{}.ngram_min,
       py::arg("draft_ngram_max") = Drafting{}.ngram_max, py::arg("draft_always") = false,
+      py::arg("draft_model") = "",
       "Runs the OpenAI-compatible server until request_stop(); returns the "
       "exit code. Blocks the "
       "calling thread with the GIL released; installs no signal handlers.");

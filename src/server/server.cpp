@@ -1645,7 +1645,10 @@ ojson Server::engine_json() const {
   out["engine_class"] = std::string("torchtpu::Engine, owned by thread ") + kEngineThreadName;
   out["context"] = options_.engine.context;
   out["read_every"] = options_.read_every;
+  const auto& assistant = options_.engine.draft_model;
   out["draft"] = {{"max", options_.draft.tokens},
+                  {"source", assistant.empty() ? "prompt lookup" : "assistant"},
+                  {"model", assistant.empty() ? ojson(nullptr) : ojson(assistant)},
                   {"ngram_min", options_.draft.ngram_min},
                   {"ngram_max", options_.draft.ngram_max},
                   {"always", options_.draft.always}};

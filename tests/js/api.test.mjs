@@ -465,7 +465,8 @@ describe("speculative decoding (--draft-max)", () => {
     try {
       const c = new OpenAI({ apiKey: "none", baseURL: drafting.baseURL, maxRetries: 0 });
       const engine = await (await fetch(`${drafting.url}/v1/engine`)).json();
-      assert.deepEqual(engine.draft, { max: 4, ngram_min: 1, ngram_max: 4, always: true });
+      assert.deepEqual(engine.draft, { max: 4, source: "prompt lookup", model: null, ngram_min: 1,
+        ngram_max: 4, always: true });
       assert.equal(engine.scheduler.mode, "continuous batching");
       let drafted = 0;
       let accepted = 0;

@@ -239,6 +239,61 @@ def make(
     return out_dir
 
 
+def make_assistant(
+    out_dir,
+    *,
+    seed,
+    backbone=64,
+    vocab=512,
+    kv_heads=1,
+    head_dim=32,
+    global_head_dim=64,
+    window=8,
+    layer_types=(S, F),
+    hidden=32,
+    heads=2,
+    ordered=False,
+):
+    """Saves a random Gemma4AssistantForCausalLM (the multi-token-prediction drafter) for a target
+    of hidden size `backbone` whose K/V it reads (kv_heads, head_dim, global_head_dim and window
+    the target's; the defaults are text_config's), with `layer_types` of its own and ordered
+    embeddings (a random token_ordering over 16 clusters, the top 4 scored) or the whole
+    vocabulary scored."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    torch.manual_seed(seed)
+    text = Gemma4TextConfig(
+        vocab_size=vocab,
+        vocab_size_per_layer_input=0,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=len(layer_types),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        global_head_dim=global_head_dim,
+        layer_types=list(layer_types),
+        sliding_window=window,
+        num_kv_shared_layers=len(layer_types),
+        hidden_size_per_layer_input=0,
+        use_double_wide_mlp=False,
+    )
+    config = Gemma4AssistantConfig(
+        text_config=text.to_dict(),
+        backbone_hidden_size=backbone,
+        use_ordered_embeddings=ordered,
+        num_centroids=16,
+        centroid_intermediate_top_k=4,
+    )
+    model = Gemma4AssistantForCausalLM(config)
+    _randomize(model, seed)
+    if ordered:
+        g = torch.Generator().manual_seed(seed)
+        model.masked_embedding.token_ordering.copy_(torch.randperm(vocab, generator=g))
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
 def load(model_dir, dtype=torch.float32, attn="eager", device="cpu"):
     """transformers' model for a checkpoint directory, by the config's model_type, on `device`."""
     with open(os.path.join(model_dir, "config.json")) as f:

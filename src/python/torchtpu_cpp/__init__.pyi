@@ -167,13 +167,20 @@ class Engine:
         int4_activation_bits: Literal[16, 8] = 16,
         no_vision: bool = False,
         no_audio: bool = False,
+        draft_model: str | None = None,
     ) -> None:
         """threads: intra-op threads (0: OMP_NUM_THREADS when set, else the physical cores; the
         process-wide ATen setting).
         int4: how int4 weights are held (docs/ARCHITECTURE.md). quantize="int4" quantizes a
         dense checkpoint's linears and head at load. int4_activation_bits=8: the int4 kernel's
         fast mode for several rows (8-bit activations). no_vision / no_audio leave the
-        checkpoint's image / audio tower unloaded."""
+        checkpoint's image / audio tower unloaded. draft_model: the model's Gemma 4 assistant
+        (model_type gemma4_assistant); decodes that draft (draft_max) take its drafts instead
+        of prompt lookup's. ValueError when it does not fit the model."""
+    def draft(self, ids: Sequence[int], count: int) -> list[int]:
+        """The model's greedy next token after the prompt `ids`, then `count` tokens the
+        assistant (draft_model) guesses after it: what a decode's first drafting pass checks.
+        ValueError without a draft model, for a bad prompt or a count below 1."""
     def sleep(self) -> None:
         """Frees the weights, towers and rings (the server's --sleep-idle-seconds); properties
         and checks still answer, a call that runs the model raises RuntimeError until wake().

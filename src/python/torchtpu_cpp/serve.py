@@ -113,8 +113,15 @@ def _parse_args(argv):
         "--draft-max",
         type=int,
         default=0,
-        help="speculative decoding by prompt lookup: tokens drafted per step at most, from what "
-        "followed the last tokens earlier in the sequence (0: off)",
+        help="speculative decoding: tokens drafted per step at most, from the assistant "
+        "(--draft-model) or else from what followed the last tokens earlier in the sequence "
+        "(prompt lookup; 0: off)",
+    )
+    p.add_argument(
+        "--draft-model",
+        default="",
+        help="dir of the model's Gemma 4 assistant (gemma4_assistant): drafts come from it "
+        "(multi-token prediction) instead of prompt lookup",
     )
     p.add_argument(
         "--draft-ngram-min",
@@ -279,6 +286,7 @@ def main(argv=None):
                 draft_ngram_min=args.draft_ngram_min,
                 draft_ngram_max=args.draft_ngram_max,
                 draft_always=args.draft_always,
+                draft_model=args.draft_model,
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
                 no_slots=args.no_slots,
