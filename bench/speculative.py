@@ -1,8 +1,15 @@
-"""What speculative decoding by prompt lookup (Engine.decode's draft_max, `serve --draft-max`)
-costs and gives on this machine.
+"""What speculative decoding (Engine.decode's draft_max, `serve --draft-max`) costs and gives on
+this machine, by prompt lookup or from an assistant (--draft-model).
 
     python bench/speculative.py --model DIR [--emb4 DIR] [--drafts 1,2,4,8] [--new 64]
         [--rounds 3] [--context 2048] [--threads 0] [--int4-activation-bits 16] [--streams 1,2,4]
+        [--draft-model DIR]
+
+With --draft-model the drafts come from that assistant. bench/make_assistant.py writes one of
+E2B's shapes whose head sees zeros, so that it guesses one token whatever it is given: that token
+is the one forced below, so every draft is kept in the first measure and almost none in the
+second (synthetic weights do not follow the passage), and the JSON adds what the assistant itself
+takes per draft token (`assistant_ms_per_token`, Engine.draft timed for 1 and 65 drafts).
 
 Three measures, each against plain decoding in the same round:
 
@@ -68,6 +75,7 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--int4-activation-bits", type=int, default=16)
     p.add_argument("--streams", default="1,2,4")
+    p.add_argument("--draft-model", default=None)
     args = p.parse_args()
     streams = [int(s) for s in args.streams.split(",") if s]
     drafts = [int(k) for k in args.drafts.split(",")]
@@ -77,12 +85,24 @@ def main():
         context=args.context,
         threads=args.threads,
         int4_activation_bits=args.int4_activation_bits,
+        draft_model=args.draft_model,
     )
     vocab = engine.vocab_size
     passage = [4 + (i * 104729) % (vocab - 4) for i in range(40)]
     quoting = [2] + passage * 3
-    forced = {"logit_bias": {FORCED: 100.0}}
+    # The assistant's one guess (its first draft after any prompt), or an ordinary id.
+    guess = engine.draft([2, 5, 7], 1)[1] if args.draft_model else FORCED
+    forced = {"logit_bias": {guess: 100.0}}
     engine.decode([2, 5, 7], 4, stop=())  # warm-up
+    assistant_ms = []
+    if args.draft_model:
+        for _ in range(args.rounds):
+            took = {}
+            for count in (1, 65):
+                start = time.perf_counter()
+                engine.draft(quoting, count)
+                took[count] = time.perf_counter() - start
+            assistant_ms.append((took[65] - took[1]) / 64 * 1e3)
 
     rounds = []
     for _ in range(args.rounds):
@@ -165,6 +185,8 @@ def main():
         json.dumps(
             {
                 "model": args.model,
+                "draft_model": args.draft_model,
+                "assistant_ms_per_token": assistant_ms,
                 "threads": engine.report()["threads"],
                 "int4_activation_bits": args.int4_activation_bits,
                 "new": args.new,
