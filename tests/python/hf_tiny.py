@@ -262,22 +262,21 @@ def make_assistant(
     from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
 
     torch.manual_seed(seed)
-    text = Gemma4TextConfig(
-        vocab_size=vocab,
-        vocab_size_per_layer_input=0,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=len(layer_types),
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
+    text = text_config(
+        layer_types=layer_types,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
         head_dim=head_dim,
         global_head_dim=global_head_dim,
-        layer_types=list(layer_types),
-        sliding_window=window,
-        num_kv_shared_layers=len(layer_types),
-        hidden_size_per_layer_input=0,
-        use_double_wide_mlp=False,
+        window=window,
+        shared=len(layer_types),
+        vocab=vocab,
+        ple=0,
+        intermediate=2 * hidden,
+        double_wide=False,
     )
+    text.vocab_size_per_layer_input = 0  # an assistant has no per-layer table
     config = Gemma4AssistantConfig(
         text_config=text.to_dict(),
         backbone_hidden_size=backbone,
