@@ -9,7 +9,10 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
-import { metric, metrics, startServer } from "./server_helpers.mjs";
+import { spawn } from "node:child_process";
+import {
+  cacheDir, cliPath, makeAssistantCheckpoint, metric, metrics, startServer,
+} from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const Q = '<|"|>';
@@ -542,4 +545,46 @@ describe("speculative decoding (--draft-max)", () => {
         assert.equal(e.error.message, message);
       }
     });
+
+  test("drafts from an assistant (--draft-model) answer as the server without drafts does",
+    async () => {
+      const assistant = makeAssistantCheckpoint();
+      const drafting = await startServer(["--context", "1024", "--parallel", "2", "--draft-max",
+        "3", "--draft-always", "--draft-model", assistant]);
+      try {
+        const c = new OpenAI({ apiKey: "none", baseURL: drafting.baseURL, maxRetries: 0 });
+        const engine = await (await fetch(`${drafting.url}/v1/engine`)).json();
+        assert.deepEqual(engine.draft, { max: 3, source: "assistant", model: assistant,
+          ngram_min: 2, ngram_max: 4, always: true });
+        const bodies = [{ temperature: 0 }, { temperature: 0.8, seed: 5 }].map((fields) => ({
+          model: MODEL, messages: ask("Tell me about the sea."), max_tokens: 32, ignore_eos: true,
+          ...fields }));
+        const answers = [];
+        for (const body of bodies) {
+          const plain = await client.chat.completions.create(body);
+          answers.push(plain.choices[0].message.content);
+          const got = await c.chat.completions.create(body);
+          assert.equal(got.choices[0].message.content, answers.at(-1), JSON.stringify(body));
+          assert.ok(got.timings.draft_n > 0, JSON.stringify(got.timings));
+          assert.ok(got.timings.draft_n_accepted <= got.timings.draft_n);
+        }
+        // Side by side, rows of one batch that draft together.
+        const together = await Promise.all(bodies.map((body) => c.chat.completions.create(body)));
+        assert.deepEqual(together.map((r) => r.choices[0].message.content), answers);
+      } finally {
+        await drafting.stop();
+      }
+    });
+
+  test("a --draft-model that is not the model's assistant is refused at start", async () => {
+    const demo = path.join(cacheDir(), "torchtpu-cpp", "demo-v1");
+    const child = spawn(cliPath(), ["serve", "--port", "0", "--draft-model", demo],
+      { stdio: "pipe", env: { ...process.env, XDG_CACHE_HOME: cacheDir() } });
+    let stderr = "";
+    child.stderr.on("data", (d) => (stderr += d));
+    const code = await new Promise((resolve) => child.on("exit", resolve));
+    assert.equal(code, 2, stderr);
+    assert.equal(stderr.trim(), `error: the draft model ${demo} is not a Gemma 4 assistant: ` +
+      'its config.json needs model_type "gemma4_assistant"');
+  });
 });

@@ -44,18 +44,29 @@ export function wav(samples = 1600) {
   return b.toString("base64");
 }
 
-// A tiny Gemma 4 checkpoint with a vision and an audio encoder (random weights), written by
-// make_multimodal.py with $TORCHTPU_PYTHON (the project's, which has transformers) into a new
-// temporary directory, whose path it returns. It borrows the demo checkpoint's text model,
-// tokenizer and template, so a server without --model must have started first (startServer).
-export function makeMultimodalCheckpoint() {
+// What a script of this folder writes from the demo checkpoint (`script DEMO_DIR OUT_DIR`, with
+// $TORCHTPU_PYTHON: the project's, which has transformers) into a new temporary directory, whose
+// path it returns. The demo checkpoint is written by the first server started without --model
+// (startServer), so one must have started first.
+function fromDemo(script, prefix) {
   const demo = path.join(cacheDir(), "torchtpu-cpp", "demo-v1");
   if (!fs.existsSync(path.join(demo, "config.json"))) {
     throw new Error(`${demo} has no checkpoint: start a server without --model first`);
   }
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-multimodal-"));
-  execFileSync(process.env.TORCHTPU_PYTHON ?? "python3", [path.join(here, "make_multimodal.py"), demo, dir]);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  execFileSync(process.env.TORCHTPU_PYTHON ?? "python3", [path.join(here, script), demo, dir]);
   return dir;
+}
+
+// A tiny Gemma 4 checkpoint with a vision and an audio encoder (random weights, make_multimodal.py)
+// that borrows the demo checkpoint's text model, tokenizer and template.
+export function makeMultimodalCheckpoint() {
+  return fromDemo("make_multimodal.py", "torchtpu-multimodal-");
+}
+
+// A random Gemma 4 assistant that fits the demo checkpoint (make_assistant.py): --draft-model.
+export function makeAssistantCheckpoint() {
+  return fromDemo("make_assistant.py", "torchtpu-assistant-");
 }
 
 // Resolves to {url, baseURL, child, stop()} once the server answers /health with 200.
