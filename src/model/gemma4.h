@@ -183,7 +183,8 @@ class Gemma4 {
   // cos and sin [B, T, 1, d] of positions [B, T] for one layer type's inverse frequencies.
   std::pair<at::Tensor, at::Tensor> angles(const at::Tensor& positions,
                                            const at::Tensor& inv_freq) const;
-  // Layer l's queries of x [B, T, hidden]: projected, normed and rotated, [B, heads, T, d].
+  // Layer l's queries from its q projection's output [B, T, heads * d]: normed and rotated,
+  // [B, heads, T, d].
   at::Tensor query(int64_t l, const at::Tensor& projected, const at::Tensor& cos,
                    const at::Tensor& sin) const;
   // The attention's output [B, T, heads * d] of queries [B, heads, T, d] over k/v, projected.
