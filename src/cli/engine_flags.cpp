@@ -32,15 +32,15 @@ void add_engine_settings(CLI::App& cmd, EngineSettings& settings) {
                "Do not load the checkpoint's audio tower (audio is then refused)");
   cmd.add_option("--draft-model", settings.draft_model,
                  "Directory of the model's Gemma 4 assistant (model_type gemma4_assistant): "
-                 "drafts come from it (multi-token prediction) instead of prompt lookup, for "
-                 "requests that draft (--draft-max)");
+                 "drafts come from it (multi-token prediction) instead of prompt lookup, 3 a "
+                 "step unless --draft-max says otherwise");
 }
 
-void add_draft_flags(CLI::App& cmd, Drafting& draft) {
-  cmd.add_option("--draft-max", draft.tokens,
+CLI::Option* add_draft_flags(CLI::App& cmd, Drafting& draft) {
+  auto* draft_max = cmd.add_option("--draft-max", draft.tokens,
                  "Speculative decoding: tokens drafted per step at most, from the assistant "
-                 "(--draft-model) or else from what followed the last tokens earlier in the "
-                 "sequence (prompt lookup; 0: off)")
+                 "(--draft-model; 3 when not given) or else from what followed the last tokens "
+                 "earlier in the sequence (prompt lookup; 0: off)")
       ->capture_default_str();
   cmd.add_option("--draft-ngram-min", draft.ngram_min,
                  "Shortest run of last tokens a draft is looked up by")
@@ -50,6 +50,7 @@ void add_draft_flags(CLI::App& cmd, Drafting& draft) {
   cmd.add_flag("--draft-always", draft.always,
                "Check every draft found, even while drafts give tokens slower than plain steps "
                "(by default they are checked only while they give them faster)");
+  return draft_max;
 }
 
 void EngineFlags::add_to(CLI::App& cmd) {

@@ -16,7 +16,8 @@ void add_engine_settings(CLI::App& cmd, EngineSettings& settings);
 
 // --draft-max, --draft-ngram-min, --draft-ngram-max, --draft-always into `draft` (speculative
 // decoding by prompt lookup: generate and serve).
-void add_draft_flags(CLI::App& cmd, Drafting& draft);
+// Returns --draft-max's option, whose count() says whether it was given (default_draft_tokens).
+CLI::Option* add_draft_flags(CLI::App& cmd, Drafting& draft);
 
 struct EngineFlags {
   std::string model, emb4;  // a directory or a Hub id each

@@ -105,7 +105,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-new", a->max_new, "Tokens to generate");
   cmd->add_option("--read-every", a->read_every, "Decode steps between host reads");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Decode exactly --max-new tokens");
-  add_draft_flags(*cmd, a->draft);
+  auto* draft_max = add_draft_flags(*cmd, a->draft);
   cmd->add_option("--temperature", a->sampling.temperature, "0 (default): greedy");
   cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0: off)");
   cmd->add_option("--top-p", a->sampling.top_p, "Keep the smallest set with this mass (1: off)");
@@ -117,9 +117,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_option("--dump-logits", a->dump_logits,
                   "Write prompt_logits [T, V] and step_logits [N, V] (f32) to a safetensors file");
-  cmd->callback([a, seed] {
+  cmd->callback([a, seed, draft_max] {
     if (a->ids.empty() && a->prompt.empty()) throw ValueError("give --ids or --prompt");
     const EngineOptions options = a->engine.options();
+    if (draft_max->count() == 0) a->draft.tokens = default_draft_tokens(options.draft_model);
     Engine engine(options);
     const int64_t rss_after_load = resident_bytes();
     std::optional<Tokenizer> tokenizer;

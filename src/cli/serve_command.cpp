@@ -69,7 +69,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--read-every", options->read_every,
                   "Decode steps between host reads (above 1 needs --parallel 1)")
       ->capture_default_str();
-  add_draft_flags(*cmd, options->draft);
+  auto* draft_max = add_draft_flags(*cmd, options->draft);
   cmd->add_option("--reasoning-budget", options->reasoning_budget,
                   "Tokens a reply may think before its thinking block is closed for it, unless "
                   "the request sets thinking_token_budget or reasoning_budget_tokens (-1: no "
@@ -104,7 +104,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--mcp-media-dir", options->mcp_media_dir,
                   "A directory whose files the MCP tools at /mcp may read for their images and "
                   "audio (paths resolved, only inside it; default: none, file paths refused)");
-  cmd->callback([options] {
+  cmd->callback([options, draft_max] {
+    if (draft_max->count() == 0) {
+      options->draft.tokens = default_draft_tokens(options->engine.draft_model);
+    }
     if (options->api_key.empty()) {
       if (const char* key = std::getenv("TORCHTPU_API_KEY")) options->api_key = key;
     }

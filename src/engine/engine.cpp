@@ -535,6 +535,10 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
   options.sampling.validate(config().vocab_size);
 }
 
+int64_t default_draft_tokens(const std::string& draft_model) {
+  return draft_model.empty() ? 0 : 3;
+}
+
 void Drafting::validate() const {
   if (tokens < 0) throw ValueError("draft_max must be at least 0, got " + std::to_string(tokens));
   // The bounds are checked with drafts off too: a server's requests may turn drafts on with them.

@@ -116,6 +116,13 @@ struct Drafting {
   void validate() const;
 };
 
+// The draft tokens per step a front end (serve, generate, torchtpu_cpp.serve) checks when its user
+// gives no count (--draft-max absent): with an assistant (`draft_model` not empty) 3, since its
+// drafts cost passes of their own and 2-3 a pass pay soonest on the CPU (docs/BENCHMARKS.md,
+// "Drafts from an assistant"), as llama-server drafts once given a draft model; else 0, prompt
+// lookup being asked for.
+int64_t default_draft_tokens(const std::string& draft_model);
+
 struct DecodeOptions {
   int64_t max_new = 64;
   std::vector<int64_t> stop_ids;  // empty: the checkpoint's eos ids

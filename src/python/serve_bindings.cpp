@@ -31,7 +31,8 @@ void bind_serve(py::module_& m) {
          int64_t max_media, int64_t max_image_bytes,
          int64_t max_audio_bytes, int64_t image_tokens, bool allow_media_urls,
          double media_url_timeout_s, bool no_vision, bool no_audio,
-         const std::string& mcp_media_dir, int64_t draft_max, int64_t draft_ngram_min,
+         const std::string& mcp_media_dir, std::optional<int64_t> draft_max,
+         int64_t draft_ngram_min,
          int64_t draft_ngram_max, bool draft_always, const std::string& draft_model) {
         server::ServeOptions options;
         options.model_dir = model_dir;
@@ -74,7 +75,8 @@ void bind_serve(py::module_& m) {
         options.engine.no_vision = no_vision;
         options.engine.no_audio = no_audio;
         options.mcp_media_dir = mcp_media_dir;
-        options.draft = Drafting{draft_max, draft_ngram_min, draft_ngram_max, draft_always};
+        options.draft = Drafting{draft_max.value_or(default_draft_tokens(draft_model)),
+                                 draft_ngram_min, draft_ngram_max, draft_always};
         options.engine.draft_model = draft_model;
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
@@ -120,7 +122,7 @@ void bind_serve(py::module_& m) {
       py::arg("allow_media_urls") = false,
       py::arg("media_url_timeout_s") = server::MediaLimits{}.url_timeout_s,
       py::arg("no_vision") = false, py::arg("no_audio") = false, py::arg("mcp_media_dir") = "",
-      py::arg("draft_max") = 0,
+      py::arg("draft_max") = py::none(),
       py::arg("draft_ngram_min") = Drafting{}.ngram_min,
       py::arg("draft_ngram_max") = Drafting{}.ngram_max, py::arg("draft_always") = false,
       py::arg("draft_model") = "",

@@ -549,8 +549,9 @@ describe("speculative decoding (--draft-max)", () => {
   test("drafts from an assistant (--draft-model) answer as the server without drafts does",
     async () => {
       const assistant = makeAssistantCheckpoint();
-      const drafting = await startServer(["--context", "1024", "--parallel", "2", "--draft-max",
-        "3", "--draft-always", "--draft-model", assistant]);
+      // No --draft-max: with a draft model the server drafts 3 tokens a step by default.
+      const drafting = await startServer(["--context", "1024", "--parallel", "2",
+        "--draft-always", "--draft-model", assistant]);
       try {
         const c = new OpenAI({ apiKey: "none", baseURL: drafting.baseURL, maxRetries: 0 });
         const engine = await (await fetch(`${drafting.url}/v1/engine`)).json();

@@ -112,10 +112,10 @@ def _parse_args(argv):
     p.add_argument(
         "--draft-max",
         type=int,
-        default=0,
+        default=None,
         help="speculative decoding: tokens drafted per step at most, from the assistant "
-        "(--draft-model) or else from what followed the last tokens earlier in the sequence "
-        "(prompt lookup; 0: off)",
+        "(--draft-model; 3 when not given) or else from what followed the last tokens earlier in "
+        "the sequence (prompt lookup; 0, the default, off)",
     )
     p.add_argument(
         "--draft-model",
