@@ -520,21 +520,21 @@ std::vector<std::vector<int64_t>> Batch::look_up_drafts(int64_t n) {
     if (!run.empty()) assistant_drafts(next - static_cast<int64_t>(run.size()), run, drafts);
     run.clear();
   };
+  const bool assistant = engine_.has_drafter();
   for (int64_t i = 0; i < n; ++i) {
     const Row& row = rows_[i];
     const int64_t limit = row.decoding() && row.draft_length > 0
                               ? std::min({row.draft_length, room, row.budget - row.sampled - 1})
                               : 0;
-    if (!engine_.has_drafter()) {
-      if (limit > 0) {
-        drafts[i] = lookup_draft(row.request->prompt, row.output->result().tokens,
-                                 row.request->options.draft, limit);
-      }
-    } else if (limit > 0 && row.hidden.defined()) {
+    if (assistant && limit > 0) {
       run.push_back(limit);
       continue;
     }
     end_run(i);
+    if (!assistant && limit > 0) {
+      drafts[i] = lookup_draft(row.request->prompt, row.output->result().tokens,
+                               row.request->options.draft, limit);
+    }
   }
   end_run(n);
   if (std::all_of(drafts.begin(), drafts.end(), [](const auto& d) { return d.empty(); })) {

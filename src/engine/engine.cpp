@@ -250,11 +250,14 @@ void Engine::load_drafter() {
   mismatch("backbone_hidden_size", a.assistant->backbone_hidden_size, t.hidden_size);
   mismatch("vocab_size", a.vocab_size, t.vocab_size);
   mismatch("num_key_value_heads", a.num_key_value_heads, t.num_key_value_heads);
-  for (int64_t l = t.first_shared_layer() - 1; l >= 0; --l) {
-    auto& layer =
-        t.layer_types[l] == LayerType::kSliding ? draft_sliding_layer_ : draft_full_layer_;
-    if (layer < 0) layer = l;
-  }
+  auto last_unshared = [&](LayerType type) {
+    for (int64_t l = t.first_shared_layer() - 1; l >= 0; --l) {
+      if (t.layer_types[l] == type) return l;
+    }
+    return int64_t{-1};
+  };
+  draft_sliding_layer_ = last_unshared(LayerType::kSliding);
+  draft_full_layer_ = last_unshared(LayerType::kFull);
   for (const auto type : {LayerType::kSliding, LayerType::kFull}) {
     const bool sliding = type == LayerType::kSliding;
     if (std::find(a.layer_types.begin(), a.layer_types.end(), type) == a.layer_types.end()) {
