@@ -7,7 +7,6 @@
 #include <sstream>
 
 #include "common/errors.h"
-#include "common/fnv1a.h"
 #include "common/json_depth.h"
 
 namespace torchtpu {
@@ -165,23 +164,9 @@ std::vector<std::string> Checkpoint::names() const {
 }
 
 uint64_t Checkpoint::fingerprint() const {
-  constexpr size_t kEdge = 64;
-  uint64_t hash = kFnvOffset;
-  auto mix = [&hash](const void* bytes, size_t n) {
-    hash = fnv1a(hash, static_cast<const uint8_t*>(bytes), n);
-  };
-  for (const auto& [name, view] : index_) {  // a std::map: in name order, whatever the shards
-    mix(name.data(), name.size() + 1);        // the NUL ends the name
-    const auto dtype = static_cast<uint8_t>(view->dtype);
-    mix(&dtype, 1);
-    const uint64_t rank = view->shape.size();
-    mix(&rank, sizeof rank);
-    mix(view->shape.data(), rank * sizeof(int64_t));
-    const size_t edge = std::min(kEdge, view->nbytes);
-    mix(view->data, edge);
-    mix(view->data + view->nbytes - edge, edge);
-  }
-  return hash;
+  std::vector<const TensorView*> views;
+  for (const auto& entry : index_) views.push_back(entry.second);  // by name, whatever the shards
+  return torchtpu::fingerprint(views);
 }
 
 std::string Checkpoint::file_if_exists(const std::string& name) const {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -693,6 +694,53 @@ ModelConfig load_config(const std::string& dir) {
     Fields(gen, gen_path.string(), "").append_ids("eos_token_id", &c.eos_token_ids);
   }
   return c;
+}
+
+double LoraConfig::scaling(int64_t rank) const {
+  return use_rslora ? lora_alpha / std::sqrt(static_cast<double>(rank))
+                    : lora_alpha / static_cast<double>(rank);
+}
+
+LoraConfig parse_lora_config_json(const std::string& json_text, const std::string& path) {
+  const json root = parse_json(json_text, path);
+  const Fields f(root, path, "");
+  const std::string type = f.string("peft_type", "");
+  if (type != "LORA") {
+    f.fail("peft_type", "must be \"LORA\" (a LoRA adapter), got " + f.at("peft_type").dump());
+  }
+  LoraConfig c;
+  c.r = f.positive("r", c.r);
+  c.lora_alpha = f.number("lora_alpha", c.lora_alpha);
+  c.use_rslora = f.boolean("use_rslora", false);
+  c.base_model = f.string("base_model_name_or_path", "");
+  f.require_false("use_dora", "DoRA's magnitude vectors are not applied");
+  f.require_false("lora_bias", "LoRA biases are not applied");
+  f.require_false("fan_in_fan_out", "the weights must be stored [out, in] as nn.Linear's");
+  f.require_false("use_qalora", "QALoRA's pooled inputs are not applied");
+  if (f.has("bias") && f.at("bias") != "none") {
+    f.unsupported("bias", f.at("bias"), "only \"none\": trained biases are not applied");
+  }
+  // Non-empty forms of these train or reshape something beside the low-rank terms.
+  for (const char* key : {"modules_to_save", "alpha_pattern", "layer_replication",
+                          "target_parameters", "trainable_token_indices"}) {
+    const json& v = f.at(key);
+    if (!v.is_null() && !v.empty()) {
+      f.unsupported(key, v,
+                    "only the low-rank terms of linears with one lora_alpha are applied");
+    }
+  }
+  return c;
+}
+
+LoraConfig load_lora_config(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "adapter_config.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    throw FormatError("LoRA adapter " + dir +
+                      " has no adapter_config.json (a PEFT adapter's directory holds "
+                      "adapter_config.json and adapter_model.safetensors)");
+  }
+  return parse_lora_config_json(read_text(path.string()), path.string());
 }
 
 namespace {

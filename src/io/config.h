@@ -150,4 +150,21 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
 // DIR/config.json plus the eos ids of DIR/generation_config.json when that file exists.
 ModelConfig load_config(const std::string& dir);
 
+// A LoRA adapter's adapter_config.json as PEFT writes it (peft_type "LORA"): what scales its
+// terms. Fields that change the arithmetic in ways the engine does not follow (DoRA, biases,
+// per-module alphas, modules trained whole) are FormatErrors naming the field.
+struct LoraConfig {
+  int64_t r = 8;
+  double lora_alpha = 8;
+  bool use_rslora = false;  // scaling lora_alpha / sqrt(r) instead of lora_alpha / r
+  std::string base_model;   // base_model_name_or_path, "" when absent (reports only)
+
+  // PEFT's scaling for a module of rank r (rank_pattern's ranks are the tensors' own).
+  double scaling(int64_t rank) const;
+};
+
+LoraConfig parse_lora_config_json(const std::string& json_text, const std::string& path);
+// DIR/adapter_config.json; FormatError when DIR has none.
+LoraConfig load_lora_config(const std::string& dir);
+
 }  // namespace torchtpu

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "common/errors.h"
+#include "common/fnv1a.h"
 #include "common/json_depth.h"
 
 namespace torchtpu {
@@ -119,6 +120,26 @@ int64_t TensorView::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+uint64_t fingerprint(const std::vector<const TensorView*>& views) {
+  constexpr size_t kEdge = 64;
+  uint64_t hash = kFnvOffset;
+  auto mix = [&hash](const void* bytes, size_t n) {
+    hash = fnv1a(hash, static_cast<const uint8_t*>(bytes), n);
+  };
+  for (const TensorView* view : views) {
+    mix(view->name.data(), view->name.size() + 1);  // the NUL ends the name
+    const auto dtype = static_cast<uint8_t>(view->dtype);
+    mix(&dtype, 1);
+    const uint64_t rank = view->shape.size();
+    mix(&rank, sizeof rank);
+    mix(view->shape.data(), rank * sizeof(int64_t));
+    const size_t edge = std::min(kEdge, view->nbytes);
+    mix(view->data, edge);
+    mix(view->data + view->nbytes - edge, edge);
+  }
+  return hash;
 }
 
 void release_pages(const TensorView& view) {

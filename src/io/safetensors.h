@@ -30,6 +30,11 @@ struct TensorView {
   int64_t numel() const;
 };
 
+// A digest of tensors' names, dtypes, shapes and first and last 64 bytes, in the order given (by
+// name, so that shards do not matter): weights that differ in layout, or in values training
+// changes throughout, differ here; computing it touches a page or two per tensor.
+uint64_t fingerprint(const std::vector<const TensorView*>& views);
+
 // Drops the view's pages from this process's resident set once its bytes have been copied
 // elsewhere (dequantized, converted, moved to a device). The mapping stays valid: a later read
 // faults the pages back in from the page cache or the file. Pages shared with a neighbouring

@@ -140,6 +140,9 @@ Gemma4::Gemma4(const std::string& model_dir, const ModelOptions& options)
   checkpoint_ = std::make_shared<Checkpoint>(model_dir);
   if (!options.emb4_dir.empty()) emb4_ = std::make_shared<Checkpoint>(options.emb4_dir);
   load(*checkpoint_, emb4_.get());
+  for (const auto& dir : options_.lora) {
+    adapters_.emplace_back(dir, config_, options_.device, options_.dtype);
+  }
 }
 
 Linear Gemma4::int4_linear(const PackedInt4& packed) const {
@@ -391,14 +394,17 @@ at::Tensor Gemma4::per_layer_inputs(const at::Tensor& ids, const at::Tensor& emb
 at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& positions,
                              const at::Tensor& cos, const at::Tensor& sin,
                              const at::Tensor& padding, Rings* rings,
-                             std::vector<at::Tensor>& kv_views) const {
+                             std::vector<at::Tensor>& kv_views, const LoraPass& lora) const {
   const auto& c = config_;
   const auto& w = layers_[l];
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t d = c.layer_head_dim(l);
   const int64_t kv_heads = c.num_key_value_heads;
 
-  const auto projected = w.qkv(x);
+  auto projected = w.qkv(x);
+  for (size_t i = 0; i < projected.size(); ++i) {
+    projected[i] = lora.add(l, static_cast<LoraTarget>(i), x, projected[i]);
+  }
   const auto q = query(l, projected[0], cos, sin);
 
   at::Tensor k, v, kpos;
@@ -490,7 +496,7 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
     kv_views[3 * l + 2] = kpos;
   }
 
-  return attend(l, q, k, v, positions, kpos);
+  return attend(l, q, k, v, positions, kpos, lora);
 }
 
 at::Tensor Gemma4::query(int64_t l, const at::Tensor& projected, const at::Tensor& cos,
@@ -503,7 +509,8 @@ at::Tensor Gemma4::query(int64_t l, const at::Tensor& projected, const at::Tenso
 }
 
 at::Tensor Gemma4::attend(int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const at::Tensor& query_pos, const at::Tensor& key_pos) const {
+                          const at::Tensor& query_pos, const at::Tensor& key_pos,
+                          const LoraPass& lora) const {
   const auto& c = config_;
   const int64_t B = q.size(0), heads = q.size(1), T = q.size(2), d = q.size(3);
   const int64_t kv_heads = c.num_key_value_heads;
@@ -512,17 +519,20 @@ at::Tensor Gemma4::attend(int64_t l, const at::Tensor& q, const at::Tensor& k, c
   const auto q_rows = q.reshape({B, kv_heads, heads / kv_heads * T, d});
   auto out = ops::attention(q_rows, k, v, query_pos, key_pos, sliding ? c.sliding_window : 0);
   out = out.view({B, heads, T, d}).transpose(1, 2).reshape({B, T, heads * d});
-  return layers_[l].o_proj(out);
+  return lora.add(l, LoraTarget::kO, out, layers_[l].o_proj(out));
 }
 
-at::Tensor Gemma4::after_attention(int64_t l, const at::Tensor& h, const at::Tensor& attn) const {
+at::Tensor Gemma4::after_attention(int64_t l, const at::Tensor& h, const at::Tensor& attn,
+                                   const LoraPass& lora) const {
   const auto& c = config_;
   const auto& w = layers_[l];
   auto x = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
   RECORD_USER_SCOPE("gemma4::mlp");
   auto f = rms_norm(x, w.pre_feedforward_layernorm, c.rms_norm_eps);
   const auto gate_up = w.gate_up(f);
-  auto m = w.down_proj(ops::gelu_tanh_mul(gate_up[0], gate_up[1]));
+  const auto gated = ops::gelu_tanh_mul(lora.add(l, LoraTarget::kGate, f, gate_up[0]),
+                                        lora.add(l, LoraTarget::kUp, f, gate_up[1]));
+  auto m = lora.add(l, LoraTarget::kDown, gated, w.down_proj(gated));
   return x + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
 }
 
@@ -543,9 +553,11 @@ at::Tensor Gemma4::embed(const at::Tensor& ids) const {
 
 at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
                            bool last_only, bool no_logits, const SoftTokens* soft,
-                           const at::Tensor& lengths, at::Tensor* hidden) const {
+                           const at::Tensor& lengths, at::Tensor* hidden,
+                           const at::Tensor& lora) const {
   const auto& c = config_;
   const int64_t B = ids.size(0), T = ids.size(1);
+  const LoraPass adapters = lora_pass(lora);
 
   // Profiler scopes (bench/decode_profile.py groups a decode step's time by them).
   at::Tensor h, ple;
@@ -598,13 +610,16 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
       RECORD_USER_SCOPE("gemma4::attention");
       attn = attention(l, rms_norm(h, w.input_layernorm, c.rms_norm_eps), pos,
                        sliding ? cos_sliding : cos_full, sliding ? sin_sliding : sin_full, padding,
-                       rings, kv_views);
+                       rings, kv_views, adapters);
     }
-    h = after_attention(l, h, attn);
+    h = after_attention(l, h, attn, adapters);
     if (ple.defined()) {
       RECORD_USER_SCOPE("gemma4::per_layer_input");
-      auto g = ops::gelu_tanh_mul(w.per_layer_input_gate(h), ple.select(2, l));
-      h = h + rms_norm(w.per_layer_projection(g), w.post_per_layer_input_norm, c.rms_norm_eps);
+      auto g = ops::gelu_tanh_mul(
+          adapters.add(l, LoraTarget::kPerLayerGate, h, w.per_layer_input_gate(h)),
+          ple.select(2, l));
+      g = adapters.add(l, LoraTarget::kPerLayerProjection, g, w.per_layer_projection(g));
+      h = h + rms_norm(g, w.post_per_layer_input_norm, c.rms_norm_eps);
     }
     h = h * w.layer_scalar;  // scales the whole residual stream
   }
@@ -619,6 +634,20 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     return ops::softcap(logits, c.final_logit_softcapping, at::kFloat);
   }
   return logits.to(at::kFloat);
+}
+
+LoraPass Gemma4::lora_pass(const at::Tensor& lora) const {
+  LoraPass pass;
+  if (!lora.defined()) return pass;
+  TORCH_CHECK(lora.dim() == 2 && lora.size(1) == static_cast<int64_t>(adapters_.size()),
+              "forward's lora must be [batch, ", adapters_.size(), "], got ", lora.sizes());
+  for (size_t a = 0; a < adapters_.size(); ++a) {
+    const auto scales = lora.select(1, static_cast<int64_t>(a));
+    if (!scales.ne(0).any().item<bool>()) continue;
+    pass.active.emplace_back(&adapters_[a],
+                             scales.to(options_.device, options_.dtype).view({-1, 1, 1}));
+  }
+  return pass;
 }
 
 std::pair<at::Tensor, at::Tensor> Gemma4::draft(const at::Tensor& x, const at::Tensor& positions,
@@ -638,7 +667,9 @@ std::pair<at::Tensor, at::Tensor> Gemma4::draft(const at::Tensor& x, const at::T
     const Ring& ring = is_sliding ? sliding : full;
     const auto q = query(l, w.qkv(rms_norm(h, w.input_layernorm, c.rms_norm_eps))[0],
                          is_sliding ? cos_sliding : cos_full, is_sliding ? sin_sliding : sin_full);
-    h = after_attention(l, h, attend(l, q, ring.k, ring.v, seen, ring.kpos)) * w.layer_scalar;
+    const LoraPass none;
+    h = after_attention(l, h, attend(l, q, ring.k, ring.v, seen, ring.kpos, none), none) *
+        w.layer_scalar;
   }
   h = rms_norm(h, final_norm_, c.rms_norm_eps);
   auto carry = post_projection_(h);
