@@ -34,6 +34,12 @@ void add_engine_settings(CLI::App& cmd, EngineSettings& settings) {
                  "Directory of the model's Gemma 4 assistant (model_type gemma4_assistant): "
                  "drafts come from it (multi-token prediction) instead of prompt lookup, 3 a "
                  "step unless --draft-max says otherwise");
+  cmd.add_option("--lora", settings.lora,
+                 "[NAME=]DIR: a LoRA adapter in PEFT's format (adapter_config.json, "
+                 "adapter_model.safetensors) applied at scale 1; repeat for several. NAME (DIR's "
+                 "last part when not given) is what requests call it");
+  cmd.add_flag("--lora-init-without-apply", settings.lora_init_without_apply,
+               "Load the --lora adapters at scale 0: only requests that ask for one apply it");
 }
 
 CLI::Option* add_draft_flags(CLI::App& cmd, Drafting& draft) {

@@ -121,8 +121,12 @@ int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& o
   check_row(options.row, options_.rows);
   DecodeOptions every_step = options;
   every_step.read_every = 1;
+  every_step.lora = engine_.lora_scales(options.lora);
   const int64_t id = next_id_++;
-  auto cache_key = prefix_cache_key(prompt, media, engine_.config(), options.cache_salt);
+  const auto lora_salt = engine_.lora_salt(every_step.lora);
+  auto cache_key = prefix_cache_key(
+      prompt, media, engine_.config(),
+      lora_salt.empty() ? options.cache_salt : options.cache_salt + "\n" + lora_salt);
   queue_.push_back({id, prompt, std::move(every_step), std::move(on_tokens), std::move(on_logits),
                     std::move(media), std::move(cache_key)});
   return id;
@@ -335,11 +339,21 @@ int64_t Batch::chunk_size(const Row& row, int64_t limit) const {
   return count;
 }
 
+at::Tensor Batch::lora_rows(int64_t lo, int64_t n) const {
+  std::vector<const std::vector<double>*> scales;
+  for (int64_t i = lo; i < lo + n; ++i) {
+    const auto& request = rows_[i].request;
+    scales.push_back(request ? &request->options.lora : nullptr);
+  }
+  return engine_.lora_rows(scales);
+}
+
 int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished) {
   const int64_t count = chunk_size(row, limit);
   auto row_rings = rings_.rows(index, 1);
   const auto logits = engine_.read_chunk(row_rings, row.request->prompt, row.read,
-                                         row.read + count, &row.media, keep_hidden(row.hidden));
+                                         row.read + count, &row.media, keep_hidden(row.hidden),
+                                         lora_rows(index, 1));
   ++prompt_passes_;
   after_chunk(row, index, count, logits, finished);
   return count;
@@ -394,7 +408,7 @@ int64_t Batch::read_together(const std::vector<int64_t>& reading, int64_t budget
   const auto logits = engine_.model().forward(
       long_tensor(ids, {n, T}, device), long_tensor(positions, {n, T}, device), &rings,
       /*last_only=*/true, /*no_logits=*/!any_final, /*soft=*/nullptr,
-      long_tensor(lengths, {n}, device), keep_hidden(hidden));
+      long_tensor(lengths, {n}, device), keep_hidden(hidden), lora_rows(lo, n));
   ++prompt_passes_;
   for (const auto& [i, count] : group) {
     Row& row = rows_[i];
@@ -477,7 +491,7 @@ void Batch::decode_rows(std::vector<int64_t>& finished) {
   const auto logits = engine_.model()
                           .forward(ids, at_positions, &rings, /*last_only=*/false,
                                    /*no_logits=*/false, /*soft=*/nullptr, /*lengths=*/{},
-                                   keep_hidden(hidden))
+                                   keep_hidden(hidden), lora_rows(0, n))
                           .view({n, -1});
   at::Tensor sampled;
   {
@@ -593,7 +607,7 @@ int64_t Batch::check_drafts(int64_t n, const std::vector<std::vector<int64_t>>& 
   const auto logits = engine_.model().forward(
       long_tensor(ids, {n, T}, device), long_tensor(positions, {n, T}, device), &rings,
       /*last_only=*/false, /*no_logits=*/false, /*soft=*/nullptr,
-      long_tensor(lengths, {n}, device), keep_hidden(hidden));
+      long_tensor(lengths, {n}, device), keep_hidden(hidden), lora_rows(0, n));
   int64_t taken = 0;
   for (int64_t i = 0; i < n; ++i) {
     Row& row = rows_[i];

@@ -202,6 +202,8 @@ class Batch {
   // Reads up to `limit` more prompt tokens of a row; samples its first token after the last.
   // Returns the tokens read.
   int64_t read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished);
+  // forward's `lora` for ring rows [lo, lo + n): each sequence's scales, a free row's none.
+  at::Tensor lora_rows(int64_t lo, int64_t n) const;
   // Reads chunks of several of the `reading` rows (those still reading) in one forward pass,
   // within `budget` tokens (padding counted). Returns the tokens the pass put through the model:
   // 0 when fewer than two rows could share it.

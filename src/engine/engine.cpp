@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -115,7 +116,24 @@ EngineOptions EngineSettings::options(const std::string& model_dir) const {
   o.no_vision = no_vision;
   o.no_audio = no_audio;
   o.draft_model = draft_model;
+  for (const auto& text : lora) {
+    o.lora.push_back(parse_lora_spec(text));
+    if (lora_init_without_apply) o.lora.back().scale = 0;
+  }
   return o;
+}
+
+LoraSpec parse_lora_spec(const std::string& text) {
+  const auto eq = text.find('=');
+  LoraSpec spec;
+  spec.dir = eq == std::string::npos ? text : text.substr(eq + 1);
+  while (spec.dir.size() > 1 && spec.dir.back() == '/') spec.dir.pop_back();
+  spec.name = eq == std::string::npos ? std::filesystem::path(spec.dir).filename().string()
+                                      : text.substr(0, eq);
+  if (spec.dir.empty() || spec.name.empty()) {
+    throw ValueError("a LoRA adapter is given as [NAME=]DIR, got '" + text + "'");
+  }
+  return spec;
 }
 
 Int4Weights parse_int4_weights(const std::string& name) {
@@ -191,10 +209,27 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
     throw ValueError("int4 activation bits must be 16 or 8, got " +
                      std::to_string(options.int4_activation_bits));
   }
+  std::set<std::string> names;
+  for (const auto& spec : options.lora) {
+    if (!names.insert(spec.name).second) {
+      throw ValueError("two LoRA adapters are named '" + spec.name +
+                       "': name them apart as NAME=DIR");
+    }
+    if (!std::isfinite(spec.scale)) {
+      throw ValueError("LoRA adapter '" + spec.name + "' has a scale that is not finite");
+    }
+  }
   load();
   config_ = model_->config();
   model_options_ = model_->options();
   storage_ = model_->storage();
+  for (size_t a = 0; a < options_.lora.size(); ++a) {
+    const auto& adapter = model_->adapters()[a];
+    storage_.push_back({"lora " + options_.lora[a].name, dtype_name(options_.dtype),
+                        c10::str(options_.device), adapter.nbytes()});
+    lora_fingerprints_.push_back(adapter.fingerprint());
+    adapters_.push_back({options_.lora[a], adapter.config(), adapter.targets()});
+  }
   layout_ = rings_.layout();
   if (audio_) audio_options_ = load_audio_feature_options(options_.model_dir);
 }
@@ -212,6 +247,12 @@ const std::string& Engine::weights_id() const {
   return weights_id_;
 }
 
+std::vector<std::string> Engine::lora_dirs() const {
+  std::vector<std::string> dirs;
+  for (const auto& spec : options_.lora) dirs.push_back(spec.dir);
+  return dirs;
+}
+
 void Engine::load() {
   const auto start = Clock::now();
   c10::InferenceMode inference;
@@ -219,7 +260,7 @@ void Engine::load() {
       options_.model_dir,
       ModelOptions{options_.device, options_.dtype, options_.emb4_dir,
                    /*attend_filled_slots=*/options_.device.is_cpu(), options_.int4,
-                   options_.quantize_int4, options_.int4_activation_bits});
+                   options_.quantize_int4, options_.int4_activation_bits, lora_dirs()});
   const auto& c = model_->config();
   if (c.vision && !options_.no_vision) {
     vision_ = std::make_unique<VisionTower>(options_.model_dir, model_->options());
@@ -414,8 +455,10 @@ PromptMedia Engine::embed_media(const std::vector<int64_t>& prompt,
   return out;
 }
 
-at::Tensor Engine::logits(const std::vector<int64_t>& ids, const std::vector<Media>& media) {
+at::Tensor Engine::logits(const std::vector<int64_t>& ids, const std::vector<Media>& media,
+                          const std::vector<double>& lora) {
   check_prompt(ids, media);
+  const auto scales = lora_scales(lora);
   c10::InferenceMode inference;
   const auto n = static_cast<int64_t>(ids.size());
   auto positions = at::arange(n, at::TensorOptions().dtype(at::kLong)).view({1, n});
@@ -423,12 +466,14 @@ at::Tensor Engine::logits(const std::vector<int64_t>& ids, const std::vector<Med
   const auto soft = soft_tokens(prompt_media, 0, n, options_.device);
   return model_
       ->forward(id_tensor(ids, options_.device), positions.to(options_.device), nullptr,
-                /*last_only=*/false, /*no_logits=*/false, soft ? &*soft : nullptr)
+                /*last_only=*/false, /*no_logits=*/false, soft ? &*soft : nullptr,
+                /*lengths=*/{}, /*hidden=*/nullptr, lora_rows({&scales}))
       .squeeze(0);
 }
 
 at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
-                              int64_t end, const PromptMedia* media, at::Tensor* hidden) const {
+                              int64_t end, const PromptMedia* media, at::Tensor* hidden,
+                              const at::Tensor& lora) const {
   std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
   auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
   const bool final_chunk = end == static_cast<int64_t>(prompt.size());
@@ -436,17 +481,17 @@ at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, 
   auto logits =
       model().forward(id_tensor(part, options_.device), positions.to(options_.device), &rings,
                       /*last_only=*/true, /*no_logits=*/!final_chunk, soft ? &*soft : nullptr,
-                      /*lengths=*/{}, hidden);
+                      /*lengths=*/{}, hidden, lora);
   return final_chunk ? logits.view({-1}) : logits;
 }
 
 at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
-                               at::Tensor* hidden) {
+                               at::Tensor* hidden, const at::Tensor& lora) {
   const auto n = static_cast<int64_t>(prompt.size());
   at::Tensor last_logits;
   for (int64_t begin = 0; begin < n; begin += options_.prefill_chunk) {
     last_logits = read_chunk(rings_, prompt, begin, std::min(n, begin + options_.prefill_chunk),
-                             media, hidden);
+                             media, hidden, lora);
   }
   return last_logits;
 }
@@ -487,7 +532,9 @@ std::vector<int64_t> Engine::draft_after(const std::vector<int64_t>& prompt, int
   c10::InferenceMode inference;
   rings_.reset();
   at::Tensor hidden;
-  const auto token = read_prompt(prompt, nullptr, &hidden).argmax().view({1});
+  const auto scales = lora_scales({});
+  const auto token =
+      read_prompt(prompt, nullptr, &hidden, lora_rows({&scales})).argmax().view({1});
   auto ids = host_ids(token.to(at::kCPU));
   const auto drafts = host_ids(
       draft(rings_, token, hidden, {static_cast<int64_t>(prompt.size())}, count));
@@ -536,6 +583,65 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
   }
   options.draft.validate();
   options.sampling.validate(config().vocab_size);
+  lora_scales(options.lora);
+}
+
+std::vector<double> Engine::lora_scales(const std::vector<double>& asked) const {
+  std::vector<double> scales;
+  for (const auto& spec : options_.lora) scales.push_back(spec.scale);
+  if (asked.empty()) return scales;
+  if (asked.size() != scales.size()) {
+    throw ValueError("lora gives " + std::to_string(asked.size()) + " scales but " +
+                     std::to_string(scales.size()) + " LoRA adapters are loaded");
+  }
+  for (const double s : asked) {
+    if (!std::isfinite(s)) throw ValueError("a LoRA scale must be finite, got " + c10::str(s));
+  }
+  return asked;
+}
+
+std::vector<double> Engine::lora_by_name(const std::map<std::string, double>& scales) const {
+  std::vector<double> out(options_.lora.size(), 0.0);
+  for (const auto& [name, scale] : scales) {
+    const auto it = std::find_if(options_.lora.begin(), options_.lora.end(),
+                                 [&](const LoraSpec& spec) { return spec.name == name; });
+    if (it == options_.lora.end()) {
+      std::string loaded;
+      for (const auto& spec : options_.lora) loaded += (loaded.empty() ? "" : ", ") + spec.name;
+      throw ValueError("no LoRA adapter is named '" + name + "'; loaded: " +
+                       (loaded.empty() ? "none" : loaded));
+    }
+    out[it - options_.lora.begin()] = scale;
+  }
+  return out;
+}
+
+at::Tensor Engine::lora_rows(const std::vector<const std::vector<double>*>& rows) const {
+  const auto adapters = static_cast<int64_t>(options_.lora.size());
+  if (adapters == 0) return {};
+  auto out = at::zeros({static_cast<int64_t>(rows.size()), adapters}, at::kFloat);
+  auto* p = out.data_ptr<float>();
+  bool any = false;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (!rows[r]) continue;
+    for (int64_t a = 0; a < adapters && a < static_cast<int64_t>(rows[r]->size()); ++a) {
+      p[r * adapters + a] = static_cast<float>((*rows[r])[a]);
+      any = any || (*rows[r])[a] != 0;
+    }
+  }
+  return any ? out : at::Tensor();
+}
+
+std::string Engine::lora_salt(const std::vector<double>& scales) const {
+  std::string salt;
+  for (size_t a = 0; a < scales.size(); ++a) {
+    if (scales[a] == 0) continue;
+    char part[64];
+    std::snprintf(part, sizeof part, "lora %016llx*%.17g;",
+                  static_cast<unsigned long long>(lora_fingerprints_[a]), scales[a]);
+    salt += part;
+  }
+  return salt;
 }
 
 int64_t default_draft_tokens(const std::string& draft_model) {
@@ -595,7 +701,9 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   // With an assistant: the final hidden state at the position that chose `token`.
   at::Tensor hidden;
   at::Tensor* keep_hidden = drafter_ && options.draft.tokens > 0 ? &hidden : nullptr;
-  auto token = sample(read_prompt(prompt, &prompt_media, keep_hidden));
+  const auto scales = lora_scales(options.lora);
+  const auto lora = lora_rows({&scales});
+  auto token = sample(read_prompt(prompt, &prompt_media, keep_hidden, lora));
   const auto on_device = at::TensorOptions().dtype(at::kLong).device(options_.device);
   auto position = at::full({1, 1}, n, on_device);
   // Tokens not yet read wait in a device buffer, one slot per step of the read window. The slot
@@ -635,7 +743,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
     const auto logits = model()
                             .forward(id_tensor(ids, options_.device), positions, &rings_,
                                      /*last_only=*/false, /*no_logits=*/false, /*soft=*/nullptr,
-                                     /*lengths=*/{}, keep_hidden)
+                                     /*lengths=*/{}, keep_hidden, lora)
                             .view({count + 1, -1});
     int64_t kept = 0;
     for (int64_t i = 0; i <= count; ++i) {
@@ -679,7 +787,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
     const auto logits = model()
                             .forward(token, position, &rings_, /*last_only=*/false,
                                      /*no_logits=*/false, /*soft=*/nullptr, /*lengths=*/{},
-                                     keep_hidden)
+                                     keep_hidden, lora)
                             .view({-1});
     {
       RECORD_USER_SCOPE("engine::sample");

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,6 +22,25 @@
 #include "model/vision.h"
 
 namespace torchtpu {
+
+// A LoRA adapter to load beside the weights (model/lora.h): its name (how requests and reports
+// call it), its directory, and the scale a sequence gives it when its DecodeOptions::lora is empty
+// (llama-server's --lora-scaled; 0 loads it for the requests that ask for it).
+struct LoraSpec {
+  std::string name;
+  std::string dir;
+  double scale = 1.0;
+};
+// "[NAME=]DIR" (the --lora flag) -> a spec of scale 1; NAME defaults to DIR's last component.
+// ValueError for an empty NAME or DIR.
+LoraSpec parse_lora_spec(const std::string& text);
+
+// A loaded adapter as reports show it (generate --json, /v1/engine, /lora-adapters, Python).
+struct LoraReport {
+  LoraSpec spec;
+  LoraConfig config;                 // its adapter_config.json
+  std::vector<std::string> targets;  // the modules it adapts ("self_attn.q_proj", ...)
+};
 
 struct EngineOptions {
   std::string model_dir;
@@ -41,6 +61,8 @@ struct EngineOptions {
   // multi-token-prediction drafter, llama.cpp's --model-draft): when given, drafts come from it
   // instead of from prompt lookup (Drafting), for requests that draft.
   std::string draft_model;
+  // LoRA adapters, in the order DecodeOptions::lora scales them; names unique.
+  std::vector<LoraSpec> lora;
 };
 
 // "auto", "packed", "composite", "dequantized" -> Int4Weights; ValueError otherwise.
@@ -76,6 +98,10 @@ struct EngineSettings {
   bool no_vision = false;
   bool no_audio = false;
   std::string draft_model;
+  std::vector<std::string> lora;  // "[NAME=]DIR" each (parse_lora_spec)
+  // Load the adapters at scale 0 (llama-server's --lora-init-without-apply): only requests that
+  // name one apply it.
+  bool lora_init_without_apply = false;
 
   // For the checkpoint in model_dir; the parse_* functions' ValueErrors for a bad name.
   EngineOptions options(const std::string& model_dir) const;
@@ -145,6 +171,9 @@ struct DecodeOptions {
   // a slot's state names the row its conversation used); it waits for that row while others take
   // the rest. -1: the first free row. Engine::decode has one row and ignores it.
   int64_t row = -1;
+  // Each LoRA adapter's scale for this sequence (EngineOptions::lora's order; 0 leaves it out);
+  // empty: the adapters' own scales.
+  std::vector<double> lora;
 };
 
 struct DecodeResult {
@@ -181,6 +210,7 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   Layout layout() const { return layout_; }
   const std::vector<StorageReport>& storage() const { return storage_; }
+  const std::vector<LoraReport>& adapters() const { return adapters_; }
   // The model's options as resolved (the int4 form chosen for kAuto).
   const ModelOptions& model_options() const { return model_options_; }
   // Whether images / audio clips can be given (the checkpoint has the tower and it is loaded).
@@ -211,7 +241,9 @@ class Engine {
 
   // float32 logits [ids.size(), vocab] of one causal pass with no cache; the rings are untouched.
   // `media`: the prompt's images and clips (ids already expanded, expand_media_placeholders).
-  at::Tensor logits(const std::vector<int64_t>& ids, const std::vector<Media>& media = {});
+  // `lora`: as DecodeOptions::lora.
+  at::Tensor logits(const std::vector<int64_t>& ids, const std::vector<Media>& media = {},
+                    const std::vector<double>& lora = {});
 
   // Reads the prompt into freshly reset rings and decodes (greedy or sampled, per options).
   DecodeResult decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
@@ -231,6 +263,20 @@ class Engine {
   // Runs the towers over a checked prompt's media (on the engine's device).
   PromptMedia embed_media(const std::vector<int64_t>& prompt,
                           const std::vector<Media>& media) const;
+  // A sequence's scale for each adapter: `asked` (DecodeOptions::lora), or the adapters' own
+  // scales when it is empty. ValueError for a count other than the adapters' or a scale that is
+  // not finite.
+  std::vector<double> lora_scales(const std::vector<double>& asked) const;
+  // DecodeOptions::lora for scales by adapter name; the adapters not named get 0 (llama-server's
+  // rule for a request's lora list). ValueError naming an adapter that is not loaded.
+  std::vector<double> lora_by_name(const std::map<std::string, double>& scales) const;
+  // forward's `lora` for rows of these resolved scales ([rows, adapters] on the host), undefined
+  // when no row scales an adapter.
+  at::Tensor lora_rows(const std::vector<const std::vector<double>*>& rows) const;
+  // What the prefix cache's salt gains for resolved scales: "" when no adapter applies, else the
+  // applied adapters' file digests and scales, so that states one adapter wrote are reused only
+  // under the same adapters and scales.
+  std::string lora_salt(const std::vector<double>& scales) const;
   // Tokens a sequence after a prompt of `prompt_tokens` may generate: max_new, or fewer where the
   // context ends first.
   int64_t token_budget(int64_t prompt_tokens, int64_t max_new) const;
@@ -257,16 +303,18 @@ class Engine {
   // the float32 logits [vocab] of its last token when `end` is the prompt's end, else undefined.
   // `media`: the prompt's soft tokens (nullptr or empty: none).
   // `hidden`: the final hidden state [1, 1, hidden_size] there too (Gemma4::forward's).
+  // `lora`: forward's, for the one row.
   at::Tensor read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
                         int64_t end, const PromptMedia* media = nullptr,
-                        at::Tensor* hidden = nullptr) const;
+                        at::Tensor* hidden = nullptr, const at::Tensor& lora = {}) const;
 
  private:
   // In chunks, into rings_.
   at::Tensor read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
-                         at::Tensor* hidden);
+                         at::Tensor* hidden, const at::Tensor& lora);
   // The weights, towers and rings from options_.
   void load();
+  std::vector<std::string> lora_dirs() const;
   // The assistant of options_.draft_model, checked against the model (ValueError).
   void load_drafter();
   // std::logic_error while asleep.
@@ -287,6 +335,8 @@ class Engine {
   AudioFeatureOptions audio_options_;
   Rings rings_;
   double load_s_ = 0;
+  std::vector<LoraReport> adapters_;
+  std::vector<uint64_t> lora_fingerprints_;  // LoraAdapter::fingerprint, per adapter
   mutable std::once_flag weights_id_once_;
   mutable std::string weights_id_;
 };

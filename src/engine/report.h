@@ -9,5 +9,8 @@
 namespace torchtpu {
 
 nlohmann::json engine_report(const Engine& engine);
+// One loaded LoRA adapter: name, path, its load-time scale, r, lora_alpha, use_rslora,
+// base_model and the modules it adapts.
+nlohmann::json lora_report(const LoraReport& adapter);
 
 }  // namespace torchtpu

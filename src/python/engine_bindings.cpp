@@ -131,7 +131,8 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
                              int64_t prefill_chunk, int64_t threads, const std::string& int4,
                              const std::optional<std::string>& quantize,
                              int64_t int4_activation_bits, bool no_vision, bool no_audio,
-                             const std::optional<std::string>& draft_model) {
+                             const std::optional<std::string>& draft_model,
+                             const std::vector<std::string>& lora) {
   EngineSettings settings;
   settings.emb4_dir = emb4.value_or("");
   settings.context = context;
@@ -142,6 +143,7 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
   settings.no_vision = no_vision;
   settings.no_audio = no_audio;
   settings.draft_model = draft_model.value_or("");
+  settings.lora = lora;
   // device and dtype may come as torch objects (a dtype, like's device): set after the names.
   EngineOptions options = settings.options(model_dir);
   options.prefill_chunk = prefill_chunk;
@@ -226,6 +228,7 @@ struct DecodeArgs {
   std::string thinking_budget_message;
   std::vector<Media> media;
   Drafting draft;
+  std::optional<std::map<std::string, double>> lora;
 };
 
 // One media list cannot belong to several prompts: decode_many takes text prompts.
@@ -244,6 +247,7 @@ DecodeOptions decode_options(PyEngine& self, const std::string& method, const De
   options.max_new = args.max_new;
   options.read_every = args.read_every;
   options.draft = args.draft;
+  if (args.lora) options.lora = self.begin(method).lora_by_name(*args.lora);
   if (!args.stop.is_none()) {
     options.stop_ids = to_ids(args.stop, "stop");
     options.ignore_eos = options.stop_ids.empty();
@@ -296,13 +300,14 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
           const std::string& grammar, std::optional<int64_t> thinking_budget,
           const std::string& thinking_budget_message, const std::vector<Media>& media,
           int64_t draft_max, int64_t draft_ngram_min, int64_t draft_ngram_max,
-          bool draft_always) {
+          bool draft_always, std::optional<std::map<std::string, double>> lora) {
         return f(self, first, on_tokens,
                  DecodeArgs{max_new, std::move(stop), read_every, temperature, top_k, top_p, min_p,
                             repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
                             seed, std::move(grammar_kind), grammar, thinking_budget,
                             thinking_budget_message, media,
-                            Drafting{draft_max, draft_ngram_min, draft_ngram_max, draft_always}});
+                            Drafting{draft_max, draft_ngram_min, draft_ngram_max, draft_always},
+                            std::move(lora)});
       },
       doc, py::arg(first_name), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
       py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
@@ -314,7 +319,8 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
       py::arg("thinking_budget") = py::none(), py::arg("thinking_budget_message") = "",
       py::arg("media") = std::vector<Media>{}, py::arg("draft_max") = 0,
       py::arg("draft_ngram_min") = Drafting{}.ngram_min,
-      py::arg("draft_ngram_max") = Drafting{}.ngram_max, py::arg("draft_always") = false);
+      py::arg("draft_ngram_max") = Drafting{}.ngram_max, py::arg("draft_always") = false,
+      py::arg("lora") = py::none());
 }
 
 // torchtpu_cpp.Batch: a Batch over the engine's model, owned by the engine's owner thread (every
@@ -467,18 +473,20 @@ void bind_engine(py::module_& m) {
                        int64_t prefill_chunk, int64_t threads, const std::string& int4,
                        const std::optional<std::string>& quantize, int64_t int4_activation_bits,
                        bool no_vision, bool no_audio,
-                       const std::optional<std::string>& draft_model) {
+                       const std::optional<std::string>& draft_model,
+                       const std::vector<std::string>& lora) {
              return std::make_unique<PyEngine>(
                  engine_options(model_dir, emb4_dir, like, context, device, dtype, prefill_chunk,
                                 threads, int4, quantize, int4_activation_bits, no_vision,
-                                no_audio, draft_model));
+                                no_audio, draft_model, lora));
            }),
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
            py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512, py::arg("threads") = 0,
            py::arg("int4") = "auto", py::arg("quantize") = py::none(),
            py::arg("int4_activation_bits") = 16, py::arg("no_vision") = false,
-           py::arg("no_audio") = false, py::arg("draft_model") = py::none())
+           py::arg("no_audio") = false, py::arg("draft_model") = py::none(),
+           py::arg("lora") = std::vector<std::string>{})
       .def("layout",
            [](PyEngine& self) { return layout_dict(self.begin("Engine.layout").layout()); })
       .def("report",
@@ -506,17 +514,20 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("owner_thread", &PyEngine::owner_name)
       .def(
           "logits",
-          [](PyEngine& self, py::handle ids, const std::vector<Media>& media) {
+          [](PyEngine& self, py::handle ids, const std::vector<Media>& media,
+             const std::optional<std::map<std::string, double>>& lora) {
             Engine& engine = self.begin("Engine.logits", /*exclusive=*/true);
             const auto tokens = to_ids(ids, "ids");
+            const auto scales = lora ? engine.lora_by_name(*lora) : std::vector<double>{};
             at::Tensor logits;
             {
               py::gil_scoped_release released;
-              logits = engine.logits(tokens, media);
+              logits = engine.logits(tokens, media, scales);
             }
             return to_python(logits);
           },
-          py::arg("ids"), py::kw_only(), py::arg("media") = std::vector<Media>{})
+          py::arg("ids"), py::kw_only(), py::arg("media") = std::vector<Media>{},
+          py::arg("lora") = py::none())
       .def(
           "draft",
           [](PyEngine& self, py::handle ids, int64_t count) {
@@ -637,7 +648,8 @@ void bind_engine(py::module_& m) {
       "json_object, regex, lark) with `grammar` constrains the output to it (every token read "
       "back, as with read_every=1; ValueError naming what llguidance cannot enforce). "
       "draft_max > 0: speculative decoding by prompt lookup, the same tokens (DecodeResult's "
-      "drafted and accepted count the draft tokens checked and kept).",
+      "drafted and accepted count the draft tokens checked and kept). lora: each LoRA adapter's "
+      "scale by name, those left out at 0 (None: the scales they were loaded with).",
       [](PyEngine& self, py::handle ids, py::handle on_tokens, const DecodeArgs& args) {
         return run_decode(self, "Engine.decode", to_ids(ids, "ids"),
                           decode_options(self, "Engine.decode", args), on_tokens, args.media);

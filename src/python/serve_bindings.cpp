@@ -33,7 +33,8 @@ void bind_serve(py::module_& m) {
          double media_url_timeout_s, bool no_vision, bool no_audio,
          const std::string& mcp_media_dir, std::optional<int64_t> draft_max,
          int64_t draft_ngram_min,
-         int64_t draft_ngram_max, bool draft_always, const std::string& draft_model) {
+         int64_t draft_ngram_max, bool draft_always, const std::string& draft_model,
+         const std::vector<std::string>& lora, bool lora_init_without_apply) {
         server::ServeOptions options;
         options.model_dir = model_dir;
         options.engine.emb4_dir = emb4_dir;
@@ -78,6 +79,8 @@ void bind_serve(py::module_& m) {
         options.draft = Drafting{draft_max.value_or(default_draft_tokens(draft_model)),
                                  draft_ngram_min, draft_ngram_max, draft_always};
         options.engine.draft_model = draft_model;
+        options.engine.lora = lora;
+        options.engine.lora_init_without_apply = lora_init_without_apply;
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
         options.install_signal_handlers = false;
@@ -125,7 +128,8 @@ void bind_serve(py::module_& m) {
       py::arg("draft_max") = py::none(),
       py::arg("draft_ngram_min") = Drafting{}.ngram_min,
       py::arg("draft_ngram_max") = Drafting{}.ngram_max, py::arg("draft_always") = false,
-      py::arg("draft_model") = "",
+      py::arg("draft_model") = "", py::arg("lora") = std::vector<std::string>{},
+      py::arg("lora_init_without_apply") = false,
       "Runs the OpenAI-compatible server until request_stop(); returns the "
       "exit code. Blocks the "
       "calling thread with the GIL released; installs no signal handlers.");

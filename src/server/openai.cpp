@@ -196,6 +196,7 @@ void parse_common(const ojson& body, GenerationRequest& r) {
                      "invalid_request_error", "cache_salt", "invalid_value");
     }
   }
+  if (const ojson* lora = field(body, "lora")) r.lora = parse_lora_scales(*lora, "lora");
   if (auto n = get_int(body, "id_slot")) {
     if (*n < -1) {
       throw ApiError(400, "'id_slot' must be -1 (any free slot) or a slot's id, got " +
@@ -372,7 +373,44 @@ ojson error_body(const ApiError& error) {
             {"code", error.code.empty() ? ojson(nullptr) : ojson(error.code)}}}};
 }
 
+std::map<int64_t, double> parse_lora_scales(const ojson& list, const std::string& name) {
+  if (!list.is_array()) throw wrong_type(name, "an array of {\"id\", \"scale\"} objects", list);
+  std::map<int64_t, double> scales;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = name + "[" + std::to_string(i) + "]";
+    const ojson& entry = list[i];
+    if (!entry.is_object()) throw wrong_type(at, "an object {\"id\", \"scale\"}", entry);
+    const ojson* id = field(entry, "id");
+    const ojson* scale = field(entry, "scale");
+    if (!id || !id->is_number_integer() || id->get<int64_t>() < 0) {
+      throw ApiError(400, "'" + at + ".id' must be an adapter's index from 0, got " +
+                              (id ? id->dump() : std::string("nothing")),
+                     "invalid_request_error", at + ".id", "invalid_value");
+    }
+    if (!scale || !scale->is_number()) {
+      throw ApiError(400, "'" + at + ".scale' must be a number, got " +
+                              (scale ? scale->dump() : std::string("nothing")),
+                     "invalid_request_error", at + ".scale", "invalid_value");
+    }
+    if (!scales.emplace(id->get<int64_t>(), scale->get<double>()).second) {
+      throw ApiError(400, "'" + name + "' names adapter " + id->dump() + " twice",
+                     "invalid_request_error", at + ".id", "invalid_value");
+    }
+  }
+  return scales;
+}
+
 ojson parse_body(const std::string& text) {
+  ojson body = parse_body_value(text);
+  if (!body.is_object()) {
+    throw ApiError(
+        400, std::string("the request body must be a JSON object, got ") + json_type_name(body),
+        "invalid_request_error", "", "invalid_json");
+  }
+  return body;
+}
+
+ojson parse_body_value(const std::string& text) {
   ojson body;
   try {
     body = parse_json(text);
@@ -383,11 +421,6 @@ ojson parse_body(const std::string& text) {
   } catch (const JsonTooDeep& e) {
     throw ApiError(400, std::string("the request body is refused: ") + e.what(),
                    "invalid_request_error", "", "json_too_deep");
-  }
-  if (!body.is_object()) {
-    throw ApiError(
-        400, std::string("the request body must be a JSON object, got ") + json_type_name(body),
-        "invalid_request_error", "", "invalid_json");
   }
   return body;
 }

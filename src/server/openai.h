@@ -68,6 +68,12 @@ const std::string& required_string(const ojson& object, const char* name,
 // The body as a JSON object, keys in the client's order (templates may print them). ApiError 400 if
 // it is not JSON, nests deeper than kMaxJsonDepth, or is not an object.
 ojson parse_body(const std::string& text);
+// The same for a body of any JSON value (POST /lora-adapters takes an array).
+ojson parse_body_value(const std::string& text);
+// llama-server's LoRA list, [{"id": int >= 0, "scale": number}, ...] (a request's `lora`, the body
+// of POST /lora-adapters) -> id -> scale; ApiError 400 naming `name`[i] for a malformed entry or
+// an id given twice.
+std::map<int64_t, double> parse_lora_scales(const ojson& list, const std::string& name);
 
 // The sampling fields a request set; unset ones take the checkpoint's generation_config.json
 // defaults (temperature, top_k, top_p, min_p, repetition_penalty), then the engine's (greedy).
@@ -118,6 +124,9 @@ struct GenerationRequest {
   // The slot (row) the request runs in, once free (llama-server's id_slot: a client that saves
   // or restores a slot's state names the one its conversation used); -1: any free one.
   int64_t id_slot = -1;
+  // LoRA adapters for this request, id (the order of --lora) -> scale, the rest at 0
+  // (llama-server's `lora`); none: the adapter `model` names, or the server's scales.
+  std::optional<std::map<int64_t, double>> lora;
   SamplingRequest sampling;
   // logprobs of the returned tokens, and how many alternatives per position (0-20). Chat:
   // logprobs=true plus top_logprobs; completions: logprobs=N sets both.

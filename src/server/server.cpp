@@ -467,6 +467,7 @@ class Server {
         mcp_files_(mcp_files(options)) {
     demo_ = options.model_dir.empty();
     fingerprint_ = std::string("fp_torchtpu_cpp_") + TORCHTPU_GIT_REVISION;
+    for (const auto& spec : engine_options_.lora) lora_scales_.push_back(spec.scale);
   }
 
   int run();
@@ -545,9 +546,17 @@ class Server {
   void slot_action(const httplib::Request& req, httplib::Response& res, const std::string& id);
   // The load gauges' figures at this moment.
   EngineLoad engine_load();
-  // 404 model_not_found unless `name` is empty or one of the model's names.
+  // 404 model_not_found unless `name` is empty, one of the model's names or a LoRA adapter's.
   void check_model(const std::string& name) const;
   ojson model_json(const std::string& name) const;
+  // DecodeOptions::lora for a request: its `lora` list (400 for an adapter not loaded), else the
+  // adapter its `model` names at scale 1 (vLLM's way), else the server's scales
+  // (POST /lora-adapters).
+  std::vector<double> lora_for(const GenerationRequest& r) const;
+  // The index of the LoRA adapter called `name`, -1 when none is.
+  int64_t lora_index(const std::string& name) const;
+  // llama-server's GET /lora-adapters: [{"id", "path", "scale"}] plus each adapter's name.
+  ojson lora_adapters_json() const;
   ojson timings_json(const Job& job) const;
   // The envelope every response and stream chunk of one completion shares around its choices.
   ojson completion_json(const std::string& id, const char* object, int64_t created,
@@ -618,6 +627,10 @@ class Server {
 
   Scheduler scheduler_;
   const McpFiles mcp_files_;
+  // The scale of each LoRA adapter for requests that name none (--lora, --lora-init-without-apply,
+  // POST /lora-adapters).
+  mutable std::mutex lora_mutex_;
+  std::vector<double> lora_scales_;
 
   std::atomic<int64_t> open_connections_{0};  // counted by CountingPool
 };
@@ -1312,6 +1325,7 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   job->decode.draft.tokens = r.draft_max.value_or(options_.draft.tokens);
   job->decode.cache_salt = r.cache_salt;
   job->decode.row = r.id_slot;
+  job->decode.lora = lora_for(r);
   job->decode.ignore_eos = r.ignore_eos;
   job->decode.constraint = constraint_for(r, chat, job->parser_prefix);
   if (const int64_t thinking = r.thinking_budget.value_or(options_.reasoning_budget);
@@ -1462,13 +1476,61 @@ void Server::handle_count_tokens(const httplib::Request& req, httplib::Response&
 
 void Server::check_model(const std::string& name) const {
   if (name.empty() ||
-      std::find(model_names_.begin(), model_names_.end(), name) != model_names_.end()) {
+      std::find(model_names_.begin(), model_names_.end(), name) != model_names_.end() ||
+      lora_index(name) >= 0) {
     return;
   }
   std::string served;
   for (const auto& n : model_names_) served += (served.empty() ? "'" : ", '") + n + "'";
+  for (const auto& spec : engine_options_.lora) served += ", '" + spec.name + "' (LoRA)";
   throw ApiError(404, "the model '" + name + "' does not exist; this server serves " + served,
                  "invalid_request_error", "model", "model_not_found");
+}
+
+std::vector<double> Server::lora_for(const GenerationRequest& r) const {
+  const auto loaded = static_cast<int64_t>(engine_options_.lora.size());
+  if (r.lora) {
+    std::vector<double> scales(loaded, 0.0);
+    for (const auto& [id, scale] : *r.lora) {
+      if (id >= loaded) {
+        throw ApiError(400,
+                       "'lora' names adapter " + std::to_string(id) + " but this server loads " +
+                           (loaded == 0 ? std::string("no LoRA adapters (start it with --lora)")
+                                        : std::to_string(loaded) + " (ids 0 to " +
+                                              std::to_string(loaded - 1) + ")"),
+                       "invalid_request_error", "lora", "invalid_value");
+      }
+      scales[id] = scale;
+    }
+    return scales;
+  }
+  if (const int64_t named = lora_index(r.model); named >= 0) {
+    std::vector<double> scales(loaded, 0.0);
+    scales[named] = 1.0;
+    return scales;
+  }
+  std::lock_guard<std::mutex> lock(lora_mutex_);
+  return lora_scales_;
+}
+
+int64_t Server::lora_index(const std::string& name) const {
+  const auto& specs = engine_options_.lora;
+  for (size_t a = 0; a < specs.size(); ++a) {
+    if (specs[a].name == name) return static_cast<int64_t>(a);
+  }
+  return -1;
+}
+
+ojson Server::lora_adapters_json() const {
+  std::lock_guard<std::mutex> lock(lora_mutex_);
+  ojson out = ojson::array();
+  for (size_t a = 0; a < lora_scales_.size(); ++a) {
+    out.push_back({{"id", a},
+                   {"name", engine_options_.lora[a].name},
+                   {"path", engine_options_.lora[a].dir},
+                   {"scale", lora_scales_[a]}});
+  }
+  return out;
 }
 
 ojson Server::model_json(const std::string& name) const {
@@ -1476,6 +1538,12 @@ ojson Server::model_json(const std::string& name) const {
                {"object", "model"},
                {"created", created_},
                {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"}};
+  // An adapter is a model of its own to clients (vLLM's listing): root its directory, parent
+  // the base model.
+  if (const int64_t a = lora_index(name); a >= 0) {
+    out["root"] = engine_options_.lora[a].dir;
+    out["parent"] = model_id_;
+  }
   // Known once the engine is built (load() writes it before kWarmingUp).
   const State state = state_;
   if (state == State::kWarmingUp || takes_requests(state)) {
@@ -1735,7 +1803,7 @@ std::string Server::endpoint_label(const std::string& path) const {
   static const std::set<std::string> known = {
       "/health",         "/livez",       "/metrics",
       "/v1/models",      "/v1/engine",   "/props",       "/slots",
-      "/v1/chat/completions",
+      "/lora-adapters",  "/v1/chat/completions",
       "/v1/completions", "/tokenize",    "/detokenize", "/apply-template",
       "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens"};
   if (known.count(path)) return path;
@@ -1841,6 +1909,9 @@ void Server::set_up_routes(httplib::Server& http) {
                  for (const auto& name : model_names_) {
                    data.push_back(model_json(name));
                  }
+                 for (const auto& spec : engine_options_.lora) {
+                   data.push_back(model_json(spec.name));
+                 }
                  res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
                },
                false));
@@ -1881,6 +1952,36 @@ void Server::set_up_routes(httplib::Server& http) {
                                      slot_action(req, res, req.matches[1]);
                                    },
                                    true));
+  http.Get("/lora-adapters", guarded(
+                                 [this](const httplib::Request&, httplib::Response& res) {
+                                   res.set_content(dump(lora_adapters_json()),
+                                                   "application/json");
+                                 },
+                                 false));
+  // llama-server's POST /lora-adapters: the scales of requests that name no adapter; an adapter
+  // left out of the list goes to 0.
+  http.Post("/lora-adapters",
+            guarded(
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  const auto asked = parse_lora_scales(parse_body_value(req.body), "body");
+                  std::vector<double> scales(engine_options_.lora.size(), 0.0);
+                  for (const auto& [id, scale] : asked) {
+                    if (id >= static_cast<int64_t>(scales.size())) {
+                      throw ApiError(400,
+                                     "adapter " + std::to_string(id) + " is not loaded: this "
+                                     "server loads " + std::to_string(scales.size()) +
+                                     " LoRA adapters",
+                                     "invalid_request_error", "id", "invalid_value");
+                    }
+                    scales[id] = scale;
+                  }
+                  {
+                    std::lock_guard<std::mutex> lock(lora_mutex_);
+                    lora_scales_ = scales;
+                  }
+                  res.set_content(dump(lora_adapters_json()), "application/json");
+                },
+                false));
   http.Get("/props", guarded(
                          [this](const httplib::Request&, httplib::Response& res) {
                            res.set_content(dump(props_json()), "application/json");
@@ -1988,7 +2089,7 @@ void Server::set_up_routes(httplib::Server& http) {
             {"/health", "GET"},          {"/livez", "GET"},
             {"/metrics", "GET"},         {"/v1/models", "GET"},
             {"/v1/engine", "GET"},       {"/props", "GET"},
-            {"/slots", "GET"},
+            {"/slots", "GET"},           {"/lora-adapters", "GET, POST"},
             {"/v1/chat/completions", "POST"},
             {"/v1/completions", "POST"}, {"/tokenize", "POST"},
             {"/detokenize", "POST"},     {"/apply-template", "POST"},

@@ -69,6 +69,14 @@ export function makeAssistantCheckpoint() {
   return fromDemo("make_assistant.py", "torchtpu-assistant-");
 }
 
+// Two LoRA adapters for the demo checkpoint, written with PEFT (make_lora.py), and the tokens PEFT
+// decodes with the first: {first, second, expected: {prompt, tokens, base_tokens}}.
+export function makeLoraAdapters() {
+  const dir = fromDemo("make_lora.py", "torchtpu-lora-");
+  const expected = JSON.parse(fs.readFileSync(path.join(dir, "expected.json"), "utf8"));
+  return { first: path.join(dir, "first"), second: path.join(dir, "second"), expected };
+}
+
 // Resolves to {url, baseURL, child, stop()} once the server answers /health with 200.
 export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_000 } = {}) {
   const child = spawn(cliPath(), ["serve", "--port", "0", ...args], {

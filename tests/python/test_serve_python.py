@@ -366,6 +366,7 @@ ENGINE_FLAG_ERRORS = [
         'error: int4 weights "fast" is not one of auto, packed, composite, dequantized',
     ),
     (["--quantize", "int8"], 'error: quantize "int8" is not one of int4, none'),
+    (["--lora", "=x"], "error: a LoRA adapter is given as [NAME=]DIR, got '=x'"),
 ]
 
 

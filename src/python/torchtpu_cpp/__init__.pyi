@@ -107,6 +107,7 @@ class Batch:
         draft_ngram_min: int = 2,
         draft_ngram_max: int = 4,
         draft_always: bool = False,
+        lora: dict[str, float] | None = None,
     ) -> int:
         """Queues a sequence with Engine.decode's arguments (read_every taken as 1); its id."""
     def decode_many(
@@ -135,6 +136,7 @@ class Batch:
         draft_ngram_min: int = 2,
         draft_ngram_max: int = 4,
         draft_always: bool = False,
+        lora: dict[str, float] | None = None,
     ) -> list[DecodeResult]:
         """Every prompt decoded together with the same arguments; results in order, each what
         Engine.decode gives that prompt alone. on_tokens(index, tokens); falsy cancels one."""
@@ -168,6 +170,7 @@ class Engine:
         no_vision: bool = False,
         no_audio: bool = False,
         draft_model: str | None = None,
+        lora: Sequence[str] = (),
     ) -> None:
         """threads: intra-op threads (0: OMP_NUM_THREADS when set, else the physical cores; the
         process-wide ATen setting).
@@ -176,7 +179,10 @@ class Engine:
         fast mode for several rows (8-bit activations). no_vision / no_audio leave the
         checkpoint's image / audio tower unloaded. draft_model: the model's Gemma 4 assistant
         (model_type gemma4_assistant); decodes that draft (draft_max) take its drafts instead
-        of prompt lookup's. ValueError when it does not fit the model."""
+        of prompt lookup's. ValueError when it does not fit the model. lora: LoRA adapters in
+        PEFT's format, "[NAME=]DIR" each, applied at scale 1 unless a call's `lora` gives
+        {name: scale} (the adapters it leaves out at 0); ValueError naming what an adapter holds
+        that cannot be applied."""
     def draft(self, ids: Sequence[int], count: int) -> list[int]:
         """The model's greedy next token after the prompt `ids`, then `count` tokens the
         assistant (draft_model) guesses after it: what a decode's first drafting pass checks.
@@ -203,8 +209,11 @@ class Engine:
     def load_seconds(self) -> float: ...
     @property
     def owner_thread(self) -> str: ...
-    def logits(self, ids: _Ids, *, media: Sequence[Media] = ()) -> torch.Tensor:
-        """float32 [len(ids), vocab] of one causal pass; the KV cache is untouched."""
+    def logits(
+        self, ids: _Ids, *, media: Sequence[Media] = (), lora: dict[str, float] | None = None
+    ) -> torch.Tensor:
+        """float32 [len(ids), vocab] of one causal pass; the KV cache is untouched. lora: each
+        adapter's scale by name (those left out at 0); None: every adapter at scale 1."""
     @property
     def has_vision(self) -> bool: ...
     @property
@@ -264,6 +273,7 @@ class Engine:
         draft_ngram_min: int = 2,
         draft_ngram_max: int = 4,
         draft_always: bool = False,
+        lora: dict[str, float] | None = None,
     ) -> DecodeResult:
         """Decode (greedy unless temperature > 0) ending at a stop id (None: the checkpoint's eos
         ids; empty: none), max_new tokens, or a falsy on_tokens return ("cancelled").
@@ -275,7 +285,9 @@ class Engine:
         placeholders expand_media has expanded. draft_max > 0: speculative decoding by prompt
         lookup (up to draft_max tokens that followed the last draft_ngram_max..draft_ngram_min
         tokens earlier on, checked in one pass), the same tokens, in a Batch as well; a draft is
-        checked only while drafts give tokens faster than plain steps, unless draft_always."""
+        checked only while drafts give tokens faster than plain steps, unless draft_always.
+        lora: each LoRA adapter's scale by name, those left out at 0 (None: every adapter at the
+        scale it was loaded with); ValueError naming an adapter that is not loaded."""
 
 class Tokenizer:
     def __init__(self, path: str) -> None: ...

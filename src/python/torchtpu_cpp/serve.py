@@ -124,6 +124,19 @@ def _parse_args(argv):
         "(multi-token prediction) instead of prompt lookup",
     )
     p.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="[NAME=]DIR",
+        help="a LoRA adapter in PEFT's format, applied at scale 1 (repeat for several); NAME "
+        "(DIR's last part when not given) is what requests call it",
+    )
+    p.add_argument(
+        "--lora-init-without-apply",
+        action="store_true",
+        help="load the --lora adapters at scale 0: only requests that ask for one apply it",
+    )
+    p.add_argument(
         "--draft-ngram-min",
         type=int,
         default=2,
@@ -287,6 +300,8 @@ def main(argv=None):
                 draft_ngram_max=args.draft_ngram_max,
                 draft_always=args.draft_always,
                 draft_model=args.draft_model,
+                lora=args.lora,
+                lora_init_without_apply=args.lora_init_without_apply,
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
                 no_slots=args.no_slots,

@@ -1,0 +1,191 @@
+// LoRA adapters through the server (--lora): the tokens PEFT's model decodes with an adapter on the
+// demo checkpoint, whether the request names the adapter as its model (vLLM) or scales it in
+// `lora` (llama-server); adapters side by side in one batch; the prefix cache kept apart per
+// adapter; the server-wide scales of /lora-adapters; the errors of every malformed request.
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import OpenAI from "openai";
+import { cacheDir, cliPath, makeLoraAdapters, startServer } from "./server_helpers.mjs";
+
+const MODEL = "torchtpu-demo-random-weights";
+
+let server;
+let client;
+let adapters;
+let want;  // PEFT's text with the first adapter, and transformers' without
+
+async function detokenize(url, tokens) {
+  const res = await fetch(`${url}/detokenize`, {
+    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ tokens }),
+  });
+  return (await res.json()).content;
+}
+
+async function post(pathname, body) {
+  const res = await fetch(`${server.url}${pathname}`, {
+    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
+  });
+  return { status: res.status, body: await res.json() };
+}
+
+// The completion of the reference prompt (token ids), greedy, through the official client.
+async function complete(fields) {
+  const r = await client.completions.create({
+    model: MODEL, prompt: adapters.expected.prompt, max_tokens: adapters.expected.tokens.length,
+    temperature: 0, ignore_eos: true, ...fields });
+  return r.choices[0].text;
+}
+
+before(async () => {
+  // The first server writes the demo checkpoint the adapters are made for.
+  const plain = await startServer(["--context", "256"]);
+  await plain.stop();
+  adapters = makeLoraAdapters();
+  // float32, as PEFT's reference ran; loaded at scale 0, so requests that name none get the base.
+  server = await startServer(["--context", "512", "--dtype", "float32", "--parallel", "3",
+    "--lora", adapters.first, "--lora", `two=${adapters.second}`, "--lora-init-without-apply"]);
+  client = new OpenAI({ apiKey: "none", baseURL: server.baseURL, maxRetries: 0 });
+  want = {
+    first: await detokenize(server.url, adapters.expected.tokens),
+    base: await detokenize(server.url, adapters.expected.base_tokens),
+  };
+  assert.notEqual(want.first, want.base);
+});
+
+after(async () => {
+  await server?.stop();
+});
+
+describe("LoRA adapters", () => {
+  test("the server lists its adapters as models and in /lora-adapters and /v1/engine", async () => {
+    const listed = await (await fetch(`${server.url}/lora-adapters`)).json();
+    assert.deepEqual(listed, [
+      { id: 0, name: "first", path: adapters.first, scale: 0 },
+      { id: 1, name: "two", path: adapters.second, scale: 0 },
+    ]);
+    const models = (await client.models.list()).data;
+    assert.deepEqual(models.map((m) => m.id), [MODEL, "first", "two"]);
+    assert.equal(models[1].parent, MODEL);
+    assert.equal(models[1].root, adapters.first);
+    assert.equal((await client.models.retrieve("two")).root, adapters.second);
+    const engine = await (await fetch(`${server.url}/v1/engine`)).json();
+    assert.deepEqual(engine.lora.map((a) => [a.name, a.r, a.lora_alpha]),
+      [["first", 8, 16], ["two", 8, 16]]);
+    assert.deepEqual(engine.lora[0].targets, ["self_attn.q_proj", "self_attn.k_proj",
+      "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]);
+  });
+
+  test("an adapter named as the model, or scaled in `lora`, gives PEFT's tokens", async () => {
+    assert.equal(await complete({}), want.base);
+    assert.equal(await complete({ model: "first" }), want.first);
+    assert.equal(await complete({ lora: [{ id: 0, scale: 1 }] }), want.first);
+    // `lora` wins over the model's name; scale 0 is the base model.
+    assert.equal(await complete({ model: "first", lora: [{ id: 0, scale: 0 }] }), want.base);
+    assert.notEqual(await complete({ model: "two" }), want.first);
+  });
+
+  test("requests with different adapters side by side answer as each alone", async () => {
+    const asks = [{}, { model: "first" }, { model: "two" }, { lora: [{ id: 0, scale: 0.5 }] },
+      { model: "first" }];
+    const alone = [];
+    for (const fields of asks) alone.push(await complete(fields));
+    assert.equal(alone[1], want.first);
+    assert.equal(new Set(alone).size, 4);
+    const together = await Promise.all(asks.map((fields) => complete(fields)));
+    assert.deepEqual(together, alone);
+  });
+
+  test("the prefix cache reuses a conversation only under the same adapter", async () => {
+    const ask = (model, messages) => client.chat.completions.create({
+      model, messages, max_tokens: 4, temperature: 0 });
+    const cached = (r) => r.usage.prompt_tokens_details.cached_tokens;
+    const question = { role: "user", content: "A long question about the sea, the tides and the moon." };
+    const first = await ask("first", [question]);
+    const turn = [question, { role: "assistant", content: first.choices[0].message.content },
+      { role: "user", content: "And the rivers?" }];
+    // The first turn's state was written under `first`: not for the base model or `two`.
+    assert.equal(cached(await ask(MODEL, turn)), 0);
+    assert.equal(cached(await ask("two", turn)), 0);
+    const hit = await ask("first", turn);
+    assert.ok(cached(hit) >= first.usage.prompt_tokens - 1, JSON.stringify(hit.usage));
+    const alone = await client.chat.completions.create({
+      model: "first", messages: turn, max_tokens: 4, temperature: 0, cache_salt: "fresh" });
+    assert.equal(cached(alone), 0);
+    assert.equal(hit.choices[0].message.content, alone.choices[0].message.content);
+  });
+
+  test("the Responses and Anthropic routes take an adapter by model name", async () => {
+    const content = "Say something about rivers.";
+    const chat = await client.chat.completions.create({
+      model: "first", max_tokens: 8, temperature: 0, messages: [{ role: "user", content }] });
+    const base = await client.chat.completions.create({
+      model: MODEL, max_tokens: 8, temperature: 0, messages: [{ role: "user", content }] });
+    assert.notEqual(chat.choices[0].message.content, base.choices[0].message.content);
+    const responses = await post("/v1/responses", {
+      model: "first", input: content, max_output_tokens: 8, temperature: 0 });
+    assert.equal(responses.status, 200, JSON.stringify(responses.body));
+    assert.equal(responses.body.model, MODEL);
+    assert.equal(responses.body.output.at(-1).content[0].text, chat.choices[0].message.content);
+    const messages = await post("/v1/messages", {
+      model: "first", max_tokens: 8, temperature: 0, messages: [{ role: "user", content }] });
+    assert.equal(messages.status, 200, JSON.stringify(messages.body));
+    assert.equal(messages.body.content[0].text, chat.choices[0].message.content);
+  });
+
+  test("POST /lora-adapters sets the scales of requests that name no adapter", async () => {
+    try {
+      const set = await post("/lora-adapters", [{ id: 0, scale: 1 }]);
+      assert.equal(set.status, 200);
+      assert.deepEqual(set.body.map((a) => a.scale), [1, 0]);
+      assert.equal(await complete({}), want.first);
+      assert.equal(await complete({ model: "two" }), await complete({ lora: [{ id: 1, scale: 1 }] }));
+    } finally {
+      const reset = await post("/lora-adapters", []);
+      assert.deepEqual(reset.body.map((a) => a.scale), [0, 0]);
+    }
+    assert.equal(await complete({}), want.base);
+  });
+
+  test("malformed adapter requests get a 400 naming the field, and the server goes on", async () => {
+    const cases = [
+      [{ lora: [{ id: 2, scale: 1 }] }, "lora", "names adapter 2 but this server loads 2 (ids 0 to 1)"],
+      [{ lora: { id: 0 } }, "lora", "'lora' must be an array"],
+      [{ lora: [{ id: 0 }] }, "lora[0].scale", "must be a number, got nothing"],
+      [{ lora: [{ id: -1, scale: 1 }] }, "lora[0].id", "an adapter's index from 0"],
+      [{ lora: [{ id: 0, scale: 1 }, { id: 0, scale: 2 }] }, "lora[1].id", "names adapter 0 twice"],
+    ];
+    for (const [fields, param, words] of cases) {
+      const r = await post("/v1/completions", { model: MODEL, prompt: "Hi", max_tokens: 2, ...fields });
+      assert.equal(r.status, 400, JSON.stringify(fields));
+      assert.equal(r.body.error.param, param);
+      assert.ok(r.body.error.message.includes(words), r.body.error.message);
+    }
+    const unknown = await post("/v1/chat/completions", {
+      model: "third", messages: [{ role: "user", content: "Hi" }] });
+    assert.equal(unknown.status, 404);
+    assert.ok(unknown.body.error.message.includes("'first' (LoRA), 'two' (LoRA)"),
+      unknown.body.error.message);
+    const bad = await post("/lora-adapters", [{ id: 7, scale: 1 }]);
+    assert.equal(bad.status, 400);
+    assert.ok(bad.body.error.message.includes("adapter 7 is not loaded"), bad.body.error.message);
+    const wrongMethod = await fetch(`${server.url}/lora-adapters`, { method: "DELETE" });
+    assert.equal(wrongMethod.status, 405);
+    assert.equal(wrongMethod.headers.get("allow"), "GET, POST");
+    assert.equal(await complete({ model: "first" }), want.first);
+  });
+
+  test("a --lora directory that is not a PEFT adapter is refused at start", async () => {
+    const empty = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-not-lora-"));
+    const child = spawn(cliPath(), ["serve", "--port", "0", "--lora", empty],
+      { stdio: "pipe", env: { ...process.env, XDG_CACHE_HOME: cacheDir() } });
+    let stderr = "";
+    child.stderr.on("data", (d) => (stderr += d));
+    const code = await new Promise((resolve) => child.on("exit", resolve));
+    assert.equal(code, 1, stderr);
+    assert.ok(stderr.includes(`LoRA adapter ${empty} has no adapter_config.json`), stderr);
+  });
+});
