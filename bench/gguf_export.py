@@ -2,6 +2,7 @@
 
     python bench/gguf_export.py MODEL_DIR OUT.gguf --type f32|bf16
     python bench/gguf_export.py DENSE_DIR OUT.gguf --type q4_0 --quantized QDIR [--emb4 EDIR]
+    python bench/gguf_export.py ADAPTER_DIR OUT.gguf --lora
 
 The GGUF follows llama.cpp's `gemma4` architecture as its converter writes it
 (conversion/gemma.py, Gemma4Model): nothing pre-scaled, norms as stored (Gemma 4 has no +1 shift),
@@ -16,6 +17,11 @@ j+16 in the high nibble of byte j of a block, after an fp16 scale. Scales must s
 (they do for the emb4 tables, stored f16; bf16 scales are checked one by one) or the export fails.
 With --emb4 the vocabulary tables (embed_tokens, embed_tokens_per_layer, lm_head) are repacked from
 the int4 twin too, which is what the engine runs with `--emb4`.
+
+--lora writes a PEFT LoRA adapter of the text layers' linears as llama.cpp's adapter GGUF
+(convert_lora_to_gguf.py's layout: general.type "adapter", adapter.type "lora",
+adapter.lora.alpha, and each base tensor's `.lora_a` [r, in] and `.lora_b` [out, r] in f32),
+for `llama-server --lora` or node-llama-cpp's `lora` option.
 """
 
 from __future__ import annotations
@@ -317,6 +323,43 @@ def export(
     return pathlib.Path(out_path)
 
 
+def export_lora(adapter_dir, out_path) -> pathlib.Path:
+    """Writes a PEFT adapter's GGUF for llama.cpp; returns its path. llama.cpp scales each pair by
+    adapter.lora.alpha / r, so use_rslora's lora_alpha / sqrt(r) is written as
+    lora_alpha * sqrt(r)."""
+    adapter_dir = pathlib.Path(adapter_dir)
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    r, alpha = config["r"], float(config["lora_alpha"])
+    if config.get("use_rslora"):
+        alpha *= r**0.5
+    tensors = {}
+    with safe_open(str(adapter_dir / "adapter_model.safetensors"), "pt") as f:
+        for key in f.keys():
+            tensors[key] = f.get_tensor(key).to(torch.float32)
+    writer = gguf.GGUFWriter(str(out_path), "gemma4")
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
+    for key in sorted(tensors):
+        if ".lora_A." not in key:
+            continue
+        module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        layer, _, name = module.partition("layers.")[2].partition(".")
+        gg = LAYER_NAMES.get(name + ".weight")
+        if gg is None:
+            raise ValueError(f"{adapter_dir}: {module} has no llama.cpp tensor")
+        base = f"blk.{layer}.{gg}.weight"
+        writer.add_tensor(base + ".lora_a", tensors[key].contiguous().numpy())
+        writer.add_tensor(
+            base + ".lora_b", tensors[key.replace(".lora_A.", ".lora_B.")].contiguous().numpy()
+        )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return pathlib.Path(out_path)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="dense checkpoint directory (make-tiny output)")
@@ -324,7 +367,12 @@ def main(argv=None) -> int:
     parser.add_argument("--type", default="f32", choices=["f32", "bf16", "q4_0"])
     parser.add_argument("--quantized", help="pack-quantized checkpoint of the same model (q4_0)")
     parser.add_argument("--emb4", help="its int4 vocabulary twin (q4_0)")
+    parser.add_argument("--lora", action="store_true", help="model is a PEFT LoRA adapter's dir")
     args = parser.parse_args(argv)
+    if args.lora:
+        path = export_lora(args.model, args.out)
+        print(f"wrote {path} (LoRA adapter, f32)")
+        return 0
     path = export(args.model, args.out, args.type, args.quantized, args.emb4)
     print(f"wrote {path} ({path.stat().st_size / 2**30:.2f} GiB, {args.type})")
     return 0

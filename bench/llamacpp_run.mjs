@@ -4,6 +4,7 @@
 // One greedy run (the agreement test; --probabilities adds each step's log-probabilities over the
 // whole vocabulary, for small models):
 //   node bench/llamacpp_run.mjs --model M.gguf --ids 2,17,9 --new 32 [--kv-type F32] [--threads 1]
+//       [--lora ADAPTER.gguf [--lora-scale 1]]
 // The benchmark (the same measurements and prompts as `torchtpu-cpp bench`):
 //   node bench/llamacpp_run.mjs --model M.gguf --bench --vocab 262144
 //       [--prompt-tokens 19,512,4096] [--new 64] [--repeats 3] [--seed 0] [--context 8192]
@@ -29,6 +30,8 @@ const {values: args} = parseArgs({
     "kv-type": {type: "string"},
     "flash-attention": {type: "string", default: "auto"},
     probabilities: {type: "boolean", default: false},
+    lora: {type: "string"},
+    "lora-scale": {type: "string", default: "1"},
     verbose: {type: "boolean", default: false},
   },
 });
@@ -97,6 +100,10 @@ if (args.batch) contextOptions.batchSize = Number(args.batch);
 if (args["kv-type"]) {
   contextOptions.experimentalKvCacheKeyType = args["kv-type"];
   contextOptions.experimentalKvCacheValueType = args["kv-type"];
+}
+// A LoRA adapter's GGUF (bench/gguf_export.py --lora) applied at --lora-scale.
+if (args.lora) {
+  contextOptions.lora = {adapters: [{filePath: args.lora, scale: Number(args["lora-scale"])}]};
 }
 const context = await model.createContext(contextOptions);
 const loadS = now() - start;

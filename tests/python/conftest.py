@@ -120,6 +120,7 @@ class Cli:
         draft_max=None,
         draft_ngram_min=None,
         draft_always=False,
+        lora=None,
     ):
         """`generate --json`: returns (parsed JSON, dumped logits {name: float32 array} or None)."""
         args = [
@@ -156,6 +157,8 @@ class Cli:
             args += ["--draft-ngram-min", draft_ngram_min]
         if draft_always:
             args.append("--draft-always")
+        if lora:
+            args += ["--lora", lora]
         out = json.loads(self(*args).stdout)
         if not dump:
             return out, None

@@ -1,6 +1,7 @@
 """The engine against llama.cpp (an independent Gemma 4 implementation, run through
 node-llama-cpp's prebuilt binaries) on the same tiny weights, exported to GGUF by
-bench/gguf_export.py: greedy tokens from token ids, and the Q4_0 repack of our int4 values.
+bench/gguf_export.py: greedy tokens from token ids, the Q4_0 repack of our int4 values, and a
+LoRA adapter applied by llama.cpp's own adapter code.
 
 Known rounding differences, and how each is kept out of the comparison:
 - Embedding scale: llama.cpp multiplies by sqrtf(hidden) in f32; transformers rounds sqrt(hidden)
@@ -99,6 +100,22 @@ def llamacpp(model, ids, new, **options):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def llamacpp_exact(model, ids, **options):
+    """N_NEW greedy tokens with every step's log-probabilities, with the rounding llama.cpp lets us
+    switch off switched off (F32 KV cache, no flash attention; one thread)."""
+    return llamacpp(
+        model,
+        ids,
+        N_NEW,
+        kv_type="F32",
+        flash_attention="false",
+        threads=1,
+        context=256,
+        probabilities=True,
+        **options,
+    )
+
+
 def log_softmax(logits):
     logits = np.asarray(logits, dtype=np.float64)
     shifted = logits - logits.max(axis=-1, keepdims=True)
@@ -146,16 +163,7 @@ def test_llamacpp_gives_the_same_greedy_tokens(name, cli, tmp_path, report):
     ids = prompt(vocab, PROMPTS[name])
 
     ours, dumped = cli.generate(model, ids, N_NEW, dump=tmp_path / "logits.safetensors")
-    theirs = llamacpp(
-        path,
-        ids,
-        N_NEW,
-        kv_type="F32",
-        flash_attention="false",
-        threads=1,
-        context=256,
-        probabilities=True,
-    )
+    theirs = llamacpp_exact(path, ids)
     assert len(theirs["tokens"]) == N_NEW
     same = sum(a == b for a, b in zip(ours["tokens"], theirs["tokens"]))
     margin = greedy_margins(dumped["step_logits"]).min()
@@ -233,3 +241,70 @@ def test_q4_0_gguf_holds_our_int4_values_bit_for_bit(cli, tmp_path):
         checked += 1
     # Every linear of 7 layers (4 of them with k/v), the two vocabulary tables, the projection.
     assert checked == 7 * 7 + 4 * 2 + 3
+
+
+def test_llamacpp_applies_a_lora_adapter_as_we_do(cli, tmp_path, report):
+    """A PEFT adapter of every attention and MLP linear, exported by gguf_export.export_lora and
+    loaded by llama.cpp's own adapter code: the same greedy tokens as the engine's `--lora`, and
+    log-probabilities as close as without an adapter. The adapter moves the tokens, so it is
+    applied on both sides."""
+    from safetensors.torch import save_file
+
+    spec = dict(CONFIGS["causal-untied-gqa"])
+    model = cli.make_tiny(tmp_path / "model", **spec)
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    text = config.get("text_config", config)
+    vocab = text["vocab_size"]
+    r, alpha = 4, 16.0
+    g = torch.Generator().manual_seed(3)
+    shapes = {
+        "self_attn.q_proj": ("num_attention_heads", "hidden_size"),
+        "self_attn.k_proj": ("num_key_value_heads", "hidden_size"),
+        "self_attn.v_proj": ("num_key_value_heads", "hidden_size"),
+        "self_attn.o_proj": ("hidden_size", "num_attention_heads"),
+        "mlp.gate_proj": ("intermediate_size", "hidden_size"),
+        "mlp.up_proj": ("intermediate_size", "hidden_size"),
+        "mlp.down_proj": ("hidden_size", "intermediate_size"),
+    }
+    first_shared = text["num_hidden_layers"] - text["num_kv_shared_layers"]
+    tensors = {}
+    for il, kind in enumerate(text["layer_types"]):
+        d = text["global_head_dim"] if kind == "full_attention" else text["head_dim"]
+
+        def width(key):
+            heads = key in ("num_attention_heads", "num_key_value_heads")
+            return text[key] * d if heads else text[key]
+
+        for module, (out_key, in_key) in shapes.items():
+            if il >= first_shared and module in ("self_attn.k_proj", "self_attn.v_proj"):
+                continue
+            out, inp = width(out_key), width(in_key)
+            key = f"base_model.model.model.layers.{il}.{module}"
+            tensors[key + ".lora_A.weight"] = torch.randn(r, inp, generator=g) / inp**0.5
+            # Small enough that the adapted activations stay O(1): the error of ggml's fp16 GELU
+            # table grows with them (a gap of 0.10 with B three times larger, tokens still equal).
+            tensors[key + ".lora_B.weight"] = torch.randn(out, r, generator=g) * 0.03
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    save_file(tensors, str(adapter / "adapter_model.safetensors"))
+    (adapter / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": r, "lora_alpha": alpha, "use_rslora": True})
+    )
+    path = gguf_export.export(model, tmp_path / "model.gguf", "f32")
+    lora = gguf_export.export_lora(adapter, tmp_path / "adapter.gguf")
+    ids = prompt(vocab, PROMPTS["causal-untied-gqa"])
+
+    plain, _ = cli.generate(model, ids, N_NEW)
+    ours, dumped = cli.generate(
+        model, ids, N_NEW, dump=tmp_path / "logits.safetensors", lora=str(adapter)
+    )
+    theirs = llamacpp_exact(path, ids, lora=lora)
+    moved = sum(a != b for a, b in zip(ours["tokens"], plain["tokens"]))
+    gap = max_gap(log_softmax(dumped["step_logits"]), np.array(theirs["logprobs"]))
+    report(
+        f"llama.cpp with a LoRA adapter (rsLoRA, r {r}): the adapter moves {moved} of {N_NEW}"
+        f" greedy tokens; log-probabilities ours vs llama.cpp {gap:.4f}"
+    )
+    assert moved > 0
+    assert theirs["tokens"] == ours["tokens"]
+    assert gap < LOGPROB_TOL
