@@ -235,11 +235,16 @@ std::string Metrics::render(const EngineLoad& load) const {
     sample("vllm:gpu_cache_usage_perc", model, number(load.kv_cache_usage));
     header("vllm:cache_config_info", "gauge", "Information of the KV cache's configuration.");
     if (load.blocks > 0) sample("vllm:cache_config_info", cache_labels, "1");
-    // The picker's default (vLLM) configuration also reads the LoRA adapters: none here. Its
-    // value is the time of the sample, as vLLM's is the time of its last update.
-    header("vllm:lora_requests_info", "gauge", "LoRA adapters: none are served (max_lora 0).");
+    // The picker's default (vLLM) configuration also reads the LoRA adapters, for its
+    // lora-affinity scorer. Its value is the time of the sample, as vLLM's is the time of its
+    // last update.
+    header("vllm:lora_requests_info", "gauge",
+           "LoRA adapters: how many are loaded (max_lora), and those running and waiting "
+           "requests apply.");
     sample("vllm:lora_requests_info",
-           "max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"",
+           "max_lora=\"" + std::to_string(load.max_lora) + "\",running_lora_adapters=\"" +
+               load.running_lora_adapters + "\",waiting_lora_adapters=\"" +
+               load.waiting_lora_adapters + "\"",
            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
                               std::chrono::system_clock::now().time_since_epoch())
                               .count()));

@@ -45,6 +45,10 @@ struct EngineLoad {
   int64_t sleeps = 0;
   PrefixCacheStats prefix_cache;
   int64_t prefix_cache_budget = 0;  // bytes; 0: no prefix cache
+  // LoRA adapters: how many are loaded, and the names (comma-separated) of those requests apply
+  // in a row and of those requests waiting for one apply (vLLM's vllm:lora_requests_info).
+  int64_t max_lora = 0;
+  std::string running_lora_adapters, waiting_lora_adapters;
 };
 
 // Where one sequence's time went, from its entering the queue to its end.

@@ -468,6 +468,8 @@ class Server {
     demo_ = options.model_dir.empty();
     fingerprint_ = std::string("fp_torchtpu_cpp_") + TORCHTPU_GIT_REVISION;
     for (const auto& spec : engine_options_.lora) lora_scales_.push_back(spec.scale);
+    lora_waiting_.assign(lora_scales_.size(), 0);
+    lora_running_.assign(lora_scales_.size(), 0);
   }
 
   int run();
@@ -625,12 +627,15 @@ class Server {
   std::condition_variable active_changed_;
   int64_t active_ = 0;
 
-  Scheduler scheduler_;
-  const McpFiles mcp_files_;
   // The scale of each LoRA adapter for requests that name none (--lora, --lora-init-without-apply,
   // POST /lora-adapters).
   mutable std::mutex lora_mutex_;
   std::vector<double> lora_scales_;
+  // Requests in flight that apply each adapter (a nonzero scale), waiting for a row and in one.
+  std::vector<int64_t> lora_waiting_, lora_running_;
+  class LoraUse;  // held by the scheduler's callbacks: these members are declared before it
+  Scheduler scheduler_;
+  const McpFiles mcp_files_;
 
   std::atomic<int64_t> open_connections_{0};  // counted by CountingPool
 };
@@ -729,14 +734,47 @@ void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiEr
   job.box->changed.notify_all();
 }
 
+// One request's place in Server's LoRA counts: waiting from its submission, running from its
+// row, counted out when the scheduler lets its callbacks go (done, cancelled or refused).
+class Server::LoraUse {
+ public:
+  LoraUse(Server& server, const std::vector<double>& scales) : server_(server) {
+    for (size_t a = 0; a < scales.size(); ++a) {
+      if (scales[a] != 0) adapters_.push_back(a);
+    }
+    count(server_.lora_waiting_, +1);
+  }
+  ~LoraUse() { count(started_ ? server_.lora_running_ : server_.lora_waiting_, -1); }
+  LoraUse(const LoraUse&) = delete;
+  LoraUse& operator=(const LoraUse&) = delete;
+  void start() {
+    count(server_.lora_waiting_, -1);
+    count(server_.lora_running_, +1);
+    started_ = true;
+  }
+
+ private:
+  void count(std::vector<int64_t>& counts, int64_t step) {
+    if (adapters_.empty()) return;
+    std::lock_guard<std::mutex> lock(server_.lora_mutex_);
+    for (const size_t a : adapters_) counts[a] += step;
+  }
+
+  Server& server_;
+  std::vector<size_t> adapters_;
+  bool started_ = false;
+};
+
 Submission Server::submission(const std::shared_ptr<Job>& job) {
   auto out = std::make_shared<JobOutput>(*tokenizer_, *job);
   Submission submission;
   submission.prompt = job->prompt;
   submission.media = job->media;
   submission.options = job->decode;
-  submission.on_start = [job, out] {
+  auto lora = std::make_shared<LoraUse>(*this, job->decode.lora);
+  submission.on_start = [job, out, lora] {
     out->started = true;
+    lora->start();
     job->queue_s = seconds_between(job->queued_at, Clock::now());
   };
   if (job->top_logprobs >= 0) {
@@ -1796,6 +1834,14 @@ EngineLoad Server::engine_load() {
   load.sleeps = stats.sleeps;
   load.prefix_cache = stats.batch.cache;
   load.prefix_cache_budget = scheduler_.cache_budget();
+  load.max_lora = static_cast<int64_t>(engine_options_.lora.size());
+  std::lock_guard<std::mutex> lock(lora_mutex_);
+  for (size_t a = 0; a < engine_options_.lora.size(); ++a) {
+    for (auto [count, names] : {std::pair{lora_running_[a], &load.running_lora_adapters},
+                                std::pair{lora_waiting_[a], &load.waiting_lora_adapters}}) {
+      if (count > 0) *names += (names->empty() ? "" : ",") + engine_options_.lora[a].name;
+    }
+  }
   return load;
 }
 

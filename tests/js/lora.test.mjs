@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
-import { cacheDir, cliPath, makeLoraAdapters, startServer } from "./server_helpers.mjs";
+import { cacheDir, cliPath, eventually, makeLoraAdapters, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 
@@ -47,7 +47,8 @@ before(async () => {
   adapters = makeLoraAdapters();
   // float32, as PEFT's reference ran; loaded at scale 0, so requests that name none get the base.
   server = await startServer(["--context", "512", "--dtype", "float32", "--parallel", "3",
-    "--lora", adapters.first, "--lora", `two=${adapters.second}`, "--lora-init-without-apply"]);
+    "--lora", adapters.first, "--lora", `two=${adapters.second}`, "--lora-init-without-apply",
+    "--metrics-compat", "vllm"]);
   client = new OpenAI({ apiKey: "none", baseURL: server.baseURL, maxRetries: 0 });
   want = {
     first: await detokenize(server.url, adapters.expected.tokens),
@@ -148,6 +149,26 @@ describe("LoRA adapters", () => {
       assert.deepEqual(reset.body.map((a) => a.scale), [0, 0]);
     }
     assert.equal(await complete({}), want.base);
+  });
+
+  test("vllm:lora_requests_info names the adapters running requests apply", async () => {
+    const info = async () => {
+      const text = await (await fetch(`${server.url}/metrics`)).text();
+      const line = text.split("\n").find((l) => l.startsWith("vllm:lora_requests_info{"));
+      return line.slice(line.indexOf("{"), line.indexOf("}") + 1);
+    };
+    const idle = '{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""}';
+    assert.equal(await info(), idle);
+    const controller = new AbortController();
+    const stream = await client.completions.create({
+      model: "two", prompt: "Once upon a time", max_tokens: 400, ignore_eos: true, stream: true },
+      { signal: controller.signal });
+    const chunks = stream[Symbol.asyncIterator]();
+    await chunks.next();
+    assert.equal(await info(), '{max_lora="2",running_lora_adapters="two",waiting_lora_adapters=""}');
+    controller.abort();
+    await chunks.next().catch(() => {});
+    await eventually(async () => (await info()) === idle, "the adapter counted out");
   });
 
   test("malformed adapter requests get a 400 naming the field, and the server goes on", async () => {
