@@ -997,5 +997,43 @@ TEST(Config, TopLevelErrors) {
   }
 }
 
+// PEFT's adapter_config.json: the scaling of a module of rank r, and what cannot be applied.
+TEST(LoraConfig, ScalingIsAlphaOverRankOrOverItsRootWithRsLora) {
+  LoraConfig c = parse_lora_config_json(
+      R"({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "base_model_name_or_path": "g"})", "a");
+  EXPECT_EQ(c.r, 16);
+  EXPECT_DOUBLE_EQ(c.scaling(16), 2.0);
+  EXPECT_DOUBLE_EQ(c.scaling(4), 8.0);  // a rank_pattern module: its own rank, the same alpha
+  EXPECT_EQ(c.base_model, "g");
+  c = parse_lora_config_json(R"({"peft_type": "LORA", "r": 16, "lora_alpha": 32,
+                                 "use_rslora": true, "modules_to_save": null, "bias": "none",
+                                 "alpha_pattern": {}, "use_dora": false})",
+                             "a");
+  EXPECT_DOUBLE_EQ(c.scaling(16), 8.0);
+}
+
+TEST(LoraConfig, WhatCannotBeAppliedIsRefusedByField) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"peft_type": "PREFIX_TUNING"})", "peft_type must be \"LORA\""},
+      {R"({"peft_type": "LORA", "r": -2})", "r must be positive, got -2"},
+      {R"({"peft_type": "LORA", "lora_alpha": "x"})", "lora_alpha must be a number"},
+      {R"({"peft_type": "LORA", "use_dora": true})", "use_dora = true is not supported: DoRA"},
+      {R"({"peft_type": "LORA", "bias": "lora_only"})", "bias = \"lora_only\" is not supported"},
+      {R"({"peft_type": "LORA", "modules_to_save": ["lm_head"]})",
+       "modules_to_save = [\"lm_head\"] is not supported"},
+      {R"({"peft_type": "LORA", "alpha_pattern": {"q_proj": 4}})", "alpha_pattern"},
+      {R"([1, 2])", "expected a JSON object"},
+  };
+  for (const auto& [text, words] : cases) {
+    try {
+      parse_lora_config_json(text, "dir/adapter_config.json");
+      ADD_FAILURE() << "no error for " << text;
+    } catch (const FormatError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("dir/adapter_config.json: "));
+      EXPECT_THAT(e.what(), HasSubstr(words)) << text;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace torchtpu
