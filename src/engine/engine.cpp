@@ -225,7 +225,8 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
   storage_ = model_->storage();
   for (size_t a = 0; a < options_.lora.size(); ++a) {
     const auto& adapter = model_->adapters()[a];
-    storage_.push_back({"lora " + options_.lora[a].name, dtype_name(options_.dtype),
+    storage_.push_back({"lora " + options_.lora[a].name,
+                        dtype_name(lora_dtype(options_.device, options_.dtype)),
                         c10::str(options_.device), adapter.nbytes()});
     lora_fingerprints_.push_back(adapter.fingerprint());
     adapters_.push_back({options_.lora[a], adapter.config(), adapter.targets()});

@@ -2,6 +2,7 @@
 
 #include <ATen/record_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -402,9 +403,7 @@ at::Tensor Gemma4::attention(int64_t l, const at::Tensor& x, const at::Tensor& p
   const int64_t kv_heads = c.num_key_value_heads;
 
   auto projected = w.qkv(x);
-  for (size_t i = 0; i < projected.size(); ++i) {
-    projected[i] = lora.add(l, static_cast<LoraTarget>(i), x, projected[i]);
-  }
+  lora.add(l, LoraGroup::kQkv, x, projected);
   const auto q = query(l, projected[0], cos, sin);
 
   at::Tensor k, v, kpos;
@@ -519,7 +518,7 @@ at::Tensor Gemma4::attend(int64_t l, const at::Tensor& q, const at::Tensor& k, c
   const auto q_rows = q.reshape({B, kv_heads, heads / kv_heads * T, d});
   auto out = ops::attention(q_rows, k, v, query_pos, key_pos, sliding ? c.sliding_window : 0);
   out = out.view({B, heads, T, d}).transpose(1, 2).reshape({B, T, heads * d});
-  return lora.add(l, LoraTarget::kO, out, layers_[l].o_proj(out));
+  return lora.add(l, LoraGroup::kO, out, layers_[l].o_proj(out));
 }
 
 at::Tensor Gemma4::after_attention(int64_t l, const at::Tensor& h, const at::Tensor& attn,
@@ -529,10 +528,10 @@ at::Tensor Gemma4::after_attention(int64_t l, const at::Tensor& h, const at::Ten
   auto x = h + rms_norm(attn, w.post_attention_layernorm, c.rms_norm_eps);
   RECORD_USER_SCOPE("gemma4::mlp");
   auto f = rms_norm(x, w.pre_feedforward_layernorm, c.rms_norm_eps);
-  const auto gate_up = w.gate_up(f);
-  const auto gated = ops::gelu_tanh_mul(lora.add(l, LoraTarget::kGate, f, gate_up[0]),
-                                        lora.add(l, LoraTarget::kUp, f, gate_up[1]));
-  auto m = lora.add(l, LoraTarget::kDown, gated, w.down_proj(gated));
+  auto gate_up = w.gate_up(f);
+  lora.add(l, LoraGroup::kGateUp, f, gate_up);
+  const auto gated = ops::gelu_tanh_mul(gate_up[0], gate_up[1]);
+  auto m = lora.add(l, LoraGroup::kDown, gated, w.down_proj(gated));
   return x + rms_norm(m, w.post_feedforward_layernorm, c.rms_norm_eps);
 }
 
@@ -616,9 +615,9 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     if (ple.defined()) {
       RECORD_USER_SCOPE("gemma4::per_layer_input");
       auto g = ops::gelu_tanh_mul(
-          adapters.add(l, LoraTarget::kPerLayerGate, h, w.per_layer_input_gate(h)),
+          adapters.add(l, LoraGroup::kPerLayerGate, h, w.per_layer_input_gate(h)),
           ple.select(2, l));
-      g = adapters.add(l, LoraTarget::kPerLayerProjection, g, w.per_layer_projection(g));
+      g = adapters.add(l, LoraGroup::kPerLayerProjection, g, w.per_layer_projection(g));
       h = h + rms_norm(g, w.post_per_layer_input_norm, c.rms_norm_eps);
     }
     h = h * w.layer_scalar;  // scales the whole residual stream
@@ -639,13 +638,22 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
 LoraPass Gemma4::lora_pass(const at::Tensor& lora) const {
   LoraPass pass;
   if (!lora.defined()) return pass;
-  TORCH_CHECK(lora.dim() == 2 && lora.size(1) == static_cast<int64_t>(adapters_.size()),
-              "forward's lora must be [batch, ", adapters_.size(), "], got ", lora.sizes());
+  TORCH_CHECK(lora.dim() == 2 && lora.size(1) == static_cast<int64_t>(adapters_.size()) &&
+                  lora.is_cpu() && lora.scalar_type() == at::kFloat,
+              "forward's lora must be float [batch, ", adapters_.size(), "] on the host, got ",
+              lora.sizes());
   for (size_t a = 0; a < adapters_.size(); ++a) {
-    const auto scales = lora.select(1, static_cast<int64_t>(a));
-    if (!scales.ne(0).any().item<bool>()) continue;
-    pass.active.emplace_back(&adapters_[a],
-                             scales.to(options_.device, options_.dtype).view({-1, 1, 1}));
+    const auto scales = lora.select(1, static_cast<int64_t>(a)).contiguous();
+    const float* s = scales.data_ptr<float>();
+    const int64_t rows = scales.numel();
+    if (std::all_of(s, s + rows, [](float v) { return v == 0; })) continue;
+    if (std::all_of(s, s + rows, [&](float v) { return v == s[0]; })) {
+      pass.active.push_back({&adapters_[a], at::Tensor(), static_cast<double>(s[0])});
+      continue;
+    }
+    const auto dtype = lora_dtype(options_.device, options_.dtype);
+    pass.active.push_back(
+        {&adapters_[a], scales.to(options_.device, dtype).view({-1, 1, 1}), std::nullopt});
   }
   return pass;
 }

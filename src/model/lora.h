@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,52 +18,72 @@
 
 namespace torchtpu {
 
-// The linears of a text layer an adapter may adapt, in LayerWeights' order.
+// The linears of a text layer an adapter may adapt.
 enum class LoraTarget { kQ, kK, kV, kO, kGate, kUp, kDown, kPerLayerGate, kPerLayerProjection };
 constexpr int kLoraTargets = 9;
-// The module's name within a layer: "self_attn.q_proj", ..., "per_layer_projection".
-const char* lora_target_name(LoraTarget t);
 
-// One adapted linear: a [r, in] and b [out, r] times the scaling, in the compute dtype on the
-// device; undefined when the adapter leaves the linear alone.
-struct LoraWeights {
-  at::Tensor a, b;
+// Linears that read one input, adapted together (the input is cast to the adapters' dtype once).
+enum class LoraGroup { kQkv, kO, kGateUp, kDown, kPerLayerGate, kPerLayerProjection };
+constexpr int kLoraGroups = 6;
+
+// One group's adapted linears in one layer: each one's index among the group's outputs (q, k, v;
+// gate, up), its A [r, in] and its B [out, r] times the scaling. Empty: the adapter leaves the
+// group alone.
+struct LoraGroupWeights {
+  struct Part {
+    int64_t index;
+    at::Tensor a, b;
+  };
+  std::vector<Part> parts;
 };
+
+// The dtype adapters are kept and applied in for a model of `dtype` on `device`.
+at::ScalarType lora_dtype(at::Device device, at::ScalarType dtype);
 
 class LoraAdapter {
  public:
   // FormatError naming the file and the tensor or field for anything it cannot apply as PEFT
   // would: a module other than the text layers' linears, a missing half, a shape the base
-  // model's config does not give.
+  // model's config does not give. Kept in lora_dtype.
   LoraAdapter(const std::string& dir, const ModelConfig& config, at::Device device,
               at::ScalarType dtype);
 
   const std::string& dir() const { return dir_; }
   const LoraConfig& config() const { return config_; }
-  const LoraWeights& at(int64_t layer, LoraTarget t) const {
-    return layers_[layer][static_cast<int>(t)];
+  const LoraGroupWeights& group(int64_t layer, LoraGroup g) const {
+    return layers_[layer][static_cast<int>(g)];
   }
   // The modules adapted in some layer, in LoraTarget order ("self_attn.q_proj", ...).
   std::vector<std::string> targets() const;
   int64_t nbytes() const;
-  // The adapter file's identity (Checkpoint::fingerprint's digest): a prefix cache keys the
+  // The adapter file's identity (the safetensors fingerprint digest): a prefix cache keys the
   // states a scaled adapter wrote by it.
   uint64_t fingerprint() const { return fingerprint_; }
 
  private:
   std::string dir_;
   LoraConfig config_;
-  std::vector<std::array<LoraWeights, kLoraTargets>> layers_;
+  std::vector<std::array<LoraGroupWeights, kLoraGroups>> layers_;
+  std::array<bool, kLoraTargets> adapted_{};
   uint64_t fingerprint_ = 0;
 };
 
-// The adapters of one forward pass: those some row scales by other than 0, each beside its rows'
-// scales [batch, 1, 1] in the compute dtype on the device.
+// The adapters of one forward pass: those some row scales by other than 0, each with its rows'
+// scales [batch, 1, 1] in the adapter's dtype on the device, or, when every row has the same
+// scale, that scale alone (`uniform`: no per-row multiply).
 struct LoraPass {
-  std::vector<std::pair<const LoraAdapter*, at::Tensor>> active;
+  struct Active {
+    const LoraAdapter* adapter;
+    at::Tensor scales;
+    std::optional<double> uniform;
+  };
+  std::vector<Active> active;
 
-  // y (layer l's linear t of input x) plus every active adapter's term.
-  at::Tensor add(int64_t layer, LoraTarget t, const at::Tensor& x, at::Tensor y) const;
+  // Adds every active adapter's terms for layer l's group g, of input x, to the group's outputs
+  // (in place: they are the linears' own fresh outputs, or disjoint views of one).
+  void add(int64_t layer, LoraGroup g, const at::Tensor& x, std::vector<at::Tensor>& outs) const;
+  // The same for a group of one linear; returns y.
+  at::Tensor add(int64_t layer, LoraGroup g, const at::Tensor& x, at::Tensor y) const;
 };
 
 }  // namespace torchtpu
