@@ -76,7 +76,8 @@ def write_adapter(out_dir, shapes, rank, seed):
     tensors = {}
     for module, (out, inp) in shapes.items():
         key = "base_model.model." + module
-        tensors[key + ".lora_A.weight"] = (torch.randn(rank, inp, generator=g) / inp**0.5).bfloat16()
+        a = torch.randn(rank, inp, generator=g) / inp**0.5
+        tensors[key + ".lora_A.weight"] = a.bfloat16()
         tensors[key + ".lora_B.weight"] = (torch.randn(out, rank, generator=g) * 0.01).bfloat16()
     save_file(tensors, os.path.join(out_dir, "adapter_model.safetensors"))
     with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:

@@ -20,7 +20,9 @@ let want;  // PEFT's text with the first adapter, and transformers' without
 
 async function detokenize(url, tokens) {
   const res = await fetch(`${url}/detokenize`, {
-    method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ tokens }),
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ tokens }),
   });
   return (await res.json()).content;
 }
@@ -104,7 +106,8 @@ describe("LoRA adapters", () => {
     const ask = (model, messages) => client.chat.completions.create({
       model, messages, max_tokens: 4, temperature: 0 });
     const cached = (r) => r.usage.prompt_tokens_details.cached_tokens;
-    const question = { role: "user", content: "A long question about the sea, the tides and the moon." };
+    const question = {
+      role: "user", content: "A long question about the sea, the tides and the moon." };
     const first = await ask("first", [question]);
     const turn = [question, { role: "assistant", content: first.choices[0].message.content },
       { role: "user", content: "And the rivers?" }];
@@ -143,7 +146,8 @@ describe("LoRA adapters", () => {
       assert.equal(set.status, 200);
       assert.deepEqual(set.body.map((a) => a.scale), [1, 0]);
       assert.equal(await complete({}), want.first);
-      assert.equal(await complete({ model: "two" }), await complete({ lora: [{ id: 1, scale: 1 }] }));
+      assert.equal(await complete({ model: "two" }),
+        await complete({ lora: [{ id: 1, scale: 1 }] }));
     } finally {
       const reset = await post("/lora-adapters", []);
       assert.deepEqual(reset.body.map((a) => a.scale), [0, 0]);
@@ -165,22 +169,25 @@ describe("LoRA adapters", () => {
       { signal: controller.signal });
     const chunks = stream[Symbol.asyncIterator]();
     await chunks.next();
-    assert.equal(await info(), '{max_lora="2",running_lora_adapters="two",waiting_lora_adapters=""}');
+    assert.equal(await info(),
+      '{max_lora="2",running_lora_adapters="two",waiting_lora_adapters=""}');
     controller.abort();
     await chunks.next().catch(() => {});
     await eventually(async () => (await info()) === idle, "the adapter counted out");
   });
 
-  test("malformed adapter requests get a 400 naming the field, and the server goes on", async () => {
+  test("malformed adapter requests get a 400 naming the field; the server goes on", async () => {
     const cases = [
-      [{ lora: [{ id: 2, scale: 1 }] }, "lora", "names adapter 2 but this server loads 2 (ids 0 to 1)"],
+      [{ lora: [{ id: 2, scale: 1 }] }, "lora",
+        "names adapter 2 but this server loads 2 (ids 0 to 1)"],
       [{ lora: { id: 0 } }, "lora", "'lora' must be an array"],
       [{ lora: [{ id: 0 }] }, "lora[0].scale", "must be a number, got nothing"],
       [{ lora: [{ id: -1, scale: 1 }] }, "lora[0].id", "an adapter's index from 0"],
       [{ lora: [{ id: 0, scale: 1 }, { id: 0, scale: 2 }] }, "lora[1].id", "names adapter 0 twice"],
     ];
     for (const [fields, param, words] of cases) {
-      const r = await post("/v1/completions", { model: MODEL, prompt: "Hi", max_tokens: 2, ...fields });
+      const r = await post("/v1/completions",
+        { model: MODEL, prompt: "Hi", max_tokens: 2, ...fields });
       assert.equal(r.status, 400, JSON.stringify(fields));
       assert.equal(r.body.error.param, param);
       assert.ok(r.body.error.message.includes(words), r.body.error.message);

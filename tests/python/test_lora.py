@@ -107,7 +107,8 @@ def _merged(base_dir, parts):
 def test_logits_are_peft_models(engine, adapters):
     for name, (_, peft_model) in adapters.items():
         want = _peft_logits(peft_model, PROMPT)
-        got = torch.as_tensor(engine.logits(PROMPT, lora={"first" if name == "first" else "two": 1}))
+        named = "first" if name == "first" else "two"
+        got = torch.as_tensor(engine.logits(PROMPT, lora={named: 1}))
         with peft_model.disable_adapter():
             plain = _peft_logits(peft_model, PROMPT)
         # The adapter moves the logits by far more than the engine's distance from PEFT's.
@@ -120,7 +121,8 @@ def test_scaled_adapters_together_are_the_merged_weights(engine, base, adapters)
         _merged(base, [(adapters["first"][0], 0.5), (adapters["second"][0], -1.25)]), PROMPT
     )
     got = engine.logits(PROMPT, lora={"first": 0.5, "two": -1.25})
-    torch.testing.assert_close(torch.as_tensor(got).double(), torch.as_tensor(want), atol=2e-4, rtol=0)
+    got = torch.as_tensor(got).double()
+    torch.testing.assert_close(got, torch.as_tensor(want), atol=2e-4, rtol=0)
 
 
 def test_no_adapter_and_zero_scales_are_the_base_model(engine, base):
@@ -155,7 +157,9 @@ LORAS = [{}, {"first": 1}, {"two": 1}, {"first": 0.5, "two": 2}, {"first": 1}, {
 
 
 @pytest.mark.parametrize(
-    "sampling", [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=7)], ids=["greedy", "seeded"]
+    "sampling",
+    [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=7)],
+    ids=["greedy", "seeded"],
 )
 def test_rows_with_different_adapters_give_their_tokens_alone(engine, sampling):
     want = [
@@ -255,7 +259,11 @@ Q0 = "base_model.model.model.layers.0.self_attn.q_proj"
         ({"alpha_pattern": {"q_proj": 3}}, None, ["alpha_pattern", "not supported"]),
         ({"bias": "all"}, None, ['bias = "all" is not supported']),
         ({"r": 0}, None, ["r must be positive, got 0"]),
-        (None, _drop(Q0 + ".lora_B.weight"), ["layers.0.self_attn.q_proj's lora_A but not its lora_B"]),
+        (
+            None,
+            _drop(Q0 + ".lora_B.weight"),
+            ["layers.0.self_attn.q_proj's lora_A but not its lora_B"],
+        ),
         (None, _add(Q0 + ".lora_A.weight", (4, 48)), ["q_proj's lora_A is [4, 48]", "[r, 64]"]),
         (
             None,
@@ -269,7 +277,9 @@ Q0 = "base_model.model.model.layers.0.self_attn.q_proj"
         ),
     ],
 )
-def test_what_cannot_be_applied_is_refused_by_name(base, adapters, tmp_path, config, tensors, words):
+def test_what_cannot_be_applied_is_refused_by_name(
+    base, adapters, tmp_path, config, tensors, words
+):
     bad = _broken(adapters["first"][0], tmp_path / "bad", config, tensors)
     with pytest.raises(ValueError) as error:
         tt.Engine(base, context=32, dtype="float32", threads=1, lora=[bad])
@@ -282,7 +292,8 @@ def test_missing_files_and_names_are_refused(engine, base, adapters, tmp_path):
         tt.Engine(base, context=32, dtype="float32", threads=1, lora=[str(tmp_path)])
     pickled = _broken(adapters["first"][0], tmp_path / "pickled")
     os.rename(
-        os.path.join(pickled, "adapter_model.safetensors"), os.path.join(pickled, "adapter_model.bin")
+        os.path.join(pickled, "adapter_model.safetensors"),
+        os.path.join(pickled, "adapter_model.bin"),
     )
     with pytest.raises(ValueError, match="adapter_model.bin, a pickle, is not read"):
         tt.Engine(base, context=32, dtype="float32", threads=1, lora=[pickled])
