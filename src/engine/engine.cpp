@@ -625,7 +625,9 @@ at::Tensor Engine::lora_rows(const std::vector<const std::vector<double>*>& rows
   bool any = false;
   for (size_t r = 0; r < rows.size(); ++r) {
     if (!rows[r]) continue;
-    for (int64_t a = 0; a < adapters && a < static_cast<int64_t>(rows[r]->size()); ++a) {
+    TORCH_CHECK(static_cast<int64_t>(rows[r]->size()) == adapters,
+                "lora_rows takes resolved scales (lora_scales), one per adapter");
+    for (int64_t a = 0; a < adapters; ++a) {
       p[r * adapters + a] = static_cast<float>((*rows[r])[a]);
       any = any || (*rows[r])[a] != 0;
     }

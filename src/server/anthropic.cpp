@@ -293,7 +293,7 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
     }
     chat["chat_template_kwargs"] = {{"enable_thinking", on}};
   }
-  for (const char* name : {"model", "stream", "lora"}) {
+  for (const char* name : {"model", "stream", "cache_salt", "id_slot", "lora"}) {
     if (const ojson* v = field(body, name)) chat[name] = *v;
   }
   // Anthropic's ranges, narrower than OpenAI's: checked here so the error says which applies.

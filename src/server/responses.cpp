@@ -425,7 +425,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
       chat["reasoning_effort"] = *e;
     }
   }
-  for (const char* name : {"model", "temperature", "top_p", "stream", "cache_salt", "lora"}) {
+  for (const char* name : {"model", "temperature", "top_p", "stream", "cache_salt", "id_slot", "lora"}) {
     if (const ojson* v = field(body, name)) chat[name] = *v;
   }
   if (const ojson* p = field(body, "parallel_tool_calls")) {

@@ -383,6 +383,10 @@ describe("errors", () => {
     [{ tools: TOOLS, tool_choice: { type: "tool", name: "nope" } }, "tool_choice.name"],
     [{ tools: TOOLS, tool_choice: { type: "sometimes" } }, "tool_choice.type"],
     [{ tool_choice: { type: "any" } }, "tool_choice"],
+    // llama-server's and vLLM's fields, passed on as chat completions take them.
+    [{ id_slot: 99 }, "id_slot"],
+    [{ cache_salt: "" }, "cache_salt"],
+    [{ lora: [{ id: 0, scale: 1 }] }, "lora"],
     [{ tools: TOOLS, tool_choice: { type: "any" }, max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 } },
       "thinking"],
   ];

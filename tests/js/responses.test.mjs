@@ -466,6 +466,9 @@ describe("errors", () => {
     [{ input: "hi", truncation: "auto" }, "truncation"],
     [{ input: "hi", background: true }, "background"],
     [{ input: "hi", previous_response_id: 7 }, "previous_response_id"],
+    [{ input: "hi", id_slot: 99 }, "id_slot"],
+    [{ input: "hi", cache_salt: "" }, "cache_salt"],
+    [{ input: "hi", lora: { id: 0 } }, "lora"],
   ];
   for (const [fields, param] of bad) {
     test(`${JSON.stringify(fields)} is a 400 naming ${param}`, async () => {
