@@ -163,6 +163,21 @@ std::string Metrics::render(const EngineLoad& load) const {
   header("torchtpu_cache_config_info", "gauge",
          "The KV cache's shape: tokens per block and blocks, in labels; the value is 1.");
   if (load.blocks > 0) out += "torchtpu_cache_config_info{" + cache_labels + "} 1\n";
+  // The adapters loaded and those requests apply (vLLM's vllm:lora_requests_info, which the
+  // endpoint picker's lora-affinity scorer reads); the value is the sample's time, as vLLM's is
+  // the time of its last update, and the picker takes the newest sample.
+  const std::string lora_labels = "max_lora=\"" + std::to_string(load.max_lora) +
+                                  "\",running_lora_adapters=\"" +
+                                  label_value(load.running_lora_adapters) +
+                                  "\",waiting_lora_adapters=\"" +
+                                  label_value(load.waiting_lora_adapters) + "\"";
+  const std::string now = std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                             std::chrono::system_clock::now().time_since_epoch())
+                                             .count());
+  header("torchtpu_lora_requests_info", "gauge",
+         "LoRA adapters: how many are loaded (max_lora), and those running and waiting requests "
+         "apply (comma-separated names); the value is the time of the sample.");
+  out += "torchtpu_lora_requests_info{" + lora_labels + "} " + now + "\n";
   // The histograms, with the name vLLM gives the same figure where it has one.
   struct Timing {
     const char* name;
@@ -235,19 +250,10 @@ std::string Metrics::render(const EngineLoad& load) const {
     sample("vllm:gpu_cache_usage_perc", model, number(load.kv_cache_usage));
     header("vllm:cache_config_info", "gauge", "Information of the KV cache's configuration.");
     if (load.blocks > 0) sample("vllm:cache_config_info", cache_labels, "1");
-    // The picker's default (vLLM) configuration also reads the LoRA adapters, for its
-    // lora-affinity scorer. Its value is the time of the sample, as vLLM's is the time of its
-    // last update.
     header("vllm:lora_requests_info", "gauge",
            "LoRA adapters: how many are loaded (max_lora), and those running and waiting "
            "requests apply.");
-    sample("vllm:lora_requests_info",
-           "max_lora=\"" + std::to_string(load.max_lora) + "\",running_lora_adapters=\"" +
-               load.running_lora_adapters + "\",waiting_lora_adapters=\"" +
-               load.waiting_lora_adapters + "\"",
-           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                              std::chrono::system_clock::now().time_since_epoch())
-                              .count()));
+    sample("vllm:lora_requests_info", lora_labels, now);
     header("vllm:prompt_tokens_total", "counter", "Prefill tokens processed.");
     sample("vllm:prompt_tokens_total", model, std::to_string(prompt_tokens_));
     header("vllm:generation_tokens_total", "counter", "Generation tokens processed.");

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "build_info.h"
 #include "common/errors.h"
@@ -735,7 +736,8 @@ void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiEr
 }
 
 // One request's place in Server's LoRA counts: waiting from its submission, running from its
-// row, counted out when the scheduler lets its callbacks go (done, cancelled or refused).
+// row, counted out when it ends (before its caller hears, as the load gauges drop it), or when
+// the scheduler lets its callbacks go without an end (a refused submission).
 class Server::LoraUse {
  public:
   LoraUse(Server& server, const std::vector<double>& scales) : server_(server) {
@@ -744,13 +746,17 @@ class Server::LoraUse {
     }
     count(server_.lora_waiting_, +1);
   }
-  ~LoraUse() { count(started_ ? server_.lora_running_ : server_.lora_waiting_, -1); }
+  ~LoraUse() { end(); }
   LoraUse(const LoraUse&) = delete;
   LoraUse& operator=(const LoraUse&) = delete;
   void start() {
     count(server_.lora_waiting_, -1);
     count(server_.lora_running_, +1);
     started_ = true;
+  }
+  void end() {
+    if (std::exchange(ended_, true)) return;
+    count(started_ ? server_.lora_running_ : server_.lora_waiting_, -1);
   }
 
  private:
@@ -762,7 +768,7 @@ class Server::LoraUse {
 
   Server& server_;
   std::vector<size_t> adapters_;
-  bool started_ = false;
+  bool started_ = false, ended_ = false;
 };
 
 Submission Server::submission(const std::shared_ptr<Job>& job) {
@@ -812,7 +818,8 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
     if (out->stops.stopped()) return false;
     return !job->client_gone();
   };
-  submission.on_done = [this, job, out](DecodeResult result, std::exception_ptr error) {
+  submission.on_done = [this, job, out, lora](DecodeResult result, std::exception_ptr error) {
+    lora->end();
     if (error) {
       try {
         std::rethrow_exception(error);

@@ -362,3 +362,148 @@ func TestExtractorReadsTheServerAsMeant(t *testing.T) {
 		t.Errorf("after the load: %+v", done)
 	}
 }
+
+// writeAdapter writes a PEFT LoRA adapter of layer 0's q_proj for the demo checkpoint (rank 4,
+// zeros: what the server reports does not depend on its values) into a new directory.
+func writeAdapter(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile(os.Getenv("XDG_CACHE_HOME") + "/torchtpu-cpp/demo-v1/config.json")
+	if err != nil {
+		t.Fatalf("the demo checkpoint (written by the first server without --model): %v", err)
+	}
+	var config struct {
+		Text struct {
+			Hidden     int      `json:"hidden_size"`
+			Heads      int      `json:"num_attention_heads"`
+			HeadDim    int      `json:"head_dim"`
+			GlobalDim  int      `json:"global_head_dim"`
+			LayerTypes []string `json:"layer_types"`
+		} `json:"text_config"`
+	}
+	if err := json.Unmarshal(raw, &config); err != nil {
+		t.Fatal(err)
+	}
+	c := config.Text
+	headDim := c.HeadDim
+	if c.LayerTypes[0] == "full_attention" {
+		headDim = c.GlobalDim
+	}
+	const rank = 4
+	module := "base_model.model.model.language_model.layers.0.self_attn.q_proj"
+	shapes := map[string][2]int{
+		module + ".lora_A.weight": {rank, c.Hidden},
+		module + ".lora_B.weight": {c.Heads * headDim, rank},
+	}
+	// safetensors: the header's length (u64, little-endian), the header, the f32 zeros.
+	header := map[string]any{}
+	offset := 0
+	for _, name := range []string{module + ".lora_A.weight", module + ".lora_B.weight"} {
+		shape := shapes[name]
+		n := shape[0] * shape[1] * 4
+		header[name] = map[string]any{"dtype": "F32", "shape": shape, "data_offsets": []int{offset, offset + n}}
+		offset += n
+	}
+	text, _ := json.Marshal(header)
+	for len(text)%8 != 0 {
+		text = append(text, ' ')
+	}
+	file := make([]byte, 8, 8+len(text)+offset)
+	for i := 0; i < 8; i++ {
+		file[i] = byte(uint64(len(text)) >> (8 * i))
+	}
+	file = append(append(file, text...), make([]byte, offset)...)
+	dir := t.TempDir()
+	if err := os.WriteFile(dir+"/adapter_model.safetensors", file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	adapterConfig := `{"peft_type": "LORA", "r": 4, "lora_alpha": 8}`
+	if err := os.WriteFile(dir+"/adapter_config.json", []byte(adapterConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// With LoRA adapters (one row, --parallel 1): a request decoding under one adapter and another
+// waiting under the other come out of the upstream extractor, configured by the chart, as the
+// adapters the lora-affinity scorer reads (ActiveModels, WaitingModels, MaxActiveModels), under
+// the native name and under vLLM's.
+func TestExtractorReadsTheAdaptersInUse(t *testing.T) {
+	torchtpuEngineConfig := chartExtractorParams(t)
+	adapter := writeAdapter(t)
+	s := startServer(t, "--context", strconv.Itoa(context_), "--parallel", "1", "--max-queue", "8",
+		"--metrics-compat", "vllm", "--lora", "sql="+adapter, "--lora", "chat="+adapter)
+	read := func(families map[string]*dto.MetricFamily) map[string]*fwkdl.Metrics {
+		return map[string]*fwkdl.Metrics{
+			"native": extract(t, torchtpuEngineConfig,
+				map[string]string{extractor.DefaultEngineTypeLabelKey: "torchtpu"}, families),
+			"vllm": extract(t, `{}`, nil, families),
+		}
+	}
+	_, families := s.scrape(t)
+	for name, m := range read(families) {
+		if m.MaxActiveModels != 2 || len(m.ActiveModels) != 0 || len(m.WaitingModels) != 0 {
+			t.Errorf("%s, idle: %+v", name, m)
+		}
+	}
+
+	body := func(model string, maxTokens int) string {
+		b, _ := json.Marshal(map[string]any{"model": model, "prompt": "Write about the sea.",
+			"max_tokens": maxTokens, "ignore_eos": true})
+		return string(b)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2)
+	send := func(model string, maxTokens int) {
+		defer wg.Done()
+		_, err := post(s, body(model, maxTokens), "")
+		errs <- err
+	}
+	wg.Add(1)
+	go send("sql", 600)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, f := s.scrape(t)
+		if gauge(t, f, "torchtpu_running_requests").GetGauge().GetValue() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request under sql never ran")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	wg.Add(1)
+	go send("chat", 4)
+	for seen := false; !seen; {
+		if time.Now().After(deadline) {
+			t.Fatal("never saw sql running with chat waiting")
+		}
+		text, families := s.scrape(t)
+		if gauge(t, families, "torchtpu_queue_depth").GetGauge().GetValue() != 1 {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		seen = true
+		for name, m := range read(families) {
+			_, active := m.ActiveModels["sql"]
+			_, waiting := m.WaitingModels["chat"]
+			if !active || !waiting || len(m.ActiveModels) != 1 || len(m.WaitingModels) != 1 ||
+				m.MaxActiveModels != 2 {
+				t.Errorf("%s: active %v, waiting %v, max %d\n%s", name, m.ActiveModels,
+					m.WaitingModels, m.MaxActiveModels, text)
+			}
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	_, families = s.scrape(t)
+	for name, m := range read(families) {
+		if len(m.ActiveModels) != 0 || len(m.WaitingModels) != 0 {
+			t.Errorf("%s, after: %+v", name, m)
+		}
+	}
+}

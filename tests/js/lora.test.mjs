@@ -156,10 +156,15 @@ describe("LoRA adapters", () => {
   });
 
   test("vllm:lora_requests_info names the adapters running requests apply", async () => {
+    // The labels of the native sample, checked equal to vLLM's name's.
     const info = async () => {
       const text = await (await fetch(`${server.url}/metrics`)).text();
-      const line = text.split("\n").find((l) => l.startsWith("vllm:lora_requests_info{"));
-      return line.slice(line.indexOf("{"), line.indexOf("}") + 1);
+      const labels = (name) => {
+        const line = text.split("\n").find((l) => l.startsWith(`${name}{`));
+        return line.slice(line.indexOf("{"), line.indexOf("}") + 1);
+      };
+      assert.equal(labels("vllm:lora_requests_info"), labels("torchtpu_lora_requests_info"));
+      return labels("torchtpu_lora_requests_info");
     };
     const idle = '{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""}';
     assert.equal(await info(), idle);

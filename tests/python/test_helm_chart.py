@@ -39,6 +39,7 @@ METRICS = {
     "runningRequestsSpec": "torchtpu_running_requests",
     "kvUsageSpec": "torchtpu_kv_cache_usage_ratio",
     "cacheInfoSpec": "torchtpu_cache_config_info",
+    "loraSpec": "torchtpu_lora_requests_info",
 }
 
 
@@ -79,6 +80,17 @@ def by_kind(docs, kind):
     found = [d for d in docs if d["kind"] == kind]
     assert len(found) == 1, f"{kind}: {len(found)} rendered"
     return found[0]
+
+
+def serve_module():
+    """`python -m torchtpu_cpp.serve`'s module, from the source tree (its argument parser needs no
+    build)."""
+    spec = importlib.util.spec_from_file_location(
+        "serve", ROOT / "src" / "python" / "torchtpu_cpp" / "serve.py"
+    )
+    serve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(serve)
+    return serve
 
 
 def epp_config(docs):
@@ -193,11 +205,7 @@ def test_aliases_and_vllm_names_reach_the_command_line(values):
 def test_the_python_launcher_parses_the_rendered_command_line():
     """The TPU values run `python -m torchtpu_cpp.serve`: every flag the chart writes is one it
     takes, with the scheduler's values."""
-    spec = importlib.util.spec_from_file_location(
-        "serve", ROOT / "src" / "python" / "torchtpu_cpp" / "serve.py"
-    )
-    serve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(serve)
+    serve = serve_module()
     docs = render("gke-tpu-v5e", "--set", "server.parallel=8", "--set", "server.cacheMb=256")
     command = by_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:3] == ["python3", "-m", "torchtpu_cpp.serve"]
@@ -212,6 +220,37 @@ def test_the_python_launcher_parses_the_rendered_command_line():
     args = serve._parse_args(command[3:])
     assert (args.step_tokens, args.pass_rows, args.int4_activation_bits) == (200, 4, 8)
     assert (args.emb4, args.constrain_tools) == ("/models/emb4", True)
+
+
+ADAPTERS = '[{"name":"sql","dir":"/adapters/sql"},{"name":"chat","dir":"/adapters/chat"}]'
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_lora_adapters_reach_the_command_line_and_the_pickers_scorers(values, tmp_path):
+    """Each launcher takes the adapters as `serve` does (`--lora NAME=DIR`), and with adapters the
+    picker's profile adds the lora-affinity scorer, a configuration its schema accepts; without,
+    the profile is the default one."""
+    serve = serve_module()
+    docs = render(values, "--set-json", f"model.lora={ADAPTERS}")
+    command = by_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert [a for a in command if a.startswith("--lora")] == [
+        "--lora=sql=/adapters/sql",
+        "--lora=chat=/adapters/chat",
+    ]
+    if command[:3] == ["python3", "-m", "torchtpu_cpp.serve"]:
+        assert serve._parse_args(command[3:]).lora == ["sql=/adapters/sql", "chat=/adapters/chat"]
+    config = epp_config(docs)
+    (profile,) = config["schedulingProfiles"]
+    refs = {ref["pluginRef"]: ref.get("weight") for ref in profile["plugins"]}
+    assert refs["lora-affinity-scorer"] == 1
+    assert any(p["type"] == "lora-affinity-scorer" for p in config["plugins"])
+    result = validate_schema(config, "endpointpickerconfig.json", tmp_path, "epp")
+    assert result.returncode == 0, result.stdout + result.stderr
+    plain = epp_config(render(values))
+    assert all(p["type"] != "lora-affinity-scorer" for p in plain["plugins"])
+    missing = helm("template", "tt", str(CHART), "--kube-version", KUBERNETES_VERSION,
+                   "--set-json", 'model.lora=[{"name":"sql"}]', check=False)
+    assert "model.lora[].dir is required" in missing.stderr
 
 
 def test_the_chart_refuses_an_unknown_launcher():

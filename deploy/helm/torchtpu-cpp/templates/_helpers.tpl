@@ -53,6 +53,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- range $m.aliases }}
 - --served-model-name={{ . }}
 {{- end }}
+{{- range $m.lora }}
+- --lora={{ required "model.lora[].name is required" .name }}={{ required "model.lora[].dir is required" .dir }}
+{{- end }}
 - --drain-grace={{ $s.drainGraceSeconds }}
 {{- if $s.vllmMetricNames }}
 - --metrics-compat=vllm
