@@ -149,6 +149,21 @@ func (s *server) scrape(t *testing.T) (string, map[string]*dto.MetricFamily) {
 	return string(body), families
 }
 
+// awaitRunning scrapes until one request decodes (`what`, named if the deadline passes first).
+func (s *server) awaitRunning(t *testing.T, deadline time.Time, what string) {
+	t.Helper()
+	for {
+		_, f := s.scrape(t)
+		if gauge(t, f, "torchtpu_running_requests").GetGauge().GetValue() == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never ran", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // gauge is the single sample of family `name` (which must be a gauge).
 func gauge(t *testing.T, families map[string]*dto.MetricFamily, name string) *dto.Metric {
 	t.Helper()
@@ -265,16 +280,7 @@ func TestExtractorReadsTheServerAsMeant(t *testing.T) {
 	go send(long)
 	// The long request first, so the others queue behind it.
 	deadline := time.Now().Add(time.Minute)
-	for {
-		_, f := s.scrape(t)
-		if gauge(t, f, "torchtpu_running_requests").GetGauge().GetValue() == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the long request never ran")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	s.awaitRunning(t, deadline, "the long request")
 	for i := 0; i < queued; i++ {
 		wg.Add(1)
 		go send(8)
@@ -461,16 +467,7 @@ func TestExtractorReadsTheAdaptersInUse(t *testing.T) {
 	wg.Add(1)
 	go send("sql", 600)
 	deadline := time.Now().Add(time.Minute)
-	for {
-		_, f := s.scrape(t)
-		if gauge(t, f, "torchtpu_running_requests").GetGauge().GetValue() == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the request under sql never ran")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	s.awaitRunning(t, deadline, "the request under sql")
 	wg.Add(1)
 	go send("chat", 4)
 	for seen := false; !seen; {
