@@ -136,6 +136,12 @@ LoraSpec parse_lora_spec(const std::string& text) {
   return spec;
 }
 
+int64_t lora_index(const std::vector<LoraSpec>& specs, const std::string& name) {
+  const auto it = std::find_if(specs.begin(), specs.end(),
+                               [&](const LoraSpec& spec) { return spec.name == name; });
+  return it == specs.end() ? -1 : it - specs.begin();
+}
+
 Int4Weights parse_int4_weights(const std::string& name) {
   for (auto mode : {Int4Weights::kAuto, Int4Weights::kPacked, Int4Weights::kComposite,
                     Int4Weights::kDequantized}) {
@@ -604,15 +610,14 @@ std::vector<double> Engine::lora_scales(const std::vector<double>& asked) const 
 std::vector<double> Engine::lora_by_name(const std::map<std::string, double>& scales) const {
   std::vector<double> out(options_.lora.size(), 0.0);
   for (const auto& [name, scale] : scales) {
-    const auto it = std::find_if(options_.lora.begin(), options_.lora.end(),
-                                 [&](const LoraSpec& spec) { return spec.name == name; });
-    if (it == options_.lora.end()) {
+    const int64_t a = lora_index(options_.lora, name);
+    if (a < 0) {
       std::string loaded;
       for (const auto& spec : options_.lora) loaded += (loaded.empty() ? "" : ", ") + spec.name;
       throw ValueError("no LoRA adapter is named '" + name + "'; loaded: " +
                        (loaded.empty() ? "none" : loaded));
     }
-    out[it - options_.lora.begin()] = scale;
+    out[a] = scale;
   }
   return out;
 }

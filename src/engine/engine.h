@@ -34,6 +34,8 @@ struct LoraSpec {
 // "[NAME=]DIR" (the --lora flag) -> a spec of scale 1; NAME defaults to DIR's last component.
 // ValueError for an empty NAME or DIR.
 LoraSpec parse_lora_spec(const std::string& text);
+// The index of the adapter called `name` among `specs`, -1 when none is.
+int64_t lora_index(const std::vector<LoraSpec>& specs, const std::string& name);
 
 // A loaded adapter as reports show it (generate --json, /v1/engine, /lora-adapters, Python).
 struct LoraReport {

@@ -15,6 +15,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -556,8 +557,10 @@ class Server {
   // adapter its `model` names at scale 1 (vLLM's way), else the server's scales
   // (POST /lora-adapters).
   std::vector<double> lora_for(const GenerationRequest& r) const;
-  // The index of the LoRA adapter called `name`, -1 when none is.
-  int64_t lora_index(const std::string& name) const;
+  // DecodeOptions::lora for scales by adapter id (the order of --lora), those not given at 0;
+  // `not_loaded(id)` is the error for an id past the adapters loaded.
+  std::vector<double> lora_scales_by_id(const std::map<int64_t, double>& by_id,
+                                        const std::function<ApiError(int64_t)>& not_loaded) const;
   // llama-server's GET /lora-adapters: [{"id", "path", "scale"}] plus each adapter's name.
   ojson lora_adapters_json() const;
   ojson timings_json(const Job& job) const;
@@ -1522,7 +1525,7 @@ void Server::handle_count_tokens(const httplib::Request& req, httplib::Response&
 void Server::check_model(const std::string& name) const {
   if (name.empty() ||
       std::find(model_names_.begin(), model_names_.end(), name) != model_names_.end() ||
-      lora_index(name) >= 0) {
+      lora_index(engine_options_.lora, name) >= 0) {
     return;
   }
   std::string served;
@@ -1535,35 +1538,31 @@ void Server::check_model(const std::string& name) const {
 std::vector<double> Server::lora_for(const GenerationRequest& r) const {
   const auto loaded = static_cast<int64_t>(engine_options_.lora.size());
   if (r.lora) {
-    std::vector<double> scales(loaded, 0.0);
-    for (const auto& [id, scale] : *r.lora) {
-      if (id >= loaded) {
-        throw ApiError(400,
-                       "'lora' names adapter " + std::to_string(id) + " but this server loads " +
-                           (loaded == 0 ? std::string("no LoRA adapters (start it with --lora)")
-                                        : std::to_string(loaded) + " (ids 0 to " +
-                                              std::to_string(loaded - 1) + ")"),
-                       "invalid_request_error", "lora", "invalid_value");
-      }
-      scales[id] = scale;
-    }
-    return scales;
+    return lora_scales_by_id(*r.lora, [&](int64_t id) {
+      return ApiError(400,
+                      "'lora' names adapter " + std::to_string(id) + " but this server loads " +
+                          (loaded == 0 ? std::string("no LoRA adapters (start it with --lora)")
+                                       : std::to_string(loaded) + " (ids 0 to " +
+                                             std::to_string(loaded - 1) + ")"),
+                      "invalid_request_error", "lora", "invalid_value");
+    });
   }
-  if (const int64_t named = lora_index(r.model); named >= 0) {
-    std::vector<double> scales(loaded, 0.0);
-    scales[named] = 1.0;
-    return scales;
+  if (const int64_t named = lora_index(engine_options_.lora, r.model); named >= 0) {
+    return lora_scales_by_id({{named, 1.0}}, {});
   }
   std::lock_guard<std::mutex> lock(lora_mutex_);
   return lora_scales_;
 }
 
-int64_t Server::lora_index(const std::string& name) const {
-  const auto& specs = engine_options_.lora;
-  for (size_t a = 0; a < specs.size(); ++a) {
-    if (specs[a].name == name) return static_cast<int64_t>(a);
+std::vector<double> Server::lora_scales_by_id(
+    const std::map<int64_t, double>& by_id,
+    const std::function<ApiError(int64_t)>& not_loaded) const {
+  std::vector<double> scales(engine_options_.lora.size(), 0.0);
+  for (const auto& [id, scale] : by_id) {
+    if (id >= static_cast<int64_t>(scales.size())) throw not_loaded(id);
+    scales[id] = scale;
   }
-  return -1;
+  return scales;
 }
 
 ojson Server::lora_adapters_json() const {
@@ -1585,7 +1584,7 @@ ojson Server::model_json(const std::string& name) const {
                {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"}};
   // An adapter is a model of its own to clients (vLLM's listing): root its directory, parent
   // the base model.
-  if (const int64_t a = lora_index(name); a >= 0) {
+  if (const int64_t a = lora_index(engine_options_.lora, name); a >= 0) {
     out["root"] = engine_options_.lora[a].dir;
     out["parent"] = model_id_;
   }
@@ -2016,18 +2015,15 @@ void Server::set_up_routes(httplib::Server& http) {
   http.Post("/lora-adapters",
             guarded(
                 [this](const httplib::Request& req, httplib::Response& res) {
-                  const auto asked = parse_lora_scales(parse_body_value(req.body), "body");
-                  std::vector<double> scales(engine_options_.lora.size(), 0.0);
-                  for (const auto& [id, scale] : asked) {
-                    if (id >= static_cast<int64_t>(scales.size())) {
-                      throw ApiError(400,
-                                     "adapter " + std::to_string(id) + " is not loaded: this "
-                                     "server loads " + std::to_string(scales.size()) +
-                                     " LoRA adapters",
-                                     "invalid_request_error", "id", "invalid_value");
-                    }
-                    scales[id] = scale;
-                  }
+                  const auto scales = lora_scales_by_id(
+                      parse_lora_scales(parse_body_value(req.body), "body"), [&](int64_t id) {
+                        return ApiError(400,
+                                        "adapter " + std::to_string(id) + " is not loaded: this "
+                                        "server loads " +
+                                            std::to_string(engine_options_.lora.size()) +
+                                            " LoRA adapters",
+                                        "invalid_request_error", "id", "invalid_value");
+                      });
                   {
                     std::lock_guard<std::mutex> lock(lora_mutex_);
                     lora_scales_ = scales;
