@@ -167,10 +167,11 @@ int64_t LoraAdapter::nbytes() const {
 
 void LoraPass::add(int64_t layer, LoraGroup g, const at::Tensor& x,
                    std::vector<at::Tensor>& outs) const {
+  at::Tensor input;  // x in the adapters' dtype, cast once for all of them
   for (const auto& [adapter, scales, uniform] : active) {
     const auto& parts = adapter->group(layer, g).parts;
     if (parts.empty()) continue;
-    const auto input = x.to(parts[0].a.scalar_type());
+    if (!input.defined()) input = x.to(parts[0].a.scalar_type());
     for (const auto& part : parts) {
       // torchtpu::dense_linear: at float32 on the CPU a row's sums do not depend on the rows
       // beside it, so a batch's rows keep the tokens they get alone.
