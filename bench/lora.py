@@ -34,7 +34,6 @@ import tempfile
 import time
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 import torchtpu_cpp as tt
@@ -50,23 +49,15 @@ MODULES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_att
 def linear_shapes(model_dir):
     """{module path: (out, in)} of the text layers' linears named in MODULES, from the checkpoint's
     tensors: `weight` of a dense linear, `weight_shape` of a pack-quantized one."""
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
+    ckpt = gguf_export.Checkpoint(pathlib.Path(model_dir))
     shapes = {}
-    for name in files:
-        with safe_open(os.path.join(model_dir, name), "pt") as f:
-            for key in f.keys():
-                for suffix in (".weight_shape", ".weight"):
-                    module = key[: -len(suffix)]
-                    if key.endswith(suffix) and module.endswith(MODULES) and module not in shapes:
-                        if suffix == ".weight_shape":
-                            shapes[module] = tuple(int(v) for v in f.get_tensor(key).tolist())
-                        else:
-                            shapes[module] = tuple(f.get_slice(key).get_shape())
+    for layer in range(ckpt.text["num_hidden_layers"]):
+        for name in MODULES:
+            module = f"{ckpt.prefix}layers.{layer}.{name}"
+            if ckpt.has(module + ".weight_shape"):
+                shapes[module] = tuple(int(v) for v in ckpt.get(module + ".weight_shape").tolist())
+            elif ckpt.has(module + ".weight"):
+                shapes[module] = tuple(ckpt.shape(module + ".weight"))
     return shapes
 
 
