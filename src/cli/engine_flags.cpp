@@ -40,6 +40,9 @@ void add_engine_settings(CLI::App& cmd, EngineSettings& settings) {
                  "last part when not given) is what requests call it");
   cmd.add_flag("--lora-init-without-apply", settings.lora_init_without_apply,
                "Load the --lora adapters at scale 0: only requests that ask for one apply it");
+  cmd.add_option("--max-loras", settings.max_lora,
+                 "The most LoRA adapters loaded at once, --lora's and those loaded at run time")
+      ->capture_default_str();
 }
 
 CLI::Option* add_draft_flags(CLI::App& cmd, Drafting& draft) {

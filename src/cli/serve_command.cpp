@@ -33,6 +33,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--slot-save-path", options->slot_save_path,
                   "Folder of the prefix state files of POST /slots/{id}?action=save|restore "
                   "(made if missing); without it slot actions answer 501");
+  cmd->add_flag("--runtime-lora", options->runtime_lora,
+                "POST /v1/load_lora_adapter and /v1/unload_lora_adapter load and unload LoRA "
+                "adapters from this machine's directories while serving (vLLM's runtime LoRA "
+                "updating); without it they answer 403");
   cmd->add_option("--metrics-compat", options->metrics_compat,
                   "none | vllm: also export the load gauges under vLLM's names")
       ->capture_default_str();

@@ -121,14 +121,14 @@ int64_t Batch::submit(const std::vector<int64_t>& prompt, const DecodeOptions& o
   check_row(options.row, options_.rows);
   DecodeOptions every_step = options;
   every_step.read_every = 1;
-  every_step.lora = engine_.lora_scales(options.lora);
+  auto lora = engine_.lora_scales(options.lora);
   const int64_t id = next_id_++;
-  const auto lora_salt = engine_.lora_salt(every_step.lora);
+  const auto salt = lora_salt(lora);
   auto cache_key = prefix_cache_key(
       prompt, media, engine_.config(),
-      lora_salt.empty() ? options.cache_salt : options.cache_salt + "\n" + lora_salt);
+      salt.empty() ? options.cache_salt : options.cache_salt + "\n" + salt);
   queue_.push_back({id, prompt, std::move(every_step), std::move(on_tokens), std::move(on_logits),
-                    std::move(media), std::move(cache_key)});
+                    std::move(media), std::move(cache_key), std::move(lora)});
   return id;
 }
 
@@ -339,13 +339,13 @@ int64_t Batch::chunk_size(const Row& row, int64_t limit) const {
   return count;
 }
 
-at::Tensor Batch::lora_rows(int64_t lo, int64_t n) const {
-  std::vector<const std::vector<double>*> scales;
+LoraRows Batch::lora_rows(int64_t lo, int64_t n) const {
+  std::vector<const LoraScales*> scales;
   for (int64_t i = lo; i < lo + n; ++i) {
     const auto& request = rows_[i].request;
-    scales.push_back(request ? &request->options.lora : nullptr);
+    scales.push_back(request ? &request->lora : nullptr);
   }
-  return engine_.lora_rows(scales);
+  return torchtpu::lora_rows(scales);
 }
 
 int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished) {

@@ -160,6 +160,7 @@ class Batch {
     OnLogits on_logits;
     std::vector<Media> media;
     std::vector<int64_t> cache_key;  // the prompt as prefix_cache_key names it
+    LoraScales lora;                 // options.lora resolved at submit
   };
   struct Row {
     std::optional<Request> request;  // none: the row is free
@@ -203,7 +204,7 @@ class Batch {
   // Returns the tokens read.
   int64_t read_chunk(Row& row, int64_t index, int64_t limit, std::vector<int64_t>& finished);
   // forward's `lora` for ring rows [lo, lo + n): each sequence's scales, a free row's none.
-  at::Tensor lora_rows(int64_t lo, int64_t n) const;
+  LoraRows lora_rows(int64_t lo, int64_t n) const;
   // Reads chunks of several of the `reading` rows (those still reading) in one forward pass,
   // within `budget` tokens (padding counted). Returns the tokens the pass put through the model:
   // 0 when fewer than two rows could share it.

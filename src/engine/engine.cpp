@@ -116,6 +116,7 @@ EngineOptions EngineSettings::options(const std::string& model_dir) const {
   o.no_vision = no_vision;
   o.no_audio = no_audio;
   o.draft_model = draft_model;
+  o.max_lora = max_lora;
   for (const auto& text : lora) {
     o.lora.push_back(parse_lora_spec(text));
     if (lora_init_without_apply) o.lora.back().scale = 0;
@@ -134,12 +135,6 @@ LoraSpec parse_lora_spec(const std::string& text) {
     throw ValueError("a LoRA adapter is given as [NAME=]DIR, got '" + text + "'");
   }
   return spec;
-}
-
-int64_t lora_index(const std::vector<LoraSpec>& specs, const std::string& name) {
-  const auto it = std::find_if(specs.begin(), specs.end(),
-                               [&](const LoraSpec& spec) { return spec.name == name; });
-  return it == specs.end() ? -1 : it - specs.begin();
 }
 
 Int4Weights parse_int4_weights(const std::string& name) {
@@ -197,6 +192,36 @@ int64_t default_threads() {
   return physical_cores();
 }
 
+namespace {
+
+void check_lora_scale(const std::string& name, double scale) {
+  if (!std::isfinite(scale)) {
+    throw ValueError("LoRA adapter '" + name + "' is given a scale that is not finite (" +
+                     c10::str(scale) + ")");
+  }
+}
+
+// Adapters to be loaded together: named, apart, at finite scales, no more than max_lora.
+void check_lora_specs(const std::vector<LoraSpec>& specs, int64_t max_lora) {
+  if (max_lora < 0) throw ValueError("max_lora must be at least 0, got " + std::to_string(max_lora));
+  std::set<std::string> names;
+  for (const auto& spec : specs) {
+    if (spec.name.empty()) throw ValueError("a LoRA adapter needs a name (from " + spec.dir + ")");
+    if (!names.insert(spec.name).second) {
+      throw ValueError("two LoRA adapters are named '" + spec.name +
+                       "': name them apart as NAME=DIR");
+    }
+    check_lora_scale(spec.name, spec.scale);
+  }
+  if (static_cast<int64_t>(specs.size()) > max_lora) {
+    throw ValueError(std::to_string(specs.size()) + " LoRA adapters would be loaded, more than " +
+                     "max_lora (" + std::to_string(max_lora) +
+                     "): unload one first, or raise it (--max-loras)");
+  }
+}
+
+}  // namespace
+
 Engine::Engine(const EngineOptions& options) : options_(options) {
   if (options.threads < 0) {
     throw ValueError("threads must be at least 1 (or 0 for the physical cores), got " +
@@ -215,28 +240,13 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
     throw ValueError("int4 activation bits must be 16 or 8, got " +
                      std::to_string(options.int4_activation_bits));
   }
-  std::set<std::string> names;
-  for (const auto& spec : options.lora) {
-    if (!names.insert(spec.name).second) {
-      throw ValueError("two LoRA adapters are named '" + spec.name +
-                       "': name them apart as NAME=DIR");
-    }
-    if (!std::isfinite(spec.scale)) {
-      throw ValueError("LoRA adapter '" + spec.name + "' has a scale that is not finite");
-    }
-  }
+  // Before the weights load, not after.
+  check_lora_specs(options.lora, options.max_lora);
   load();
   config_ = model_->config();
   model_options_ = model_->options();
   storage_ = model_->storage();
-  for (size_t a = 0; a < options_.lora.size(); ++a) {
-    const auto& adapter = model_->adapters()[a];
-    storage_.push_back({"lora " + options_.lora[a].name,
-                        dtype_name(lora_dtype(options_.device, options_.dtype)),
-                        c10::str(options_.device), adapter.nbytes()});
-    lora_fingerprints_.push_back(adapter.fingerprint());
-    adapters_.push_back({options_.lora[a], adapter.config(), adapter.targets()});
-  }
+  for (const auto& spec : options_.lora) load_lora(spec);
   layout_ = rings_.layout();
   if (audio_) audio_options_ = load_audio_feature_options(options_.model_dir);
 }
@@ -254,10 +264,80 @@ const std::string& Engine::weights_id() const {
   return weights_id_;
 }
 
-std::vector<std::string> Engine::lora_dirs() const {
-  std::vector<std::string> dirs;
-  for (const auto& spec : options_.lora) dirs.push_back(spec.dir);
-  return dirs;
+std::vector<StorageReport> Engine::storage() const {
+  std::vector<StorageReport> out = storage_;
+  const auto dtype = dtype_name(lora_dtype(options_.device, options_.dtype));
+  std::lock_guard lock(lora_mutex_);
+  for (const auto& a : lora_) {
+    out.push_back({"lora " + a.report.spec.name, dtype, c10::str(options_.device), a.nbytes});
+  }
+  return out;
+}
+
+std::vector<LoraReport> Engine::adapters() const {
+  std::lock_guard lock(lora_mutex_);
+  std::vector<LoraReport> out;
+  for (const auto& a : lora_) out.push_back(a.report);
+  return out;
+}
+
+void Engine::load_lora(const LoraSpec& spec) {
+  {
+    std::lock_guard lock(lora_mutex_);
+    std::vector<LoraSpec> specs;
+    for (const auto& a : lora_) specs.push_back(a.report.spec);
+    specs.push_back(spec);
+    check_lora_specs(specs, options_.max_lora);
+  }
+  c10::InferenceMode inference;
+  auto weights = std::make_shared<const LoraAdapter>(spec.dir, config_, options_.device,
+                                                     options_.dtype);
+  LoadedLora loaded{{spec, weights->config(), weights->targets()}, weights->nbytes(), weights};
+  if (asleep()) loaded.weights.reset();
+  std::lock_guard lock(lora_mutex_);
+  lora_.push_back(std::move(loaded));
+}
+
+void Engine::check_lora(const std::map<std::string, double>& scales) const {
+  for (const auto& [name, scale] : scales) {
+    lora_named(name);
+    check_lora_scale(name, scale);
+  }
+}
+
+size_t Engine::lora_named(const std::string& name) const {
+  for (size_t a = 0; a < lora_.size(); ++a) {
+    if (lora_[a].report.spec.name == name) return a;
+  }
+  std::string loaded;
+  for (const auto& a : lora_) loaded += (loaded.empty() ? "" : ", ") + a.report.spec.name;
+  throw ValueError("no LoRA adapter is named '" + name + "'; loaded: " +
+                   (loaded.empty() ? "none" : loaded));
+}
+
+void Engine::unload_lora(const std::string& name) {
+  std::shared_ptr<const LoraAdapter> weights;  // freed after the lock, unless a sequence holds it
+  std::lock_guard lock(lora_mutex_);
+  const auto it = lora_.begin() + static_cast<std::ptrdiff_t>(lora_named(name));
+  weights = std::move(it->weights);
+  lora_.erase(it);
+}
+
+void Engine::set_lora_scales(const std::map<std::string, double>& scales) {
+  std::lock_guard lock(lora_mutex_);
+  check_lora(scales);
+  for (auto& a : lora_) {
+    const auto it = scales.find(a.report.spec.name);
+    a.report.spec.scale = it == scales.end() ? 0.0 : it->second;
+  }
+}
+
+void Engine::load_adapters() {
+  std::lock_guard lock(lora_mutex_);
+  for (auto& a : lora_) {
+    a.weights = std::make_shared<const LoraAdapter>(a.report.spec.dir, config_, options_.device,
+                                                    options_.dtype);
+  }
 }
 
 void Engine::load() {
@@ -267,7 +347,7 @@ void Engine::load() {
       options_.model_dir,
       ModelOptions{options_.device, options_.dtype, options_.emb4_dir,
                    /*attend_filled_slots=*/options_.device.is_cpu(), options_.int4,
-                   options_.quantize_int4, options_.int4_activation_bits, lora_dirs()});
+                   options_.quantize_int4, options_.int4_activation_bits});
   const auto& c = model_->config();
   if (c.vision && !options_.no_vision) {
     vision_ = std::make_unique<VisionTower>(options_.model_dir, model_->options());
@@ -329,6 +409,10 @@ void Engine::sleep() {
   vision_.reset();
   drafter_.reset();
   model_.reset();
+  {
+    std::lock_guard lock(lora_mutex_);
+    for (auto& a : lora_) a.weights.reset();
+  }
   release_free_heap();
 }
 
@@ -344,6 +428,7 @@ const Gemma4& Engine::model() const {
 void Engine::wake() {
   if (!asleep()) return;
   load();
+  load_adapters();
 }
 
 void Engine::check_prompt(const std::vector<int64_t>& ids, const std::vector<Media>& media) const {
@@ -463,7 +548,7 @@ PromptMedia Engine::embed_media(const std::vector<int64_t>& prompt,
 }
 
 at::Tensor Engine::logits(const std::vector<int64_t>& ids, const std::vector<Media>& media,
-                          const std::vector<double>& lora) {
+                          const std::optional<std::map<std::string, double>>& lora) {
   check_prompt(ids, media);
   const auto scales = lora_scales(lora);
   c10::InferenceMode inference;
@@ -480,7 +565,7 @@ at::Tensor Engine::logits(const std::vector<int64_t>& ids, const std::vector<Med
 
 at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
                               int64_t end, const PromptMedia* media, at::Tensor* hidden,
-                              const at::Tensor& lora) const {
+                              const LoraRows& lora) const {
   std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
   auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
   const bool final_chunk = end == static_cast<int64_t>(prompt.size());
@@ -493,7 +578,7 @@ at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, 
 }
 
 at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
-                               at::Tensor* hidden, const at::Tensor& lora) {
+                               at::Tensor* hidden, const LoraRows& lora) {
   const auto n = static_cast<int64_t>(prompt.size());
   at::Tensor last_logits;
   for (int64_t begin = 0; begin < n; begin += options_.prefill_chunk) {
@@ -590,66 +675,27 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
   }
   options.draft.validate();
   options.sampling.validate(config().vocab_size);
-  lora_scales(options.lora);
+  if (options.lora) {
+    std::lock_guard lock(lora_mutex_);
+    check_lora(*options.lora);
+  }
 }
 
-std::vector<double> Engine::lora_scales(const std::vector<double>& asked) const {
-  std::vector<double> scales;
-  for (const auto& spec : options_.lora) scales.push_back(spec.scale);
-  if (asked.empty()) return scales;
-  if (asked.size() != scales.size()) {
-    throw ValueError("lora gives " + std::to_string(asked.size()) + " scales but " +
-                     std::to_string(scales.size()) + " LoRA adapters are loaded");
-  }
-  for (const double s : asked) {
-    if (!std::isfinite(s)) throw ValueError("a LoRA scale must be finite, got " + c10::str(s));
-  }
-  return asked;
-}
-
-std::vector<double> Engine::lora_by_name(const std::map<std::string, double>& scales) const {
-  std::vector<double> out(options_.lora.size(), 0.0);
-  for (const auto& [name, scale] : scales) {
-    const int64_t a = lora_index(options_.lora, name);
-    if (a < 0) {
-      std::string loaded;
-      for (const auto& spec : options_.lora) loaded += (loaded.empty() ? "" : ", ") + spec.name;
-      throw ValueError("no LoRA adapter is named '" + name + "'; loaded: " +
-                       (loaded.empty() ? "none" : loaded));
+LoraScales Engine::lora_scales(const std::optional<std::map<std::string, double>>& asked) const {
+  check_awake();
+  std::lock_guard lock(lora_mutex_);
+  LoraScales out;
+  if (!asked) {
+    for (const auto& a : lora_) {
+      if (a.report.spec.scale != 0) out.push_back({a.weights, a.report.spec.scale});
     }
-    out[a] = scale;
+    return out;
+  }
+  check_lora(*asked);
+  for (const auto& [name, scale] : *asked) {
+    if (scale != 0) out.push_back({lora_[lora_named(name)].weights, scale});
   }
   return out;
-}
-
-at::Tensor Engine::lora_rows(const std::vector<const std::vector<double>*>& rows) const {
-  const auto adapters = static_cast<int64_t>(options_.lora.size());
-  if (adapters == 0) return {};
-  auto out = at::zeros({static_cast<int64_t>(rows.size()), adapters}, at::kFloat);
-  auto* p = out.data_ptr<float>();
-  bool any = false;
-  for (size_t r = 0; r < rows.size(); ++r) {
-    if (!rows[r]) continue;
-    TORCH_CHECK(static_cast<int64_t>(rows[r]->size()) == adapters,
-                "lora_rows takes resolved scales (lora_scales), one per adapter");
-    for (int64_t a = 0; a < adapters; ++a) {
-      p[r * adapters + a] = static_cast<float>((*rows[r])[a]);
-      any = any || (*rows[r])[a] != 0;
-    }
-  }
-  return any ? out : at::Tensor();
-}
-
-std::string Engine::lora_salt(const std::vector<double>& scales) const {
-  std::string salt;
-  for (size_t a = 0; a < scales.size(); ++a) {
-    if (scales[a] == 0) continue;
-    char part[64];
-    std::snprintf(part, sizeof part, "lora %016llx*%.17g;",
-                  static_cast<unsigned long long>(lora_fingerprints_[a]), scales[a]);
-    salt += part;
-  }
-  return salt;
 }
 
 int64_t default_draft_tokens(const std::string& draft_model) {

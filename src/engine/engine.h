@@ -34,8 +34,6 @@ struct LoraSpec {
 // "[NAME=]DIR" (the --lora flag) -> a spec of scale 1; NAME defaults to DIR's last component.
 // ValueError for an empty NAME or DIR.
 LoraSpec parse_lora_spec(const std::string& text);
-// The index of the adapter called `name` among `specs`, -1 when none is.
-int64_t lora_index(const std::vector<LoraSpec>& specs, const std::string& name);
 
 // A loaded adapter as reports show it (generate --json, /v1/engine, /lora-adapters, Python).
 struct LoraReport {
@@ -63,8 +61,11 @@ struct EngineOptions {
   // multi-token-prediction drafter, llama.cpp's --model-draft): when given, drafts come from it
   // instead of from prompt lookup (Drafting), for requests that draft.
   std::string draft_model;
-  // LoRA adapters, in the order DecodeOptions::lora scales them; names unique.
+  // LoRA adapters loaded at construction; names unique. load_lora and unload_lora change the set
+  // after.
   std::vector<LoraSpec> lora;
+  // The most adapters loaded at once (the lora-affinity scorer's max_lora).
+  int64_t max_lora = 8;
 };
 
 // "auto", "packed", "composite", "dequantized" -> Int4Weights; ValueError otherwise.
@@ -104,6 +105,7 @@ struct EngineSettings {
   // Load the adapters at scale 0 (llama-server's --lora-init-without-apply): only requests that
   // name one apply it.
   bool lora_init_without_apply = false;
+  int64_t max_lora = 8;
 
   // For the checkpoint in model_dir; the parse_* functions' ValueErrors for a bad name.
   EngineOptions options(const std::string& model_dir) const;
@@ -173,9 +175,10 @@ struct DecodeOptions {
   // a slot's state names the row its conversation used); it waits for that row while others take
   // the rest. -1: the first free row. Engine::decode has one row and ignores it.
   int64_t row = -1;
-  // Each LoRA adapter's scale for this sequence (EngineOptions::lora's order; 0 leaves it out);
-  // empty: the adapters' own scales.
-  std::vector<double> lora;
+  // The LoRA adapters this sequence applies, by name, at these scales (those not named: 0);
+  // none: each loaded adapter at its own scale (LoraSpec::scale). Resolved when the sequence
+  // starts (Engine::lora_scales).
+  std::optional<std::map<std::string, double>> lora;
 };
 
 struct DecodeResult {
@@ -207,12 +210,16 @@ class Engine {
  public:
   explicit Engine(const EngineOptions& options);
 
-  // These answer from any thread, asleep or awake: they are fixed at construction.
+  // These answer from any thread, asleep or awake: they are fixed at construction (options()'s
+  // lora: the adapters loaded then).
   const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }
   Layout layout() const { return layout_; }
-  const std::vector<StorageReport>& storage() const { return storage_; }
-  const std::vector<LoraReport>& adapters() const { return adapters_; }
+  // Any thread: the weights' storage, the adapters loaded now included.
+  std::vector<StorageReport> storage() const;
+  // Any thread: the LoRA adapters loaded now, in the order they were loaded (a request's lora
+  // ids count in this order), each with its scale for sequences that name none.
+  std::vector<LoraReport> adapters() const;
   // The model's options as resolved (the int4 form chosen for kAuto).
   const ModelOptions& model_options() const { return model_options_; }
   // Whether images / audio clips can be given (the checkpoint has the tower and it is loaded).
@@ -234,6 +241,17 @@ class Engine {
   // Loads the weights again as the constructor did; nothing when awake. Owner thread.
   void wake();
   bool asleep() const { return model_ == nullptr; }
+  // Owner thread. Loads an adapter beside the weights (while asleep: checks its files, and
+  // loads it at the wake). ValueError for a name already loaded, an empty name, a scale that is
+  // not finite or more than max_lora adapters; the adapter's FormatErrors. Nothing changes then.
+  void load_lora(const LoraSpec& spec);
+  // Owner thread. Later sequences cannot name it; one that applies it already keeps it until it
+  // ends (LoraScales holds it). ValueError naming the adapters loaded when none is called so.
+  void unload_lora(const std::string& name);
+  // Any thread. Each adapter's scale for later sequences that name none: those in `scales` at
+  // theirs, the rest at 0 (llama-server's POST /lora-adapters). ValueError, and nothing changed,
+  // for a name not loaded or a scale that is not finite.
+  void set_lora_scales(const std::map<std::string, double>& scales);
   // ValueError unless media of this kind can be given, naming the missing tower or the option
   // that disabled it.
   void check_tower(MediaKind kind) const;
@@ -245,7 +263,7 @@ class Engine {
   // `media`: the prompt's images and clips (ids already expanded, expand_media_placeholders).
   // `lora`: as DecodeOptions::lora.
   at::Tensor logits(const std::vector<int64_t>& ids, const std::vector<Media>& media = {},
-                    const std::vector<double>& lora = {});
+                    const std::optional<std::map<std::string, double>>& lora = std::nullopt);
 
   // Reads the prompt into freshly reset rings and decodes (greedy or sampled, per options).
   DecodeResult decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,
@@ -265,20 +283,9 @@ class Engine {
   // Runs the towers over a checked prompt's media (on the engine's device).
   PromptMedia embed_media(const std::vector<int64_t>& prompt,
                           const std::vector<Media>& media) const;
-  // A sequence's scale for each adapter: `asked` (DecodeOptions::lora), or the adapters' own
-  // scales when it is empty. ValueError for a count other than the adapters' or a scale that is
-  // not finite.
-  std::vector<double> lora_scales(const std::vector<double>& asked) const;
-  // DecodeOptions::lora for scales by adapter name; the adapters not named get 0 (llama-server's
-  // rule for a request's lora list). ValueError naming an adapter that is not loaded.
-  std::vector<double> lora_by_name(const std::map<std::string, double>& scales) const;
-  // forward's `lora` for rows of these resolved scales ([rows, adapters] on the host), undefined
-  // when no row scales an adapter.
-  at::Tensor lora_rows(const std::vector<const std::vector<double>*>& rows) const;
-  // What the prefix cache's salt gains for resolved scales: "" when no adapter applies, else the
-  // applied adapters' file digests and scales, so that states one adapter wrote are reused only
-  // under the same adapters and scales.
-  std::string lora_salt(const std::vector<double>& scales) const;
+  // A sequence's adapters for DecodeOptions::lora `asked`, holding them (owner thread).
+  // ValueError naming an adapter that is not loaded, or a scale that is not finite.
+  LoraScales lora_scales(const std::optional<std::map<std::string, double>>& asked) const;
   // Tokens a sequence after a prompt of `prompt_tokens` may generate: max_new, or fewer where the
   // context ends first.
   int64_t token_budget(int64_t prompt_tokens, int64_t max_new) const;
@@ -308,15 +315,22 @@ class Engine {
   // `lora`: forward's, for the one row.
   at::Tensor read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
                         int64_t end, const PromptMedia* media = nullptr,
-                        at::Tensor* hidden = nullptr, const at::Tensor& lora = {}) const;
+                        at::Tensor* hidden = nullptr, const LoraRows& lora = {}) const;
 
  private:
   // In chunks, into rings_.
   at::Tensor read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
-                         at::Tensor* hidden, const at::Tensor& lora);
+                         at::Tensor* hidden, const LoraRows& lora);
   // The weights, towers and rings from options_.
   void load();
-  std::vector<std::string> lora_dirs() const;
+  // The weights of every adapter in lora_, from their directories.
+  void load_adapters();
+  // The index in lora_ of the adapter called `name` (the caller holds lora_mutex_); ValueError
+  // naming those loaded when none is.
+  size_t lora_named(const std::string& name) const;
+  // lora_named's and check_lora_scale's errors for scales by name (the caller holds
+  // lora_mutex_).
+  void check_lora(const std::map<std::string, double>& scales) const;
   // The assistant of options_.draft_model, checked against the model (ValueError).
   void load_drafter();
   // std::logic_error while asleep.
@@ -337,8 +351,15 @@ class Engine {
   AudioFeatureOptions audio_options_;
   Rings rings_;
   double load_s_ = 0;
-  std::vector<LoraReport> adapters_;
-  std::vector<uint64_t> lora_fingerprints_;  // LoraAdapter::fingerprint, per adapter
+  struct LoadedLora {
+    LoraReport report;
+    int64_t nbytes = 0;
+    std::shared_ptr<const LoraAdapter> weights;  // none while asleep
+  };
+  // Read by any thread (adapters(), storage(), set_lora_scales) under lora_mutex_; the owner
+  // thread alone adds and removes adapters.
+  mutable std::mutex lora_mutex_;
+  std::vector<LoadedLora> lora_;
   mutable std::once_flag weights_id_once_;
   mutable std::string weights_id_;
 };

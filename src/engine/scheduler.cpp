@@ -117,6 +117,29 @@ SlotOutcome Scheduler::slot(const SlotTask& task) {
   return done.get();
 }
 
+void Scheduler::run_on_owner(std::function<void(Engine&)> task) {
+  std::future<void> done;
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) throw std::runtime_error("the engine is stopping: it takes no more tasks");
+    tasks_.push_back({std::move(task), {}});
+    done = tasks_.back().done.get_future();
+  }
+  changed_.notify_all();
+  done.get();
+}
+
+void Scheduler::run_tasks(Engine& engine, std::vector<EngineTask>& tasks) {
+  for (auto& t : tasks) {
+    try {
+      t.task(engine);
+      t.done.set_value();
+    } catch (...) {
+      t.done.set_exception(std::current_exception());
+    }
+  }
+}
+
 void Scheduler::stop() {
   {
     std::lock_guard lock(mutex_);
@@ -136,10 +159,12 @@ Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
                                       std::optional<double> sleep_after,
                                       std::vector<Entry>& admitted, std::vector<Entry>& dropped,
                                       std::set<int64_t>& cancels,
-                                      std::vector<SlotEntry>& actions) {
+                                      std::vector<SlotEntry>& actions,
+                                      std::vector<EngineTask>& tasks) {
   std::unique_lock lock(mutex_);
   auto ready = [&] {
-    return !idle || !waiting_.empty() || !cancels_.empty() || !actions_.empty() || stopping_;
+    return !idle || !waiting_.empty() || !cancels_.empty() || !actions_.empty() ||
+           !tasks_.empty() || stopping_;
   };
   if (idle && sleep_after) {
     if (!changed_.wait_for(lock, std::chrono::duration<double>(*sleep_after), ready)) {
@@ -148,7 +173,11 @@ Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
   } else {
     changed_.wait(lock, ready);
   }
-  if (idle && waiting_.empty() && actions_.empty() && stopping_) return Taken::kStopped;
+  // Tasks queued before stop() still run; those after it are refused.
+  tasks = std::exchange(tasks_, {});
+  if (idle && waiting_.empty() && actions_.empty() && tasks.empty() && stopping_) {
+    return Taken::kStopped;
+  }
   cancels = std::exchange(cancels_, {});
   actions = std::exchange(actions_, {});
   for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -249,10 +278,12 @@ void Scheduler::run_batch(Engine& engine) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
     std::vector<SlotEntry> actions;
+    std::vector<EngineTask> tasks;
     const bool idle = !batch || batch->idle();
     auto free = batch ? batch->free_rows() : std::vector<bool>(options_.batch.rows, true);
     const Taken taken = take_work(idle, std::move(free), sleep_after(engine), admitted, dropped,
-                                  cancels, actions);
+                                  cancels, actions, tasks);
+    run_tasks(engine, tasks);
     if (taken == Taken::kStopped) break;
     if (taken == Taken::kIdleTooLong) {
       // The batch's rings go with the weights.
@@ -336,8 +367,10 @@ void Scheduler::run_serial(Engine& engine) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
     std::vector<SlotEntry> actions;  // none: slot() refuses them here
+    std::vector<EngineTask> tasks;
     const Taken taken = take_work(/*idle=*/true, {true}, sleep_after(engine), admitted, dropped,
-                                  cancels, actions);
+                                  cancels, actions, tasks);
+    run_tasks(engine, tasks);
     if (taken == Taken::kStopped) break;
     if (taken == Taken::kIdleTooLong) {
       sleep(engine);

@@ -103,6 +103,10 @@ class Scheduler {
   // restore_slot or erase_slot, and their exceptions. ValueError one sequence at a time (no
   // batch, no prefix cache); std::runtime_error once stop() was called.
   SlotOutcome slot(const SlotTask& task);
+  // Any thread. Waits until the owner thread has run `task` with the engine between two steps,
+  // asleep or awake as it is (loading or unloading a LoRA adapter), and rethrows its exception.
+  // std::runtime_error once stop() was called.
+  void run_on_owner(std::function<void(Engine&)> task);
   // Any thread. run() returns once nothing waits or runs.
   void stop();
   SchedulerStats stats() const;
@@ -123,14 +127,21 @@ class Scheduler {
     SlotTask task;
     std::promise<SlotOutcome> done;
   };
+  struct EngineTask {
+    std::function<void(Engine&)> task;
+    std::promise<void> done;
+  };
 
   enum class Taken { kWork, kStopped, kIdleTooLong };
-  // Waits for work; takes the cancels, the slot actions and the waiting entries the `free` rows
-  // take (place_in_rows). kStopped when stopped and nothing is left to do (`idle`: nothing in the
+  // Waits for work; takes the cancels, the slot actions, the engine tasks and the waiting entries
+  // the `free` rows take (place_in_rows). kStopped when stopped and nothing is left to do (`idle`: nothing in the
   // batch); kIdleTooLong when idle and nothing came for `sleep_after` (none: no limit).
   Taken take_work(bool idle, std::vector<bool> free, std::optional<double> sleep_after,
                   std::vector<Entry>& admitted, std::vector<Entry>& dropped,
-                  std::set<int64_t>& cancels, std::vector<SlotEntry>& actions);
+                  std::set<int64_t>& cancels, std::vector<SlotEntry>& actions,
+                  std::vector<EngineTask>& tasks);
+  // Runs the tasks taken, each one's outcome to whoever waits in run_on_owner().
+  static void run_tasks(Engine& engine, std::vector<EngineTask>& tasks);
   // sleep_idle_s when the engine is awake and may sleep.
   std::optional<double> sleep_after(const Engine& engine) const;
   // Engine::sleep after sleep_idle_s of idleness, with the stats saying so.
@@ -153,6 +164,7 @@ class Scheduler {
   std::deque<Entry> waiting_;
   std::set<int64_t> cancels_;
   std::vector<SlotEntry> actions_;
+  std::vector<EngineTask> tasks_;
   int64_t next_ticket_ = 0;
   bool stopping_ = false;
   SchedulerStats stats_;  // running, batch and busy_s; waiting is waiting_'s size

@@ -141,9 +141,6 @@ Gemma4::Gemma4(const std::string& model_dir, const ModelOptions& options)
   checkpoint_ = std::make_shared<Checkpoint>(model_dir);
   if (!options.emb4_dir.empty()) emb4_ = std::make_shared<Checkpoint>(options.emb4_dir);
   load(*checkpoint_, emb4_.get());
-  for (const auto& dir : options_.lora) {
-    adapters_.emplace_back(dir, config_, options_.device, options_.dtype);
-  }
 }
 
 Linear Gemma4::int4_linear(const PackedInt4& packed) const {
@@ -553,10 +550,10 @@ at::Tensor Gemma4::embed(const at::Tensor& ids) const {
 at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
                            bool last_only, bool no_logits, const SoftTokens* soft,
                            const at::Tensor& lengths, at::Tensor* hidden,
-                           const at::Tensor& lora) const {
+                           const LoraRows& lora) const {
   const auto& c = config_;
   const int64_t B = ids.size(0), T = ids.size(1);
-  const LoraPass adapters = lora_pass(lora);
+  const LoraPass adapters(lora, options_.device, options_.dtype);
 
   // Profiler scopes (bench/decode_profile.py groups a decode step's time by them).
   at::Tensor h, ple;
@@ -633,29 +630,6 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
     return ops::softcap(logits, c.final_logit_softcapping, at::kFloat);
   }
   return logits.to(at::kFloat);
-}
-
-LoraPass Gemma4::lora_pass(const at::Tensor& lora) const {
-  LoraPass pass;
-  if (!lora.defined()) return pass;
-  TORCH_CHECK(lora.dim() == 2 && lora.size(1) == static_cast<int64_t>(adapters_.size()) &&
-                  lora.is_cpu() && lora.scalar_type() == at::kFloat,
-              "forward's lora must be float [batch, ", adapters_.size(), "] on the host, got ",
-              lora.sizes());
-  for (size_t a = 0; a < adapters_.size(); ++a) {
-    const auto scales = lora.select(1, static_cast<int64_t>(a)).contiguous();
-    const float* s = scales.data_ptr<float>();
-    const int64_t rows = scales.numel();
-    if (std::all_of(s, s + rows, [](float v) { return v == 0; })) continue;
-    if (std::all_of(s, s + rows, [&](float v) { return v == s[0]; })) {
-      pass.active.push_back({&adapters_[a], at::Tensor(), static_cast<double>(s[0])});
-      continue;
-    }
-    const auto dtype = lora_dtype(options_.device, options_.dtype);
-    pass.active.push_back(
-        {&adapters_[a], scales.to(options_.device, dtype).view({-1, 1, 1}), std::nullopt});
-  }
-  return pass;
 }
 
 std::pair<at::Tensor, at::Tensor> Gemma4::draft(const at::Tensor& x, const at::Tensor& positions,

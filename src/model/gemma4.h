@@ -132,9 +132,6 @@ struct ModelOptions {
   // The int4 operator's activation_bits for every int4 linear: 16, or 8 for the CPU kernel's fast
   // mode for several rows (ops/int4_cpu.h).
   int64_t int4_activation_bits = 16;
-  // LoRA adapters' directories (PEFT's format, model/lora.h), loaded beside the weights; a
-  // forward pass scales each per row (forward's `lora`).
-  std::vector<std::string> lora;
 };
 
 class Gemma4 {
@@ -144,7 +141,6 @@ class Gemma4 {
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
   const std::vector<StorageReport>& storage() const { return storage_; }
-  const std::vector<LoraAdapter>& adapters() const { return adapters_; }
 
   // One forward pass over ids [batch, T] at positions [batch, T] (int64, on the device).
   // rings == nullptr: a plain causal pass with no cache (logits for every position).
@@ -159,12 +155,12 @@ class Gemma4 {
   // b continues from its position lengths[b] - 1. Several prompts read in one pass (a Batch).
   // `hidden`: set to the final norm's output [batch, T or 1, hidden_size] (the head's input at
   // the positions of the logits), what an assistant drafts from; undefined with no_logits.
-  // `lora`: [batch, adapters().size()] float on the host, row b's scale for each adapter
-  // (undefined, or a column of zeros: that adapter is left out of the pass).
+  // `lora`: the adapters (model/lora.h) each row applies and at what scale, for the model's
+  // linears to add; empty: none.
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
                      bool last_only = false, bool no_logits = false,
                      const SoftTokens* soft = nullptr, const at::Tensor& lengths = {},
-                     at::Tensor* hidden = nullptr, const at::Tensor& lora = {}) const;
+                     at::Tensor* hidden = nullptr, const LoraRows& lora = {}) const;
   // The input embeddings of ids [N] (int64, on the device): embed_tokens' rows times
   // sqrt(hidden_size), [N, hidden_size] in the compute dtype.
   at::Tensor embed(const at::Tensor& ids) const;
@@ -202,8 +198,6 @@ class Gemma4 {
   // The residual stream h after layer l's attention output: its norm added, then the MLP's.
   at::Tensor after_attention(int64_t l, const at::Tensor& h, const at::Tensor& attn,
                              const LoraPass& lora) const;
-  // The adapters forward's `lora` scales for some row, with their rows' scales.
-  LoraPass lora_pass(const at::Tensor& lora) const;
   Linear linear_weight(const Checkpoint& ckpt, const std::string& module,
                        const std::vector<int64_t>& shape);
   // The form options_.int4 asks for of an int4 weight on the host.
@@ -226,7 +220,6 @@ class Gemma4 {
   VocabTable head_rows_;
   at::Tensor token_ordering_;  // [vocab] int64 on the device
   std::vector<StorageReport> storage_;
-  std::vector<LoraAdapter> adapters_;
 };
 
 }  // namespace torchtpu

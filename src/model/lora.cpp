@@ -1,5 +1,7 @@
 #include "model/lora.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -163,6 +165,68 @@ int64_t LoraAdapter::nbytes() const {
     }
   }
   return n;
+}
+
+LoraRows lora_rows(const std::vector<const LoraScales*>& rows) {
+  LoraRows out;
+  for (const auto* row : rows) {
+    if (!row) continue;
+    for (const auto& [adapter, scale] : *row) {
+      if (std::find(out.adapters.begin(), out.adapters.end(), adapter) == out.adapters.end()) {
+        out.adapters.push_back(adapter);
+      }
+    }
+  }
+  if (out.empty()) return out;
+  const auto columns = static_cast<int64_t>(out.adapters.size());
+  out.scales = at::zeros({static_cast<int64_t>(rows.size()), columns}, at::kFloat);
+  auto* p = out.scales.data_ptr<float>();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    if (!rows[r]) continue;
+    for (const auto& [adapter, scale] : *rows[r]) {
+      const auto a = std::find(out.adapters.begin(), out.adapters.end(), adapter);
+      p[static_cast<int64_t>(r) * columns + (a - out.adapters.begin())] =
+          static_cast<float>(scale);
+    }
+  }
+  return out;
+}
+
+std::string lora_salt(const LoraScales& scales) {
+  // By file digest, so that the order the adapters were named in does not matter.
+  std::vector<std::pair<uint64_t, double>> applied;
+  for (const auto& [adapter, scale] : scales) applied.emplace_back(adapter->fingerprint(), scale);
+  std::sort(applied.begin(), applied.end());
+  std::string salt;
+  for (const auto& [fingerprint, scale] : applied) {
+    char part[64];
+    std::snprintf(part, sizeof part, "lora %016llx*%.17g;",
+                  static_cast<unsigned long long>(fingerprint), scale);
+    salt += part;
+  }
+  return salt;
+}
+
+LoraPass::LoraPass(const LoraRows& rows, at::Device device, at::ScalarType dtype) {
+  if (rows.empty()) return;
+  const auto& lora = rows.scales;
+  TORCH_CHECK(lora.dim() == 2 && lora.size(1) == static_cast<int64_t>(rows.adapters.size()) &&
+                  lora.is_cpu() && lora.scalar_type() == at::kFloat,
+              "LoraRows' scales must be float [rows, ", rows.adapters.size(),
+              "] on the host, got ", lora.sizes());
+  for (size_t a = 0; a < rows.adapters.size(); ++a) {
+    const auto scales = lora.select(1, static_cast<int64_t>(a)).contiguous();
+    const float* s = scales.data_ptr<float>();
+    const int64_t n = scales.numel();
+    if (std::all_of(s, s + n, [](float v) { return v == 0; })) continue;
+    const LoraAdapter* adapter = rows.adapters[a].get();
+    if (std::all_of(s, s + n, [&](float v) { return v == s[0]; })) {
+      active.push_back({adapter, at::Tensor(), static_cast<double>(s[0])});
+      continue;
+    }
+    active.push_back(
+        {adapter, scales.to(device, lora_dtype(device, dtype)).view({-1, 1, 1}), std::nullopt});
+  }
 }
 
 void LoraPass::add(int64_t layer, LoraGroup g, const at::Tensor& x,

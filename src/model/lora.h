@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -68,6 +69,29 @@ class LoraAdapter {
   uint64_t fingerprint_ = 0;
 };
 
+// A sequence's adapters, resolved when it starts: each one it applies, with its scale (none at 0).
+// It holds them: an adapter unloaded meanwhile (Engine::unload_lora) stays until its last
+// sequence ends.
+struct LoraScale {
+  std::shared_ptr<const LoraAdapter> adapter;
+  double scale = 0;
+};
+using LoraScales = std::vector<LoraScale>;
+
+// A forward pass's adapters: each row's scale [rows, adapters.size()] (float on the host) for
+// each adapter some row applies. None: the base model for every row.
+struct LoraRows {
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
+  at::Tensor scales;
+  bool empty() const { return adapters.empty(); }
+};
+// The rows of these sequences, in order (nullptr: a row that applies none).
+LoraRows lora_rows(const std::vector<const LoraScales*>& rows);
+// What a prefix cache's salt gains for a sequence's adapters: "" for none, else their file
+// digests and scales, so that states one adapter wrote are reused only under the same adapters
+// and scales.
+std::string lora_salt(const LoraScales& scales);
+
 // The adapters of one forward pass: those some row scales by other than 0, each with its rows'
 // scales [batch, 1, 1] in the adapter's dtype on the device, or, when every row has the same
 // scale, that scale alone (`uniform`: no per-row multiply).
@@ -78,6 +102,10 @@ struct LoraPass {
     std::optional<double> uniform;
   };
   std::vector<Active> active;
+
+  LoraPass() = default;
+  // For a model of `dtype` on `device`; `rows` outlives the pass.
+  LoraPass(const LoraRows& rows, at::Device device, at::ScalarType dtype);
 
   // Adds every active adapter's terms for layer l's group g, of input x, to the group's outputs
   // (in place: they are the linears' own fresh outputs, or disjoint views of one).

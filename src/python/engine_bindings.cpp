@@ -132,7 +132,7 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
                              const std::optional<std::string>& quantize,
                              int64_t int4_activation_bits, bool no_vision, bool no_audio,
                              const std::optional<std::string>& draft_model,
-                             const std::vector<std::string>& lora) {
+                             const std::vector<std::string>& lora, int64_t max_lora) {
   EngineSettings settings;
   settings.emb4_dir = emb4.value_or("");
   settings.context = context;
@@ -144,6 +144,7 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
   settings.no_audio = no_audio;
   settings.draft_model = draft_model.value_or("");
   settings.lora = lora;
+  settings.max_lora = max_lora;
   // device and dtype may come as torch objects (a dtype, like's device): set after the names.
   EngineOptions options = settings.options(model_dir);
   options.prefill_chunk = prefill_chunk;
@@ -247,7 +248,7 @@ DecodeOptions decode_options(PyEngine& self, const std::string& method, const De
   options.max_new = args.max_new;
   options.read_every = args.read_every;
   options.draft = args.draft;
-  if (args.lora) options.lora = self.begin(method).lora_by_name(*args.lora);
+  options.lora = args.lora;
   if (!args.stop.is_none()) {
     options.stop_ids = to_ids(args.stop, "stop");
     options.ignore_eos = options.stop_ids.empty();
@@ -474,11 +475,11 @@ void bind_engine(py::module_& m) {
                        const std::optional<std::string>& quantize, int64_t int4_activation_bits,
                        bool no_vision, bool no_audio,
                        const std::optional<std::string>& draft_model,
-                       const std::vector<std::string>& lora) {
+                       const std::vector<std::string>& lora, int64_t max_lora) {
              return std::make_unique<PyEngine>(
                  engine_options(model_dir, emb4_dir, like, context, device, dtype, prefill_chunk,
                                 threads, int4, quantize, int4_activation_bits, no_vision,
-                                no_audio, draft_model, lora));
+                                no_audio, draft_model, lora, max_lora));
            }),
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
@@ -486,7 +487,8 @@ void bind_engine(py::module_& m) {
            py::arg("int4") = "auto", py::arg("quantize") = py::none(),
            py::arg("int4_activation_bits") = 16, py::arg("no_vision") = false,
            py::arg("no_audio") = false, py::arg("draft_model") = py::none(),
-           py::arg("lora") = std::vector<std::string>{})
+           py::arg("lora") = std::vector<std::string>{},
+           py::arg("max_lora") = EngineSettings{}.max_lora)
       .def("layout",
            [](PyEngine& self) { return layout_dict(self.begin("Engine.layout").layout()); })
       .def("report",
@@ -518,11 +520,10 @@ void bind_engine(py::module_& m) {
              const std::optional<std::map<std::string, double>>& lora) {
             Engine& engine = self.begin("Engine.logits", /*exclusive=*/true);
             const auto tokens = to_ids(ids, "ids");
-            const auto scales = lora ? engine.lora_by_name(*lora) : std::vector<double>{};
             at::Tensor logits;
             {
               py::gil_scoped_release released;
-              logits = engine.logits(tokens, media, scales);
+              logits = engine.logits(tokens, media, lora);
             }
             return to_python(logits);
           },
@@ -558,6 +559,41 @@ void bind_engine(py::module_& m) {
           "Loads the weights again as the constructor did; nothing when awake.")
       .def_property_readonly("asleep",
                              [](PyEngine& self) { return self.begin("Engine.asleep").asleep(); })
+      .def(
+          "load_lora",
+          [](PyEngine& self, const std::string& dir, const std::optional<std::string>& name,
+             double scale) {
+            Engine& engine = self.begin("Engine.load_lora", /*exclusive=*/true);
+            LoraSpec spec = parse_lora_spec(dir);
+            if (name) spec.name = *name;
+            spec.scale = scale;
+            py::gil_scoped_release released;
+            engine.load_lora(spec);
+          },
+          py::arg("dir"), py::kw_only(), py::arg("name") = py::none(), py::arg("scale") = 1.0,
+          "Loads a LoRA adapter (PEFT's format) beside the weights, called `name` (dir's last "
+          "part when None), at `scale` for calls that name none. ValueError for a name loaded "
+          "already, more than max_lora adapters, or what the adapter holds that cannot be "
+          "applied.")
+      .def(
+          "unload_lora",
+          [](PyEngine& self, const std::string& name) {
+            Engine& engine = self.begin("Engine.unload_lora", /*exclusive=*/true);
+            py::gil_scoped_release released;
+            engine.unload_lora(name);
+          },
+          py::arg("name"),
+          "Unloads the LoRA adapter `name`: later calls cannot name it; a Batch sequence that "
+          "applies it keeps it until it ends. ValueError naming those loaded when none is so "
+          "called.")
+      .def(
+          "set_lora_scales",
+          [](PyEngine& self, const std::map<std::string, double>& scales) {
+            self.begin("Engine.set_lora_scales").set_lora_scales(scales);
+          },
+          py::arg("scales"),
+          "Each adapter's scale for later calls that name none: those in `scales` at theirs, "
+          "the rest at 0. ValueError, and nothing changed, for a name not loaded.")
       .def(
           "media",
           [](PyEngine& self, const py::list& images, const py::list& audio, int64_t image_tokens) {

@@ -34,7 +34,8 @@ void bind_serve(py::module_& m) {
          const std::string& mcp_media_dir, std::optional<int64_t> draft_max,
          int64_t draft_ngram_min,
          int64_t draft_ngram_max, bool draft_always, const std::string& draft_model,
-         const std::vector<std::string>& lora, bool lora_init_without_apply) {
+         const std::vector<std::string>& lora, bool lora_init_without_apply, int64_t max_loras,
+         bool runtime_lora) {
         server::ServeOptions options;
         options.model_dir = model_dir;
         options.engine.emb4_dir = emb4_dir;
@@ -81,6 +82,8 @@ void bind_serve(py::module_& m) {
         options.engine.draft_model = draft_model;
         options.engine.lora = lora;
         options.engine.lora_init_without_apply = lora_init_without_apply;
+        options.engine.max_lora = max_loras;
+        options.runtime_lora = runtime_lora;
         options.hosted_by = "python";
         // Python keeps its own SIGINT/SIGTERM handlers and calls request_stop() from them.
         options.install_signal_handlers = false;
@@ -130,6 +133,7 @@ void bind_serve(py::module_& m) {
       py::arg("draft_ngram_max") = Drafting{}.ngram_max, py::arg("draft_always") = false,
       py::arg("draft_model") = "", py::arg("lora") = std::vector<std::string>{},
       py::arg("lora_init_without_apply") = false,
+      py::arg("max_loras") = EngineSettings{}.max_lora, py::arg("runtime_lora") = false,
       "Runs the OpenAI-compatible server until request_stop(); returns the "
       "exit code. Blocks the "
       "calling thread with the GIL released; installs no signal handlers.");

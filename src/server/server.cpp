@@ -469,9 +469,6 @@ class Server {
         mcp_files_(mcp_files(options)) {
     demo_ = options.model_dir.empty();
     fingerprint_ = std::string("fp_torchtpu_cpp_") + TORCHTPU_GIT_REVISION;
-    for (const auto& spec : engine_options_.lora) lora_scales_.push_back(spec.scale);
-    lora_waiting_.assign(lora_scales_.size(), 0);
-    lora_running_.assign(lora_scales_.size(), 0);
   }
 
   int run();
@@ -483,6 +480,11 @@ class Server {
   // Generation requests are taken while ready and through the drain's grace.
   static bool takes_requests(State state) {
     return state == State::kReady || state == State::kDraining;
+  }
+  // Whether engine_ is built and stays so (any thread): from the warm-up until the stop.
+  bool engine_built() const {
+    const State state = state_;
+    return state == State::kWarmingUp || takes_requests(state);
   }
 
   // Engine thread.
@@ -553,16 +555,23 @@ class Server {
   // 404 model_not_found unless `name` is empty, one of the model's names or a LoRA adapter's.
   void check_model(const std::string& name) const;
   ojson model_json(const std::string& name) const;
+  // The LoRA adapters loaded now: the engine's, or --lora's before it is built.
+  std::vector<LoraReport> adapters() const;
   // DecodeOptions::lora for a request: its `lora` list (400 for an adapter not loaded), else the
-  // adapter its `model` names at scale 1 (vLLM's way), else the server's scales
-  // (POST /lora-adapters).
-  std::vector<double> lora_for(const GenerationRequest& r) const;
-  // DecodeOptions::lora for scales by adapter id (the order of --lora), those not given at 0;
-  // `not_loaded(id)` is the error for an id past the adapters loaded.
-  std::vector<double> lora_scales_by_id(const std::map<int64_t, double>& by_id,
-                                        const std::function<ApiError(int64_t)>& not_loaded) const;
+  // adapter its `model` names at scale 1 (vLLM's way), else none: each adapter at its scale
+  // (POST /lora-adapters) when the request starts.
+  std::optional<std::map<std::string, double>> lora_for(const GenerationRequest& r) const;
+  // Scales by adapter name for scales by id (the order of GET /lora-adapters), those at 0 left
+  // out (as those not given); 400 naming `param` for an id past the adapters loaded.
+  std::map<std::string, double> lora_scales_by_id(const std::map<int64_t, double>& by_id,
+                                                  const std::string& param) const;
   // llama-server's GET /lora-adapters: [{"id", "path", "scale"}] plus each adapter's name.
   ojson lora_adapters_json() const;
+  // vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (--runtime-lora).
+  void load_lora_adapter(const httplib::Request& req, httplib::Response& res);
+  void unload_lora_adapter(const httplib::Request& req, httplib::Response& res);
+  // 403 naming --runtime-lora unless it was given.
+  void check_runtime_lora() const;
   ojson timings_json(const Job& job) const;
   // The envelope every response and stream chunk of one completion shares around its choices.
   ojson completion_json(const std::string& id, const char* object, int64_t created,
@@ -606,7 +615,6 @@ class Server {
   std::optional<ChatTemplate> template_;
   std::vector<bool> special_;         // hidden from completions
   std::set<int64_t> parser_markers_;  // special tokens the output parser reads
-  ojson engine_report_;
   // Constrained decoding over the tokenizer's vocabulary, built by the first constrained request
   // (about 2 s for 262,144 tokens, which servers that never constrain should not pay at load); the
   // end tokens it offers, end of turn first; and the special tokens of Gemma 4's tool calls and
@@ -631,12 +639,14 @@ class Server {
   std::condition_variable active_changed_;
   int64_t active_ = 0;
 
-  // The scale of each LoRA adapter for requests that name none (--lora, --lora-init-without-apply,
-  // POST /lora-adapters).
+  // Requests in flight that apply each adapter (a nonzero scale), by name, waiting for a row and
+  // in one.
   mutable std::mutex lora_mutex_;
-  std::vector<double> lora_scales_;
-  // Requests in flight that apply each adapter (a nonzero scale), waiting for a row and in one.
-  std::vector<int64_t> lora_waiting_, lora_running_;
+  std::condition_variable lora_changed_;
+  std::map<std::string, int64_t> lora_waiting_, lora_running_;
+  // Adapters being unloaded: requests can no longer name them, and those waiting under them
+  // start (taking the adapter with them) before the engine lets them go.
+  std::set<std::string> lora_unloading_;
   class LoraUse;  // held by the scheduler's callbacks: these members are declared before it
   Scheduler scheduler_;
   const McpFiles mcp_files_;
@@ -686,7 +696,6 @@ void Server::load() {
   modalities_ = {engine_->has_vision(), engine_->has_audio(),
                  engine_->config().vision && !engine_->has_vision(),
                  engine_->config().audio && !engine_->has_audio()};
-  engine_report_ = engine_report(*engine_);
   // The demo's random weights decode greedily unless asked, so its answers are reproducible.
   if (!demo_) generation_defaults_ = read_generation_defaults(model_dir_);
   forced_outputs_ = read_forced_outputs();
@@ -743,9 +752,16 @@ void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiEr
 // the scheduler lets its callbacks go without an end (a refused submission).
 class Server::LoraUse {
  public:
-  LoraUse(Server& server, const std::vector<double>& scales) : server_(server) {
-    for (size_t a = 0; a < scales.size(); ++a) {
-      if (scales[a] != 0) adapters_.push_back(a);
+  LoraUse(Server& server, const std::optional<std::map<std::string, double>>& scales)
+      : server_(server) {
+    if (scales) {
+      for (const auto& [name, scale] : *scales) {
+        if (scale != 0) adapters_.push_back(name);
+      }
+    } else {
+      for (const auto& a : server.adapters()) {
+        if (a.spec.scale != 0) adapters_.push_back(a.spec.name);
+      }
     }
     count(server_.lora_waiting_, +1);
   }
@@ -763,14 +779,19 @@ class Server::LoraUse {
   }
 
  private:
-  void count(std::vector<int64_t>& counts, int64_t step) {
+  void count(std::map<std::string, int64_t>& counts, int64_t step) {
     if (adapters_.empty()) return;
-    std::lock_guard<std::mutex> lock(server_.lora_mutex_);
-    for (const size_t a : adapters_) counts[a] += step;
+    {
+      std::lock_guard<std::mutex> lock(server_.lora_mutex_);
+      for (const auto& name : adapters_) {
+        if ((counts[name] += step) == 0) counts.erase(name);
+      }
+    }
+    server_.lora_changed_.notify_all();
   }
 
   Server& server_;
-  std::vector<size_t> adapters_;
+  std::vector<std::string> adapters_;
   bool started_ = false, ended_ = false;
 };
 
@@ -1522,59 +1543,160 @@ void Server::handle_count_tokens(const httplib::Request& req, httplib::Response&
   res.set_content(dump({{"input_tokens", ids.size()}}), "application/json");
 }
 
+std::vector<LoraReport> Server::adapters() const {
+  std::vector<LoraReport> loaded;
+  if (!engine_built()) {
+    for (const auto& spec : engine_options_.lora) loaded.push_back({spec, {}, {}});
+    return loaded;
+  }
+  loaded = engine_->adapters();
+  std::lock_guard<std::mutex> lock(lora_mutex_);
+  std::erase_if(loaded, [&](const LoraReport& a) { return lora_unloading_.count(a.spec.name); });
+  return loaded;
+}
+
+namespace {
+
+bool has_adapter(const std::vector<LoraReport>& adapters, const std::string& name) {
+  return std::any_of(adapters.begin(), adapters.end(),
+                     [&](const LoraReport& a) { return a.spec.name == name; });
+}
+
+}  // namespace
+
 void Server::check_model(const std::string& name) const {
+  const auto loaded = adapters();
   if (name.empty() ||
       std::find(model_names_.begin(), model_names_.end(), name) != model_names_.end() ||
-      lora_index(engine_options_.lora, name) >= 0) {
+      has_adapter(loaded, name)) {
     return;
   }
   std::string served;
   for (const auto& n : model_names_) served += (served.empty() ? "'" : ", '") + n + "'";
-  for (const auto& spec : engine_options_.lora) served += ", '" + spec.name + "' (LoRA)";
+  for (const auto& a : loaded) served += ", '" + a.spec.name + "' (LoRA)";
   throw ApiError(404, "the model '" + name + "' does not exist; this server serves " + served,
                  "invalid_request_error", "model", "model_not_found");
 }
 
-std::vector<double> Server::lora_for(const GenerationRequest& r) const {
-  const auto loaded = static_cast<int64_t>(engine_options_.lora.size());
-  if (r.lora) {
-    return lora_scales_by_id(*r.lora, [&](int64_t id) {
-      return ApiError(400,
-                      "'lora' names adapter " + std::to_string(id) + " but this server loads " +
-                          (loaded == 0 ? std::string("no LoRA adapters (start it with --lora)")
-                                       : std::to_string(loaded) + " (ids 0 to " +
-                                             std::to_string(loaded - 1) + ")"),
-                      "invalid_request_error", "lora", "invalid_value");
-    });
-  }
-  if (const int64_t named = lora_index(engine_options_.lora, r.model); named >= 0) {
-    return lora_scales_by_id({{named, 1.0}}, {});
-  }
-  std::lock_guard<std::mutex> lock(lora_mutex_);
-  return lora_scales_;
+std::optional<std::map<std::string, double>> Server::lora_for(const GenerationRequest& r) const {
+  if (r.lora) return lora_scales_by_id(*r.lora, "lora");
+  if (has_adapter(adapters(), r.model)) return std::map<std::string, double>{{r.model, 1.0}};
+  return std::nullopt;
 }
 
-std::vector<double> Server::lora_scales_by_id(
-    const std::map<int64_t, double>& by_id,
-    const std::function<ApiError(int64_t)>& not_loaded) const {
-  std::vector<double> scales(engine_options_.lora.size(), 0.0);
+std::map<std::string, double> Server::lora_scales_by_id(const std::map<int64_t, double>& by_id,
+                                                        const std::string& param) const {
+  const auto loaded = adapters();
+  const auto count = static_cast<int64_t>(loaded.size());
+  std::map<std::string, double> scales;  // those at 0 left out, as those not given
   for (const auto& [id, scale] : by_id) {
-    if (id >= static_cast<int64_t>(scales.size())) throw not_loaded(id);
-    scales[id] = scale;
+    if (id >= count) {
+      throw ApiError(400,
+                     "'" + param + "' names adapter " + std::to_string(id) +
+                         " but this server loads " +
+                         (count == 0 ? std::string("no LoRA adapters (start it with --lora)")
+                                     : std::to_string(count) + " (ids 0 to " +
+                                           std::to_string(count - 1) + ")"),
+                     "invalid_request_error", param, "invalid_value");
+    }
+    if (scale != 0) scales[loaded[id].spec.name] = scale;
   }
   return scales;
 }
 
 ojson Server::lora_adapters_json() const {
-  std::lock_guard<std::mutex> lock(lora_mutex_);
   ojson out = ojson::array();
-  for (size_t a = 0; a < lora_scales_.size(); ++a) {
+  const auto loaded = adapters();
+  for (size_t a = 0; a < loaded.size(); ++a) {
     out.push_back({{"id", a},
-                   {"name", engine_options_.lora[a].name},
-                   {"path", engine_options_.lora[a].dir},
-                   {"scale", lora_scales_[a]}});
+                   {"name", loaded[a].spec.name},
+                   {"path", loaded[a].spec.dir},
+                   {"scale", loaded[a].spec.scale}});
   }
   return out;
+}
+
+void Server::load_lora_adapter(const httplib::Request& req, httplib::Response& res) {
+  check_runtime_lora();
+  const ojson body = parse_body(req.body);
+  const auto field = [&](const char* name) {
+    if (!body.is_object() || !body.contains(name) || !body[name].is_string() ||
+        body[name].get<std::string>().empty()) {
+      throw ApiError(400, "the body must be an object with a non-empty string \"" +
+                              std::string(name) + "\" (and \"lora_name\", \"lora_path\")",
+                     "invalid_request_error", name);
+    }
+    return body[name].get<std::string>();
+  };
+  LoraSpec spec;
+  spec.name = field("lora_name");
+  spec.dir = field("lora_path");
+  // Applied only by the requests that name it, as vLLM applies an adapter (POST /lora-adapters
+  // can give it a scale for the rest).
+  spec.scale = 0;
+  if (std::find(model_names_.begin(), model_names_.end(), spec.name) != model_names_.end()) {
+    throw ApiError(400, "'" + spec.name + "' is the base model's name: an adapter needs another",
+                   "invalid_request_error", "lora_name");
+  }
+  if (has_adapter(adapters(), spec.name)) {
+    throw ApiError(400, "the LoRA adapter '" + spec.name + "' is loaded already",
+                   "invalid_request_error", "lora_name", "lora_already_loaded");
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(spec.dir, ec)) {
+    throw ApiError(404, "no directory " + spec.dir + " on this server for LoRA adapter '" +
+                            spec.name + "'",
+                   "invalid_request_error", "lora_path", "not_found");
+  }
+  try {
+    scheduler_.run_on_owner([&](Engine& engine) { engine.load_lora(spec); });
+  } catch (const FormatError& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", "lora_path");
+  } catch (const ValueError& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", "lora_name");
+  }
+  res.set_content("Success: LoRA adapter '" + spec.name + "' added successfully.", "text/plain");
+}
+
+void Server::unload_lora_adapter(const httplib::Request& req, httplib::Response& res) {
+  check_runtime_lora();
+  const ojson body = parse_body(req.body);
+  if (!body.is_object() || !body.contains("lora_name") || !body["lora_name"].is_string()) {
+    throw ApiError(400, "the body must be an object with a string \"lora_name\"",
+                   "invalid_request_error", "lora_name");
+  }
+  const auto name = body["lora_name"].get<std::string>();
+  const auto not_found = [&] {
+    return ApiError(404, "the LoRA adapter '" + name + "' is not loaded",
+                    "invalid_request_error", "lora_name", "not_found");
+  };
+  if (!has_adapter(adapters(), name)) throw not_found();
+  {
+    std::unique_lock<std::mutex> lock(lora_mutex_);
+    if (!lora_unloading_.insert(name).second) throw not_found();
+    // A waiting request resolves its adapters when it takes a row.
+    lora_changed_.wait(lock, [&] { return lora_waiting_.count(name) == 0; });
+  }
+  std::exception_ptr failed;
+  try {
+    scheduler_.run_on_owner([&](Engine& engine) { engine.unload_lora(name); });
+  } catch (...) {
+    failed = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(lora_mutex_);
+    lora_unloading_.erase(name);
+  }
+  if (failed) std::rethrow_exception(failed);
+  res.set_content("Success: LoRA adapter '" + name + "' removed successfully.", "text/plain");
+}
+
+void Server::check_runtime_lora() const {
+  if (!options_.runtime_lora) {
+    throw ApiError(403, "loading and unloading LoRA adapters while serving is off on this "
+                   "server: start it with --runtime-lora", "invalid_request_error", "",
+                   "runtime_lora_disabled");
+  }
 }
 
 ojson Server::model_json(const std::string& name) const {
@@ -1584,15 +1706,13 @@ ojson Server::model_json(const std::string& name) const {
                {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"}};
   // An adapter is a model of its own to clients (vLLM's listing): root its directory, parent
   // the base model.
-  if (const int64_t a = lora_index(engine_options_.lora, name); a >= 0) {
-    out["root"] = engine_options_.lora[a].dir;
+  for (const auto& a : adapters()) {
+    if (a.spec.name != name) continue;
+    out["root"] = a.spec.dir;
     out["parent"] = model_id_;
   }
   // Known once the engine is built (load() writes it before kWarmingUp).
-  const State state = state_;
-  if (state == State::kWarmingUp || takes_requests(state)) {
-    out["modalities"] = modalities_json(modalities_);
-  }
+  if (engine_built()) out["modalities"] = modalities_json(modalities_);
   return out;
 }
 
@@ -1748,7 +1868,11 @@ ojson Server::engine_json() const {
                  {"compiler", TORCHTPU_CXX_COMPILER},
                  {"cpp_httplib", CPPHTTPLIB_VERSION}}},
                {"torch_version", TORCHTPU_TORCH_VERSION}};
-  for (const auto& [key, value] : engine_report_.items()) out[key] = value;
+  // Fresh: the adapters and their storage change with /v1/load_lora_adapter.
+  if (engine_built()) {
+    const auto report = engine_report(*engine_);
+    for (const auto& [key, value] : report.items()) out[key] = value;
+  }
   const char* defer = std::getenv("TORCH_TPU_DEFER_AND_FUSE");
   out["torch_tpu_defer_and_fuse"] = defer ? ojson(defer) : ojson(nullptr);
   out["load_seconds"] = load_s_;
@@ -1840,13 +1964,13 @@ EngineLoad Server::engine_load() {
   load.sleeps = stats.sleeps;
   load.prefix_cache = stats.batch.cache;
   load.prefix_cache_budget = scheduler_.cache_budget();
-  load.max_lora = static_cast<int64_t>(engine_options_.lora.size());
+  // The adapters it can hold: without --runtime-lora, those it loaded at start.
+  load.max_lora = options_.runtime_lora ? engine_options_.max_lora
+                                        : static_cast<int64_t>(engine_options_.lora.size());
   std::lock_guard<std::mutex> lock(lora_mutex_);
-  for (size_t a = 0; a < engine_options_.lora.size(); ++a) {
-    for (auto [count, names] : {std::pair{lora_running_[a], &load.running_lora_adapters},
-                                std::pair{lora_waiting_[a], &load.waiting_lora_adapters}}) {
-      if (count > 0) *names += (names->empty() ? "" : ",") + engine_options_.lora[a].name;
-    }
+  for (auto [counts, names] : {std::pair{&lora_running_, &load.running_lora_adapters},
+                               std::pair{&lora_waiting_, &load.waiting_lora_adapters}}) {
+    for (const auto& [name, count] : *counts) *names += (names->empty() ? "" : ",") + name;
   }
   return load;
 }
@@ -1855,7 +1979,8 @@ std::string Server::endpoint_label(const std::string& path) const {
   static const std::set<std::string> known = {
       "/health",         "/livez",       "/metrics",
       "/v1/models",      "/v1/engine",   "/props",       "/slots",
-      "/lora-adapters",  "/v1/chat/completions",
+      "/lora-adapters",  "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+      "/v1/chat/completions",
       "/v1/completions", "/tokenize",    "/detokenize", "/apply-template",
       "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens"};
   if (known.count(path)) return path;
@@ -1961,9 +2086,7 @@ void Server::set_up_routes(httplib::Server& http) {
                  for (const auto& name : model_names_) {
                    data.push_back(model_json(name));
                  }
-                 for (const auto& spec : engine_options_.lora) {
-                   data.push_back(model_json(spec.name));
-                 }
+                 for (const auto& a : adapters()) data.push_back(model_json(a.spec.name));
                  res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
                },
                false));
@@ -2015,22 +2138,19 @@ void Server::set_up_routes(httplib::Server& http) {
   http.Post("/lora-adapters",
             guarded(
                 [this](const httplib::Request& req, httplib::Response& res) {
-                  const auto scales = lora_scales_by_id(
-                      parse_lora_scales(parse_body_value(req.body), "body"), [&](int64_t id) {
-                        return ApiError(400,
-                                        "adapter " + std::to_string(id) + " is not loaded: this "
-                                        "server loads " +
-                                            std::to_string(engine_options_.lora.size()) +
-                                            " LoRA adapters",
-                                        "invalid_request_error", "id", "invalid_value");
-                      });
-                  {
-                    std::lock_guard<std::mutex> lock(lora_mutex_);
-                    lora_scales_ = scales;
-                  }
+                  engine_->set_lora_scales(lora_scales_by_id(
+                      parse_lora_scales(parse_body_value(req.body), "body"), "id"));
                   res.set_content(dump(lora_adapters_json()), "application/json");
                 },
-                false));
+                true));
+  http.Post("/v1/load_lora_adapter",
+            guarded([this](const httplib::Request& req,
+                           httplib::Response& res) { load_lora_adapter(req, res); },
+                    true));
+  http.Post("/v1/unload_lora_adapter",
+            guarded([this](const httplib::Request& req,
+                           httplib::Response& res) { unload_lora_adapter(req, res); },
+                    true));
   http.Get("/props", guarded(
                          [this](const httplib::Request&, httplib::Response& res) {
                            res.set_content(dump(props_json()), "application/json");
@@ -2139,6 +2259,7 @@ void Server::set_up_routes(httplib::Server& http) {
             {"/metrics", "GET"},         {"/v1/models", "GET"},
             {"/v1/engine", "GET"},       {"/props", "GET"},
             {"/slots", "GET"},           {"/lora-adapters", "GET, POST"},
+            {"/v1/load_lora_adapter", "POST"}, {"/v1/unload_lora_adapter", "POST"},
             {"/v1/chat/completions", "POST"},
             {"/v1/completions", "POST"}, {"/tokenize", "POST"},
             {"/detokenize", "POST"},     {"/apply-template", "POST"},

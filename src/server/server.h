@@ -32,6 +32,9 @@ struct ServeOptions {
   // The folder of POST /slots/{id}?action=save|restore's state files (llama-server's
   // --slot-save-path), made at start if missing; empty: those actions, and erase, answer 501.
   std::string slot_save_path;
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter load and unload LoRA adapters by
+  // directory while serving (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING); else they answer 403.
+  bool runtime_lora = false;
   // "vllm": the load gauges also under vLLM's names (vllm:num_requests_waiting, ...).
   std::string metrics_compat = "none";
   // After SIGINT/SIGTERM: seconds during which /health answers 503 while requests are still

@@ -476,6 +476,40 @@ TEST(Scheduler, SlotActionsRunOnTheOwnerThreadAndWakeASleepingEngine) {
   std::filesystem::remove(file);
 }
 
+// Engine tasks (loading and unloading LoRA adapters) run on the owner thread, between steps,
+// with sequences running around them, one at a time or in a batch; their exceptions reach the
+// caller; after stop() they are refused.
+TEST(Scheduler, EngineTasksRunOnTheOwnerThreadBetweenSteps) {
+  auto engine = make_engine();
+  const auto options = options_of(24, false, 0);
+  const auto prompt = prompt_of(7, 9);
+  const auto alone = engine.decode(prompt, options).tokens;
+  for (const auto& o : {SchedulerOptions{.batch = {.rows = 2}},
+                        SchedulerOptions{.batch = {.rows = 1}, .read_every = 4}}) {
+    Scheduler scheduler(o);
+    Seen seen;
+    std::promise<void> done;
+    std::thread::id owner;
+    Engine* given = nullptr;
+    {
+      Running running(scheduler, engine);
+      scheduler.submit(recording(prompt, options, seen, done));
+      scheduler.run_on_owner([&](Engine& e) {
+        owner = std::this_thread::get_id();
+        given = &e;
+      });
+      EXPECT_NE(owner, std::this_thread::get_id());
+      EXPECT_EQ(given, &engine);
+      EXPECT_THROW(scheduler.run_on_owner([](Engine&) { throw ValueError("refused"); }),
+                   ValueError);
+      done.get_future().wait();
+      EXPECT_EQ(seen.error, nullptr);
+      EXPECT_EQ(seen.result.tokens, alone);
+    }
+    EXPECT_THROW(scheduler.run_on_owner([](Engine&) {}), std::runtime_error) << "stopped";
+  }
+}
+
 // A sequence asking for a row (llama-server's id_slot) waits for it in the queue while later
 // ones take the free rows.
 TEST(Scheduler, ASequenceAskingForABusyRowHoldsBackNoOne) {

@@ -1,7 +1,9 @@
 // LoRA adapters through the server (--lora): the tokens PEFT's model decodes with an adapter on the
 // demo checkpoint, whether the request names the adapter as its model (vLLM) or scales it in
 // `lora` (llama-server); adapters side by side in one batch; the prefix cache kept apart per
-// adapter; the server-wide scales of /lora-adapters; the errors of every malformed request.
+// adapter; the server-wide scales of /lora-adapters; adapters loaded and unloaded while serving
+// (vLLM's /v1/load_lora_adapter), a running request keeping its adapter; the errors of every
+// malformed request.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -27,11 +29,25 @@ async function detokenize(url, tokens) {
   return (await res.json()).content;
 }
 
-async function post(pathname, body) {
-  const res = await fetch(`${server.url}${pathname}`, {
+async function post(pathname, body, url = server.url) {
+  const res = await fetch(`${url}${pathname}`, {
     method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body),
   });
-  return { status: res.status, body: await res.json() };
+  const text = await res.text();
+  // vLLM's load and unload routes answer 200 with plain text, errors with JSON.
+  const json = res.headers.get("content-type")?.startsWith("application/json");
+  return { status: res.status, text, body: json ? JSON.parse(text) : null };
+}
+
+// torchtpu_lora_requests_info's labels, checked equal to vLLM's name's.
+async function loraInfo() {
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  const labels = (name) => {
+    const line = text.split("\n").find((l) => l.startsWith(`${name}{`));
+    return line.slice(line.indexOf("{"), line.indexOf("}") + 1);
+  };
+  assert.equal(labels("vllm:lora_requests_info"), labels("torchtpu_lora_requests_info"));
+  return labels("torchtpu_lora_requests_info");
 }
 
 // The completion of the reference prompt (token ids), greedy, through the official client.
@@ -50,7 +66,7 @@ before(async () => {
   // float32, as PEFT's reference ran; loaded at scale 0, so requests that name none get the base.
   server = await startServer(["--context", "512", "--dtype", "float32", "--parallel", "3",
     "--lora", adapters.first, "--lora", `two=${adapters.second}`, "--lora-init-without-apply",
-    "--metrics-compat", "vllm"]);
+    "--metrics-compat", "vllm", "--max-loras", "3", "--runtime-lora"]);
   client = new OpenAI({ apiKey: "none", baseURL: server.baseURL, maxRetries: 0 });
   want = {
     first: await detokenize(server.url, adapters.expected.tokens),
@@ -156,17 +172,8 @@ describe("LoRA adapters", () => {
   });
 
   test("vllm:lora_requests_info names the adapters running requests apply", async () => {
-    // The labels of the native sample, checked equal to vLLM's name's.
-    const info = async () => {
-      const text = await (await fetch(`${server.url}/metrics`)).text();
-      const labels = (name) => {
-        const line = text.split("\n").find((l) => l.startsWith(`${name}{`));
-        return line.slice(line.indexOf("{"), line.indexOf("}") + 1);
-      };
-      assert.equal(labels("vllm:lora_requests_info"), labels("torchtpu_lora_requests_info"));
-      return labels("torchtpu_lora_requests_info");
-    };
-    const idle = '{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""}';
+    const info = loraInfo;
+    const idle = '{max_lora="3",running_lora_adapters="",waiting_lora_adapters=""}';
     assert.equal(await info(), idle);
     const controller = new AbortController();
     const stream = await client.completions.create({
@@ -175,7 +182,7 @@ describe("LoRA adapters", () => {
     const chunks = stream[Symbol.asyncIterator]();
     await chunks.next();
     assert.equal(await info(),
-      '{max_lora="2",running_lora_adapters="two",waiting_lora_adapters=""}');
+      '{max_lora="3",running_lora_adapters="two",waiting_lora_adapters=""}');
     controller.abort();
     await chunks.next().catch(() => {});
     await eventually(async () => (await info()) === idle, "the adapter counted out");
@@ -204,11 +211,117 @@ describe("LoRA adapters", () => {
       unknown.body.error.message);
     const bad = await post("/lora-adapters", [{ id: 7, scale: 1 }]);
     assert.equal(bad.status, 400);
-    assert.ok(bad.body.error.message.includes("adapter 7 is not loaded"), bad.body.error.message);
+    assert.equal(bad.body.error.param, "id");
+    assert.ok(bad.body.error.message.includes("names adapter 7 but this server loads 2"),
+      bad.body.error.message);
     const wrongMethod = await fetch(`${server.url}/lora-adapters`, { method: "DELETE" });
     assert.equal(wrongMethod.status, 405);
     assert.equal(wrongMethod.headers.get("allow"), "GET, POST");
     assert.equal(await complete({ model: "first" }), want.first);
+  });
+
+  test("an adapter loaded while serving applies to the requests that name it", async () => {
+    const names = async () => (await client.models.list()).data.map((m) => m.id);
+    const loaded = await post("/v1/load_lora_adapter",
+      { lora_name: "late", lora_path: adapters.first });
+    assert.equal(loaded.status, 200, loaded.text);
+    assert.equal(loaded.text, "Success: LoRA adapter 'late' added successfully.");
+    assert.deepEqual(await names(), [MODEL, "first", "two", "late"]);
+    assert.equal((await client.models.retrieve("late")).root, adapters.first);
+    const engine = await (await fetch(`${server.url}/v1/engine`)).json();
+    assert.deepEqual(engine.lora.map((a) => [a.name, a.scale]), [["first", 0], ["two", 0],
+      ["late", 0]]);
+    assert.ok(engine.storage.some((s) => s.family === "lora late"), JSON.stringify(engine.storage));
+    // PEFT's tokens, by name or by id; requests that name no adapter do not apply it.
+    assert.equal(await complete({ model: "late" }), want.first);
+    assert.equal(await complete({ lora: [{ id: 2, scale: 1 }] }), want.first);
+    assert.equal(await complete({}), want.base);
+    const full = await post("/v1/load_lora_adapter",
+      { lora_name: "fourth", lora_path: adapters.second });
+    assert.equal(full.status, 400);
+    assert.ok(full.body.error.message.includes("4 LoRA adapters would be loaded, more than " +
+      "max_lora (3)"), full.body.error.message);
+
+    // Requests under `late`, one running and one waiting for a row (the other two rows busy),
+    // keep it through the unload and answer whole; the unload answers once the waiting one has
+    // taken a row.
+    const long = (model) => client.completions.create({
+      model, prompt: adapters.expected.prompt, max_tokens: 300, temperature: 0, ignore_eos: true,
+      stream: true });
+    const read = async (chunks, text = "") => {
+      let finish;
+      for (let c = await chunks.next(); !c.done; c = await chunks.next()) {
+        text += c.value.choices[0].text;
+        finish = c.value.choices[0].finish_reason ?? finish;
+      }
+      return { text, finish };
+    };
+    const running = (await long("late"))[Symbol.asyncIterator]();
+    const ran = read(running, (await running.next()).value.choices[0].text);
+    const others = (await Promise.all([long(MODEL), long(MODEL)]))
+      .map((stream) => read(stream[Symbol.asyncIterator]()));
+    const waiting = complete({ model: "late" });
+    await eventually(async () => (await loraInfo()).includes('waiting_lora_adapters="late"'),
+      "the request under late waiting for a row");
+    const unloaded = await post("/v1/unload_lora_adapter", { lora_name: "late" });
+    assert.equal(unloaded.status, 200, unloaded.text);
+    assert.equal(unloaded.text, "Success: LoRA adapter 'late' removed successfully.");
+    assert.deepEqual(await names(), [MODEL, "first", "two"]);
+    const { text, finish } = await ran;
+    assert.equal(finish, "length");
+    assert.ok(text.startsWith(want.first), text);
+    assert.equal(await waiting, want.first);
+    await Promise.all(others);
+    const gone = await post("/v1/completions", { model: "late", prompt: "Hi", max_tokens: 2 });
+    assert.equal(gone.status, 404);
+    assert.equal(gone.body.error.code, "model_not_found");
+    const again = await post("/v1/unload_lora_adapter", { lora_name: "late" });
+    assert.equal(again.status, 404);
+    assert.equal(again.body.error.message, "the LoRA adapter 'late' is not loaded");
+  });
+
+  test("malformed loads and unloads get a precise error; the server goes on", async () => {
+    const notPeft = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-not-lora-"));
+    const cases = [
+      ["/v1/load_lora_adapter", { lora_path: adapters.first }, 400, "lora_name",
+        "non-empty string \"lora_name\""],
+      ["/v1/load_lora_adapter", { lora_name: "x", lora_path: 3 }, 400, "lora_path",
+        "non-empty string \"lora_path\""],
+      ["/v1/load_lora_adapter", { lora_name: MODEL, lora_path: adapters.first }, 400,
+        "lora_name", "is the base model's name"],
+      ["/v1/load_lora_adapter", { lora_name: "two", lora_path: adapters.first }, 400,
+        "lora_name", "the LoRA adapter 'two' is loaded already"],
+      ["/v1/load_lora_adapter", { lora_name: "x", lora_path: "/no/such/dir" }, 404, "lora_path",
+        "no directory /no/such/dir on this server"],
+      ["/v1/load_lora_adapter", { lora_name: "x", lora_path: notPeft }, 400, "lora_path",
+        "has no adapter_config.json"],
+      ["/v1/unload_lora_adapter", {}, 400, "lora_name", "a string \"lora_name\""],
+      ["/v1/unload_lora_adapter", { lora_name: "x" }, 404, "lora_name",
+        "the LoRA adapter 'x' is not loaded"],
+    ];
+    for (const [route, body, status, param, words] of cases) {
+      const r = await post(route, body);
+      assert.equal(r.status, status, `${route} ${JSON.stringify(body)}: ${r.text}`);
+      assert.equal(r.body.error.param, param);
+      assert.ok(r.body.error.message.includes(words), r.body.error.message);
+    }
+    const wrongMethod = await fetch(`${server.url}/v1/load_lora_adapter`);
+    assert.equal(wrongMethod.status, 405);
+    assert.equal(wrongMethod.headers.get("allow"), "POST");
+    assert.deepEqual((await client.models.list()).data.map((m) => m.id), [MODEL, "first", "two"]);
+    assert.equal(await complete({ model: "first" }), want.first);
+    // Without --runtime-lora both routes answer 403 naming the flag.
+    const fixed = await startServer(["--context", "256", "--lora", adapters.first]);
+    try {
+      for (const route of ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"]) {
+        const r = await post(route, { lora_name: "first", lora_path: adapters.first }, fixed.url);
+        assert.equal(r.status, 403);
+        assert.equal(r.body.error.code, "runtime_lora_disabled");
+        assert.ok(r.body.error.message.includes("--runtime-lora"), r.body.error.message);
+      }
+    } finally {
+      await fixed.stop();
+    }
   });
 
   test("a --lora directory that is not a PEFT adapter is refused at start", async () => {

@@ -2,7 +2,8 @@
 PEFT's model over transformers' Gemma 4 (and, for several adapters at other scales, of
 transformers with the scaled products merged into its weights); rows of one batch with different
 adapters give their tokens alone; the prefix cache shares states only under the same adapters and
-scales; what an adapter holds that the engine cannot apply is refused by name."""
+scales; adapters load and unload while the engine runs, a sequence keeping the adapter it started
+with; what an adapter holds that the engine cannot apply is refused by name."""
 
 import json
 import os
@@ -311,9 +312,89 @@ def test_missing_files_and_names_are_refused(engine, base, adapters, tmp_path):
         engine.decode(PROMPT, 2, lora={"third": 1})
     with pytest.raises(ValueError, match="no LoRA adapter is named 'third'"):
         engine.logits(PROMPT, lora={"third": 1})
-    with pytest.raises(ValueError, match="a LoRA scale must be finite"):
+    with pytest.raises(ValueError, match="'first' is given a scale that is not finite"):
         engine.decode(PROMPT, 2, lora={"first": float("nan")})
     # The engine goes on serving after every refusal.
     assert engine.decode(PROMPT, 2, stop=(), lora={"first": 1}).tokens == engine.decode(
         PROMPT, 2, stop=(), lora={"first": 1}
     ).tokens
+
+
+def _run(batch, ids):
+    results = {}
+    while len(results) < len(ids):
+        for done in batch.step():
+            results[done] = batch.result(done)
+    return [results[i] for i in ids]
+
+
+def test_adapters_load_and_unload_while_the_engine_runs(base, adapters):
+    eng = tt.Engine(base, context=96, dtype="float32", prefill_chunk=8, threads=1, max_lora=2)
+    plain = torch.as_tensor(eng.logits(PROMPT))
+    eng.load_lora(adapters["first"][0], scale=0)
+    assert [(a["name"], a["scale"]) for a in eng.report()["lora"]] == [("first", 0)]
+    assert "lora first" in {s["family"] for s in eng.report()["storage"]}
+    torch.testing.assert_close(torch.as_tensor(eng.logits(PROMPT)), plain, atol=0, rtol=0)
+    # Loaded at run time, it is PEFT's model as one loaded at construction is.
+    want = _peft_logits(adapters["first"][1], PROMPT)
+    got = torch.as_tensor(eng.logits(PROMPT, lora={"first": 1}))
+    torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+    eng.set_lora_scales({"first": 1})
+    torch.testing.assert_close(torch.as_tensor(eng.logits(PROMPT)), want, atol=2e-4, rtol=0)
+
+    with pytest.raises(ValueError, match="has no adapter_config.json"):
+        eng.load_lora(base, name="two")
+    eng.load_lora(adapters["second"][0], name="two")
+    with pytest.raises(ValueError, match="two LoRA adapters are named 'two'"):
+        eng.load_lora(adapters["first"][0], name="two")
+    with pytest.raises(ValueError, match=r"3 LoRA adapters would be loaded, more than max_lora"):
+        eng.load_lora(adapters["first"][0], name="three")
+    with pytest.raises(ValueError, match="no LoRA adapter is named 'three'; loaded: first, two"):
+        eng.unload_lora("three")
+    with pytest.raises(ValueError, match="no LoRA adapter is named 'three'"):
+        eng.set_lora_scales({"three": 1})
+    assert [a["name"] for a in eng.report()["lora"]] == ["first", "two"]
+
+    # A sequence that applies an adapter keeps it when it is unloaded mid-decode; later ones
+    # cannot name it.
+    alone = eng.decode(_prompt(1), 10, stop=(), lora={"first": 1}).tokens
+    assert alone != eng.decode(_prompt(1), 10, stop=(), lora={}).tokens
+    batch = eng.batch(rows=2, step_tokens=12)
+    ids = [batch.submit(_prompt(1), 10, stop=(), lora={"first": 1})]
+    for _ in range(3):
+        batch.step()
+    eng.unload_lora("first")
+    assert [a["name"] for a in eng.report()["lora"]] == ["two"]
+    with pytest.raises(ValueError, match="no LoRA adapter is named 'first'; loaded: two"):
+        batch.submit(_prompt(2), 4, lora={"first": 1})
+    ids.append(batch.submit(_prompt(2), 4, stop=()))
+    results = _run(batch, ids)
+    assert results[0].tokens == alone
+    assert results[1].tokens == eng.decode(_prompt(2), 4, stop=(), lora={"two": 1}).tokens
+
+
+def test_a_name_loaded_again_from_other_files_shares_no_cached_state(base, adapters):
+    eng = tt.Engine(base, context=96, dtype="float32", prefill_chunk=8, threads=1)
+    batch = eng.batch(rows=1, cache_mb=16, cache_block=4)
+    prefix = _prompt(5)
+    longer = prefix + [99, 98, 97, 96, 95]
+    eng.load_lora(adapters["first"][0], name="x")
+    assert batch.decode_many([prefix], 6, stop=(), lora={"x": 1})[0].cached_tokens == 0
+    eng.unload_lora("x")
+    eng.load_lora(adapters["second"][0], name="x")
+    again = batch.decode_many([longer], 6, stop=(), lora={"x": 1})[0]
+    assert again.cached_tokens == 0
+    assert again.tokens == eng.decode(longer, 6, stop=(), lora={"x": 1}).tokens
+    assert batch.decode_many([longer], 6, stop=(), lora={"x": 1})[0].cached_tokens > 0
+
+
+def test_an_adapter_loaded_while_asleep_applies_after_the_wake(base, adapters):
+    eng = tt.Engine(base, context=96, dtype="float32", prefill_chunk=8, threads=1)
+    eng.load_lora(adapters["second"][0], name="two")
+    eng.sleep()
+    eng.load_lora(adapters["first"][0])
+    assert [a["name"] for a in eng.report()["lora"]] == ["two", "first"]
+    eng.wake()
+    for name, (_, peft_model) in (("first", adapters["first"]), ("two", adapters["second"])):
+        got = torch.as_tensor(eng.logits(PROMPT, lora={name: 1}))
+        torch.testing.assert_close(got, _peft_logits(peft_model, PROMPT), atol=2e-4, rtol=0)

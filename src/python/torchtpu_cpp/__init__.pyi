@@ -171,6 +171,7 @@ class Engine:
         no_audio: bool = False,
         draft_model: str | None = None,
         lora: Sequence[str] = (),
+        max_lora: int = 8,
     ) -> None:
         """threads: intra-op threads (0: OMP_NUM_THREADS when set, else the physical cores; the
         process-wide ATen setting).
@@ -182,7 +183,7 @@ class Engine:
         of prompt lookup's. ValueError when it does not fit the model. lora: LoRA adapters in
         PEFT's format, "[NAME=]DIR" each, applied at scale 1 unless a call's `lora` gives
         {name: scale} (the adapters it leaves out at 0); ValueError naming what an adapter holds
-        that cannot be applied."""
+        that cannot be applied. max_lora: the most adapters loaded at once (load_lora)."""
     def draft(self, ids: Sequence[int], count: int) -> list[int]:
         """The model's greedy next token after the prompt `ids`, then `count` tokens the
         assistant (draft_model) guesses after it: what a decode's first drafting pass checks.
@@ -193,6 +194,18 @@ class Engine:
         RuntimeError while a Batch of this engine is alive."""
     def wake(self) -> None:
         """Loads the weights again as the constructor did; nothing when awake."""
+    def load_lora(self, dir: str, *, name: str | None = None, scale: float = 1.0) -> None:
+        """Loads a LoRA adapter (PEFT's format) beside the weights, called `name` (dir's last
+        part when None), at `scale` for calls that name none. ValueError for a name loaded
+        already, more than max_lora adapters, or what the adapter holds that cannot be
+        applied."""
+    def unload_lora(self, name: str) -> None:
+        """Unloads the LoRA adapter `name`: later calls cannot name it; a Batch sequence that
+        applies it keeps it until it ends. ValueError naming those loaded when none is so
+        called."""
+    def set_lora_scales(self, scales: dict[str, float]) -> None:
+        """Each adapter's scale for later calls that name none: those in `scales` at theirs,
+        the rest at 0. ValueError, and nothing changed, for a name not loaded."""
     @property
     def asleep(self) -> bool: ...
     def layout(self) -> _Layout: ...

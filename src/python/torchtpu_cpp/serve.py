@@ -137,6 +137,18 @@ def _parse_args(argv):
         help="load the --lora adapters at scale 0: only requests that ask for one apply it",
     )
     p.add_argument(
+        "--max-loras",
+        type=int,
+        default=8,
+        help="the most LoRA adapters loaded at once, --lora's and those loaded at run time",
+    )
+    p.add_argument(
+        "--runtime-lora",
+        action="store_true",
+        help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter load and unload LoRA "
+        "adapters from this machine's directories while serving; without it they answer 403",
+    )
+    p.add_argument(
         "--draft-ngram-min",
         type=int,
         default=2,
@@ -302,6 +314,8 @@ def main(argv=None):
                 draft_model=args.draft_model,
                 lora=args.lora,
                 lora_init_without_apply=args.lora_init_without_apply,
+                max_loras=args.max_loras,
+                runtime_lora=args.runtime_lora,
                 served_model_names=args.served_model_name,
                 metrics_auth=args.metrics_auth,
                 no_slots=args.no_slots,
