@@ -253,6 +253,23 @@ def test_lora_adapters_reach_the_command_line_and_the_pickers_scorers(values, tm
     assert "model.lora[].dir is required" in missing.stderr
 
 
+@pytest.mark.parametrize("values", VALUES)
+def test_runtime_lora_reaches_the_command_line_and_the_pickers_scorers(values):
+    """model.runtimeLora opens the load and unload routes (`--runtime-lora`, with `--max-loras`),
+    and the picker scores Pods by the adapters in use even when none is listed at start."""
+    serve = serve_module()
+    docs = render(values, "--set", "model.runtimeLora=true", "--set", "model.maxLoras=4")
+    command = by_kind(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--runtime-lora" in command and "--max-loras=4" in command
+    if command[:3] == ["python3", "-m", "torchtpu_cpp.serve"]:
+        args = serve._parse_args(command[3:])
+        assert (args.runtime_lora, args.max_loras) == (True, 4)
+    (profile,) = epp_config(docs)["schedulingProfiles"]
+    assert "lora-affinity-scorer" in {ref["pluginRef"] for ref in profile["plugins"]}
+    plain = by_kind(render(values), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    assert not any(a.startswith(("--runtime-lora", "--max-loras")) for a in plain["command"])
+
+
 def test_the_chart_refuses_an_unknown_launcher():
     result = helm("template", "tt", str(CHART), "--kube-version", KUBERNETES_VERSION,
                   "--set", "launcher=docker", check=False)

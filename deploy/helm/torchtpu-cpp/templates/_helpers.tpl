@@ -56,6 +56,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- range $m.lora }}
 - --lora={{ required "model.lora[].name is required" .name }}={{ required "model.lora[].dir is required" .dir }}
 {{- end }}
+{{- if $m.runtimeLora }}
+- --runtime-lora
+- --max-loras={{ $m.maxLoras }}
+{{- end }}
 - --drain-grace={{ $s.drainGraceSeconds }}
 {{- if $s.vllmMetricNames }}
 - --metrics-compat=vllm
