@@ -1,6 +1,7 @@
 #include "cli/engine_flags.h"
 
 #include "hub/hub.h"
+#include "server/server.h"
 
 namespace torchtpu::cli {
 
@@ -70,12 +71,11 @@ void EngineFlags::add_to(CLI::App& cmd) {
 }
 
 EngineOptions EngineFlags::options() const {
-  const auto hub = hub::Options::from_env();
-  EngineSettings resolved = settings;
-  resolved.emb4_dir = emb4.empty() ? "" : hub::resolve_model(emb4, hub);
-  EngineOptions o = resolved.options(hub::resolve_model(model, hub));
+  EngineSettings given = settings;
+  given.emb4_dir = emb4;
+  EngineOptions o = given.options(model);
   o.prefill_chunk = chunk;
-  return o;
+  return server::resolve_hub_ids(std::move(o), hub::Options::from_env());
 }
 
 }  // namespace torchtpu::cli

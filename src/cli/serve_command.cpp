@@ -13,7 +13,9 @@ void add_serve_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve",
                                  "OpenAI-compatible HTTP server (no --model: "
                                  "a demo checkpoint with random weights)");
-  cmd->add_option("--model", options->model_dir, "Checkpoint directory");
+  cmd->add_option("--model", options->model_dir,
+                  "Checkpoint directory or Hub id (org/name[@rev]), downloaded into the Hub cache "
+                  "while /health answers 503");
   cmd->add_option("--emb4", options->engine.emb4_dir, "Directory with int4 vocabulary tables");
   cmd->add_option("--model-id", options->model_id,
                   "Id the model is served under (default: the first --served-model-name, else "

@@ -96,9 +96,11 @@ std::vector<RepoFile> parse_tree_page(const nlohmann::json& page, const std::str
 }
 
 bool is_engine_file(const std::string& path) {
-  static const std::array<const char*, 8> kNames = {
-      "config.json",    "generation_config.json", "chat_template.jinja",     "chat_template.json",
-      "tokenizer.json", "tokenizer_config.json",  "special_tokens_map.json", "added_tokens.json"};
+  // adapter_config.json: a LoRA adapter's repo (PEFT's, beside adapter_model.safetensors).
+  static const std::array<const char*, 9> kNames = {
+      "config.json",       "generation_config.json", "chat_template.jinja",
+      "chat_template.json", "tokenizer.json",         "tokenizer_config.json",
+      "special_tokens_map.json", "added_tokens.json", "adapter_config.json"};
   if (path.find('/') != std::string::npos) return false;
   for (const char* n : kNames) {
     if (path == n) return true;

@@ -423,6 +423,8 @@ std::vector<std::string> model_names(const ServeOptions& options) {
   if (names.empty()) {
     if (options.model_dir.empty()) {
       names.push_back(kDemoModelId);
+    } else if (hub::looks_like_repo_id(options.model_dir)) {
+      names.push_back(options.model_dir.substr(0, options.model_dir.find('@')));  // vLLM's name
     } else {
       auto path = std::filesystem::path(options.model_dir).lexically_normal();
       if (!path.has_filename()) path = path.parent_path();
@@ -656,9 +658,11 @@ class Server {
 
 void Server::load() {
   const auto start = Clock::now();
-  model_dir_ = demo_ ? ensure_demo_checkpoint() : options_.model_dir;
   EngineOptions engine_options = engine_options_;
-  engine_options.model_dir = model_dir_;
+  engine_options.model_dir = demo_ ? ensure_demo_checkpoint() : options_.model_dir;
+  // Downloads here, while /health says the model is loading (llama-server's -hf).
+  engine_options = resolve_hub_ids(std::move(engine_options), hub::Options::from_env());
+  model_dir_ = engine_options.model_dir;
   engine_ = make_engine_ ? make_engine_(engine_options) : std::make_unique<Engine>(engine_options);
   if (!engine_) throw std::runtime_error("the engine factory returned no engine");
   tokenizer_ =
@@ -1643,9 +1647,15 @@ void Server::load_lora_adapter(const httplib::Request& req, httplib::Response& r
                    "invalid_request_error", "lora_name", "lora_already_loaded");
   }
   std::error_code ec;
-  if (!std::filesystem::is_directory(spec.dir, ec)) {
+  if (hub::looks_like_repo_id(spec.dir)) {
+    try {
+      spec.dir = hub::resolve_model(spec.dir, hub::Options::from_env());  // vLLM downloads too
+    } catch (const NotFoundError& e) {
+      throw ApiError(404, e.what(), "invalid_request_error", "lora_path", "not_found");
+    }
+  } else if (!std::filesystem::is_directory(spec.dir, ec)) {
     throw ApiError(404, "no directory " + spec.dir + " on this server for LoRA adapter '" +
-                            spec.name + "'",
+                            spec.name + "' (nor a Hub id, org/name[@rev])",
                    "invalid_request_error", "lora_path", "not_found");
   }
   try {
@@ -2420,6 +2430,15 @@ int Server::run() {
 }
 
 }  // namespace
+
+EngineOptions resolve_hub_ids(EngineOptions options, const hub::Options& hub) {
+  options.model_dir = hub::resolve_model(options.model_dir, hub);
+  for (auto* dir : {&options.emb4_dir, &options.draft_model}) {
+    if (!dir->empty()) *dir = hub::resolve_model(*dir, hub);
+  }
+  for (auto& spec : options.lora) spec.dir = hub::resolve_model(spec.dir, hub);
+  return options;
+}
 
 int run(const ServeOptions& options, EngineFactory make_engine) {
   if (options.parallel < 1 || options.parallel > 256) {

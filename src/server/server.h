@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "hub/hub.h"
 #include "server/media_parts.h"
 
 namespace torchtpu::server {
@@ -83,6 +84,11 @@ struct ServeOptions {
   // Called once the port is bound (with its number, useful with port 0), before requests are read.
   std::function<void(int port)> on_listening;
 };
+
+// `options` with each Hub id (org/name[@rev]) among its model, int4 tables, draft model and LoRA
+// adapters downloaded into the Hub cache (or found there, offline) and replaced by its snapshot
+// directory; directories stay as they are. hub::resolve_model's errors.
+EngineOptions resolve_hub_ids(EngineOptions options, const hub::Options& hub);
 
 // Builds the engine on the worker thread (the thread that will own it).
 using EngineFactory = std::function<std::unique_ptr<Engine>(const EngineOptions&)>;

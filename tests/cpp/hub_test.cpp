@@ -306,14 +306,16 @@ TEST(HubFiles, GlobsMatchLikePythonFnmatch) {
   EXPECT_FALSE(glob_matches("config.json", "sub/config.json"));
 }
 
-TEST(HubFiles, EngineFilesAreTheTopLevelModelFiles) {
+TEST(HubFiles, EngineFilesAreTheTopLevelModelAndAdapterFiles) {
   for (const char* f : {"config.json", "generation_config.json", "chat_template.jinja",
                         "tokenizer.json", "tokenizer_config.json", "model.safetensors",
-                        "model-00001-of-00002.safetensors", "model.safetensors.index.json"}) {
+                        "model-00001-of-00002.safetensors", "model.safetensors.index.json",
+                        "adapter_config.json", "adapter_model.safetensors"}) {
     EXPECT_TRUE(is_engine_file(f)) << f;
   }
   for (const char* f : {"README.md", ".gitattributes", "original/model.safetensors",
-                        "pytorch_model.bin", "model.onnx", "tokenizer.model"}) {
+                        "pytorch_model.bin", "model.onnx", "tokenizer.model",
+                        "adapter_model.bin"}) {
     EXPECT_FALSE(is_engine_file(f)) << f;
   }
   std::vector<RepoFile> files = {{"config.json"}, {"a.safetensors"}, {"README.md"}};

@@ -14,6 +14,9 @@ import pty
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -417,6 +420,109 @@ def test_cli_download_prints_the_snapshot_dir(hub, cache):
         check=False,
     )
     assert r.returncode != 0 and "'fixture-org/nope' not found" in r.stderr and r.stdout == ""
+
+
+def _serve(env, *args):
+    """`torchtpu-cpp serve` on a free port: the process and its URL once /health answers 200."""
+    proc = subprocess.Popen(
+        [CLI, "serve", "--port", "0", *args],
+        env={**env, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    assert line.startswith("serving "), line + proc.stderr.read()
+    url = line.split()[-1]
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/health") as r:
+                if r.status == 200:
+                    return proc, url
+        except urllib.error.URLError:
+            pass
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read()
+        time.sleep(0.2)
+
+
+def _post(url, path, body):
+    request = urllib.request.Request(
+        url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _stop(proc):
+    proc.terminate()
+    proc.wait(timeout=60)
+
+
+def test_cli_serve_takes_hub_ids_for_the_model_and_its_adapters(hub, cache, tmp_path):
+    """`serve --model org/name` (and `--lora NAME=org/name`, and /v1/load_lora_adapter's
+    lora_path) download into the Hub cache and serve from it, as `generate --model` does; the
+    adapter from the Hub gives PEFT's tokens; offline, a second start needs no network."""
+    assert CLI, "build torchtpu-cpp, or point TORCHTPU_CLI at it"
+    xdg = {"XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    proc, _ = _serve({**os.environ, **xdg})  # writes the demo checkpoint
+    _stop(proc)
+    demo = tmp_path / "xdg" / "torchtpu-cpp" / "demo-v1"
+    adapters = tmp_path / "adapters"
+    make_lora = Path(__file__).resolve().parents[1] / "js" / "make_lora.py"
+    subprocess.run([sys.executable, str(make_lora), str(demo), str(adapters)], check=True)
+    expected = json.loads((adapters / "expected.json").read_text())
+
+    def files(directory):
+        return {p.name: p.read_bytes() for p in directory.iterdir() if p.is_file()}
+
+    hub.add(Repo("fixture-org/demo", {"main": files(demo)}))
+    for name in ("first", "second"):
+        hub.add(Repo(f"fixture-org/demo-{name}", {"main": files(adapters / name)}))
+    env = hub_env(hub, cache, **xdg)
+    proc, url = _serve(
+        env, "--model", "fixture-org/demo", "--lora", "first=fixture-org/demo-first",
+        "--runtime-lora", "--dtype", "float32", "--lora-init-without-apply",
+    )
+    try:
+        with urllib.request.urlopen(url + "/v1/models") as r:
+            models = json.load(r)["data"]
+        assert [m["id"] for m in models] == ["fixture-org/demo", "first"]
+        assert models[1]["root"] == str(storage(cache, "fixture-org/demo-first") / "snapshots" /
+                                        hub.repos["fixture-org/demo-first"].refs["main"].sha)
+
+        def complete(model):
+            status, text = _post(url, "/v1/completions", {
+                "model": model, "prompt": expected["prompt"], "temperature": 0,
+                "max_tokens": len(expected["tokens"]), "ignore_eos": True,
+            })
+            assert status == 200, text
+            return json.loads(text)["choices"][0]["text"]
+
+        def text_of(tokens):
+            return json.loads(_post(url, "/detokenize", {"tokens": tokens})[1])["content"]
+
+        assert complete("first") == text_of(expected["tokens"])
+        assert complete("fixture-org/demo") == text_of(expected["base_tokens"])
+        status, text = _post(url, "/v1/load_lora_adapter",
+                             {"lora_name": "second", "lora_path": "fixture-org/demo-second"})
+        assert (status, text) == (200, "Success: LoRA adapter 'second' added successfully.")
+        assert complete("second") not in (complete("first"), complete("fixture-org/demo"))
+        status, text = _post(url, "/v1/load_lora_adapter",
+                             {"lora_name": "third", "lora_path": "fixture-org/nope"})
+        assert status == 404 and json.loads(text)["error"]["param"] == "lora_path", text
+        assert "'fixture-org/nope' not found" in text
+    finally:
+        _stop(proc)
+    # From the cache alone.
+    requests = len(hub.log())
+    proc, url = _serve({**env, "HF_HUB_OFFLINE": "1"}, "--model", "fixture-org/demo", "--lora",
+                       "first=fixture-org/demo-first", "--dtype", "float32")
+    _stop(proc)
+    assert len(hub.log()) == requests
 
 
 # --- progress ---
