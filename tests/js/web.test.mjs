@@ -6,7 +6,9 @@
 // server's 400 for media shows as the reply's error, and on a tiny checkpoint with both encoders
 // (make_multimodal.py) a canvas-drawn PNG, a recording from Chromium's fake microphone and a WAV
 // file go to the server as OpenAI content parts, show in the conversation and are answered, and
-// wrong files are refused in the page.
+// wrong files are refused in the page. Last, LoRA adapters: the panel's picker lists a server's
+// adapters (loaded at start and while the page is open), and a reply under one is the server's
+// answer with that adapter named as the model.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
@@ -15,7 +17,7 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { chromium } from "playwright-core";
 import {
-  eventually, makeMultimodalCheckpoint, metric, metrics, wav, startServer,
+  eventually, makeLoraAdapters, makeMultimodalCheckpoint, metric, metrics, wav, startServer,
 } from "./server_helpers.mjs";
 
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
@@ -549,4 +551,76 @@ describe("images and audio on a checkpoint with vision and audio encoders", () =
     // Nothing the page showed broke its Content-Security-Policy.
     assert.deepEqual(violations, []);
   });
+});
+
+describe("the LoRA adapter picker", () => {
+  let lora;
+  let loraPage;
+  let adapters;
+
+  before(async () => {
+    adapters = makeLoraAdapters();  // for the demo checkpoint the first server wrote
+    lora = await startServer(["--context", "1024", "--lora", `first=${adapters.first}`,
+      "--lora-init-without-apply", "--runtime-lora"]);
+    loraPage = await context.newPage();
+    await loraPage.goto(lora.url + "/");
+  });
+
+  after(async () => {
+    await loraPage?.close();
+    await lora?.stop();
+  });
+
+  const options = () => loraPage.$$eval("#adapter option", (list) => list.map((o) => o.value));
+  const post = (route, body) => fetch(`${lora.url}${route}`, {
+    method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
+  });
+
+  async function answerDirectly(model, messages) {
+    const res = await post("/v1/chat/completions", {
+      model, messages, max_tokens: 8, temperature: 0,
+      chat_template_kwargs: { enable_thinking: false },
+    });
+    assert.equal(res.status, 200, await res.clone().text());
+    return (await res.json()).choices[0].message.content;
+  }
+
+  test("the picker lists the adapters, and a reply under one names it as the model", async () => {
+    await loraPage.locator("#adapter-setting").waitFor({ state: "visible" });
+    assert.deepEqual(await options(), ["", "first"]);
+    assert.equal(await page.locator("#adapter-setting").isVisible(), false, "the demo has none");
+    await loraPage.selectOption("#adapter", "first");
+    await loraPage.fill("#max-tokens", "8");
+    await loraPage.fill("#input", "Tell me about rivers.");
+    const request = loraPage.waitForRequest("**/v1/chat/completions");
+    await loraPage.click("#send");
+    const sent = JSON.parse((await request).postData());
+    assert.equal(sent.model, "first");
+    const reply = loraPage.locator(".message.assistant").last();
+    await loraPage.waitForFunction(
+      () => document.querySelector(".message.assistant:last-child")?.dataset.state === "done",
+      null, { timeout: 120_000 });
+    const answer = await reply.locator(".content").textContent();
+    assert.equal(answer, await answerDirectly("first", sent.messages));
+    assert.notEqual(answer, await answerDirectly(MODEL, sent.messages), "the adapter's reply");
+  });
+
+  test("adapters loaded and unloaded while the page is open show when the picker is opened",
+    async () => {
+      const reopen = async () => {
+        await loraPage.focus("#input");
+        await loraPage.focus("#adapter");
+      };
+      assert.equal((await post("/v1/load_lora_adapter",
+        { lora_name: "two", lora_path: adapters.second })).status, 200);
+      await reopen();
+      await eventually(async () => (await options()).includes("two"), "two in the picker");
+      assert.deepEqual(await options(), ["", "first", "two"]);
+      assert.equal(await loraPage.inputValue("#adapter"), "first", "the choice stays");
+      assert.equal((await post("/v1/unload_lora_adapter", { lora_name: "first" })).status, 200);
+      await reopen();
+      await eventually(async () => !(await options()).includes("first"), "first gone");
+      assert.deepEqual(await options(), ["", "two"]);
+      assert.equal(await loraPage.inputValue("#adapter"), "", "back to the base model");
+    });
 });

@@ -8,6 +8,9 @@
 // the server reads WAV and MP3). They go as OpenAI content parts, images, then audio, then the text, and stay in
 // the conversation that every request carries; the log shows them as <img> and <audio> of their
 // data: URLs (the page's Content-Security-Policy allows data: for img-src and media-src).
+//
+// When the server serves LoRA adapters (/v1/models lists them with a `parent`), the panel offers
+// them, and a reply under one names it as the request's model (vLLM's way).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -157,6 +160,7 @@ async function send(text, media = []) {
   };
   // The server enforces it while decoding: the reply is one JSON object.
   if ($("json-output").checked) body.response_format = { type: "json_object" };
+  if ($("adapter").value) body.model = $("adapter").value;
   const maxTokens = Number($("max-tokens").value);
   if (maxTokens > 0) body.max_tokens = maxTokens;
   controller = new AbortController();
@@ -471,14 +475,30 @@ function applyModalities(list) {
   renderAttachments();
 }
 
-async function loadModalities() {
+// The adapter picker's options: none, then each adapter /v1/models lists; the choice stays while
+// its adapter does (adapters come and go on a server with --runtime-lora).
+function applyAdapters(models) {
+  const select = $("adapter");
+  const chosen = select.value;
+  const names = models.filter((m) => m.parent).map((m) => m.id);
+  const shown = [...select.options].slice(1).map((o) => o.value);
+  if (names.join("\n") === shown.join("\n")) return;
+  while (select.options.length > 1) select.remove(1);
+  for (const name of names) select.add(new Option(name, name));
+  select.value = names.includes(chosen) ? chosen : "";
+  $("adapter-setting").hidden = names.length === 0;
+}
+
+async function loadModels() {
   try {
     const response = await fetch("/v1/models", { headers: requestHeaders() });
     if (!response.ok) return;
-    const list = (await response.json()).data?.[0]?.modalities;
+    const models = (await response.json()).data ?? [];
+    const list = models[0]?.modalities;
     applyModalities(Array.isArray(list) ? list : ["text"]);
+    applyAdapters(models);
   } catch {
-    // Text only until the next load.
+    // Text only, no adapters, until the next load.
   }
 }
 
@@ -533,7 +553,7 @@ async function loadEngine() {
     $("info-layout").textContent =
       `${l.full_rings} full + ${l.sliding_rings} sliding rings, ` +
       `${l.shared_layers} shared layers, context ${l.context}`;
-    loadModalities();
+    loadModels();
   } catch (error) {
     $("status").textContent = `/v1/engine: ${error.message}`;
   }
@@ -576,6 +596,8 @@ document.addEventListener("DOMContentLoaded", () => {
   $("temperature").addEventListener("input", () => {
     $("temperature-value").textContent = $("temperature").value;
   });
+  // Adapters loaded or unloaded since the page loaded show when the picker is opened.
+  $("adapter").addEventListener("focus", loadModels);
   $("api-key").addEventListener("change", () => {
     loadEngine();
     refreshMetrics();
