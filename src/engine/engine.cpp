@@ -203,7 +203,9 @@ void check_lora_scale(const std::string& name, double scale) {
 
 // Adapters to be loaded together: named, apart, at finite scales, no more than max_lora.
 void check_lora_specs(const std::vector<LoraSpec>& specs, int64_t max_lora) {
-  if (max_lora < 0) throw ValueError("max_lora must be at least 0, got " + std::to_string(max_lora));
+  if (max_lora < 0) {
+    throw ValueError("max_lora must be at least 0, got " + std::to_string(max_lora));
+  }
   std::set<std::string> names;
   for (const auto& spec : specs) {
     if (spec.name.empty()) throw ValueError("a LoRA adapter needs a name (from " + spec.dir + ")");

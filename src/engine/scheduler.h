@@ -134,8 +134,9 @@ class Scheduler {
 
   enum class Taken { kWork, kStopped, kIdleTooLong };
   // Waits for work; takes the cancels, the slot actions, the engine tasks and the waiting entries
-  // the `free` rows take (place_in_rows). kStopped when stopped and nothing is left to do (`idle`: nothing in the
-  // batch); kIdleTooLong when idle and nothing came for `sleep_after` (none: no limit).
+  // the `free` rows take (place_in_rows). kStopped when stopped and nothing is left to do
+  // (`idle`: nothing in the batch); kIdleTooLong when idle and nothing came for `sleep_after`
+  // (none: no limit).
   Taken take_work(bool idle, std::vector<bool> free, std::optional<double> sleep_after,
                   std::vector<Entry>& admitted, std::vector<Entry>& dropped,
                   std::set<int64_t>& cancels, std::vector<SlotEntry>& actions,

@@ -16,10 +16,12 @@ def _parse_args(argv):
         prog="python -m torchtpu_cpp.serve", description=__doc__
     )
     p.add_argument(
-        "--model", default="", help="checkpoint dir (default: built-in demo weights)"
+        "--model",
+        default="",
+        help="checkpoint dir or Hub id org/name[@rev] (default: built-in demo weights)",
     )
     p.add_argument(
-        "--emb4", default="", help="dir of the int4 vocabulary tables (emb4 twin)"
+        "--emb4", default="", help="dir or Hub id of the int4 vocabulary tables (emb4 twin)"
     )
     p.add_argument("--model-id", default="", help="name reported by /v1/models")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
