@@ -2,8 +2,8 @@
 // demo checkpoint, whether the request names the adapter as its model (vLLM) or scales it in
 // `lora` (llama-server); adapters side by side in one batch; the prefix cache kept apart per
 // adapter; the server-wide scales of /lora-adapters; adapters loaded and unloaded while serving
-// (vLLM's /v1/load_lora_adapter), a running request keeping its adapter; the errors of every
-// malformed request.
+// (vLLM's /v1/load_lora_adapter), a running request keeping its adapter; slot files kept apart per
+// adapter; the errors of every malformed request.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -323,6 +323,60 @@ describe("LoRA adapters", () => {
       await fixed.stop();
     }
   });
+
+  test("a slot saved under an adapter serves that adapter's files alone after a restart",
+    async () => {
+      const slots = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-lora-slots-"));
+      const prompt = adapters.expected.prompt;
+      const next = [...prompt, 818, 5279, 529];
+      const args = (first) => ["--context", "512", "--dtype", "float32", "--parallel", "2",
+        "--slot-save-path", slots, "--lora", `first=${first}`, "--lora-init-without-apply"];
+      const ask = async (url, model, ids) => {
+        const r = await post("/v1/completions", { model, prompt: ids, max_tokens: 4,
+          temperature: 0, ignore_eos: true }, url);
+        assert.equal(r.status, 200, r.text);
+        return { text: r.body.choices[0].text,
+          cached: r.body.usage.prompt_tokens_details.cached_tokens };
+      };
+      try {
+        let expected;
+        const a = await startServer(args(adapters.first));
+        try {
+          // One token: the row's state is the prompt alone, read under `first`.
+          const r = await post("/v1/completions", { model: "first", prompt, max_tokens: 1,
+            temperature: 0, id_slot: 1 }, a.url);
+          assert.equal(r.status, 200, r.text);
+          const saved = await post("/slots/1?action=save", { filename: "first.bin" }, a.url);
+          assert.equal(saved.status, 200, saved.text);
+          expected = await ask(a.url, "first", next);
+          assert.equal(expected.cached, prompt.length);
+        } finally {
+          await a.stop();
+        }
+        const restore = async (url) => {
+          const r = await post("/slots/1?action=restore", { filename: "first.bin" }, url);
+          assert.equal(r.status, 200, r.text);
+        };
+        const b = await startServer(args(adapters.first));
+        try {
+          await restore(b.url);
+          assert.equal((await ask(b.url, MODEL, next)).cached, 0, "not for the base model");
+          assert.deepEqual(await ask(b.url, "first", next), expected);
+        } finally {
+          await b.stop();
+        }
+        // The same name over other files: the state is not theirs.
+        const c = await startServer(args(adapters.second));
+        try {
+          await restore(c.url);
+          assert.equal((await ask(c.url, "first", next)).cached, 0);
+        } finally {
+          await c.stop();
+        }
+      } finally {
+        fs.rmSync(slots, { recursive: true, force: true });
+      }
+    });
 
   test("a --lora directory that is not a PEFT adapter is refused at start", async () => {
     const empty = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-not-lora-"));
