@@ -42,6 +42,7 @@
 #include "server/responses.h"
 #include "server/stop_strings.h"
 #include "server/structured.h"
+#include "server/transcription.h"
 #include "server/web/web.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
@@ -527,6 +528,8 @@ class Server {
   void handle_responses(const httplib::Request& req, httplib::Response& res);
   void handle_messages(const httplib::Request& req, httplib::Response& res);
   void handle_count_tokens(const httplib::Request& req, httplib::Response& res);
+  // OpenAI's /v1/audio/transcriptions (`translate`: /v1/audio/translations).
+  void handle_transcription(const httplib::Request& req, httplib::Response& res, bool translate);
   // Answers a job in a wire format of its own (wire.h): whole, or as the renderer's events.
   void answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
                        std::shared_ptr<Renderer> renderer, bool stream,
@@ -1530,6 +1533,32 @@ void Server::handle_messages(const httplib::Request& req, httplib::Response& res
                   r.generation.stream, std::move(active));
 }
 
+void Server::handle_transcription(const httplib::Request& req, httplib::Response& res,
+                                  bool translate) {
+  if (!req.is_multipart_form_data()) {
+    throw ApiError(400, "the body must be multipart/form-data with the clip in 'file', as "
+                   "OpenAI's audio API takes it", "invalid_request_error", "file");
+  }
+  FormParts form;
+  for (const auto& [name, part] : req.files) {
+    form.emplace(name, FormPart{part.content, part.filename});
+  }
+  auto active = admit();
+  const TranscriptionRequest r = parse_transcription_request(form, translate);
+  std::shared_ptr<Job> job;
+  try {
+    job = start_jobs(req, r.generation, true, "file").front();
+  } catch (const ApiError& e) {
+    throw as_transcription_error(e);
+  }
+  const bool stream = r.generation.stream;
+  answer_rendered(res, job, std::make_shared<TranscriptionRenderer>(stream), stream,
+                  std::move(active));
+  if (r.text && !stream && res.status != 499) {
+    res.set_content(parse_json(res.body)["text"].get<std::string>(), "text/plain; charset=utf-8");
+  }
+}
+
 void Server::handle_count_tokens(const httplib::Request& req, httplib::Response& res) {
   const MessagesRequest r = parse_messages_request(parse_body(req.body), /*for_count=*/true);
   check_model(r.generation.model);
@@ -1992,7 +2021,8 @@ std::string Server::endpoint_label(const std::string& path) const {
       "/lora-adapters",  "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
       "/v1/chat/completions",
       "/v1/completions", "/tokenize",    "/detokenize", "/apply-template",
-      "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens"};
+      "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens",
+      "/v1/audio/transcriptions", "/v1/audio/translations"};
   if (known.count(path)) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -2205,6 +2235,12 @@ void Server::set_up_routes(httplib::Server& http) {
   http.Post("/v1/messages", guarded([this](const httplib::Request& req,
                                            httplib::Response& res) { handle_messages(req, res); },
                                     true, ErrorShape::kAnthropic));
+  for (const bool translate : {false, true}) {
+    http.Post(translate ? "/v1/audio/translations" : "/v1/audio/transcriptions",
+              guarded([this, translate](const httplib::Request& req, httplib::Response& res) {
+                handle_transcription(req, res, translate);
+              }, true));
+  }
   http.Post("/v1/messages/count_tokens",
             guarded([this](const httplib::Request& req,
                            httplib::Response& res) { handle_count_tokens(req, res); },
@@ -2274,7 +2310,8 @@ void Server::set_up_routes(httplib::Server& http) {
             {"/v1/completions", "POST"}, {"/tokenize", "POST"},
             {"/detokenize", "POST"},     {"/apply-template", "POST"},
             {"/v1/responses", "POST"},
-            {"/v1/messages", "POST"},    {"/v1/messages/count_tokens", "POST"}};
+            {"/v1/messages", "POST"},    {"/v1/messages/count_tokens", "POST"},
+            {"/v1/audio/transcriptions", "POST"}, {"/v1/audio/translations", "POST"}};
         try {
           if (res.status == 413) {
             throw ApiError(413,

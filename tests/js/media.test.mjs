@@ -4,12 +4,13 @@
 // the 400 naming its field; /v1/models says which modalities the checkpoint reads. A second server
 // reads a tiny checkpoint with both towers that transformers' save_pretrained writes
 // (make_multimodal.py), where corrupt files are 400s and valid ones are answered. The PNG and the
-// WAV are server_helpers.mjs's.
+// WAV are server_helpers.mjs's. Speech to text (/v1/audio/transcriptions and translations, through
+// the SDK's audio API) answers as the chat route answers the clip after vLLM's instruction.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import http from "node:http";
 import { after, before, describe, test } from "node:test";
-import OpenAI from "openai";
+import OpenAI, { toFile } from "openai";
 import { PNG, makeMultimodalCheckpoint, startServer, wav } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
@@ -180,6 +181,15 @@ describe("media", () => {
     );
   });
 
+  test("speech to text on a checkpoint without an audio encoder is a 400 naming the file", async () => {
+    const err = await client.audio.transcriptions
+      .create({ model: MODEL, file: await toFile(Buffer.from(wav(), "base64"), "clip.wav") })
+      .then(() => assert.fail("expected an error"), (e) => e);
+    assert.equal(err.status, 400);
+    assert.equal(err.param, "file");
+    assert.match(err.message, /'file' is audio, and this checkpoint has no audio encoder/);
+  });
+
   test("/v1/completions takes a prompt string, not content parts", async () => {
     const err = await client.completions
       .create({ model: MODEL, prompt: [{ type: "image_url", image_url: { url: PNG_URL } }] })
@@ -269,6 +279,83 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     assert.equal(again.choices[0].message.content, first.choices[0].message.content);
     assert.ok(again.usage.prompt_tokens_details.cached_tokens > textOnly.usage.prompt_tokens,
       `${again.usage.prompt_tokens_details.cached_tokens} cached`);
+  });
+
+  // The clip as a file, and the chat route's answer to it after `instruction` (greedy, 8 tokens).
+  const clip = () => toFile(Buffer.from(wav(), "base64"), "clip.wav", { type: "audio/wav" });
+  async function chatAnswer(instruction) {
+    const r = await mmClient.chat.completions.create({
+      model: "tiny-multimodal", max_tokens: 8, temperature: 0,
+      chat_template_kwargs: { enable_thinking: false },
+      messages: [{ role: "user", content: [{ type: "text", text: instruction },
+        { type: "input_audio", input_audio: { data: wav(), format: "wav" } }] }],
+    });
+    return { text: r.choices[0].message.content, usage: r.usage };
+  }
+
+  test("speech to text answers as chat does with vLLM's instruction, whole, as text or streamed",
+    async () => {
+      const model = "tiny-multimodal";
+      const french = await chatAnswer("Transcribe this audio into French:");
+      const got = await mmClient.audio.transcriptions.create(
+        { model, file: await clip(), language: "fr", temperature: 0, max_tokens: 8 });
+      assert.equal(got.text, french.text);
+      assert.deepEqual(got.usage, { type: "tokens", input_tokens: french.usage.prompt_tokens,
+        output_tokens: 8, total_tokens: french.usage.prompt_tokens + 8 });
+      const plain = await chatAnswer("Transcribe this audio:");
+      assert.notEqual(plain.text, french.text, "the language reaches the instruction");
+      const text = await mmClient.audio.transcriptions.create(
+        { model, file: await clip(), response_format: "text", max_tokens: 8 });
+      assert.equal(text, plain.text);
+      const english = await chatAnswer("Translate this audio into English:");
+      const translated = await mmClient.audio.translations.create(
+        { model, file: await clip(), max_tokens: 8 });
+      assert.equal(translated.text, english.text);
+      const events = [];
+      const stream = await mmClient.audio.transcriptions.create(
+        { model, file: await clip(), stream: true, max_tokens: 8 });
+      for await (const event of stream) events.push(event);
+      const deltas = events.filter((e) => e.type === "transcript.text.delta");
+      assert.ok(deltas.length >= 1);
+      assert.deepEqual(events.at(-1), { type: "transcript.text.done", text: plain.text,
+        usage: { type: "tokens", input_tokens: plain.usage.prompt_tokens, output_tokens: 8,
+          total_tokens: plain.usage.prompt_tokens + 8 } });
+      assert.equal(deltas.map((e) => e.delta).join(""), plain.text);
+    });
+
+  test("malformed speech to text requests are 400s naming the form field", async () => {
+    const form = async (fields, file = Buffer.from(wav(), "base64")) => {
+      const body = new FormData();
+      if (file) body.append("file", new Blob([file]), "clip.wav");
+      for (const [k, v] of Object.entries(fields)) body.append(k, v);
+      const res = await fetch(`${mm.url}/v1/audio/transcriptions`, { method: "POST", body });
+      return { status: res.status, error: (await res.json()).error };
+    };
+    const cases = [
+      [{}, null, "file", "'file' is required"],
+      [{}, Buffer.from(PNG, "base64"), "file", "'file' (clip.wav) is neither a WAV nor an MP3"],
+      [{}, Buffer.from("RIFF....WAVEjunk"), "file", "'file' is not a readable WAV or MP3 file"],
+      [{ response_format: "srt" }, undefined, "response_format", "needs segment timestamps"],
+      [{ response_format: "xml" }, undefined, "response_format", "must be \"json\" or \"text\""],
+      [{ language: "xx" }, undefined, "language", "must be an ISO-639-1 code this server names"],
+      [{ "timestamp_granularities[]": "word" }, undefined, "timestamp_granularities[]",
+        "needs segment or word timestamps"],
+      [{ temperature: "warm" }, undefined, "temperature", "'temperature' must be a number"],
+      [{ temperature: "3" }, undefined, "temperature", "temperature"],
+      [{ stream: "yes" }, undefined, "stream", "'stream' must be true or false"],
+      [{ model: "whisper-1" }, undefined, "model", "the model 'whisper-1' does not exist"],
+    ];
+    for (const [fields, file, param, words] of cases) {
+      const r = await form({ model: "tiny-multimodal", ...fields }, file);
+      assert.equal(r.status, fields.model === "whisper-1" ? 404 : 400, JSON.stringify(fields));
+      assert.equal(r.error.param, param, JSON.stringify(r.error));
+      assert.ok(r.error.message.includes(words), r.error.message);
+    }
+    const json = await fetch(`${mm.url}/v1/audio/transcriptions`, { method: "POST",
+      headers: { "content-type": "application/json" }, body: JSON.stringify({ file: "x" }) });
+    assert.equal(json.status, 400);
+    assert.match((await json.json()).error.message, /must be multipart\/form-data/);
+    assert.equal((await chatAnswer("Transcribe this audio:")).usage.completion_tokens, 8);
   });
 
   test("an image with more patches than the tower's position tables is a 400, and the server goes on", async () => {
