@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -158,6 +159,37 @@ bool is_hop_header(const std::string& name) { return kHopHeaders.count(lowercase
 
 bool is_header(const std::string& name, const char* lower) { return lowercase(name) == lower; }
 
+// httplib reads a multipart/form-data body into `files` and leaves `body` empty (an upload to
+// /v1/audio/transcriptions): the form is written again, each part's name, filename, type and
+// bytes, under a boundary none of them holds. Returns the Content-Type and the body.
+std::pair<std::string, std::string> multipart_form(const httplib::Request& in) {
+  static std::mt19937_64 random{std::random_device{}()};
+  static std::mutex random_mutex;
+  std::string boundary;
+  auto taken = [&] {
+    return std::any_of(in.files.begin(), in.files.end(), [&](const auto& part) {
+      return part.second.content.find(boundary) != std::string::npos;
+    });
+  };
+  do {
+    std::lock_guard lock(random_mutex);
+    char hex[33];
+    std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(random()),
+                  static_cast<unsigned long long>(random()));
+    boundary = std::string("torchtpu-proxy-") + hex;
+  } while (taken());
+  std::string body;
+  for (const auto& [name, part] : in.files) {
+    body += "--" + boundary + "\r\nContent-Disposition: form-data; name=\"" + name + "\"";
+    if (!part.filename.empty()) body += "; filename=\"" + part.filename + "\"";
+    body += "\r\n";
+    if (!part.content_type.empty()) body += "Content-Type: " + part.content_type + "\r\n";
+    body += "\r\n" + part.content + "\r\n";
+  }
+  body += "--" + boundary + "--\r\n";
+  return {"multipart/form-data; boundary=" + boundary, std::move(body)};
+}
+
 // `authorization`: the Authorization header to send upstream, or nullopt to pass the client's on.
 // With one, the client's x-api-key (Anthropic clients' way to send the proxy's key) stays here too.
 std::shared_ptr<Exchange> start_exchange(const std::string& url, const httplib::Request& in,
@@ -180,7 +212,12 @@ std::shared_ptr<Exchange> start_exchange(const std::string& url, const httplib::
   }
   if (authorization && !authorization->empty())
     req->headers.emplace("Authorization", *authorization);
-  if (!in.body.empty() || in.method == "POST" || in.method == "PUT" || in.method == "PATCH") {
+  if (in.is_multipart_form_data()) {
+    auto [type, body] = multipart_form(in);
+    req->body = std::move(body);
+    req->headers.emplace("Content-Type", type);
+  } else if (!in.body.empty() || in.method == "POST" || in.method == "PUT" ||
+             in.method == "PATCH") {
     req->body = in.body;
     req->headers.emplace("Content-Type", in.get_header_value("Content-Type"));
   }

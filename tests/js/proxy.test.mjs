@@ -1,13 +1,13 @@
 // `torchtpu-cpp proxy` in front of two demo servers: it finds server A through an upstream command,
-// passes a stream through, cancels A's decode when its own client aborts, and when A stops and
-// the command names B, the next request goes through B.
+// passes a stream and an upload through, cancels A's decode when its own client aborts, and when A
+// stops and the command names B, the next request goes through B.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import OpenAI from "openai";
-import { eventually, metric, metrics, startProxy, startServer } from "./server_helpers.mjs";
+import { eventually, metric, metrics, startProxy, startServer, wav } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 let a;
@@ -87,6 +87,23 @@ test("a stream passes through whole", async () => {
   assert.equal(text, whole.choices[0].message.content);
   const models = await client.models.list();
   assert.deepEqual(models.data.map((m) => m.id), [MODEL]);
+});
+
+test("an upload (multipart/form-data) passes through whole", async () => {
+  // The demo has no audio encoder: the upstream's 400 names the clip, so the file reached it,
+  // with its name (a WAV it told apart by its bytes) and the form's other fields.
+  const body = new FormData();
+  body.append("model", MODEL);
+  body.append("file", new Blob([Buffer.from(wav(), "base64")]), "clip.wav");
+  body.append("language", "xx");
+  const res = await fetch(`${proxyUrl}/v1/audio/transcriptions`, { method: "POST", body });
+  assert.equal(res.status, 400);
+  const error = (await res.json()).error;
+  assert.equal(error.param, "language", error.message);
+  body.set("language", "fr");
+  const again = await fetch(`${proxyUrl}/v1/audio/transcriptions`, { method: "POST", body });
+  assert.equal(again.status, 400);
+  assert.match((await again.json()).error.message, /'file' is audio, and this checkpoint has no/);
 });
 
 test("a client abort through the proxy cancels the decode upstream", async () => {
