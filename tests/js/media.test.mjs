@@ -335,6 +335,7 @@ describe("media on a checkpoint with vision and audio encoders", () => {
       [{}, null, "file", "'file' is required"],
       [{}, Buffer.from(PNG, "base64"), "file", "'file' (clip.wav) is neither a WAV nor an MP3"],
       [{}, Buffer.from("RIFF....WAVEjunk"), "file", "'file' is not a readable WAV or MP3 file"],
+      [{}, Buffer.from(wav(16000 * 31), "base64"), "file", "31.00 s long, more than the limit of 30"],
       [{ response_format: "srt" }, undefined, "response_format", "needs segment timestamps"],
       [{ response_format: "xml" }, undefined, "response_format", "must be \"json\" or \"text\""],
       [{ language: "xx" }, undefined, "language", "must be an ISO-639-1 code this server names"],
