@@ -531,10 +531,11 @@ class Server {
   // OpenAI's /v1/audio/transcriptions (`translate`: /v1/audio/translations).
   void handle_transcription(const httplib::Request& req, httplib::Response& res, bool translate);
   // Answers a job in a wire format of its own (wire.h): whole, or as the renderer's events.
-  void answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
-                       std::shared_ptr<Renderer> renderer, bool stream,
-                       std::shared_ptr<Active> active);
-  GenerationOutcome outcome(const Job& job, const std::string& reasoning) const;
+  // `jobs` (one, or a clip's pieces) answer one after another as one answer.
+  void answer_rendered(httplib::Response& res, Choices jobs, std::shared_ptr<Renderer> renderer,
+                       bool stream, std::shared_ptr<Active> active);
+  // The jobs' ending (the last one's) and token counts (their sums).
+  GenerationOutcome outcome(const Choices& jobs, const std::string& reasoning) const;
   void stream_response(httplib::Response& res, Choices jobs, bool chat, bool include_usage,
                        std::shared_ptr<Active> active);
   void answer_whole(httplib::Response& res, const Choices& jobs, bool chat);
@@ -1436,38 +1437,44 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   return jobs;
 }
 
-GenerationOutcome Server::outcome(const Job& job, const std::string& reasoning) const {
-  return {job.finish,
-          job.stop_sequence,
-          job.result.prompt_tokens,
-          static_cast<int64_t>(job.result.tokens.size()),
-          static_cast<int64_t>(tokenizer_->encode(reasoning, false).size()),
-          job.result.cached_tokens};
+GenerationOutcome Server::outcome(const Choices& jobs, const std::string& reasoning) const {
+  GenerationOutcome out{jobs.back()->finish, jobs.back()->stop_sequence};
+  for (const auto& job : jobs) {
+    out.prompt_tokens += job->result.prompt_tokens;
+    out.completion_tokens += static_cast<int64_t>(job->result.tokens.size());
+    out.cached_tokens += job->result.cached_tokens;
+  }
+  out.reasoning_tokens = static_cast<int64_t>(tokenizer_->encode(reasoning, false).size());
+  return out;
 }
 
-void Server::answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
+void Server::answer_rendered(httplib::Response& res, Choices jobs,
                              std::shared_ptr<Renderer> renderer, bool stream,
                              std::shared_ptr<Active> active) {
   if (!stream) {
     renderer->start();
     std::string reasoning;
-    while (true) {
-      Taken taken = take({job});
-      reasoning += taken.delta.reasoning;
-      renderer->add(taken.delta);
-      if (taken.done) break;
+    for (const auto& job : jobs) {
+      while (true) {
+        Taken taken = take({job});
+        reasoning += taken.delta.reasoning;
+        renderer->add(taken.delta);
+        if (taken.done) break;
+      }
+      if (job->error || job->finish == "cancelled") abandon(jobs);  // the pieces after it
+      if (job->error) throw *job->error;
+      if (job->finish == "cancelled") {
+        res.status = 499;  // as answer_whole: nobody is listening
+        return;
+      }
     }
-    if (job->error) throw *job->error;
-    if (job->finish == "cancelled") {
-      res.status = 499;  // as answer_whole: nobody is listening
-      return;
-    }
-    renderer->finish(outcome(*job, reasoning));
+    renderer->finish(outcome(jobs, reasoning));
     res.set_content(dump(renderer->body()), "application/json");
     return;
   }
   struct Stream {
     bool started = false;
+    size_t at = 0;  // the job being sent
     std::string reasoning;
   };
   auto s = std::make_shared<Stream>();
@@ -1475,34 +1482,41 @@ void Server::answer_rendered(httplib::Response& res, std::shared_ptr<Job> job,
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, job, renderer, s](size_t, httplib::DataSink& sink) {
+      [this, jobs, renderer, s](size_t, httplib::DataSink& sink) {
         std::string out;
-        Taken taken;
+        bool ended = false;
         // The opening events go out at once, before the first token is decoded.
         if (!s->started) {
           s->started = true;
           out = renderer->start();
         } else {
-          taken = take({job});
+          const auto& job = jobs[s->at];
+          Taken taken = take({job});
           s->reasoning += taken.delta.reasoning;
           out = renderer->add(taken.delta);
           if (taken.done) {
             if (job->finish == "cancelled") return false;
-            out += job->error ? renderer->error(*job->error)
-                              : renderer->finish(outcome(*job, s->reasoning));
+            if (job->error) {
+              out += renderer->error(*job->error);
+              ended = true;
+            } else if (++s->at == jobs.size()) {
+              out += renderer->finish(outcome(jobs, s->reasoning));
+              ended = true;
+            }
           }
         }
         if (!out.empty() && !sink.write(out.data(), out.size())) {
-          abandon({job});
+          abandon(jobs);
           return false;
         }
-        if (taken.done) sink.done();
+        if (ended) sink.done();
         return true;
       },
-      // As stream_response's: the engine must be done with the job before the connection closes.
-      [this, job, active](bool) {
-        abandon({job});
-        wait_done(*job);
+      // As stream_response's: the engine must be done with the jobs before the connection
+      // closes.
+      [this, jobs, active](bool) {
+        abandon(jobs);
+        for (const auto& job : jobs) wait_done(*job);
       });
 }
 
@@ -1515,7 +1529,7 @@ void Server::handle_responses(const httplib::Request& req, httplib::Response& re
   } catch (const ApiError& e) {
     throw as_responses_error(e);  // a text.format schema the grammar cannot enforce
   }
-  answer_rendered(res, job, std::make_shared<ResponsesRenderer>(model_id_, r, &responses_),
+  answer_rendered(res, {job}, std::make_shared<ResponsesRenderer>(model_id_, r, &responses_),
                   r.generation.stream, std::move(active));
 }
 
@@ -1529,7 +1543,7 @@ void Server::handle_messages(const httplib::Request& req, httplib::Response& res
     throw as_messages_error(e);  // an output_config.format schema the grammar cannot enforce
   }
   const auto prompt_tokens = static_cast<int64_t>(job->prompt.size());
-  answer_rendered(res, job, std::make_shared<MessagesRenderer>(model_id_, prompt_tokens, r),
+  answer_rendered(res, {job}, std::make_shared<MessagesRenderer>(model_id_, prompt_tokens, r),
                   r.generation.stream, std::move(active));
 }
 
@@ -1545,14 +1559,16 @@ void Server::handle_transcription(const httplib::Request& req, httplib::Response
   }
   auto active = admit();
   const TranscriptionRequest r = parse_transcription_request(form, translate);
-  std::shared_ptr<Job> job;
+  // The pieces queue together (side by side in the batch); a refusal of one drops those before.
+  Choices jobs;
   try {
-    job = start_jobs(req, r.generation, true, "file").front();
+    for (const auto& piece : r.pieces) jobs.push_back(start_jobs(req, piece, true, "file").front());
   } catch (const ApiError& e) {
+    abandon(jobs);
     throw as_transcription_error(e);
   }
-  const bool stream = r.generation.stream;
-  answer_rendered(res, job, std::make_shared<TranscriptionRenderer>(stream), stream,
+  const bool stream = r.stream;
+  answer_rendered(res, jobs, std::make_shared<TranscriptionRenderer>(stream), stream,
                   std::move(active));
   if (r.text && !stream && res.status != 499) {
     res.set_content(parse_json(res.body)["text"].get<std::string>(), "text/plain; charset=utf-8");

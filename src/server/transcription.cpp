@@ -4,10 +4,13 @@
 #include <array>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <utility>
 
 #include "common/base64.h"
+#include "common/errors.h"
+#include "media/audio.h"
 
 namespace torchtpu::server {
 namespace {
@@ -82,7 +85,68 @@ std::string audio_format(const FormPart& file) {
                  "invalid_request_error", "file", "invalid_audio");
 }
 
+// Mono 16-bit PCM WAV bytes of samples [0, n) in [-1, 1] at `rate`.
+std::string pcm16_wav(const float* samples, int64_t n, int64_t rate) {
+  std::string out;
+  auto u32 = [&](uint32_t v) {
+    for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>(v >> (8 * b) & 0xFF));
+  };
+  auto u16 = [&](uint16_t v) {
+    for (int b = 0; b < 2; ++b) out.push_back(static_cast<char>(v >> (8 * b) & 0xFF));
+  };
+  const auto data = static_cast<uint32_t>(n * 2);
+  out += "RIFF";
+  u32(36 + data);
+  out += "WAVEfmt ";
+  u32(16);
+  u16(1);  // PCM
+  u16(1);  // mono
+  u32(static_cast<uint32_t>(rate));
+  u32(static_cast<uint32_t>(rate * 2));
+  u16(2);
+  u16(16);
+  out += "data";
+  u32(data);
+  for (int64_t i = 0; i < n; ++i) {
+    const float clamped = std::clamp(samples[i], -1.0f, 1.0f);
+    u16(static_cast<uint16_t>(static_cast<int16_t>(std::lround(clamped * 32767.0f))));
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<std::string> split_clip(const std::string& bytes) {
+  const Waveform clip = decode_audio(bytes, kMaxClipSeconds);
+  const int64_t rate = clip.sample_rate;
+  const auto samples = clip.samples.contiguous();
+  const int64_t n = samples.numel();
+  // 10 ms short of the limit: resampled to the extractor's rate, a piece stays within it.
+  const int64_t piece = static_cast<int64_t>(kPieceSeconds * rate) - rate / 100;
+  if (n <= piece) return {bytes};
+  const float* x = samples.data_ptr<float>();
+  const int64_t window = std::max<int64_t>(1, rate / 10);
+  std::vector<std::string> out;
+  int64_t start = 0;
+  while (n - start > piece) {
+    const int64_t last = std::min(start + piece, n - rate);  // at least 1 s left after the cut
+    int64_t cut = last;
+    double quietest = std::numeric_limits<double>::infinity();
+    for (int64_t at = std::max(start + rate, last - 10 * rate); at + window <= last;
+         at += window / 2 + 1) {
+      double energy = 0;
+      for (int64_t i = at; i < at + window; ++i) energy += static_cast<double>(x[i]) * x[i];
+      if (energy < quietest) {
+        quietest = energy;
+        cut = at + window / 2;
+      }
+    }
+    out.push_back(pcm16_wav(x + start, cut - start, rate));
+    start = cut;
+  }
+  out.push_back(pcm16_wav(x + start, n - start, rate));
+  return out;
+}
 
 TranscriptionRequest parse_transcription_request(const FormParts& form, bool translate) {
   const FormPart* file = single(form, "file");
@@ -112,13 +176,15 @@ TranscriptionRequest parse_transcription_request(const FormParts& form, bool tra
   if (const FormPart* prompt = single(form, "prompt"); prompt && !prompt->content.empty()) {
     chat["messages"].push_back({{"role", "system"}, {"content", prompt->content}});
   }
-  chat["messages"].push_back(
-      {{"role", "user"},
-       {"content",
-        {{{"type", "text"}, {"text", instruction + ":"}},
-         {{"type", "input_audio"},
-          {"input_audio",
-           {{"data", encode_base64(file->content)}, {"format", audio_format(*file)}}}}}}});
+  const std::string clip_format = audio_format(*file);
+  std::vector<std::string> pieces;
+  try {
+    pieces = split_clip(file->content);
+  } catch (const ValueError& e) {
+    throw ApiError(400, "'file' is not a readable WAV or MP3 file: " + std::string(e.what()),
+                   "invalid_request_error", "file", "invalid_audio");
+  }
+  const ojson turns = chat["messages"];  // the system turn, if any
 
   TranscriptionRequest out;
   const FormPart* format = single(form, "response_format");
@@ -153,11 +219,23 @@ TranscriptionRequest parse_transcription_request(const FormParts& form, bool tra
   for (const char* name : {"max_completion_tokens", "max_tokens"}) {
     if (const FormPart* cap = single(form, name)) chat[name] = whole_number(*cap, name);
   }
-  try {
-    out.generation = parse_chat_request(chat);
-  } catch (const ApiError& e) {
-    throw as_transcription_error(e);
+  for (const auto& piece : pieces) {
+    chat["messages"] = turns;
+    chat["messages"].push_back(
+        {{"role", "user"},
+         {"content",
+          {{{"type", "text"}, {"text", instruction + ":"}},
+           {{"type", "input_audio"},
+            {"input_audio",
+             {{"data", encode_base64(piece)},
+              {"format", pieces.size() == 1 ? clip_format : "wav"}}}}}}});
+    try {
+      out.pieces.push_back(parse_chat_request(chat));
+    } catch (const ApiError& e) {
+      throw as_transcription_error(e);
+    }
   }
+  out.stream = out.pieces.front().stream;
   return out;
 }
 

@@ -8,11 +8,14 @@
 #include <functional>
 
 #include "common/base64.h"
+#include "common/errors.h"
+#include "media/audio.h"
 #include "server/anthropic.h"
 #include "server/demo.h"
 #include "server/media_load.h"
 #include "server/openai.h"
 #include "server/responses.h"
+#include "server/transcription.h"
 #include "text/chat_template.h"
 
 namespace torchtpu::server {
@@ -330,6 +333,81 @@ TEST(MessagesMedia, ImagesInAssistantTurnsOrOfUnknownSourcesAreRefused) {
                       {"content", {{{"type", "image"}, {"source", {{"type", "file"}}}}}}}}),
             "'messages.0.content.0.source.type' must be \"base64\" or \"url\": this server stores "
             "no files, got \"file\"");
+}
+
+// 16-bit PCM WAV bytes of `samples` at `rate` (the clips the transcription test cuts).
+std::string wav16(const std::vector<float>& samples, int64_t rate) {
+  std::string out = "RIFF";
+  auto u32 = [&](uint32_t v) {
+    for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>(v >> (8 * b) & 0xFF));
+  };
+  auto u16 = [&](uint16_t v) {
+    for (int b = 0; b < 2; ++b) out.push_back(static_cast<char>(v >> (8 * b) & 0xFF));
+  };
+  u32(static_cast<uint32_t>(36 + 2 * samples.size()));
+  out += "WAVEfmt ";
+  u32(16);
+  u16(1);
+  u16(1);
+  u32(static_cast<uint32_t>(rate));
+  u32(static_cast<uint32_t>(2 * rate));
+  u16(2);
+  u16(16);
+  out += "data";
+  u32(static_cast<uint32_t>(2 * samples.size()));
+  for (float v : samples) u16(static_cast<uint16_t>(static_cast<int16_t>(v * 16384)));
+  return out;
+}
+
+// A clip longer than a prompt holds is cut into pieces of at most 30 s that hold its samples in
+// order, each cut inside a silence; a short clip is left as it came; a clip over the limit, or
+// bytes that are no clip, are refused.
+TEST(Transcription, ALongClipIsCutAtItsSilencesIntoPiecesAPromptHolds) {
+  const int64_t rate = 8000;
+  std::vector<float> samples;
+  std::vector<std::pair<int64_t, int64_t>> silences;
+  auto tone = [&](double seconds) {
+    for (int64_t i = 0; i < static_cast<int64_t>(seconds * rate); ++i) {
+      samples.push_back(i % 16 < 8 ? 0.5f : -0.5f);  // every window of it equally loud
+    }
+  };
+  auto silence = [&](double seconds) {
+    const auto from = static_cast<int64_t>(samples.size());
+    samples.resize(samples.size() + static_cast<size_t>(seconds * rate), 0.0f);
+    silences.push_back({from, static_cast<int64_t>(samples.size())});
+  };
+  tone(24);
+  silence(1.5);
+  tone(26);
+  silence(1.5);
+  tone(12);
+  const std::string clip = wav16(samples, rate);
+  const auto pieces = split_clip(clip);
+  ASSERT_EQ(pieces.size(), 3u);
+  std::vector<float> joined;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const Waveform w = decode_wav(pieces[p]);  // within 30 s, or this throws
+    EXPECT_EQ(w.sample_rate, rate);
+    const float* x = w.samples.data_ptr<float>();
+    joined.insert(joined.end(), x, x + w.samples.numel());
+    if (p + 1 < pieces.size()) {
+      const auto cut = static_cast<int64_t>(joined.size());
+      EXPECT_TRUE(cut > silences[p].first && cut < silences[p].second)
+          << "piece " << p << " ends at sample " << cut << ", outside the silence ["
+          << silences[p].first << ", " << silences[p].second << ")";
+    }
+  }
+  const Waveform whole = decode_wav(clip, 600);
+  ASSERT_EQ(static_cast<int64_t>(joined.size()), whole.samples.numel());
+  const float* original = whole.samples.data_ptr<float>();
+  for (size_t i = 0; i < joined.size(); ++i) {
+    ASSERT_NEAR(joined[i], original[i], 1.0 / 32767) << "sample " << i;
+  }
+
+  const std::string short_clip = wav16(std::vector<float>(rate * 20, 0.25f), rate);
+  EXPECT_EQ(split_clip(short_clip), std::vector<std::string>{short_clip});
+  EXPECT_THROW(split_clip(wav16(std::vector<float>(rate * 601, 0.25f), rate)), ValueError);
+  EXPECT_THROW(split_clip("not audio at all"), ValueError);
 }
 
 }  // namespace
