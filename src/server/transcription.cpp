@@ -176,16 +176,6 @@ TranscriptionRequest parse_transcription_request(const FormParts& form, bool tra
   if (const FormPart* prompt = single(form, "prompt"); prompt && !prompt->content.empty()) {
     chat["messages"].push_back({{"role", "system"}, {"content", prompt->content}});
   }
-  const std::string clip_format = audio_format(*file);
-  std::vector<std::string> pieces;
-  try {
-    pieces = split_clip(file->content);
-  } catch (const ValueError& e) {
-    throw ApiError(400, "'file' is not a readable WAV or MP3 file: " + std::string(e.what()),
-                   "invalid_request_error", "file", "invalid_audio");
-  }
-  const ojson turns = chat["messages"];  // the system turn, if any
-
   TranscriptionRequest out;
   const FormPart* format = single(form, "response_format");
   const std::string response_format = format ? format->content : "json";
@@ -219,6 +209,17 @@ TranscriptionRequest parse_transcription_request(const FormParts& form, bool tra
   for (const char* name : {"max_completion_tokens", "max_tokens"}) {
     if (const FormPart* cap = single(form, name)) chat[name] = whole_number(*cap, name);
   }
+  // Decoded last, once every field is known good.
+  const std::string clip_format = audio_format(*file);
+  std::vector<std::string> pieces;
+  try {
+    pieces = split_clip(file->content);
+  } catch (const ValueError& e) {
+    throw ApiError(400, "'file' is not a readable WAV or MP3 file: " + std::string(e.what()),
+                   "invalid_request_error", "file", "invalid_audio");
+  }
+  const ojson turns = chat["messages"];  // the system turn, if any
+
   for (const auto& piece : pieces) {
     chat["messages"] = turns;
     chat["messages"].push_back(
