@@ -87,7 +87,7 @@ struct ServeOptions {
 
 // `options` with each Hub id (org/name[@rev]) among its model, int4 tables, draft model and LoRA
 // adapters downloaded into the Hub cache (or found there, offline) and replaced by its snapshot
-// directory; directories stay as they are. hub::resolve_model's errors.
+// directory; other paths stay as they are. hub::resolve_model's errors.
 EngineOptions resolve_hub_ids(EngineOptions options, const hub::Options& hub);
 
 // Builds the engine on the worker thread (the thread that will own it).

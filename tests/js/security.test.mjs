@@ -20,7 +20,8 @@ after(async () => {
   if (server) await server.stop();
 });
 
-// Every route that generates or reveals anything, with a body that it would otherwise accept.
+// Every route that generates, reveals or changes anything, with a body that it would otherwise
+// accept (or a status it answers with the key: the runtime LoRA routes are off on this server).
 const chat = { messages: [{ role: "user", content: "Hi." }], max_tokens: 2 };
 // /metrics is not among them: routers scrape it without credentials (--metrics-auth guards it,
 // scale.test.mjs).
@@ -36,6 +37,12 @@ const guarded = [
   ["POST", "/v1/responses", { input: "Hi.", max_output_tokens: 2, store: false }],
   ["POST", "/v1/messages", { max_tokens: 2, messages: [{ role: "user", content: "Hi." }] }],
   ["POST", "/v1/messages/count_tokens", { messages: [{ role: "user", content: "Hi." }] }],
+  ["GET", "/lora-adapters"],
+  ["POST", "/lora-adapters", []],
+  ["POST", "/v1/load_lora_adapter", { lora_name: "x", lora_path: "/tmp" }, 403],
+  ["POST", "/v1/unload_lora_adapter", { lora_name: "x" }, 403],
+  // The key is checked before the body: this one wants a multipart upload.
+  ["POST", "/v1/audio/transcriptions", { file: "x" }, 400],
   // An unknown route does not tell a client without the key whether it exists.
   ["GET", "/no/such/route"],
 ];
@@ -110,7 +117,7 @@ describe("the server", () => {
         }
       }
       const res = await call(server.url, route, { Authorization: `Bearer ${KEY}` });
-      const expected = route[1] === "/no/such/route" ? 404 : 200;
+      const expected = route[3] ?? (route[1] === "/no/such/route" ? 404 : 200);
       assert.equal(res.status, expected, `${route[1]} with the key: ${await res.text()}`);
     }
   });
