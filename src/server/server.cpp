@@ -1566,6 +1566,9 @@ void Server::handle_transcription(const httplib::Request& req, httplib::Response
   } catch (const ApiError& e) {
     abandon(jobs);
     throw as_transcription_error(e);
+  } catch (...) {
+    abandon(jobs);
+    throw;
   }
   const bool stream = r.stream;
   answer_rendered(res, jobs, std::make_shared<TranscriptionRenderer>(stream), stream,
