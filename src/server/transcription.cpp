@@ -107,9 +107,10 @@ std::string pcm16_wav(const float* samples, int64_t n, int64_t rate) {
   u16(16);
   out += "data";
   u32(data);
+  // 2^15 per unit, as decode_wav reads 16-bit samples: a 16-bit clip's pieces hold its samples.
   for (int64_t i = 0; i < n; ++i) {
-    const float clamped = std::clamp(samples[i], -1.0f, 1.0f);
-    u16(static_cast<uint16_t>(static_cast<int16_t>(std::lround(clamped * 32767.0f))));
+    const long level = std::clamp(std::lround(samples[i] * 32768.0f), -32768L, 32767L);
+    u16(static_cast<uint16_t>(static_cast<int16_t>(level)));
   }
   return out;
 }
