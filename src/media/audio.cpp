@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "media/kinds.h"
 
 namespace torchtpu {
 namespace {
@@ -366,14 +367,10 @@ AudioFeatures audio_features(const at::Tensor& samples, const AudioFeatureOption
 }
 
 Waveform decode_audio(std::string_view bytes, double max_seconds) {
-  if (bytes.size() >= 12 && bytes.substr(0, 4) == "RIFF" && bytes.substr(8, 4) == "WAVE") {
-    return decode_wav(bytes, max_seconds);
-  }
+  const std::string_view type = sniff_media_type(MediaKind::kAudio, bytes);
+  if (type == "audio/wav") return decode_wav(bytes, max_seconds);
+  if (type == "audio/mpeg") return decode_mp3(bytes, max_seconds);
   const auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
-  if ((bytes.size() >= 3 && bytes.substr(0, 3) == "ID3") ||
-      (bytes.size() >= 2 && byte(0) == 0xFF && (byte(1) & 0xE0) == 0xE0)) {
-    return decode_mp3(bytes, max_seconds);
-  }
   std::string start;
   for (size_t i = 0; i < std::min<size_t>(bytes.size(), 4); ++i) {
     char hex[4];

@@ -295,11 +295,10 @@ at::Tensor decode_image(std::string_view bytes, const ImageLimits& limits) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(bytes.size()) <= limits.max_bytes, "image of ",
                     bytes.size(), " bytes is over the limit of ", limits.max_bytes, " bytes");
   TORCH_CHECK_VALUE(!bytes.empty(), "image data is empty");
-  if (starts_with(bytes, "\x89PNG\r\n\x1a\n")) return decode_png(bytes, limits);
-  if (starts_with(bytes, "\xff\xd8\xff")) return decode_jpeg(bytes, limits);
-  if (starts_with(bytes, "RIFF") && bytes.size() >= 12 && bytes.substr(8, 4) == "WEBP") {
-    return decode_webp(bytes, limits);
-  }
+  const std::string_view type = sniff_media_type(MediaKind::kImage, bytes);
+  if (type == "image/png") return decode_png(bytes, limits);
+  if (type == "image/jpeg") return decode_jpeg(bytes, limits);
+  if (type == "image/webp") return decode_webp(bytes, limits);
   const char* what = starts_with(bytes, "GIF8")                                 ? "GIF"
                      : starts_with(bytes, "BM")                                 ? "BMP"
                      : starts_with(bytes, "II*") || starts_with(bytes, "MM\0*") ? "TIFF"

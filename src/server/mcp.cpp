@@ -138,25 +138,6 @@ class ServerClient {
 
 // Media files for ask and stream ---------------------------------------------------------------
 
-// The media type the file's first bytes show: PNG, JPEG or WebP for images, WAV (RIFF/WAVE) or
-// MP3 (an ID3 tag or an MPEG frame sync) for audio, what the server decodes; empty for anything
-// else. The server decodes it again.
-std::string sniff(MediaKind kind, const std::string& b) {
-  const auto at = [&](size_t offset, std::string_view magic) {
-    return b.size() >= offset + magic.size() && b.compare(offset, magic.size(), magic) == 0;
-  };
-  if (kind == MediaKind::kAudio) {
-    if (at(0, "RIFF") && at(8, "WAVE")) return "audio/wav";
-    const bool sync = b.size() >= 2 && static_cast<unsigned char>(b[0]) == 0xFF &&
-                      (static_cast<unsigned char>(b[1]) & 0xE0) == 0xE0;
-    return at(0, "ID3") || sync ? "audio/mpeg" : "";
-  }
-  if (at(0, "\x89PNG\r\n\x1a\n")) return "image/png";
-  if (at(0, "\xff\xd8\xff")) return "image/jpeg";
-  if (at(0, "RIFF") && at(8, "WEBP")) return "image/webp";
-  return "";
-}
-
 // One file an `images` or `audio` argument named, read.
 struct MediaFile {
   MediaKind kind = MediaKind::kImage;
@@ -271,7 +252,7 @@ MediaFile read_media_file(const McpFiles& files, MediaKind kind, const std::stri
                       " bytes while it was read");
     }
   }
-  file.mime = sniff(kind, file.bytes);
+  file.mime = sniff_media_type(kind, file.bytes);
   if (file.mime.empty()) {
     throw ToolError(file.label +
                     (image ? " is not a PNG, JPEG or WebP image" : " is not a WAV or MP3 file"));

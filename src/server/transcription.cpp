@@ -11,6 +11,7 @@
 #include "common/base64.h"
 #include "common/errors.h"
 #include "media/audio.h"
+#include "media/kinds.h"
 
 namespace torchtpu::server {
 namespace {
@@ -71,14 +72,9 @@ int64_t whole_number(const FormPart& part, const std::string& name) {
 
 // "wav" or "mp3", from the file's first bytes (the formats the audio path reads).
 std::string audio_format(const FormPart& file) {
-  const std::string& b = file.content;
-  if (b.size() >= 12 && b.compare(0, 4, "RIFF") == 0 && b.compare(8, 4, "WAVE") == 0) {
-    return "wav";
-  }
-  const bool id3 = b.compare(0, 3, "ID3") == 0;
-  const bool frame = b.size() >= 2 && static_cast<unsigned char>(b[0]) == 0xFF &&
-                     (static_cast<unsigned char>(b[1]) & 0xE0) == 0xE0;
-  if (id3 || frame) return "mp3";
+  const std::string_view type = sniff_media_type(MediaKind::kAudio, file.content);
+  if (type == "audio/wav") return "wav";
+  if (type == "audio/mpeg") return "mp3";
   throw ApiError(400,
                  "'file'" + (file.filename.empty() ? "" : " (" + file.filename + ")") +
                      " is neither a WAV nor an MP3 file, the formats this server reads",
