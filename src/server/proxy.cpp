@@ -357,7 +357,10 @@ void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
       if (!is_hop_header(name)) res.set_header(name, value);
     }
   }
-  if (content_type.rfind("text/event-stream", 0) == 0) {
+  // Streams (server-sent events, Ollama's newline-delimited JSON) go on as they come; anything
+  // else is passed on whole.
+  if (content_type.rfind("text/event-stream", 0) == 0 ||
+      content_type.rfind("application/x-ndjson", 0) == 0) {
     res.set_chunked_content_provider(
         content_type,
         [x, fd](size_t, httplib::DataSink& sink) {

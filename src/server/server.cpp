@@ -11,7 +11,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +30,7 @@
 
 #include "build_info.h"
 #include "common/errors.h"
+#include "common/fnv1a.h"
 #include "engine/report.h"
 #include "engine/scheduler.h"
 #include "grammar/constraint.h"
@@ -38,6 +41,7 @@
 #include "server/mcp.h"
 #include "server/media_load.h"
 #include "server/metrics.h"
+#include "server/ollama.h"
 #include "server/openai.h"
 #include "server/responses.h"
 #include "server/stop_strings.h"
@@ -397,7 +401,7 @@ class Active {
 constexpr int kKeepAliveSeconds = 2;
 
 // Which API's error object a route answers with.
-enum class ErrorShape { kOpenAI, kAnthropic };
+enum class ErrorShape { kOpenAI, kAnthropic, kOllama };
 
 // The names the model is served under: the id (--model-id, else the first --served-model-name,
 // else the demo's id or the checkpoint directory's name), then the other aliases, each once.
@@ -528,6 +532,12 @@ class Server {
   void handle_responses(const httplib::Request& req, httplib::Response& res);
   void handle_messages(const httplib::Request& req, httplib::Response& res);
   void handle_count_tokens(const httplib::Request& req, httplib::Response& res);
+  // Ollama's POST /api/chat (`chat`) and POST /api/generate.
+  void handle_ollama(const httplib::Request& req, httplib::Response& res, bool chat);
+  // What Ollama's /api/tags, /api/show and /api/ps say of the model or of the adapter `id`.
+  OllamaModel ollama_model(const std::string& id) const;
+  // Ollama's GET /api/tags, POST /api/show, GET /api/ps and GET /api/version.
+  void add_ollama_info_routes(httplib::Server& http);
   // OpenAI's /v1/audio/transcriptions (`translate`: /v1/audio/translations).
   void handle_transcription(const httplib::Request& req, httplib::Response& res, bool translate);
   // Answers a job in a wire format of its own (wire.h): whole, or as the renderer's events.
@@ -1385,7 +1395,11 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
     } else if (r.prompt_ids) {
       job->prompt = *r.prompt_ids;
     } else {
-      job->prompt = tokenizer_->encode(r.prompt, /*add_special_tokens=*/true);
+      // A prompt already opening with the BOS token (one /apply-template rendered, Ollama's raw
+      // prompts) gets no second one: Gemma reads a doubled BOS as text it never saw in training.
+      const int64_t bos = engine_->config().bos_token_id;
+      const bool has_bos = bos >= 0 && r.prompt.rfind(tokenizer_->decode({bos}), 0) == 0;
+      job->prompt = tokenizer_->encode(r.prompt, /*add_special_tokens=*/!has_bos);
     }
     if (!job->media.empty()) {
       job->prompt = expand_media_placeholders(job->prompt, job->media, engine_->config());
@@ -1443,6 +1457,8 @@ GenerationOutcome Server::outcome(const Choices& jobs, const std::string& reason
     out.prompt_tokens += job->result.prompt_tokens;
     out.completion_tokens += static_cast<int64_t>(job->result.tokens.size());
     out.cached_tokens += job->result.cached_tokens;
+    out.read_s += job->result.read_s;
+    out.decode_s += job->result.decode_s;
   }
   out.reasoning_tokens = static_cast<int64_t>(tokenizer_->encode(reasoning, false).size());
   return out;
@@ -1481,7 +1497,7 @@ void Server::answer_rendered(httplib::Response& res, Choices jobs,
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
-      "text/event-stream",
+      renderer->content_type(),
       [this, jobs, renderer, s](size_t, httplib::DataSink& sink) {
         std::string out;
         bool ended = false;
@@ -1545,6 +1561,133 @@ void Server::handle_messages(const httplib::Request& req, httplib::Response& res
   const auto prompt_tokens = static_cast<int64_t>(job->prompt.size());
   answer_rendered(res, {job}, std::make_shared<MessagesRenderer>(model_id_, prompt_tokens, r),
                   r.generation.stream, std::move(active));
+}
+
+void Server::handle_ollama(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const auto received = Clock::now();
+  const ojson body = parse_body(req.body);
+  const OllamaRequest r = chat ? parse_ollama_chat(body) : parse_ollama_generate(body);
+  check_model(r.generation.model);
+  if (r.load_only) {
+    res.set_content(dump(ollama_loaded(r)), "application/json");
+    return;
+  }
+  auto active = admit();
+  std::shared_ptr<Job> job;
+  try {
+    job = start_jobs(req, r.generation, r.templated, chat ? "messages" : "prompt").front();
+  } catch (const ApiError& e) {
+    throw as_ollama_error(e);  // a format schema the grammar cannot enforce
+  }
+  answer_rendered(res, {job}, std::make_shared<OllamaRenderer>(r, received), r.generation.stream,
+                  std::move(active));
+}
+
+OllamaModel Server::ollama_model(const std::string& id) const {
+  OllamaModel m;
+  m.id = id;
+  m.digest = engine_->weights_id();
+  for (const auto& a : adapters()) {
+    if (a.spec.name != id) continue;
+    m.parent = model_id_;
+    // The adapter's own digits after the base model's.
+    const uint64_t dir = fnv1a(kFnvOffset, reinterpret_cast<const uint8_t*>(a.spec.dir.data()),
+                               a.spec.dir.size());
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(dir));
+    m.digest += hex;
+  }
+  for (const auto& s : engine_->storage()) {
+    m.size += s.bytes;
+    if (s.family == "linears") {
+      m.quantization = s.format.rfind("int4", 0) == 0 ? "W4A16" : s.format;
+      for (char& c : m.quantization) c = static_cast<char>(std::toupper(c));
+    }
+  }
+  if (options_.engine.device != "cpu") m.size_vram = m.size;
+  const auto created = std::chrono::system_clock::from_time_t(static_cast<std::time_t>(created_));
+  m.modified_at = rfc3339(created);
+  const ModelConfig& config = engine_->config();
+  m.context_length = options_.engine.context;
+  m.embedding_length = config.hidden_size;
+  m.block_count = config.num_hidden_layers;
+  m.capabilities = {"completion"};
+  if (template_caps_.tools) m.capabilities.push_back("tools");
+  if (template_->source().find("enable_thinking") != std::string::npos) {
+    m.capabilities.push_back("thinking");
+  }
+  if (modalities_.image) m.capabilities.push_back("vision");
+  if (modalities_.audio) m.capabilities.push_back("audio");
+  const SamplingParams d = sampling_params({}, generation_defaults_, config.vocab_size);
+  std::ostringstream parameters;
+  parameters << "temperature " << d.temperature << "\ntop_k " << d.top_k << "\ntop_p " << d.top_p
+             << "\nmin_p " << d.min_p << "\nrepeat_penalty " << d.repetition_penalty;
+  m.parameters = parameters.str();
+  m.chat_template = template_->source();
+  // Ollama's keep-alive is this server's sleep when idle; a server that never sleeps keeps the
+  // model loaded for good, which Ollama writes as a time far ahead.
+  const double idle = options_.sleep_idle_s;
+  const auto now = std::chrono::system_clock::now();
+  m.expires_at = rfc3339(idle < 0 ? now + std::chrono::hours(24 * 365 * 100)
+                                  : now + std::chrono::milliseconds(std::llround(idle * 1e3)));
+  return m;
+}
+
+void Server::add_ollama_info_routes(httplib::Server& http) {
+  const auto version = [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dump({{"version", kOllamaApiVersion}, {"torchtpu_cpp", TORCHTPU_VERSION}}),
+                    "application/json");
+  };
+  http.Get("/api/version", guarded(version, false, ErrorShape::kOllama));
+  http.Get("/api/tags", guarded(
+                            [this](const httplib::Request&, httplib::Response& res) {
+                              ojson models = ojson::array();
+                              for (const auto& name : model_names_) {
+                                models.push_back(ollama_tag(ollama_model(name)));
+                              }
+                              for (const auto& a : adapters()) {
+                                models.push_back(ollama_tag(ollama_model(a.spec.name)));
+                              }
+                              res.set_content(dump({{"models", models}}), "application/json");
+                            },
+                            true, ErrorShape::kOllama));
+  http.Post("/api/show",
+            guarded(
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  const ojson body = parse_body(req.body);
+                  // "name" is Ollama's older spelling of "model".
+                  const ojson* model = field(body, "model");
+                  if (!model) model = field(body, "name");
+                  if (!model || !model->is_string() || model->get<std::string>().empty()) {
+                    throw ApiError(400, "model is required", "invalid_request_error", "model",
+                                   "missing_required_parameter");
+                  }
+                  const std::string id = server_model_name(model->get<std::string>());
+                  check_model(id);
+                  res.set_content(dump(ollama_show(ollama_model(id.empty() ? model_id_ : id))),
+                                  "application/json");
+                },
+                true, ErrorShape::kOllama));
+  // The models in memory: none while the server sleeps.
+  http.Get("/api/ps", guarded(
+                          [this](const httplib::Request&, httplib::Response& res) {
+                            ojson models = ojson::array();
+                            if (!scheduler_.stats().asleep) {
+                              models.push_back(ollama_ps(ollama_model(model_id_)));
+                            }
+                            res.set_content(dump({{"models", models}}), "application/json");
+                          },
+                          true, ErrorShape::kOllama));
+  for (const char* path : {"/api/embed", "/api/embeddings"}) {
+    http.Post(path, guarded(
+                        [](const httplib::Request&, httplib::Response&) {
+                          throw ApiError(400,
+                                         "this model does not make embeddings: Gemma 4 is a "
+                                         "generative model",
+                                         "invalid_request_error", "model", "not_supported");
+                        },
+                        false, ErrorShape::kOllama));
+  }
 }
 
 void Server::handle_transcription(const httplib::Request& req, httplib::Response& res,
@@ -2041,7 +2184,9 @@ std::string Server::endpoint_label(const std::string& path) const {
       "/v1/chat/completions",
       "/v1/completions", "/tokenize",    "/detokenize", "/apply-template",
       "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens",
-      "/v1/audio/transcriptions", "/v1/audio/translations"};
+      "/v1/audio/transcriptions", "/v1/audio/translations",
+      "/api/chat",       "/api/generate", "/api/tags",   "/api/show",
+      "/api/ps",         "/api/version", "/api/embed",  "/api/embeddings"};
   if (known.count(path)) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -2073,13 +2218,16 @@ void send_error(httplib::Response& res, const ApiError& e, ErrorShape shape = Er
   res.status = e.status;
   if (e.status == 429) res.set_header("Retry-After", "1");
   if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
-  res.set_content(dump(shape == ErrorShape::kAnthropic ? anthropic_error_body(e) : error_body(e)),
+  res.set_content(dump(shape == ErrorShape::kAnthropic ? anthropic_error_body(e)
+                       : shape == ErrorShape::kOllama  ? ollama_error_body(e)
+                                                       : error_body(e)),
                   "application/json");
 }
 
-// Anthropic clients read errors in Anthropic's shape, on every status of their routes.
+// Anthropic and Ollama clients read errors in their own shape, on every status of their routes.
 ErrorShape error_shape(const std::string& path) {
-  return path.rfind("/v1/messages", 0) == 0 ? ErrorShape::kAnthropic : ErrorShape::kOpenAI;
+  if (path.rfind("/v1/messages", 0) == 0) return ErrorShape::kAnthropic;
+  return path.rfind("/api/", 0) == 0 ? ErrorShape::kOllama : ErrorShape::kOpenAI;
 }
 
 httplib::Server::Handler Server::guarded(
@@ -2264,6 +2412,13 @@ void Server::set_up_routes(httplib::Server& http) {
             guarded([this](const httplib::Request& req,
                            httplib::Response& res) { handle_count_tokens(req, res); },
                     true, ErrorShape::kAnthropic));
+  for (const bool chat : {true, false}) {
+    http.Post(chat ? "/api/chat" : "/api/generate",
+              guarded([this, chat](const httplib::Request& req,
+                                   httplib::Response& res) { handle_ollama(req, res, chat); },
+                      true, ErrorShape::kOllama));
+  }
+  add_ollama_info_routes(http);
   http.Post("/tokenize", guarded(
                              [this](const httplib::Request& req, httplib::Response& res) {
                                const auto r = parse_tokenize_request(parse_body(req.body));
@@ -2330,7 +2485,11 @@ void Server::set_up_routes(httplib::Server& http) {
             {"/detokenize", "POST"},     {"/apply-template", "POST"},
             {"/v1/responses", "POST"},
             {"/v1/messages", "POST"},    {"/v1/messages/count_tokens", "POST"},
-            {"/v1/audio/transcriptions", "POST"}, {"/v1/audio/translations", "POST"}};
+            {"/v1/audio/transcriptions", "POST"}, {"/v1/audio/translations", "POST"},
+            {"/api/chat", "POST"},       {"/api/generate", "POST"},
+            {"/api/tags", "GET"},        {"/api/show", "POST"},
+            {"/api/ps", "GET"},          {"/api/version", "GET"},
+            {"/api/embed", "POST"},      {"/api/embeddings", "POST"}};
         try {
           if (res.status == 413) {
             throw ApiError(413,

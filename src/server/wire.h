@@ -22,6 +22,8 @@ struct GenerationOutcome {
   int64_t completion_tokens = 0;
   int64_t reasoning_tokens = 0;  // of completion_tokens, those of the thinking channel's text
   int64_t cached_tokens = 0;     // of prompt_tokens, those the prefix cache gave
+  double read_s = 0;             // reading the prompt, until the first token was known
+  double decode_s = 0;           // the steps after it
 };
 
 // One answer in one wire format. The server calls start() once, add() for each piece of parsed
@@ -36,6 +38,8 @@ class Renderer {
   virtual std::string finish(const GenerationOutcome& outcome) = 0;
   virtual std::string error(const ApiError& error) = 0;
   virtual ojson body() const = 0;
+  // What a stream of it is sent as.
+  virtual std::string content_type() const { return "text/event-stream"; }
 };
 
 // One server-sent event with a name, as both APIs frame theirs: "event: NAME\ndata: JSON\n\n".

@@ -31,11 +31,14 @@ add_executable(output_parser_fuzz ${_fuzz_dir}/output_parser_fuzz.cpp)
 target_link_libraries(output_parser_fuzz PRIVATE torchtpu_text)
 
 # The server's parsers are compiled in directly (openai.cpp with structured.cpp, which parses
-# response_format, and media_parts.cpp, which parses content parts; mcp.cpp): torchtpu_server links
-# the engine and libtorch, which they do not use.
+# response_format, and media_parts.cpp, which parses content parts; ollama.cpp with wire.cpp, which
+# renames its errors; mcp.cpp): torchtpu_server links the engine and libtorch, which they do not
+# use.
 add_executable(request_fuzz ${_fuzz_dir}/request_fuzz.cpp ${CMAKE_SOURCE_DIR}/src/server/openai.cpp
                             ${CMAKE_SOURCE_DIR}/src/server/structured.cpp
-                            ${CMAKE_SOURCE_DIR}/src/server/media_parts.cpp)
+                            ${CMAKE_SOURCE_DIR}/src/server/media_parts.cpp
+                            ${CMAKE_SOURCE_DIR}/src/server/ollama.cpp
+                            ${CMAKE_SOURCE_DIR}/src/server/wire.cpp)
 target_link_libraries(request_fuzz PRIVATE torchtpu_common nlohmann_json::nlohmann_json)
 
 find_package(PkgConfig REQUIRED)

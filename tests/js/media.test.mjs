@@ -3,13 +3,15 @@
 // every valid image or clip gets the 400 naming what the checkpoint lacks, and every malformed one
 // the 400 naming its field; /v1/models says which modalities the checkpoint reads. A second server
 // reads a tiny checkpoint with both towers that transformers' save_pretrained writes
-// (make_multimodal.py), where corrupt files are 400s and valid ones are answered. The PNG and the
+// (make_multimodal.py), where corrupt files are 400s and valid ones are answered (Ollama's images,
+// through the official `ollama` client, as chat's image parts are). The PNG and the
 // WAV are server_helpers.mjs's. Speech to text (/v1/audio/transcriptions and translations, through
 // the SDK's audio API) answers as the chat route answers the clip after vLLM's instruction.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import http from "node:http";
 import { after, before, describe, test } from "node:test";
+import { Ollama } from "ollama";
 import OpenAI, { toFile } from "openai";
 import { PNG, makeMultimodalCheckpoint, startServer, wav } from "./server_helpers.mjs";
 
@@ -397,6 +399,36 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     assert.equal(ok.usage.completion_tokens, 2);
   });
 
+  test("Ollama's images (the official client): the prompt and answer of chat's image part",
+    async () => {
+      const ollama = new Ollama({ host: mm.url });
+      const show = await ollama.show({ model: "tiny-multimodal" });
+      assert.deepEqual(show.capabilities, ["completion", "tools", "thinking", "vision", "audio"]);
+      const options = { temperature: 0, num_predict: 8 };
+      const theirs = await ollama.chat({
+        model: "tiny-multimodal", stream: false, options,
+        messages: [{ role: "user", content: "What is this?", images: [Buffer.from(PNG, "base64")] }],
+      });
+      // Ollama's templates put a message's images before its text.
+      const ours = await mmClient.chat.completions.create({
+        model: "tiny-multimodal", max_tokens: 8, temperature: 0,
+        messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: PNG_URL } },
+          { type: "text", text: "What is this?" }] }],
+      });
+      assert.equal(theirs.prompt_eval_count, ours.usage.prompt_tokens);
+      assert.equal(theirs.message.content, ours.choices[0].message.content);
+      const generated = await ollama.generate({
+        model: "tiny-multimodal", prompt: "What is this?", images: [PNG], stream: false, options,
+      });
+      assert.equal(generated.response, theirs.message.content);
+      const corrupt = await ollama
+        .chat({ model: "tiny-multimodal", stream: false,
+          messages: [{ role: "user", content: "What is this?", images: [PNG.slice(0, 40)] }] })
+        .then(() => assert.fail("expected an error"), (e) => e);
+      assert.equal(corrupt.status_code, 400);
+      assert.match(corrupt.error, /^'messages\[0\]\.images\[0\]' is not a readable image: /);
+    });
+
   test("Anthropic's count_tokens counts an image as the soft tokens the model reads", async () => {
     const post = async (route, content) => {
       const res = await fetch(`${mm.url}/v1/messages${route}`, {
@@ -417,7 +449,9 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     const plain = await post("/count_tokens", [text]);
     const counted = await post("/count_tokens", [image, text]);
     const answered = await post("", [image, text]);
-    assert.equal(counted.input_tokens, answered.usage.input_tokens);
+    // Anthropic counts the prompt's cache reads apart from its input tokens.
+    assert.equal(counted.input_tokens,
+      answered.usage.input_tokens + answered.usage.cache_read_input_tokens);
     // The placeholder became its begin token, one or more soft tokens and its end token.
     assert.ok(counted.input_tokens >= plain.input_tokens + 2,
       `${counted.input_tokens} tokens with the image, ${plain.input_tokens} without`);

@@ -1,6 +1,7 @@
 // `torchtpu-cpp proxy` in front of two demo servers: it finds server A through an upstream command,
-// passes a stream and an upload through, cancels A's decode when its own client aborts, and when A
-// stops and the command names B, the next request goes through B.
+// passes a stream (server-sent events, and Ollama's newline-delimited JSON) and an upload through,
+// cancels A's decode when its own client aborts, and when A stops and the command names B, the
+// next request goes through B.
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
@@ -119,6 +120,29 @@ test("a client abort through the proxy cancels the decode upstream", async () =>
   const reader = res.body.getReader();
   await reader.read();
   await reader.read();
+  controller.abort();
+  await eventually(
+    async () => metric(await metrics(a.url), "torchtpu_requests_cancelled_total") === cancelled + 1,
+    "A's cancel counter to move by one",
+  );
+});
+
+test("an Ollama stream (newline-delimited JSON) passes through as it is made", async () => {
+  const cancelled = metric(await metrics(a.url), "torchtpu_requests_cancelled_total");
+  const controller = new AbortController();
+  const res = await fetch(`${proxyUrl}/api/generate`, {
+    method: "POST",
+    body: JSON.stringify({ model: MODEL, prompt: "Say something about rivers.", options: { num_predict: 4000 } }),
+    signal: controller.signal,
+  });
+  assert.equal(res.status, 200);
+  assert.equal(res.headers.get("content-type"), "application/x-ndjson");
+  // Lines arrive while the decode goes on: a buffered answer would come only at its end.
+  const reader = res.body.getReader();
+  let text = "";
+  while (text.split("\n").length < 3) text += new TextDecoder().decode((await reader.read()).value);
+  const [first] = text.split("\n");
+  assert.equal(JSON.parse(first).done, false);
   controller.abort();
   await eventually(
     async () => metric(await metrics(a.url), "torchtpu_requests_cancelled_total") === cancelled + 1,

@@ -41,6 +41,13 @@ const guarded = [
   ["POST", "/lora-adapters", []],
   ["POST", "/v1/load_lora_adapter", { lora_name: "x", lora_path: "/tmp" }, 403],
   ["POST", "/v1/unload_lora_adapter", { lora_name: "x" }, 403],
+  ["POST", "/api/chat", { model: "torchtpu-demo-random-weights", stream: false, ...chat }],
+  ["POST", "/api/generate", { model: "torchtpu-demo-random-weights", prompt: "Hi.", stream: false,
+    options: { num_predict: 2 } }],
+  ["GET", "/api/tags"],
+  ["POST", "/api/show", { model: "torchtpu-demo-random-weights" }],
+  ["GET", "/api/ps"],
+  ["GET", "/api/version"],
   // The key is checked before the body: this one wants a multipart upload.
   ["POST", "/v1/audio/transcriptions", { file: "x" }, 400],
   // An unknown route does not tell a client without the key whether it exists.
@@ -108,10 +115,13 @@ describe("the server", () => {
         const res = await call(server.url, route, headers);
         assert.equal(res.status, 401, `${route[0]} ${route[1]} with ${JSON.stringify(headers)}`);
         assert.equal(res.headers.get("www-authenticate"), "Bearer");
-        // Anthropic's routes answer in Anthropic's error shape, which has a type and no code.
+        // Anthropic's routes answer in Anthropic's error shape, which has a type and no code;
+        // Ollama's in Ollama's, a message alone.
         const { error } = await res.json();
         if (route[1].startsWith("/v1/messages")) {
           assert.equal(error.type, "authentication_error");
+        } else if (route[1].startsWith("/api/")) {
+          assert.match(error, /API key/);
         } else {
           assert.equal(error.code, "invalid_api_key");
         }
