@@ -586,4 +586,8 @@ std::string resolve_model(const std::string& dir_or_id, const Options& opts) {
                   opts);
 }
 
+std::string resolve_if_repo_id(const std::string& path, const Options& opts) {
+  return looks_like_repo_id(path) ? resolve_model(path, opts) : path;
+}
+
 }  // namespace torchtpu::hub

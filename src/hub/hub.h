@@ -35,4 +35,9 @@ std::string download(const std::string& repo_id, const std::string& revision, co
 // found in the cache.
 std::string resolve_model(const std::string& dir_or_id, const Options& opts);
 
+// resolve_model for what looks like a repo id; anything else (a directory, or a path that is none)
+// unchanged, for the caller that reads it to say what is wrong with it. What every option taking
+// a checkpoint or adapter directory accepts.
+std::string resolve_if_repo_id(const std::string& path, const Options& opts);
+
 }  // namespace torchtpu::hub

@@ -16,7 +16,9 @@
 #include "engine/media.h"
 #include "engine/report.h"
 #include "grammar/constraint.h"
+#include "hub/hub.h"
 #include "python/bindings.h"
+#include "server/server.h"
 
 namespace torchtpu::python {
 namespace {
@@ -476,10 +478,17 @@ void bind_engine(py::module_& m) {
                        bool no_vision, bool no_audio,
                        const std::optional<std::string>& draft_model,
                        const std::vector<std::string>& lora, int64_t max_lora) {
-             return std::make_unique<PyEngine>(
+             EngineOptions options =
                  engine_options(model_dir, emb4_dir, like, context, device, dtype, prefill_chunk,
                                 threads, int4, quantize, int4_activation_bits, no_vision,
-                                no_audio, draft_model, lora, max_lora));
+                                no_audio, draft_model, lora, max_lora);
+             {
+               // Hub ids in place of directories are downloaded into the Hub cache (or found
+               // there) first, as `serve --model org/name` does: minutes, without the GIL.
+               py::gil_scoped_release released;
+               options = server::resolve_hub_ids(std::move(options), hub::Options::from_env());
+             }
+             return std::make_unique<PyEngine>(options);
            }),
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
            py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
@@ -568,6 +577,7 @@ void bind_engine(py::module_& m) {
             if (name) spec.name = *name;
             spec.scale = scale;
             py::gil_scoped_release released;
+            spec.dir = hub::resolve_if_repo_id(spec.dir, hub::Options::from_env());
             engine.load_lora(spec);
           },
           py::arg("dir"), py::kw_only(), py::arg("name") = py::none(), py::arg("scale") = 1.0,

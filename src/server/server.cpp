@@ -2647,15 +2647,11 @@ int Server::run() {
 }  // namespace
 
 EngineOptions resolve_hub_ids(EngineOptions options, const hub::Options& hub) {
-  // Anything else (a directory, or a path that is none) goes on to the engine, which names what
-  // is wrong with it.
-  auto resolve = [&](std::string& dir) {
-    if (hub::looks_like_repo_id(dir)) dir = hub::resolve_model(dir, hub);
-  };
-  resolve(options.model_dir);
-  resolve(options.emb4_dir);
-  resolve(options.draft_model);
-  for (auto& spec : options.lora) resolve(spec.dir);
+  // Anything else goes on to the engine, which names what is wrong with it.
+  for (std::string* dir : {&options.model_dir, &options.emb4_dir, &options.draft_model}) {
+    *dir = hub::resolve_if_repo_id(*dir, hub);
+  }
+  for (auto& spec : options.lora) spec.dir = hub::resolve_if_repo_id(spec.dir, hub);
   return options;
 }
 

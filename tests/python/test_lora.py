@@ -398,3 +398,58 @@ def test_an_adapter_loaded_while_asleep_applies_after_the_wake(base, adapters):
     for name, (_, peft_model) in (("first", adapters["first"]), ("two", adapters["second"])):
         got = torch.as_tensor(eng.logits(PROMPT, lora={name: 1}))
         torch.testing.assert_close(got, _peft_logits(peft_model, PROMPT), atol=2e-4, rtol=0)
+
+
+def test_hub_ids_load_the_model_and_adapters_from_the_hub(base, adapters, tmp_path, monkeypatch):
+    """A Hub id in place of a directory (the model, lora=[...], load_lora) is downloaded into the
+    Hub cache as `serve --model org/name` does, and gives what the directories give; download()
+    returns the snapshot; offline, the cache alone serves."""
+    from pathlib import Path
+
+    from hub_fixture import HubFixture, Repo
+
+    def files(directory):
+        return {p.name: p.read_bytes() for p in Path(directory).iterdir() if p.is_file()}
+
+    for key in list(os.environ):
+        if key.startswith(("HF_", "HUGGINGFACE_", "HUGGING_FACE_", "TRANSFORMERS_")):
+            monkeypatch.delenv(key)
+    cache = tmp_path / "hub-cache"
+    hub = HubFixture()
+    try:
+        hub.add(Repo("fixture-org/base", {"main": files(base)}))
+        hub.add(Repo("fixture-org/first", {"main": files(adapters["first"][0])}))
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+        settings = dict(context=96, dtype="float32", prefill_chunk=8, threads=1)
+        eng = tt.Engine("fixture-org/base", lora=["one=fixture-org/first"], **settings)
+        want = _peft_logits(adapters["first"][1], PROMPT)
+        torch.testing.assert_close(
+            torch.as_tensor(eng.logits(PROMPT, lora={"one": 1})), want, atol=2e-4, rtol=0
+        )
+        local = tt.Engine(base, **settings)
+        torch.testing.assert_close(
+            torch.as_tensor(eng.logits(PROMPT, lora={})),
+            torch.as_tensor(local.logits(PROMPT)),
+            atol=0,
+            rtol=0,
+        )
+        eng.load_lora("fixture-org/first", name="again")
+        torch.testing.assert_close(
+            torch.as_tensor(eng.logits(PROMPT, lora={"again": 1})), want, atol=2e-4, rtol=0
+        )
+        sha = hub.repos["fixture-org/base"].refs["main"].sha
+        assert tt.download("fixture-org/base") == str(
+            cache / "models--fixture-org--base" / "snapshots" / sha
+        )
+        with pytest.raises(FileNotFoundError, match="fixture-org/nope"):
+            tt.Engine("fixture-org/nope", **settings)
+        with pytest.raises(ValueError, match="'./nope' is not a Hub model id"):
+            tt.download("./nope")
+        requests = len(hub.log())
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        tt.Engine("fixture-org/base", lora=["one=fixture-org/first"], **settings)
+        assert len(hub.log()) == requests
+    finally:
+        hub.close()
