@@ -476,6 +476,7 @@ class Server {
         mcp_files_(mcp_files(options)) {
     demo_ = options.model_dir.empty();
     fingerprint_ = std::string("fp_torchtpu_cpp_") + TORCHTPU_GIT_REVISION;
+    for (const auto& spec : engine_options_.lora) lora_ids_.push_back(spec.name);
   }
 
   int run();
@@ -583,6 +584,8 @@ class Server {
                                                   const std::string& param) const;
   // llama-server's GET /lora-adapters: [{"id", "path", "scale"}] plus each adapter's name.
   ojson lora_adapters_json() const;
+  // The adapters loaded now with their ids (lora_ids_), in the ids' order.
+  std::vector<std::pair<int64_t, LoraReport>> adapters_by_id() const;
   // vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter (--runtime-lora).
   void load_lora_adapter(const httplib::Request& req, httplib::Response& res);
   void unload_lora_adapter(const httplib::Request& req, httplib::Response& res);
@@ -663,6 +666,9 @@ class Server {
   // Adapters being unloaded: requests can no longer name them, and those waiting under them
   // start (taking the adapter with them) before the engine lets them go.
   std::set<std::string> lora_unloading_;
+  // The adapters' names in the order they were loaded: an adapter's id (a request's `lora`,
+  // /lora-adapters) is its place here, which no unload shifts and no later load reuses.
+  std::vector<std::string> lora_ids_;
   class LoraUse;  // held by the scheduler's callbacks: these members are declared before it
   Scheduler scheduler_;
   const McpFiles mcp_files_;
@@ -1779,34 +1785,58 @@ std::optional<std::map<std::string, double>> Server::lora_for(const GenerationRe
   return std::nullopt;
 }
 
+std::vector<std::pair<int64_t, LoraReport>> Server::adapters_by_id() const {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lock(lora_mutex_);
+    ids = lora_ids_;
+  }
+  std::vector<std::pair<int64_t, LoraReport>> out;
+  for (const auto& a : adapters()) {
+    // A name loaded again after an unload has the later id.
+    const auto id = std::find(ids.rbegin(), ids.rend(), a.spec.name);
+    if (id != ids.rend()) out.emplace_back(ids.rend() - id - 1, a);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.first < y.first; });
+  return out;
+}
+
 std::map<std::string, double> Server::lora_scales_by_id(const std::map<int64_t, double>& by_id,
                                                         const std::string& param) const {
-  const auto loaded = adapters();
-  const auto count = static_cast<int64_t>(loaded.size());
+  const auto loaded = adapters_by_id();
+  std::string listed;
+  for (const auto& [id, a] : loaded) {
+    listed += (listed.empty() ? "" : ", ") + std::to_string(id) + " (" + a.spec.name + ")";
+  }
   std::map<std::string, double> scales;  // those at 0 left out, as those not given
   for (const auto& [id, scale] : by_id) {
-    if (id >= count) {
+    const auto found = std::find_if(loaded.begin(), loaded.end(),
+                                    [&](const auto& a) { return a.first == id; });
+    if (found == loaded.end()) {
+      std::string was;
+      {
+        std::lock_guard<std::mutex> lock(lora_mutex_);
+        if (id < static_cast<int64_t>(lora_ids_.size())) was = lora_ids_[id];
+      }
       throw ApiError(400,
                      "'" + param + "' names adapter " + std::to_string(id) +
-                         " but this server loads " +
-                         (count == 0 ? std::string("no LoRA adapters (start it with --lora)")
-                                     : std::to_string(count) + " (ids 0 to " +
-                                           std::to_string(count - 1) + ")"),
+                         (was.empty() ? ", which this server never loaded"
+                                      : " ('" + was + "'), which was unloaded") +
+                         (listed.empty()
+                              ? "; it loads no LoRA adapters now (start it with --lora)"
+                              : "; its adapters: " + listed),
                      "invalid_request_error", param, "invalid_value");
     }
-    if (scale != 0) scales[loaded[id].spec.name] = scale;
+    if (scale != 0) scales[found->second.spec.name] = scale;
   }
   return scales;
 }
 
 ojson Server::lora_adapters_json() const {
   ojson out = ojson::array();
-  const auto loaded = adapters();
-  for (size_t a = 0; a < loaded.size(); ++a) {
-    out.push_back({{"id", a},
-                   {"name", loaded[a].spec.name},
-                   {"path", loaded[a].spec.dir},
-                   {"scale", loaded[a].spec.scale}});
+  for (const auto& [id, a] : adapters_by_id()) {
+    out.push_back(
+        {{"id", id}, {"name", a.spec.name}, {"path", a.spec.dir}, {"scale", a.spec.scale}});
   }
   return out;
 }
@@ -1850,7 +1880,11 @@ void Server::load_lora_adapter(const httplib::Request& req, httplib::Response& r
                    "invalid_request_error", "lora_path", "not_found");
   }
   try {
-    scheduler_.run_on_owner([&](Engine& engine) { engine.load_lora(spec); });
+    scheduler_.run_on_owner([&](Engine& engine) {
+      engine.load_lora(spec);
+      std::lock_guard<std::mutex> lock(lora_mutex_);
+      lora_ids_.push_back(spec.name);
+    });
   } catch (const FormatError& e) {
     throw ApiError(400, e.what(), "invalid_request_error", "lora_path");
   } catch (const ValueError& e) {

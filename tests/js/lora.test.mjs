@@ -191,7 +191,7 @@ describe("LoRA adapters", () => {
   test("malformed adapter requests get a 400 naming the field; the server goes on", async () => {
     const cases = [
       [{ lora: [{ id: 2, scale: 1 }] }, "lora",
-        "names adapter 2 but this server loads 2 (ids 0 to 1)"],
+        "names adapter 2, which this server never loaded; its adapters: 0 (first), 1 (two)"],
       [{ lora: { id: 0 } }, "lora", "'lora' must be an array"],
       [{ lora: [{ id: 0 }] }, "lora[0].scale", "must be a number, got nothing"],
       [{ lora: [{ id: -1, scale: 1 }] }, "lora[0].id", "an adapter's index from 0"],
@@ -212,8 +212,8 @@ describe("LoRA adapters", () => {
     const bad = await post("/lora-adapters", [{ id: 7, scale: 1 }]);
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.param, "id");
-    assert.ok(bad.body.error.message.includes("names adapter 7 but this server loads 2"),
-      bad.body.error.message);
+    assert.equal(bad.body.error.message, "'id' names adapter 7, which this server never loaded; " +
+      "its adapters: 0 (first), 1 (two)");
     const wrongMethod = await fetch(`${server.url}/lora-adapters`, { method: "DELETE" });
     assert.equal(wrongMethod.status, 405);
     assert.equal(wrongMethod.headers.get("allow"), "GET, POST");
@@ -278,6 +278,20 @@ describe("LoRA adapters", () => {
     const again = await post("/v1/unload_lora_adapter", { lora_name: "late" });
     assert.equal(again.status, 404);
     assert.equal(again.body.error.message, "the LoRA adapter 'late' is not loaded");
+
+    // Ids are not reused: `late`'s id names no other adapter after its unload, and one loaded
+    // later, of the same name too, gets a new id.
+    const later = await post("/v1/load_lora_adapter", { lora_name: "late", lora_path: adapters.second });
+    assert.equal(later.status, 200, later.text);
+    const listed = await (await fetch(`${server.url}/lora-adapters`)).json();
+    assert.deepEqual(listed.map((a) => [a.id, a.name]), [[0, "first"], [1, "two"], [3, "late"]]);
+    const stale = await post("/v1/completions", { prompt: "Hi", max_tokens: 2, lora: [{ id: 2, scale: 1 }] });
+    assert.equal(stale.status, 400);
+    assert.equal(stale.body.error.message, "'lora' names adapter 2 ('late'), which was unloaded; " +
+      "its adapters: 0 (first), 1 (two), 3 (late)");
+    assert.equal(await complete({ lora: [{ id: 3, scale: 1 }] }), await complete({ model: "late" }));
+    assert.equal(await complete({ lora: [{ id: 3, scale: 1 }] }), await complete({ model: "two" }));
+    assert.equal((await post("/v1/unload_lora_adapter", { lora_name: "late" })).status, 200);
   });
 
   test("malformed loads and unloads get a precise error; the server goes on", async () => {
