@@ -129,6 +129,25 @@ void Scheduler::run_on_owner(std::function<void(Engine&)> task) {
   done.get();
 }
 
+void Scheduler::sleep_when_idle() {
+  {
+    std::lock_guard lock(mutex_);
+    if (stats_.asleep) return;
+    sleep_asked_ = true;
+  }
+  changed_.notify_all();
+}
+
+void Scheduler::wake_up() {
+  {
+    std::lock_guard lock(mutex_);
+    sleep_asked_ = false;  // the later request wins
+  }
+  run_on_owner([this](Engine& engine) {
+    if (engine.asleep()) wake_now(engine);
+  });
+}
+
 void Scheduler::run_tasks(Engine& engine, std::vector<EngineTask>& tasks) {
   for (auto& t : tasks) {
     try {
@@ -164,7 +183,7 @@ Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
   std::unique_lock lock(mutex_);
   auto ready = [&] {
     return !idle || !waiting_.empty() || !cancels_.empty() || !actions_.empty() ||
-           !tasks_.empty() || stopping_;
+           !tasks_.empty() || stopping_ || sleep_asked_;
   };
   if (idle && sleep_after) {
     if (!changed_.wait_for(lock, std::chrono::duration<double>(*sleep_after), ready)) {
@@ -177,6 +196,10 @@ Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
   tasks = std::exchange(tasks_, {});
   if (idle && waiting_.empty() && actions_.empty() && tasks.empty() && stopping_) {
     return Taken::kStopped;
+  }
+  if (idle && sleep_asked_ && waiting_.empty() && actions_.empty() && cancels_.empty()) {
+    sleep_asked_ = false;
+    return Taken::kIdleTooLong;
   }
   cancels = std::exchange(cancels_, {});
   actions = std::exchange(actions_, {});
@@ -227,12 +250,19 @@ void Scheduler::sleep(Engine& engine) {
   }
 }
 
+void Scheduler::wake_now(Engine& engine) {
+  const auto start = Clock::now();
+  engine.wake();
+  std::lock_guard lock(mutex_);
+  stats_.asleep = false;
+  stats_.last_wake_s = seconds_since(start);
+}
+
 bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted,
                      std::vector<SlotEntry>& actions) {
   if (!engine.asleep() || (admitted.empty() && actions.empty())) return !engine.asleep();
-  const auto start = Clock::now();
   try {
-    engine.wake();
+    wake_now(engine);
   } catch (...) {
     const auto error = std::current_exception();
     {
@@ -246,9 +276,6 @@ bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted,
     actions.clear();
     return false;
   }
-  std::lock_guard lock(mutex_);
-  stats_.asleep = false;
-  stats_.last_wake_s = seconds_since(start);
   return true;
 }
 
@@ -285,13 +312,14 @@ void Scheduler::run_batch(Engine& engine) {
                                   cancels, actions, tasks);
     run_tasks(engine, tasks);
     if (taken == Taken::kStopped) break;
-    if (taken == Taken::kIdleTooLong) {
+    // Asked to sleep while asleep already: nothing to do.
+    if (taken == Taken::kIdleTooLong && !engine.asleep()) {
       // The batch's rings go with the weights.
       if (options_.sleep_preserve_cache) kept = batch->take_cache();
       batch.reset();
       sleep(engine);
-      continue;
     }
+    if (taken == Taken::kIdleTooLong) continue;
     for (auto& entry : dropped) {
       entry.submission.on_done(cancelled_before_start(entry.submission), nullptr);
     }
@@ -373,7 +401,7 @@ void Scheduler::run_serial(Engine& engine) {
     run_tasks(engine, tasks);
     if (taken == Taken::kStopped) break;
     if (taken == Taken::kIdleTooLong) {
-      sleep(engine);
+      if (!engine.asleep()) sleep(engine);
       continue;
     }
     for (auto& entry : dropped) {

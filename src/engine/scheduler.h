@@ -107,6 +107,14 @@ class Scheduler {
   // asleep or awake as it is (loading or unloading a LoRA adapter), and rethrows its exception.
   // std::runtime_error once stop() was called.
   void run_on_owner(std::function<void(Engine&)> task);
+  // Any thread. The engine sleeps as sleep_idle_s running out would make it (whatever that is),
+  // once nothing waits or runs: at once when idle, else after what is running ends (Ollama's
+  // unload). Returns without waiting; nothing when it sleeps already.
+  void sleep_when_idle();
+  // Any thread. Wakes a sleeping engine as a submission would, and waits until its weights are
+  // loaded again, rethrowing a failed load's exception; nothing when awake (Ollama's load).
+  // std::runtime_error once stop() was called.
+  void wake_up();
   // Any thread. run() returns once nothing waits or runs.
   void stop();
   SchedulerStats stats() const;
@@ -150,6 +158,8 @@ class Scheduler {
   // Engine::wake before `admitted` and `actions` run. False when the engine stays asleep: there
   // are none, or the load failed and each ended with its exception.
   bool wake(Engine& engine, std::vector<Entry>& admitted, std::vector<SlotEntry>& actions);
+  // Engine::wake, with the stats saying so; its exception as it is.
+  void wake_now(Engine& engine);
   void run_batch(Engine& engine);
   // One slot action on `batch`, timed; its outcome or exception goes to whoever waits in slot().
   static void run_slot(Batch& batch, SlotEntry& action);
@@ -168,6 +178,7 @@ class Scheduler {
   std::vector<EngineTask> tasks_;
   int64_t next_ticket_ = 0;
   bool stopping_ = false;
+  bool sleep_asked_ = false;  // sleep_when_idle() was called and the engine has not slept since
   SchedulerStats stats_;  // running, batch and busy_s; waiting is waiting_'s size
 };
 

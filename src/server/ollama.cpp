@@ -294,12 +294,12 @@ std::optional<double> go_duration(std::string_view s) {
   return sign * total;
 }
 
-// keep_alive: seconds as a number, or a Go duration. The model stays loaded here whatever it says
-// (--sleep-idle-seconds frees an idle server's weights); 0 with nothing to generate is Ollama's
-// unload, which this server does not do on request.
-void check_keep_alive(const ojson& body, bool load_only) {
+// keep_alive: seconds as a number, or a Go duration. True for 0, which with nothing to generate
+// is Ollama's unload; otherwise the model stays loaded whatever it says (--sleep-idle-seconds
+// frees an idle server's weights).
+bool keep_alive_zero(const ojson& body) {
   const ojson* keep = field(body, "keep_alive");
-  if (!keep) return;
+  if (!keep) return false;
   std::optional<double> seconds;
   if (keep->is_number()) seconds = keep->get<double>();
   if (keep->is_string()) seconds = go_duration(keep->get<std::string>());
@@ -307,11 +307,7 @@ void check_keep_alive(const ojson& body, bool load_only) {
     throw invalid("keep_alive", "must be a number of seconds or a duration such as \"5m\", got " +
                                     keep->dump());
   }
-  if (*seconds == 0 && load_only) {
-    throw unsupported("keep_alive",
-                      "0 asks to unload the model, which this server does not do on request: "
-                      "it keeps the model loaded, or frees it after --sleep-idle-seconds idle");
-  }
+  return *seconds == 0;
 }
 
 bool get_stream(const ojson& body) {
@@ -379,7 +375,7 @@ OllamaRequest parse_ollama_chat(const ojson& body) {
   std::vector<std::string> image_params;
   const ojson* messages = field(body, "messages");
   out.load_only = !messages || (messages->is_array() && messages->empty());
-  check_keep_alive(body, out.load_only);
+  out.unload = keep_alive_zero(body) && out.load_only;
   if (out.load_only) return out;
   chat["messages"] = chat_messages(*messages, image_params);
   if (const ojson* tools = field(body, "tools"); tools && !tools->empty()) chat["tools"] = *tools;
@@ -412,7 +408,7 @@ OllamaRequest parse_ollama_generate(const ojson& body) {
   const ojson* images = field(body, "images");
   const bool has_images = images && !images->empty();
   out.load_only = prompt.empty() && !has_images;
-  check_keep_alive(body, out.load_only);
+  out.unload = keep_alive_zero(body) && out.load_only;
   if (out.load_only) return out;
   if (const ojson* raw = field(body, "raw")) {
     if (!raw->is_boolean()) throw wrong_type("raw", "a boolean", *raw);
@@ -607,7 +603,7 @@ ojson ollama_loaded(const OllamaRequest& request) {
     out["response"] = "";
   }
   out["done"] = true;
-  out["done_reason"] = "load";
+  out["done_reason"] = request.unload ? "unload" : "load";
   return out;
 }
 

@@ -24,9 +24,10 @@ struct OllamaRequest {
   std::string model;             // as the client named it, echoed in every answer
   bool chat = true;              // /api/chat; false: /api/generate
   bool templated = true;         // the chat template renders the prompt (not generate's raw)
-  // No messages (chat) or no prompt (generate): Ollama's way to load the model, answered at once
-  // with done_reason "load".
+  // No messages (chat) or no prompt (generate): Ollama's way to load the model, answered once it
+  // is loaded with done_reason "load"; with keep_alive 0, to unload it ("unload").
   bool load_only = false;
+  bool unload = false;
 };
 
 // ApiError 400 naming the field ("messages[1].images[0]", "options.temperature") for anything
@@ -94,7 +95,7 @@ class OllamaRenderer : public Renderer {
   ojson whole_;  // the answer so far, as the whole answer's object
 };
 
-// The answer to a request that only loads the model (OllamaRequest::load_only).
+// The answer to a request that only loads or unloads the model (OllamaRequest::load_only).
 ojson ollama_loaded(const OllamaRequest& request);
 
 }  // namespace torchtpu::server

@@ -1575,6 +1575,11 @@ void Server::handle_ollama(const httplib::Request& req, httplib::Response& res, 
   const OllamaRequest r = chat ? parse_ollama_chat(body) : parse_ollama_generate(body);
   check_model(r.generation.model);
   if (r.load_only) {
+    if (r.unload) {
+      scheduler_.sleep_when_idle();
+    } else {
+      scheduler_.wake_up();
+    }
     res.set_content(dump(ollama_loaded(r)), "application/json");
     return;
   }

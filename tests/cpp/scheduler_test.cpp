@@ -430,6 +430,58 @@ TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
   }
 }
 
+// Sleep and wake on request (Ollama's unload and load): a sleep asked while a sequence runs comes
+// once it has ended, whole; wake_up returns with the weights loaded; asking again changes nothing.
+TEST(Scheduler, SleepWhenIdleWaitsForWhatRunsAndWakeUpLoadsTheWeights) {
+  auto engine = make_engine();
+  auto options = options_of(24, false, 0);
+  const auto prompt = prompt_of(5, 4);
+  for (const int64_t read_every : {1, 4}) {
+    options.read_every = read_every;
+    const auto alone = engine.decode(prompt, options).tokens;
+    SchedulerOptions o;
+    o.batch.rows = read_every > 1 ? 1 : 2;
+    o.batch.cache_bytes = 0;
+    o.read_every = read_every;
+    Scheduler scheduler(o);  // sleep_idle_s -1: never of itself
+    Running running(scheduler, engine);
+    Seen seen;
+    std::promise<void> done;
+    std::promise<void> first_tokens;
+    Submission s = recording(prompt, options, seen, done);
+    s.on_tokens = [&, tokens = s.on_tokens](const std::vector<int64_t>& t) {
+      if (seen.streamed.empty()) first_tokens.set_value();
+      return tokens(t);
+    };
+    scheduler.submit(std::move(s));
+    first_tokens.get_future().wait();
+    scheduler.sleep_when_idle();
+    done.get_future().wait();
+    EXPECT_EQ(seen.error, nullptr);
+    EXPECT_EQ(seen.result.tokens, alone) << "read_every " << read_every;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!scheduler.stats().asleep && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(scheduler.stats().asleep) << "read_every " << read_every;
+    EXPECT_TRUE(engine.asleep());
+    scheduler.sleep_when_idle();
+    scheduler.wake_up();
+    EXPECT_FALSE(engine.asleep());
+    const auto awake = scheduler.stats();
+    EXPECT_FALSE(awake.asleep);
+    EXPECT_EQ(awake.sleeps, 1) << "asked while asleep, it slept no second time";
+    EXPECT_GT(awake.last_wake_s, 0);
+    scheduler.wake_up();
+    EXPECT_EQ(scheduler.stats().last_wake_s, awake.last_wake_s) << "woken while awake";
+    Seen again;
+    std::promise<void> again_done;
+    scheduler.submit(recording(prompt, options, again, again_done));
+    again_done.get_future().wait();
+    EXPECT_EQ(again.result.tokens, alone) << "read_every " << read_every;
+  }
+}
+
 // Slot actions (llama-server's save, restore, erase) from another thread run on the owner thread
 // between steps; one waking a sleeping engine, as a submission does. A state saved before the
 // sleep, whose cache went with the weights, comes back from its file for the next turn.

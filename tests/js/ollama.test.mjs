@@ -12,7 +12,7 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { Ollama } from "ollama";
 import Ajv from "ajv";
-import { startServer } from "./server_helpers.mjs";
+import { eventually, startServer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const KEY = "sk-ollama-test";
@@ -123,13 +123,28 @@ describe("the model, as Ollama describes it", () => {
     assert.ok(Date.parse(ps.models[0].expires_at) > Date.now() + 1000 * 3600 * 24 * 365);
   });
 
-  test("a request with nothing to generate loads the model", async () => {
-    const loaded = await chat({ messages: [], stream: false });
-    assert.equal(loaded.done, true);
+  test("nothing to generate loads the model; with keep_alive 0 it unloads it", async () => {
+    const engine = async () => (await (await fetch(`${server.url}/v1/engine`, {
+      headers: { authorization: `Bearer ${KEY}` } })).json()).scheduler;
+    const sleeps = (await engine()).sleeps;
+    const unloaded = await chat({ messages: [], stream: false, keep_alive: 0 });
+    assert.equal(unloaded.done, true);
+    assert.equal(unloaded.done_reason, "unload");
+    await eventually(async () => (await ollama.ps()).models.length === 0, "/api/ps to list nothing");
+    assert.deepEqual([(await engine()).asleep, (await engine()).sleeps], [true, sleeps + 1]);
+    const loaded = await chat({ messages: [], stream: false, keep_alive: "5m" });
     assert.equal(loaded.done_reason, "load");
-    const generated = await ollama.generate({ model: MODEL, prompt: "", stream: false });
-    assert.equal(generated.done_reason, "load");
+    // Answered once the weights are back.
+    assert.equal((await engine()).asleep, false);
+    assert.equal((await ollama.ps()).models.length, 1);
+    const generated = await ollama.generate({ model: MODEL, prompt: "", stream: false, keep_alive: 0 });
+    assert.equal(generated.done_reason, "unload");
     assert.equal(generated.response, "");
+    // The next request loads it again, as any request to a sleeping server does.
+    await eventually(async () => (await engine()).asleep, "the engine to sleep");
+    const r = await chat({ messages: [user("Say hello")], stream: false, keep_alive: -1 });
+    assert.equal(r.message.content, "Hello there, friend.");
+    assert.equal((await engine()).sleeps, sleeps + 2);
   });
 });
 
@@ -334,8 +349,6 @@ describe("errors in Ollama's shape", () => {
       /'think' must be true, false, "high", "medium", "low" or "max", got "deep"/],
     ["a bad format", () => chat({ messages: [user("Hi")], stream: false, format: "yaml" }), 400,
       /'format' must be "json" or a JSON schema object, got "yaml"/],
-    ["an unload", () => chat({ messages: [], stream: false, keep_alive: 0 }), 400,
-      /'keep_alive' 0 asks to unload the model/],
     ["a bad keep_alive", () => chat({ messages: [user("Hi")], stream: false, keep_alive: "5 minutes" }), 400,
       /'keep_alive' must be a number of seconds or a duration such as "5m"/],
     ["a bad role", () => chat({ messages: [{ role: "narrator", content: "Hi" }], stream: false }), 400,
