@@ -564,7 +564,7 @@ ojson OllamaRenderer::line(const OutputDelta& delta) {
 
 std::string OllamaRenderer::add(const OutputDelta& delta) {
   if (delta.content.empty() && delta.reasoning.empty() && delta.tool_calls.empty()) return "";
-  return line(delta).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return dump(line(delta)) + "\n";
 }
 
 std::string OllamaRenderer::finish(const GenerationOutcome& outcome) {
@@ -586,12 +586,11 @@ std::string OllamaRenderer::finish(const GenerationOutcome& outcome) {
     whole_[key] = value;
   }
   whole_["created_at"] = last["created_at"];
-  return last.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return dump(last) + "\n";
 }
 
 std::string OllamaRenderer::error(const ApiError& error) {
-  return ollama_error_body(error).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-         "\n";
+  return dump(ollama_error_body(error)) + "\n";
 }
 
 ojson ollama_loaded(const OllamaRequest& request) {

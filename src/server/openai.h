@@ -49,6 +49,13 @@ inline ojson parse_json(const std::string& text) {
   });
 }
 
+// JSON as the server writes it: compact, with bytes that are no UTF-8 (a token's half of a
+// character, a client's stray bytes echoed back) replaced rather than thrown. Inline for the same
+// reason as parse_json.
+inline std::string dump(const ojson& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // The helpers every parser of a request body names its errors with (the type as
 // common/json_type.h's json_type_name names it): 400 "'PARAM' must be EXPECTED, got TYPE"
 // (invalid_type); 400 "'PARAM' is required".

@@ -21,16 +21,13 @@
 #include "server/auth.h"
 #include "server/connection.h"
 #include "server/mcp.h"
+#include "server/openai.h"
 #include "server/web/web.h"
 
 namespace torchtpu::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string dump(const ojson& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
 
 // http://host:port with no trailing / or /v1.
 std::string normalize_url(std::string url) {

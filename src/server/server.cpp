@@ -88,10 +88,6 @@ int64_t unix_seconds() {
       .count();
 }
 
-std::string dump(const ojson& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 // The one process-wide resource: a pipe that request_stop() writes a byte into. Signal handlers may
 // only make async-signal-safe calls, and write() is one; run() waits on the read end. It is created
 // before main() so request_stop() never has to create it.

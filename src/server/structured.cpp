@@ -27,7 +27,7 @@ bool is_annotation(const std::string& key) {
 
 // A Lark string literal: JSON's escapes are Lark's.
 std::string literal(const std::string& text) {
-  return ojson(text).dump(-1, ' ', false, ojson::error_handler_t::replace);
+  return dump(ojson(text));
 }
 
 bool is_bare_key(const std::string& key) {

@@ -3,8 +3,7 @@
 namespace torchtpu::server {
 
 std::string sse_event(const std::string& name, const ojson& data) {
-  return "event: " + name +
-         "\ndata: " + data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n\n";
+  return "event: " + name + "\ndata: " + dump(data) + "\n\n";
 }
 
 ojson parse_arguments(const std::string& arguments, const std::string& param) {
