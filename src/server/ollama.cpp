@@ -322,10 +322,23 @@ void apply_common(const ojson& body, ojson& chat) {
   chat["stream"] = get_stream(body);
   if (const ojson* options = field(body, "options")) apply_options(*options, chat);
   apply_format(body, chat);
-  if (const ojson* logprobs = field(body, "logprobs"); logprobs && *logprobs != false) {
-    throw unsupported("logprobs",
-                      "is not supported on Ollama's routes here; /v1/chat/completions and "
-                      "/v1/completions give them");
+  // As chat's and completions' fields; Ollama reads top_logprobs only with logprobs.
+  if (const ojson* logprobs = field(body, "logprobs")) {
+    if (!logprobs->is_boolean()) throw wrong_type("logprobs", "a boolean", *logprobs);
+    int64_t top = 0;
+    if (const ojson* n = field(body, "top_logprobs")) {
+      if (!n->is_number_integer()) throw wrong_type("top_logprobs", "an integer", *n);
+      if (*n < 0 || *n > 20) {
+        throw invalid("top_logprobs", "must be between 0 and 20, got " + n->dump());
+      }
+      top = n->get<int64_t>();
+    }
+    if (*logprobs == true && chat.contains("prompt")) {
+      chat["logprobs"] = top;
+    } else if (*logprobs == true) {
+      chat["logprobs"] = true;
+      chat["top_logprobs"] = top;
+    }
   }
   for (const char* name : {"truncate", "shift"}) {
     if (const ojson* v = field(body, name); v && !v->is_boolean()) {
@@ -559,11 +572,23 @@ ojson OllamaRenderer::line(const OutputDelta& delta) {
     for (auto& [key, value] : part.items()) out[key] = value;
   }
   out["done"] = false;
+  if (!logprobs_.empty()) {
+    if (!whole_.contains("logprobs")) whole_["logprobs"] = ojson::array();
+    for (const auto& entry : logprobs_) whole_["logprobs"].push_back(entry);
+    out["logprobs"] = std::exchange(logprobs_, ojson::array());
+  }
   return out;
 }
 
+void OllamaRenderer::logprobs(const ojson& entries) {
+  for (const auto& entry : entries) logprobs_.push_back(entry);
+}
+
 std::string OllamaRenderer::add(const OutputDelta& delta) {
-  if (delta.content.empty() && delta.reasoning.empty() && delta.tool_calls.empty()) return "";
+  if (delta.content.empty() && delta.reasoning.empty() && delta.tool_calls.empty() &&
+      logprobs_.empty()) {
+    return "";
+  }
   return dump(line(delta)) + "\n";
 }
 

@@ -73,13 +73,15 @@ ojson ollama_show(const OllamaModel& model);  // /api/show
 ojson ollama_ps(const OllamaModel& model);    // one of /api/ps' models
 
 // One answer of /api/chat or /api/generate: each delta one line ({"message": {...}} or
-// {"response": "..."}, "done": false), then a line with "done": true, done_reason and Ollama's
-// counts and durations (nanoseconds since `received`). Whole, the same fields in one object.
+// {"response": "..."}, "done": false, with the "logprobs" of its tokens when asked), then a line
+// with "done": true, done_reason and Ollama's counts and durations (nanoseconds since
+// `received`). Whole, the same fields in one object.
 class OllamaRenderer : public Renderer {
  public:
   OllamaRenderer(const OllamaRequest& request, std::chrono::steady_clock::time_point received);
   std::string content_type() const override { return "application/x-ndjson"; }
   std::string start() override { return ""; }
+  void logprobs(const ojson& entries) override;
   std::string add(const OutputDelta& delta) override;
   std::string finish(const GenerationOutcome& outcome) override;
   std::string error(const ApiError& error) override;
@@ -88,6 +90,7 @@ class OllamaRenderer : public Renderer {
  private:
   ojson line(const OutputDelta& delta);
 
+  ojson logprobs_ = ojson::array();  // of the tokens behind the next line
   std::string model_;
   bool chat_;
   std::chrono::steady_clock::time_point received_;

@@ -541,6 +541,8 @@ class Server {
   // `jobs` (one, or a clip's pieces) answer one after another as one answer.
   void answer_rendered(httplib::Response& res, Choices jobs, std::shared_ptr<Renderer> renderer,
                        bool stream, std::shared_ptr<Active> active);
+  // The piece's logprobs to the renderer, when the job asked for them.
+  void pass_logprobs(const Job& job, const Piece& piece, Renderer& renderer) const;
   // The jobs' ending (the last one's) and token counts (their sums).
   GenerationOutcome outcome(const Choices& jobs, const std::string& reasoning) const;
   void stream_response(httplib::Response& res, Choices jobs, bool chat, bool include_usage,
@@ -1466,6 +1468,12 @@ GenerationOutcome Server::outcome(const Choices& jobs, const std::string& reason
   return out;
 }
 
+void Server::pass_logprobs(const Job& job, const Piece& piece, Renderer& renderer) const {
+  if (job.top_logprobs >= 0 && !piece.logprobs.empty()) {
+    renderer.logprobs(chat_logprobs_json(piece.logprobs)["content"]);
+  }
+}
+
 void Server::answer_rendered(httplib::Response& res, Choices jobs,
                              std::shared_ptr<Renderer> renderer, bool stream,
                              std::shared_ptr<Active> active) {
@@ -1476,6 +1484,7 @@ void Server::answer_rendered(httplib::Response& res, Choices jobs,
       while (true) {
         Taken taken = take({job});
         reasoning += taken.delta.reasoning;
+        pass_logprobs(*job, taken.delta, *renderer);
         renderer->add(taken.delta);
         if (taken.done) break;
       }
@@ -1511,6 +1520,7 @@ void Server::answer_rendered(httplib::Response& res, Choices jobs,
           const auto& job = jobs[s->at];
           Taken taken = take({job});
           s->reasoning += taken.delta.reasoning;
+          pass_logprobs(*job, taken.delta, *renderer);
           out = renderer->add(taken.delta);
           if (taken.done) {
             if (job->finish == "cancelled") return false;

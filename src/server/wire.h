@@ -35,6 +35,10 @@ class Renderer {
   virtual ~Renderer() = default;
   virtual std::string start() = 0;
   virtual std::string add(const OutputDelta& delta) = 0;
+  // Before add(), when the request asked for logprobs: those of the tokens that piece came from,
+  // as chat's logprobs.content entries (token, logprob, bytes, top_logprobs). Formats without
+  // logprobs ignore them.
+  virtual void logprobs(const ojson& /*entries*/) {}
   virtual std::string finish(const GenerationOutcome& outcome) = 0;
   virtual std::string error(const ApiError& error) = 0;
   virtual ojson body() const = 0;

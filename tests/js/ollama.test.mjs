@@ -278,6 +278,38 @@ describe("/api/chat", () => {
     assert.match(json.message.content, /^\s*\{/);
   });
 
+  test("logprobs: chat's entries, on the lines of their tokens and whole", async () => {
+    const ask = { messages: [user("Tell me anything")], options: { num_predict: 6 }, logprobs: true,
+      top_logprobs: 3 };
+    const whole = await chat({ ...ask, stream: false });
+    assert.equal(whole.logprobs.length, whole.eval_count);
+    for (const entry of whole.logprobs) {
+      assert.equal(typeof entry.token, "string");
+      assert.ok(entry.logprob <= 0);
+      assert.deepEqual(entry.bytes, [...Buffer.from(entry.token)]);
+      assert.equal(entry.top_logprobs.length, 3);
+      assert.ok(entry.top_logprobs[0].logprob >= entry.logprob - 1e-6);
+    }
+    // The same tokens and numbers as chat/completions gives for the same request.
+    const res = await fetch(`${server.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ model: MODEL, messages: ask.messages, max_tokens: 6, logprobs: true,
+        top_logprobs: 3 }),
+    });
+    const openai = (await res.json()).choices[0].logprobs.content;
+    assert.deepEqual(whole.logprobs, openai);
+    const streamed = [];
+    for await (const part of await chat({ ...ask, stream: true })) streamed.push(...(part.logprobs ?? []));
+    assert.deepEqual(streamed, whole.logprobs);
+    const raw = await ollama.generate({ model: MODEL, prompt: "<bos>Once", raw: true, stream: false,
+      logprobs: true, options: { num_predict: 3 } });
+    assert.equal(raw.logprobs.length, 3);
+    assert.ok(raw.logprobs.every((e) => e.top_logprobs.length === 0));
+    const none = await chat({ ...ask, logprobs: false, stream: false });
+    assert.equal(none.logprobs, undefined);
+  });
+
   test("options: num_predict, stop, seed", async () => {
     const cut = await chat({ messages: [user("Say hello")], stream: false, options: { num_predict: 2 } });
     assert.equal(cut.eval_count, 2);
@@ -361,8 +393,8 @@ describe("errors in Ollama's shape", () => {
       /'suffix' is not supported: Gemma 4 has no fill-in-the-middle tokens/],
     ["a raw prompt with a system message", () => ollama.generate({ model: MODEL, prompt: "x", raw: true,
       system: "Be brief.", stream: false }), 400, /'system' cannot be given with raw: true/],
-    ["logprobs", () => chat({ messages: [user("Hi")], stream: false, logprobs: true }), 400,
-      /'logprobs' is not supported on Ollama's routes here/],
+    ["top_logprobs out of range", () => chat({ messages: [user("Hi")], stream: false, logprobs: true,
+      top_logprobs: 21 }), 400, /'top_logprobs' must be between 0 and 20, got 21/],
     ["embeddings", () => ollama.embed({ model: MODEL, input: "Hi" }), 400, /does not make embeddings/],
     ["show of an unknown model", () => ollama.show({ model: "llama3" }), 404, /'llama3' does not exist/],
   ];
