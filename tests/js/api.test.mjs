@@ -10,19 +10,14 @@ import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
 import { spawn } from "node:child_process";
+import { Q, RULES as SHARED_RULES, startForcedServer } from "./forced_output.mjs";
 import {
   cacheDir, cliPath, makeAssistantCheckpoint, metric, metrics, startServer,
 } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
-const Q = '<|"|>';
-const CALL = `<|tool_call>call:get_weather{city:${Q}Paris${Q},unit:${Q}celsius${Q}}<tool_call|>`;
 const RULES = [
-  { prompt_contains: "SUNNY-21C", output: "It is sunny in Paris, 21 degrees." },
-  { prompt_contains: "Weather in Paris?", output: CALL },
-  { prompt_contains: "Weather anywhere?", output: `get_weather{city:${Q}Oslo${Q}}<tool_call|>` },
-  { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
-  { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
+  ...SHARED_RULES,
   // After a tool response with thinking on, the prompt has opened the thinking channel.
   { prompt_contains: "CLOUDY-9C", output: "Cold there.\n<channel|>It is 9 degrees in Oslo." },
   { prompt_contains: "Broken call", output: "Let me check. <|tool_call>call:get_weather{city Paris}<tool_call|>" },
@@ -51,10 +46,7 @@ let server;
 let client;
 
 before(async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-api-"));
-  const rules = path.join(dir, "forced.json");
-  fs.writeFileSync(rules, JSON.stringify(RULES));
-  server = await startServer(["--context", "1024"], { env: { TORCHTPU_TEST_FORCED_OUTPUT: rules } });
+  server = await startForcedServer(RULES, ["--context", "1024"]);
   client = new OpenAI({ apiKey: "none", baseURL: server.baseURL, maxRetries: 0 });
 });
 

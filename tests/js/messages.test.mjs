@@ -6,32 +6,16 @@
 // server runs with its test hook TORCHTPU_TEST_FORCED_OUTPUT (a prompt containing a rule's text gets
 // that rule's output, Gemma 4 markup included, as its tokens).
 import assert from "node:assert/strict";
-import fs from "node:fs";
-import os from "node:os";
-import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import Anthropic from "@anthropic-ai/sdk";
 import { zodOutputFormat } from "@anthropic-ai/sdk/helpers/zod";
 import { z } from "zod";
 import Ajv from "ajv";
-import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
+import { RENDERED, RULES, SUNNY, startForcedServer } from "./forced_output.mjs";
+import { eventually, metric, metrics } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const KEY = "sk-messages-test";
-const Q = '<|"|>';
-const SUNNY = "It is sunny in Paris, 21 degrees.";
-const RULES = [
-  { prompt_contains: "SUNNY-21C", output: SUNNY },
-  {
-    prompt_contains: "Weather in Paris?",
-    output: `<|tool_call>call:get_weather{city:${Q}Paris${Q},unit:${Q}celsius${Q}}<tool_call|>`,
-  },
-  { prompt_contains: "Weather anywhere?", output: `get_weather{city:${Q}Oslo${Q}}<tool_call|>` },
-  { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
-  { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
-  { prompt_contains: "Say hello", output: "Hello there, friend." },
-  { prompt_contains: "Tell a long story", output: "Once upon a time there was a story. ".repeat(100) },
-];
 const TOOLS = [
   {
     name: "get_weather",
@@ -39,28 +23,13 @@ const TOOLS = [
     input_schema: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
   },
 ];
-// What transformers' apply_chat_template renders from the Gemma 4 template for these turns (the
-// tokenizer's own chat_template.jinja), written down as the independent reference for count_tokens.
-const RENDERED = {
-  plain: "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n",
-  tools:
-    "<bos><|turn>system\nBe brief.<|tool>declaration:get_weather{description:<|\"|>The weather in a " +
-    'city<|"|>,parameters:{properties:{city:{type:<|"|>STRING<|"|>}},required:[<|"|>city<|"|>],' +
-    'type:<|"|>OBJECT<|"|>}}<tool|><turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n',
-  thinking: "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n",
-};
 
 const ajv = new Ajv();
 let server;
 let client;
 
 before(async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-messages-"));
-  const rules = path.join(dir, "forced.json");
-  fs.writeFileSync(rules, JSON.stringify(RULES));
-  server = await startServer(["--context", "2048", "--api-key", KEY], {
-    env: { TORCHTPU_TEST_FORCED_OUTPUT: rules },
-  });
+  server = await startForcedServer(RULES, ["--context", "2048", "--api-key", KEY]);
   client = new Anthropic({ apiKey: KEY, baseURL: server.url, maxRetries: 0 });
 });
 

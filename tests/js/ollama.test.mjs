@@ -6,27 +6,14 @@
 // its test hook TORCHTPU_TEST_FORCED_OUTPUT (a prompt containing a rule's text gets that rule's
 // output, Gemma 4 markup included, as its tokens).
 import assert from "node:assert/strict";
-import fs from "node:fs";
-import os from "node:os";
-import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { Ollama } from "ollama";
 import Ajv from "ajv";
-import { eventually, startServer } from "./server_helpers.mjs";
+import { RENDERED, RULES, SUNNY, startForcedServer } from "./forced_output.mjs";
+import { eventually } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const KEY = "sk-ollama-test";
-const Q = '<|"|>';
-const SUNNY = "It is sunny in Paris, 21 degrees.";
-const RULES = [
-  { prompt_contains: "SUNNY-21C", output: SUNNY },
-  {
-    prompt_contains: "Weather in Paris?",
-    output: `<|tool_call>call:get_weather{city:${Q}Paris${Q},unit:${Q}celsius${Q}}<tool_call|>`,
-  },
-  { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
-  { prompt_contains: "Say hello", output: "Hello there, friend." },
-];
 const TOOLS = [
   {
     type: "function",
@@ -37,28 +24,12 @@ const TOOLS = [
     },
   },
 ];
-// What transformers' apply_chat_template renders from the Gemma 4 template for these turns (the
-// tokenizer's own chat_template.jinja), written down as the independent reference for the prompt
-// Ollama's requests become (the same strings as messages.test.mjs').
-const RENDERED = {
-  plain: "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n",
-  tools:
-    "<bos><|turn>system\nBe brief.<|tool>declaration:get_weather{description:<|\"|>The weather in a " +
-    'city<|"|>,parameters:{properties:{city:{type:<|"|>STRING<|"|>}},required:[<|"|>city<|"|>],' +
-    'type:<|"|>OBJECT<|"|>}}<tool|><turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n',
-  thinking: "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n",
-};
 
 let server;
 let ollama;
 
 before(async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-ollama-"));
-  const rules = path.join(dir, "forced.json");
-  fs.writeFileSync(rules, JSON.stringify(RULES));
-  server = await startServer(["--context", "2048", "--api-key", KEY], {
-    env: { TORCHTPU_TEST_FORCED_OUTPUT: rules },
-  });
+  server = await startForcedServer(RULES, ["--context", "2048", "--api-key", KEY]);
   ollama = new Ollama({ host: server.url, headers: { Authorization: `Bearer ${KEY}` } });
 });
 

@@ -5,35 +5,15 @@
 // with its test hook TORCHTPU_TEST_FORCED_OUTPUT (a prompt containing a rule's text gets that
 // rule's output, Gemma 4 markup included, as its tokens).
 import assert from "node:assert/strict";
-import fs from "node:fs";
-import os from "node:os";
-import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
 import { zodTextFormat } from "openai/helpers/zod";
 import { z } from "zod";
 import Ajv from "ajv";
-import { eventually, metric, metrics, startServer } from "./server_helpers.mjs";
+import { RULES, SUNNY, startForcedServer } from "./forced_output.mjs";
+import { eventually, metric, metrics } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
-const Q = '<|"|>';
-const SUNNY = "It is sunny in Paris, 21 degrees.";
-const RULES = [
-  { prompt_contains: "SUNNY-21C", output: SUNNY },
-  {
-    prompt_contains: "Weather in Paris?",
-    output: `<|tool_call>call:get_weather{city:${Q}Paris${Q},unit:${Q}celsius${Q}}<tool_call|>`,
-  },
-  { prompt_contains: "Weather anywhere?", output: `get_weather{city:${Q}Oslo${Q}}<tool_call|>` },
-  { prompt_contains: "Weather in Oslo?", output: `city:${Q}Oslo${Q}}<tool_call|>` },
-  { prompt_contains: "What is 2+2?", output: "<|channel>thought\nTwo and two.\n<channel|>It is 4." },
-  { prompt_contains: "Say hello", output: "Hello there, friend." },
-  {
-    prompt_contains: "Two calls",
-    output: `<|tool_call>call:get_time{}<tool_call|><|tool_call>call:get_weather{city:${Q}Rome${Q}}<tool_call|>`,
-  },
-  { prompt_contains: "Tell a long story", output: "Once upon a time there was a story. ".repeat(100) },
-];
 const TOOLS = [
   {
     type: "function",
@@ -54,10 +34,7 @@ let server;
 let client;
 
 before(async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-responses-"));
-  const rules = path.join(dir, "forced.json");
-  fs.writeFileSync(rules, JSON.stringify(RULES));
-  server = await startServer(["--context", "1024"], { env: { TORCHTPU_TEST_FORCED_OUTPUT: rules } });
+  server = await startForcedServer(RULES, ["--context", "1024"]);
   client = new OpenAI({ apiKey: "none", baseURL: server.baseURL, maxRetries: 0 });
 });
 
