@@ -39,6 +39,17 @@ export const RENDERED = {
   thinking: "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n",
 };
 
+// How many tokens the server's /tokenize makes of `text` (no BOS added: the reference prompts hold
+// their own), with `key` as the bearer token when the server wants one.
+export async function tokenCount(url, text, key = "") {
+  const res = await fetch(`${url}/tokenize`, {
+    method: "POST",
+    headers: key ? { authorization: `Bearer ${key}` } : {},
+    body: JSON.stringify({ content: text, add_special: false }),
+  });
+  return (await res.json()).tokens.length;
+}
+
 // A server (startServer's) with `args` whose replies follow `rules`.
 export async function startForcedServer(rules, args) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-forced-"));

@@ -11,7 +11,9 @@ import Anthropic from "@anthropic-ai/sdk";
 import { zodOutputFormat } from "@anthropic-ai/sdk/helpers/zod";
 import { z } from "zod";
 import Ajv from "ajv";
-import { RENDERED, RULES, SUNNY, startForcedServer } from "./forced_output.mjs";
+import {
+  RENDERED, RULES, SUNNY, startForcedServer, tokenCount as countTokens,
+} from "./forced_output.mjs";
 import { eventually, metric, metrics } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
@@ -40,14 +42,7 @@ after(async () => {
 const ask = (content) => [{ role: "user", content }];
 const create = (fields) => client.messages.create({ model: MODEL, max_tokens: 200, ...fields });
 
-async function tokenCount(text) {
-  const res = await fetch(`${server.url}/tokenize`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${KEY}` },
-    body: JSON.stringify({ content: text, add_special: false }),
-  });
-  return (await res.json()).tokens.length;
-}
+const tokenCount = (text) => countTokens(server.url, text, KEY);
 
 describe("whole answers", () => {
   test("a text answer: content blocks, end_turn, usage equal to count_tokens", async () => {

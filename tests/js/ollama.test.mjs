@@ -9,7 +9,9 @@ import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { Ollama } from "ollama";
 import Ajv from "ajv";
-import { RENDERED, RULES, SUNNY, startForcedServer } from "./forced_output.mjs";
+import {
+  RENDERED, RULES, SUNNY, startForcedServer, tokenCount as countTokens,
+} from "./forced_output.mjs";
 import { eventually } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
@@ -40,14 +42,7 @@ after(async () => {
 const user = (content) => ({ role: "user", content });
 const chat = (fields) => ollama.chat({ model: MODEL, ...fields });
 
-async function tokenCount(text) {
-  const res = await fetch(`${server.url}/tokenize`, {
-    method: "POST",
-    headers: { authorization: `Bearer ${KEY}` },
-    body: JSON.stringify({ content: text, add_special: false }),
-  });
-  return (await res.json()).tokens.length;
-}
+const tokenCount = (text) => countTokens(server.url, text, KEY);
 
 // The error a call fails with: the client's ResponseError (status_code, error) for a refused
 // request, or the Error a streamed {"error"} line raises.
