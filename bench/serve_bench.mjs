@@ -1,9 +1,10 @@
 // Decode rate as a client sees it vs the engine's own timer, through `torchtpu-cpp serve` and the
-// official `openai` SDK: the seed's five requests of "Write a short paragraph about the ocean." at
-// max_tokens 100, one at a time, streamed, greedy (temperature 0) as the seeds decoded.
+// official `openai` SDK (or `ollama`'s, on Ollama's /api/chat): the seed's five requests of "Write
+// a short paragraph about the ocean." at max_tokens 100, one at a time, streamed, greedy
+// (temperature 0) as the seeds decoded.
 //
 // Usage: node bench/serve_bench.mjs [--url http://HOST:PORT] [--requests 5] [--max-tokens 100]
-//                                   [--concurrency 1,2,4,8]
+//                                   [--concurrency 1,2,4,8] [--api openai|ollama|both]
 //                                   [-- serve arguments, e.g. --model DIR --dtype bfloat16]
 // Without --url it starts `$TORCHTPU_CLI serve --port 0 <serve arguments>` (default
 // build/torchtpu-cpp; no --model: the demo checkpoint) and stops it afterwards.
@@ -15,6 +16,7 @@ import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const { default: OpenAI } = await import(join(here, "../tests/js/node_modules/openai/index.mjs"));
+const { Ollama } = await import(join(here, "../tests/js/node_modules/ollama/dist/index.mjs"));
 const { startServer } = await import(join(here, "../tests/js/server_helpers.mjs"));
 
 const argv = process.argv.slice(2);
@@ -26,6 +28,8 @@ const option = (name, fallback) => {
   return i >= 0 ? own[i + 1] : fallback;
 };
 const requests = Number(option("--requests", 5));
+const api = option("--api", "openai");
+if (!["openai", "ollama", "both"].includes(api)) throw new Error(`--api openai|ollama|both, got ${api}`);
 const maxTokens = Number(option("--max-tokens", 100));
 const prompt = "Write a short paragraph about the ocean.";
 
@@ -44,6 +48,7 @@ if (!url) {
 }
 const apiKey = process.env.TORCHTPU_API_KEY ?? "none";
 const client = new OpenAI({ apiKey, baseURL: `${url}/v1`, maxRetries: 0 });
+const ollama = new Ollama({ host: url, headers: { Authorization: `Bearer ${apiKey}` } });
 const model = (await client.models.list()).data[0].id;
 const engine = await (await fetch(`${url}/v1/engine`, { headers: { Authorization: `Bearer ${apiKey}` } })).json();
 console.log(`model ${model} on ${engine.device} (${engine.dtype}), torchtpu-cpp ${engine.build?.git_revision}`);
@@ -78,28 +83,59 @@ async function streamOnce(ignoreEos = false) {
   }
   r.end = performance.now();
   r.n = r.usage.completion_tokens;
+  return rates(r, r.timings.read_s, r.timings.decode_s);
+}
+
+// The client's rate, counted as for chat, and the engine's from its read and decode seconds.
+function rates(r, readS, decodeS) {
   r.clientRate = r.n > 1 && r.last > r.first ? (r.n - 1) / ((r.last - r.first) / 1000) : NaN;
+  r.engineRate = r.n > 1 && decodeS > 0 ? (r.n - 1) / decodeS : NaN;
+  r.readS = readS;
+  r.decodeS = decodeS;
   return r;
 }
 
-const clientRates = [];
-const engineRates = [];
-for (let i = 1; i <= requests; ++i) {
-  const r = await streamOnce();
-  const engineRate = r.timings.decode_tokens_per_second ?? NaN;
-  clientRates.push(r.clientRate);
-  engineRates.push(engineRate);
-  console.log(
-    `request ${i}: ${r.n} tokens, finish ${r.finish}, read ${r.timings.read_s.toFixed(3)} s, ` +
-      `decode ${r.timings.decode_s.toFixed(3)} s, engine ${engineRate.toFixed(2)} tok/s, ` +
-      `client ${r.clientRate.toFixed(2)} tok/s, first token ${((r.first - r.start) / 1000).toFixed(3)} s, ` +
-      `round trip ${((r.end - r.start) / 1000).toFixed(2)} s`,
-  );
+// The same request on Ollama's /api/chat: its done line's eval_count and prompt_eval_duration /
+// eval_duration (nanoseconds) are the engine's count and timer.
+async function streamOllama() {
+  const start = performance.now();
+  const r = { start, first: null, last: null, finish: null };
+  let done = null;
+  for await (const part of await ollama.chat({
+    model, messages: [{ role: "user", content: prompt }], stream: true,
+    options: { temperature: 0, num_predict: maxTokens },
+  })) {
+    if (part.message.content) {
+      r.last = performance.now();
+      r.first ??= r.last;
+    }
+    if (part.done) done = part;
+  }
+  r.end = performance.now();
+  r.finish = done.done_reason;
+  r.n = done.eval_count;
+  return rates(r, done.prompt_eval_duration / 1e9, done.eval_duration / 1e9);
 }
-const c = median(clientRates);
-const e = median(engineRates);
-console.log(`median engine ${e.toFixed(2)} tok/s, client ${c.toFixed(2)} tok/s, ` +
-  `client/engine ${(c / e).toFixed(3)}`);
+
+for (const which of api === "both" ? ["openai", "ollama"] : [api]) {
+  const clientRates = [];
+  const engineRates = [];
+  for (let i = 1; i <= requests; ++i) {
+    const r = which === "openai" ? await streamOnce() : await streamOllama();
+    clientRates.push(r.clientRate);
+    engineRates.push(r.engineRate);
+    console.log(
+      `${which} request ${i}: ${r.n} tokens, finish ${r.finish}, read ${r.readS.toFixed(3)} s, ` +
+        `decode ${r.decodeS.toFixed(3)} s, engine ${r.engineRate.toFixed(2)} tok/s, ` +
+        `client ${r.clientRate.toFixed(2)} tok/s, first token ${((r.first - r.start) / 1000).toFixed(3)} s, ` +
+        `round trip ${((r.end - r.start) / 1000).toFixed(2)} s`,
+    );
+  }
+  const c = median(clientRates);
+  const e = median(engineRates);
+  console.log(`${which}: median engine ${e.toFixed(2)} tok/s, client ${c.toFixed(2)} tok/s, ` +
+    `client/engine ${(c / e).toFixed(3)}`);
+}
 
 // --concurrency 1,2,4,8: that many streams at once (max_tokens each, end of turn ignored), for
 // the server's batching: aggregate tokens over the wall time until the last ends, each stream's
