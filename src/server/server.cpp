@@ -535,6 +535,9 @@ class Server {
   OllamaModel ollama_model(const std::string& id) const;
   // Ollama's GET /api/tags, POST /api/show, GET /api/ps and GET /api/version.
   void add_ollama_info_routes(httplib::Server& http);
+  // vLLM's POST /sleep, POST /wake_up and GET /is_sleeping (its sleep mode's routes, which RL
+  // trainers call to free a server's memory between rollouts).
+  void add_sleep_routes(httplib::Server& http);
   // OpenAI's /v1/audio/transcriptions (`translate`: /v1/audio/translations).
   void handle_transcription(const httplib::Request& req, httplib::Response& res, bool translate);
   // Answers a job in a wire format of its own (wire.h): whole, or as the renderer's events.
@@ -1707,6 +1710,44 @@ void Server::add_ollama_info_routes(httplib::Server& http) {
   }
 }
 
+void Server::add_sleep_routes(httplib::Server& http) {
+  http.Post("/sleep", guarded(
+                          [this](const httplib::Request& req, httplib::Response&) {
+                            // vLLM's level 1 keeps the weights in host memory, 2 drops them;
+                            // the engine here frees them either way and reads them again.
+                            const std::string level = req.get_param_value("level");
+                            if (!level.empty() && level != "1" && level != "2") {
+                              throw ApiError(400, "'level' must be 1 or 2, got '" + level + "'",
+                                             "invalid_request_error", "level", "invalid_value");
+                            }
+                            scheduler_.sleep_when_idle();
+                          },
+                          true));
+  http.Post("/wake_up", guarded(
+                            [this](const httplib::Request& req, httplib::Response&) {
+                              // vLLM wakes its weights and its KV cache apart; here both come
+                              // back together.
+                              for (size_t i = 0; i < req.get_param_value_count("tags"); ++i) {
+                                const std::string tag = req.get_param_value("tags", i);
+                                if (tag != "weights" && tag != "kv_cache") {
+                                  throw ApiError(400,
+                                                 "'tags' must be \"weights\" or \"kv_cache\", "
+                                                 "got '" + tag + "'",
+                                                 "invalid_request_error", "tags", "invalid_value");
+                                }
+                              }
+                              scheduler_.wake_up();
+                            },
+                            true));
+  http.Get("/is_sleeping", guarded(
+                               [this](const httplib::Request&, httplib::Response& res) {
+                                 res.set_content(
+                                     dump({{"is_sleeping", scheduler_.stats().asleep}}),
+                                     "application/json");
+                               },
+                               true));
+}
+
 void Server::handle_transcription(const httplib::Request& req, httplib::Response& res,
                                   bool translate) {
   if (!req.is_multipart_form_data()) {
@@ -2231,7 +2272,8 @@ std::string Server::endpoint_label(const std::string& path) const {
       "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens",
       "/v1/audio/transcriptions", "/v1/audio/translations",
       "/api/chat",       "/api/generate", "/api/tags",   "/api/show",
-      "/api/ps",         "/api/version", "/api/embed",  "/api/embeddings"};
+      "/api/ps",         "/api/version", "/api/embed",  "/api/embeddings",
+      "/sleep",          "/wake_up",     "/is_sleeping"};
   if (known.count(path)) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
@@ -2464,6 +2506,7 @@ void Server::set_up_routes(httplib::Server& http) {
                       true, ErrorShape::kOllama));
   }
   add_ollama_info_routes(http);
+  add_sleep_routes(http);
   http.Post("/tokenize", guarded(
                              [this](const httplib::Request& req, httplib::Response& res) {
                                const auto r = parse_tokenize_request(parse_body(req.body));
@@ -2534,7 +2577,9 @@ void Server::set_up_routes(httplib::Server& http) {
             {"/api/chat", "POST"},       {"/api/generate", "POST"},
             {"/api/tags", "GET"},        {"/api/show", "POST"},
             {"/api/ps", "GET"},          {"/api/version", "GET"},
-            {"/api/embed", "POST"},      {"/api/embeddings", "POST"}};
+            {"/api/embed", "POST"},      {"/api/embeddings", "POST"},
+            {"/sleep", "POST"},          {"/wake_up", "POST"},
+            {"/is_sleeping", "GET"}};
         try {
           if (res.status == 413) {
             throw ApiError(413,

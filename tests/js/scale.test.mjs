@@ -357,6 +357,48 @@ describe("an idle replica sleeps (--sleep-idle-seconds)", () => {
     });
 });
 
+describe("vLLM's sleep mode routes", () => {
+  test("/sleep frees the weights once idle, /wake_up loads them, /is_sleeping says which",
+    async () => {
+      const server = await startServer(["--threads", "1"]);
+      try {
+        const call = (method, path) => fetch(`${server.url}${path}`, { method });
+        const sleeping = async () => (await (await call("GET", "/is_sleeping")).json()).is_sleeping;
+        const ask = async () => (await post(server.url, "/v1/completions",
+          { prompt: "Write about rain.", max_tokens: 8, ignore_eos: true },
+          { "Content-Type": "application/json" })).body.choices[0].text;
+        const first = await ask();
+        assert.equal(await sleeping(), false);
+        const slept = await call("POST", "/sleep?level=1");
+        assert.equal(slept.status, 200);
+        assert.equal(await slept.text(), "");
+        await eventually(sleeping, "the engine asleep");
+        const engine = await (await fetch(`${server.url}/v1/engine`)).json();
+        assert.deepEqual([engine.scheduler.asleep, engine.scheduler.sleeps], [true, 1]);
+        // Answered once the weights are back.
+        assert.equal((await call("POST", "/wake_up?tags=weights&tags=kv_cache")).status, 200);
+        assert.equal(await sleeping(), false);
+        assert.equal(await ask(), first);
+        // A request wakes a sleeping engine too.
+        assert.equal((await call("POST", "/sleep?level=2")).status, 200);
+        await eventually(sleeping, "the engine asleep again");
+        assert.equal(await ask(), first);
+        for (const [path, param, message] of [
+          ["/sleep?level=3", "level", "'level' must be 1 or 2, got '3'"],
+          ["/wake_up?tags=cuda_graphs", "tags", "'tags' must be \"weights\" or \"kv_cache\", got 'cuda_graphs'"],
+        ]) {
+          const res = await call("POST", path);
+          assert.equal(res.status, 400, path);
+          const { error } = await res.json();
+          assert.deepEqual([error.param, error.message], [param, message]);
+        }
+        assert.equal((await call("GET", "/sleep")).status, 405);
+      } finally {
+        await server.stop();
+      }
+    });
+});
+
 describe("bad values of the new flags", () => {
   test("are refused at start with a message naming the flag", async () => {
     for (const [args, message] of [

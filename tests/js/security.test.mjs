@@ -48,6 +48,9 @@ const guarded = [
   ["POST", "/api/show", { model: "torchtpu-demo-random-weights" }],
   ["GET", "/api/ps"],
   ["GET", "/api/version"],
+  ["GET", "/is_sleeping"],
+  ["POST", "/sleep"],
+  ["POST", "/wake_up"],
   // The key is checked before the body: this one wants a multipart upload.
   ["POST", "/v1/audio/transcriptions", { file: "x" }, 400],
   // An unknown route does not tell a client without the key whether it exists.
