@@ -3,6 +3,7 @@
 #include <chrono>
 #include <set>
 #include <tuple>
+#include <utility>
 
 namespace torchtpu::server {
 namespace {
@@ -264,11 +265,6 @@ void refuse_unsupported(const ojson& body) {
       throw unsupported(name, "is not supported by this server");
     }
   }
-  if (const ojson* n = field(body, "top_logprobs"); n && *n != 0) {
-    throw unsupported("top_logprobs",
-                      "is not supported by /v1/responses on this server (use "
-                      "/v1/chat/completions for logprobs)");
-  }
   if (const ojson* truncation = field(body, "truncation");
       truncation && *truncation != "disabled") {
     throw unsupported(
@@ -278,10 +274,12 @@ void refuse_unsupported(const ojson& body) {
   if (const ojson* include = field(body, "include")) {
     if (!include->is_array()) throw wrong_type("include", "an array", *include);
     for (size_t i = 0; i < include->size(); ++i) {
-      if ((*include)[i] != "reasoning.encrypted_content") {
+      if ((*include)[i] != "reasoning.encrypted_content" &&
+          (*include)[i] != "message.output_text.logprobs") {
         throw unsupported(at("include", i),
-                          "must be \"reasoning.encrypted_content\", the one "
-                          "inclusion this server offers, got " +
+                          "must be \"reasoning.encrypted_content\" or "
+                          "\"message.output_text.logprobs\", the inclusions this server "
+                          "offers, got " +
                               (*include)[i].dump());
       }
     }
@@ -438,7 +436,19 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   }
   const ojson* metadata = field(body, "metadata");
   if (metadata && !metadata->is_object()) throw wrong_type("metadata", "an object", *metadata);
-  if (const ojson* include = field(body, "include")) out.sealed_reasoning = !include->empty();
+  bool logprobs = false;
+  if (const ojson* include = field(body, "include")) {
+    for (const auto& item : *include) {
+      out.sealed_reasoning = out.sealed_reasoning || item == "reasoning.encrypted_content";
+      logprobs = logprobs || item == "message.output_text.logprobs";
+    }
+  }
+  // Alternatives (chat's checks: 0 - 20) ask for the logprobs too.
+  if (const ojson* n = field(body, "top_logprobs")) {
+    logprobs = logprobs || *n != 0;
+    if (logprobs) chat["top_logprobs"] = *n;
+  }
+  if (logprobs) chat["logprobs"] = true;
 
   const ojson response_format = chat_response_format(body);
   if (!response_format.is_null()) chat["response_format"] = response_format;
@@ -561,18 +571,19 @@ std::string ResponsesRenderer::close() {
   } else {
     part = {{"type", "output_text"},
             {"annotations", ojson::array()},
-            {"logprobs", ojson::array()},
+            {"logprobs", text_logprobs_},
             {"text", text_}};
     item = {{"id", item_id_},
             {"type", "message"},
             {"status", "completed"},
             {"role", "assistant"},
             {"content", ojson::array({part})}};
-    out += event("response.output_text.done", {{"item_id", item_id_},
-                                               {"output_index", index},
-                                               {"content_index", 0},
-                                               {"text", text_},
-                                               {"logprobs", ojson::array()}});
+    out += event("response.output_text.done",
+                 {{"item_id", item_id_},
+                  {"output_index", index},
+                  {"content_index", 0},
+                  {"text", text_},
+                  {"logprobs", std::exchange(text_logprobs_, ojson::array())}});
     assistant_["content"] =
         (assistant_["content"].is_string() ? assistant_["content"].get<std::string>() : "") + text_;
   }
@@ -586,8 +597,21 @@ std::string ResponsesRenderer::close() {
   return out;
 }
 
+void ResponsesRenderer::logprobs(const ojson& entries) {
+  for (const auto& entry : entries) logprobs_.push_back(entry);
+}
+
 std::string ResponsesRenderer::add(const OutputDelta& delta) {
   std::string out;
+  // The output text's logprobs are those of the tokens since the last reasoning or call: the
+  // text's own, and the markers or held-back text between (one piece of both reasoning and
+  // text, as a read of several tokens can make, gives all of its tokens to the text).
+  ojson logprobs;
+  if (!delta.content.empty()) {
+    logprobs = std::exchange(logprobs_, ojson::array());
+  } else if (!delta.reasoning.empty() || !delta.tool_calls.empty()) {
+    logprobs_ = ojson::array();
+  }
   if (!delta.reasoning.empty()) {
     out += open(Open::kReasoning);
     text_ += delta.reasoning;
@@ -599,11 +623,12 @@ std::string ResponsesRenderer::add(const OutputDelta& delta) {
   if (!delta.content.empty()) {
     out += open(Open::kMessage);
     text_ += delta.content;
+    for (const auto& entry : logprobs) text_logprobs_.push_back(entry);
     out += event("response.output_text.delta", {{"item_id", item_id_},
                                                 {"output_index", response_["output"].size()},
                                                 {"content_index", 0},
                                                 {"delta", delta.content},
-                                                {"logprobs", ojson::array()}});
+                                                {"logprobs", std::move(logprobs)}});
   }
   for (const auto& call : delta.tool_calls) {
     // parallel_tool_calls false: the first call is the answer, later ones are dropped.

@@ -67,6 +67,7 @@ class ResponsesRenderer : public Renderer {
  public:
   ResponsesRenderer(std::string model, const ResponsesRequest& request, ResponseStore* store);
   std::string start() override;
+  void logprobs(const ojson& entries) override;
   std::string add(const OutputDelta& delta) override;
   std::string finish(const GenerationOutcome& outcome) override;
   std::string error(const ApiError& error) override;
@@ -88,6 +89,8 @@ class ResponsesRenderer : public Renderer {
   Open open_ = Open::kNone;
   std::string item_id_;  // of the open item
   std::string text_;     // of the open item
+  ojson logprobs_ = ojson::array();       // of the tokens behind the next add()
+  ojson text_logprobs_ = ojson::array();  // of the open message's text
   ojson assistant_;      // this output as a chat message, for the store
 };
 

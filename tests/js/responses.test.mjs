@@ -218,6 +218,39 @@ describe("whole answers", () => {
     assert.ok(withThought.usage.input_tokens > without.usage.input_tokens);
   });
 
+  test("include message.output_text.logprobs: the text's tokens, as chat gives them", async () => {
+    const chatLogprobs = async (fields) => (await client.chat.completions.create({
+      model: MODEL, logprobs: true, top_logprobs: 2, ...fields,
+    })).choices[0].logprobs.content;
+    const plain = await client.responses.create({
+      model: MODEL, input: "Say hello", store: false, include: ["message.output_text.logprobs"],
+      top_logprobs: 2,
+    });
+    const entries = plain.output[0].content[0].logprobs;
+    assert.deepEqual(entries, await chatLogprobs({ messages: [{ role: "user", content: "Say hello" }] }));
+    assert.equal(entries.map((e) => e.token).join(""), "Hello there, friend.");
+    assert.ok(entries.every((e) => e.top_logprobs.length === 2));
+    // After a thought, the text's entries are the last of chat's, none of the thought's.
+    const stream = client.responses.stream({
+      model: MODEL, input: "What is 2+2?", reasoning: { effort: "low" }, store: false,
+      include: ["message.output_text.logprobs"],
+    });
+    const streamed = [];
+    for await (const event of stream) {
+      if (event.type === "response.output_text.delta") streamed.push(...event.logprobs);
+    }
+    const answer = (await stream.finalResponse()).output[1].content[0].logprobs;
+    assert.deepEqual(streamed, answer);
+    const all = await chatLogprobs({ messages: [{ role: "user", content: "What is 2+2?" }],
+      reasoning_effort: "low", top_logprobs: 0 });
+    assert.deepEqual(answer, all.slice(all.length - answer.length));
+    const text = answer.map((e) => e.token).join("");
+    assert.ok(text.endsWith("It is 4.") && !text.includes("Two"), text);
+    // Asked for nothing, nothing comes.
+    const none = await client.responses.create({ model: MODEL, input: "Say hello", store: false });
+    assert.deepEqual(none.output[0].content[0].logprobs, []);
+  });
+
   test("tool_choice required and a named function are honoured", async () => {
     const required = await client.responses.create({
       model: MODEL, input: "Weather anywhere?", tools: TOOLS, tool_choice: "required",
@@ -439,7 +472,8 @@ describe("errors", () => {
     [{ input: "hi", text: { format: { type: "json_schema", name: "x" } } }, "text.format.schema"],
     [{ input: "hi", text: { format: { type: "json_schema", name: "x", schema: 5 } } }, "text.format.schema"],
     [{ input: "hi", text: { format: { type: "json_schema", name: 5, schema: {} } } }, "text.format.name"],
-    [{ input: "hi", include: ["message.output_text.logprobs"] }, "include[0]"],
+    [{ input: "hi", include: ["file_search_call.results"] }, "include[0]"],
+    [{ input: "hi", top_logprobs: 21 }, "top_logprobs"],
     [{ input: "hi", truncation: "auto" }, "truncation"],
     [{ input: "hi", background: true }, "background"],
     [{ input: "hi", previous_response_id: 7 }, "previous_response_id"],
