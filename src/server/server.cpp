@@ -1582,7 +1582,7 @@ void Server::handle_ollama(const httplib::Request& req, httplib::Response& res, 
   const auto received = Clock::now();
   const ojson body = parse_body(req.body);
   const OllamaRequest r = chat ? parse_ollama_chat(body) : parse_ollama_generate(body);
-  check_model(r.generation.model);
+  check_model(server_model_name(r.model));  // a load request has no generation to name it
   if (r.load_only) {
     if (r.unload) {
       scheduler_.sleep_when_idle();

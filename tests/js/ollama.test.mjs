@@ -333,6 +333,8 @@ describe("errors in Ollama's shape", () => {
     ["no model", () => ollama.chat({ model: "", messages: [user("Hi")], stream: false }), 400, /^model is required$/],
     ["an unknown model", () => chat({ model: "llama3", messages: [user("Hi")], stream: false }), 404,
       /'llama3' does not exist/],
+    ["a load of an unknown model", () => chat({ model: "llama3", messages: [], stream: false }), 404,
+      /'llama3' does not exist/],
     ["an unknown option", () => chat({ messages: [user("Hi")], stream: false, options: { temprature: 1 } }), 400,
       /'options\.temprature' is not an Ollama option/],
     ["an option of the wrong type", () => chat({ messages: [user("Hi")], stream: false, options: { top_k: "5" } }),
