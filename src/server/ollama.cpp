@@ -173,23 +173,30 @@ const ojson* option(const ojson& options, const char* name, bool integer) {
 // Ollama's options (its Modelfile parameters) into the chat body's sampling fields.
 void apply_options(const ojson& options, ojson& chat) {
   if (!options.is_object()) throw wrong_type("options", "an object", options);
-  // Ollama's runner settings: memory, threads, batching, the context (this server's --context
-  // holds for every request). Accepted, as Ollama accepts them for any model, with no effect.
-  static const std::set<std::string> runner = {
-      "numa",     "num_ctx",     "num_batch", "num_gpu",     "main_gpu",   "low_vram",
-      "f16_kv",   "logits_all",  "vocab_only", "use_mmap",   "use_mlock",  "embedding_only",
-      "num_thread", "num_keep", "penalize_newline"};
+  // Ollama's runner settings (memory, threads, batching, the context: this server's --context
+  // holds for every request) and the deprecated penalize_newline. Checked as Ollama checks their
+  // types, with no effect, as Ollama accepts them for any model.
+  static const std::set<std::string> runner_ints = {"num_ctx",  "num_batch",  "num_gpu",
+                                                    "main_gpu", "num_thread", "num_keep"};
+  static const std::set<std::string> runner_bools = {
+      "numa",     "low_vram",  "f16_kv",         "logits_all",      "vocab_only",
+      "use_mmap", "use_mlock", "embedding_only", "penalize_newline"};
   static const std::set<std::string> sampling = {
-      "seed",           "num_predict",      "top_k",       "top_p",          "min_p",
-      "temperature",    "repeat_penalty",   "presence_penalty", "frequency_penalty", "stop",
-      "typical_p",      "tfs_z",            "repeat_last_n", "mirostat",     "mirostat_tau",
+      "seed",         "num_predict",  "top_k",          "top_p",          "min_p",
+      "temperature",  "stop",         "repeat_penalty", "presence_penalty", "frequency_penalty",
+      "typical_p",    "tfs_z",        "repeat_last_n",  "mirostat",       "mirostat_tau",
       "mirostat_eta"};
   for (const auto& [key, value] : options.items()) {
-    if (runner.count(key) || sampling.count(key)) continue;
-    throw invalid("options." + key,
-                  "is not an Ollama option (the sampling ones: temperature, top_k, top_p, min_p, "
-                  "seed, num_predict, stop, repeat_penalty, presence_penalty, "
-                  "frequency_penalty)");
+    if (runner_ints.count(key)) {
+      option(options, key.c_str(), true);
+    } else if (runner_bools.count(key)) {
+      if (!value.is_boolean()) throw wrong_type("options." + key, "a boolean", value);
+    } else if (!sampling.count(key)) {
+      throw invalid("options." + key,
+                    "is not an Ollama option (the sampling ones: temperature, top_k, top_p, "
+                    "min_p, seed, num_predict, stop, repeat_penalty, presence_penalty, "
+                    "frequency_penalty)");
+    }
   }
   for (const char* name : {"temperature", "top_p", "min_p", "presence_penalty",
                            "frequency_penalty"}) {
