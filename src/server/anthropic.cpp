@@ -307,12 +307,7 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
   std::vector<std::string> stops;
   if (const ojson* s = field(body, "stop_sequences")) {
     if (!s->is_array()) throw wrong_type("stop_sequences", "an array of strings", *s);
-    for (size_t i = 0; i < s->size(); ++i) {
-      const ojson& stop = (*s)[i];
-      if (!stop.is_string()) throw wrong_type(at("stop_sequences", i), "a string", stop);
-      if (stop.get<std::string>().empty()) throw invalid(at("stop_sequences", i), "is empty");
-      stops.push_back(stop.get<std::string>());
-    }
+    stops = nonempty_strings(*s, [](size_t i) { return at("stop_sequences", i); });
   }
   if (const ojson* metadata = field(body, "metadata"); metadata && !metadata->is_object()) {
     throw wrong_type("metadata", "an object", *metadata);

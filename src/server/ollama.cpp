@@ -360,12 +360,7 @@ GenerationRequest parse_as_chat(ojson chat, bool templated,
                                 const std::vector<std::string>& image_params) {
   std::vector<std::string> stops;
   if (const ojson* stop = field(chat, "stop")) {
-    for (size_t i = 0; i < stop->size(); ++i) {
-      const ojson& s = (*stop)[i];
-      if (!s.is_string()) throw wrong_type(at("options.stop", i), "a string", s);
-      if (s.get_ref<const std::string&>().empty()) throw invalid(at("options.stop", i), "is empty");
-      stops.push_back(s.get<std::string>());
-    }
+    stops = nonempty_strings(*stop, [](size_t i) { return at("options.stop", i); });
     chat.erase("stop");
   }
   GenerationRequest r;

@@ -26,6 +26,17 @@ ApiError invalid(const std::string& param, const std::string& why) {
   return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param, "invalid_value");
 }
 
+std::vector<std::string> nonempty_strings(const ojson& list,
+                                          const std::function<std::string(size_t)>& element) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (!list[i].is_string()) throw wrong_type(element(i), "a string", list[i]);
+    if (list[i].get_ref<const std::string&>().empty()) throw invalid(element(i), "is empty");
+    out.push_back(list[i].get<std::string>());
+  }
+  return out;
+}
+
 const ojson* field(const ojson& body, const char* name) {
   auto it = body.find(name);
   return it == body.end() || it->is_null() ? nullptr : &*it;

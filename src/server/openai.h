@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -65,6 +66,11 @@ ApiError missing(const std::string& param);
 // invalid_value (a value outside the field's rules).
 ApiError unsupported(const std::string& param, const std::string& why);
 ApiError invalid(const std::string& param, const std::string& why);
+// The strings of `list`, each one non-empty (stop sequences): 400 naming element i as
+// `element(i)` for one that is not a string ("... must be a string") or is empty ("... is
+// empty").
+std::vector<std::string> nonempty_strings(const ojson& list,
+                                          const std::function<std::string(size_t)>& element);
 // The member `name` of the object `body` if present and not null, else nullptr.
 const ojson* field(const ojson& body, const char* name);
 // The string member `name` of `object`, named "PARENT.NAME" in the error when it is missing or

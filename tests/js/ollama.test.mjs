@@ -367,6 +367,9 @@ describe("errors in Ollama's shape", () => {
       system: "Be brief.", stream: false }), 400, /'system' cannot be given with raw: true/],
     ["top_logprobs out of range", () => chat({ messages: [user("Hi")], stream: false, logprobs: true,
       top_logprobs: 21 }), 400, /'top_logprobs' must be between 0 and 20, got 21/],
+    ["top_logprobs out of range on a raw prompt", () => ollama.generate({ model: MODEL, prompt: "x",
+      raw: true, stream: false, logprobs: true, top_logprobs: 21 }), 400,
+      /^'top_logprobs' must be between 0 and 20, got 21$/],
     ["embeddings", () => ollama.embed({ model: MODEL, input: "Hi" }), 400, /does not make embeddings/],
     ["show of an unknown model", () => ollama.show({ model: "llama3" }), 404, /'llama3' does not exist/],
   ];
