@@ -259,9 +259,7 @@ const std::string& Engine::weights_id() const {
     if (!options_.emb4_dir.empty()) {
       id = id * kFnvPrime ^ Checkpoint(options_.emb4_dir).fingerprint();
     }
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(id));
-    weights_id_ = hex;
+    weights_id_ = digest_hex(id);
   });
   return weights_id_;
 }

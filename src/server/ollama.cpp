@@ -17,10 +17,6 @@
 namespace torchtpu::server {
 namespace {
 
-std::string at(const std::string& param, size_t i) {
-  return param + "[" + std::to_string(i) + "]";
-}
-
 // Ollama's model field is required; its own wording when it is missing.
 std::string model_of(const ojson& body) {
   const ojson* model = field(body, "model");
@@ -46,7 +42,7 @@ ojson image_parts(const ojson& images, const std::string& param,
   if (!images.is_array()) throw wrong_type(param, "an array of base64 strings", images);
   ojson parts = ojson::array();
   for (size_t i = 0; i < images.size(); ++i) {
-    const std::string p = at(param, i);
+    const std::string p = at_index(param, i);
     if (!images[i].is_string()) throw wrong_type(p, "a base64 string", images[i]);
     const std::string& data = images[i].get_ref<const std::string&>();
     const auto head = decode_base64(data.substr(0, 16));
@@ -79,7 +75,7 @@ ojson chat_tool_calls(const ojson& calls, const std::string& param, size_t messa
   ojson out = ojson::array();
   for (size_t j = 0; j < calls.size(); ++j) {
     const ojson& call = calls[j];
-    const std::string p = at(param, j);
+    const std::string p = at_index(param, j);
     if (!call.is_object()) throw wrong_type(p, "an object", call);
     const ojson* function = field(call, "function");
     if (!function) throw missing(p + ".function");
@@ -111,7 +107,7 @@ ojson chat_messages(const ojson& messages, std::vector<std::string>& image_param
   size_t answered = 0;           // tool messages since it
   for (size_t i = 0; i < messages.size(); ++i) {
     const ojson& m = messages[i];
-    const std::string p = at("messages", i);
+    const std::string p = at_index("messages", i);
     if (!m.is_object()) throw wrong_type(p, "an object", m);
     std::string role = required_string(m, "role", p);
     // Ollama reads roles in any case.
@@ -360,7 +356,7 @@ GenerationRequest parse_as_chat(ojson chat, bool templated,
                                 const std::vector<std::string>& image_params) {
   std::vector<std::string> stops;
   if (const ojson* stop = field(chat, "stop")) {
-    stops = nonempty_strings(*stop, [](size_t i) { return at("options.stop", i); });
+    stops = nonempty_strings(*stop, [](size_t i) { return at_index("options.stop", i); });
     chat.erase("stop");
   }
   GenerationRequest r;

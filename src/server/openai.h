@@ -66,6 +66,10 @@ ApiError missing(const std::string& param);
 // invalid_value (a value outside the field's rules).
 ApiError unsupported(const std::string& param, const std::string& why);
 ApiError invalid(const std::string& param, const std::string& why);
+// "param[i]": how OpenAI's formats (and Ollama's) name an array's element in errors.
+inline std::string at_index(const std::string& param, size_t i) {
+  return param + "[" + std::to_string(i) + "]";
+}
 // The strings of `list`, each one non-empty (stop sequences): 400 naming element i as
 // `element(i)` for one that is not a string ("... must be a string") or is empty ("... is
 // empty").

@@ -8,8 +8,6 @@
 namespace torchtpu::server {
 namespace {
 
-std::string at(const std::string& param, size_t i) { return param + "[" + std::to_string(i) + "]"; }
-
 // The text of a message's content: a string, or text parts (input_text, output_text).
 std::string content_text(const ojson& content, const std::string& param) {
   if (content.is_string()) return content.get<std::string>();
@@ -17,7 +15,7 @@ std::string content_text(const ojson& content, const std::string& param) {
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
     const ojson& part = content[i];
-    const std::string p = at(param, i);
+    const std::string p = at_index(param, i);
     if (!part.is_object()) throw wrong_type(p, "an object", part);
     const std::string& type = required_string(part, "type", p);
     if (type != "input_text" && type != "output_text") {
@@ -43,7 +41,7 @@ ojson chat_content(const ojson& content, const std::string& param, bool user,
   bool media = false;
   for (size_t i = 0; i < content.size(); ++i) {
     const ojson& part = content[i];
-    const std::string p = at(param, i);
+    const std::string p = at_index(param, i);
     if (!part.is_object()) throw wrong_type(p, "an object", part);
     const std::string& type = required_string(part, "type", p);
     if ((type == "input_image" || type == "input_audio") && !user) {
@@ -131,8 +129,8 @@ class Conversation {
         if (!content->is_array()) throw wrong_type(p + ".content", "an array", *content);
         for (size_t i = 0; i < content->size(); ++i) {
           const ojson& part = (*content)[i];
-          if (!part.is_object()) throw wrong_type(at(p + ".content", i), "an object", part);
-          text += required_string(part, "text", at(p + ".content", i));
+          if (!part.is_object()) throw wrong_type(at_index(p + ".content", i), "an object", part);
+          text += required_string(part, "text", at_index(p + ".content", i));
         }
       } else if (const ojson* sealed = field(item, "encrypted_content")) {
         // This server's own encrypted_content is the reasoning text itself (see the renderer).
@@ -200,7 +198,7 @@ ojson chat_tools(const ojson& tools) {
   ojson out = ojson::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const ojson& tool = tools[i];
-    const std::string p = at("tools", i);
+    const std::string p = at_index("tools", i);
     if (!tool.is_object()) throw wrong_type(p, "an object", tool);
     const std::string& type = required_string(tool, "type", p);
     if (type != "function") {
@@ -276,7 +274,7 @@ void refuse_unsupported(const ojson& body) {
     for (size_t i = 0; i < include->size(); ++i) {
       if ((*include)[i] != "reasoning.encrypted_content" &&
           (*include)[i] != "message.output_text.logprobs") {
-        throw unsupported(at("include", i),
+        throw unsupported(at_index("include", i),
                           "must be \"reasoning.encrypted_content\" or "
                           "\"message.output_text.logprobs\", the inclusions this server "
                           "offers, got " +
@@ -380,7 +378,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
     conversation.add_item({{"role", "user"}, {"content", *input}}, "input");
   } else if (input->is_array()) {
     if (input->empty()) throw invalid("input", "must hold at least one item");
-    for (size_t i = 0; i < input->size(); ++i) conversation.add_item((*input)[i], at("input", i));
+    for (size_t i = 0; i < input->size(); ++i) conversation.add_item((*input)[i], at_index("input", i));
   } else {
     throw wrong_type("input", "a string or an array of items", *input);
   }

@@ -11,7 +11,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <deque>
@@ -1611,11 +1610,8 @@ OllamaModel Server::ollama_model(const std::string& id) const {
     if (a.spec.name != id) continue;
     m.parent = model_id_;
     // The adapter's own digits after the base model's.
-    const uint64_t dir = fnv1a(kFnvOffset, reinterpret_cast<const uint8_t*>(a.spec.dir.data()),
-                               a.spec.dir.size());
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(dir));
-    m.digest += hex;
+    m.digest += digest_hex(fnv1a(
+        kFnvOffset, reinterpret_cast<const uint8_t*>(a.spec.dir.data()), a.spec.dir.size()));
   }
   for (const auto& s : engine_->storage()) {
     m.size += s.bytes;
