@@ -211,7 +211,7 @@ std::vector<int64_t> Batch::start_or_wait(const std::vector<int64_t>& reading) {
   for (size_t k = 0; k < order.size(); ++k) {
     Row& row = rows_[order[k]];
     if (row.started) continue;
-    if (cache_) {
+    if (cache_ && !row.request->options.prompt_logits) {
       const auto& key = row.request->cache_key;
       const int64_t held = cache_->held_for(key);
       for (size_t j = 0; j < k; ++j) {
@@ -325,7 +325,9 @@ void Batch::before_sampling(Row& row, int64_t index, const at::Tensor& logits) {
 
 int64_t Batch::chunk_size(const Row& row, int64_t limit) const {
   const int64_t n = static_cast<int64_t>(row.request->prompt.size());
-  int64_t count = std::min({n - row.read, engine_.options().prefill_chunk, limit});
+  int64_t count = std::min(
+      {n - row.read, engine_.chunk_limit(static_cast<bool>(row.request->options.prompt_logits)),
+       limit});
   // With a prefix cache, a chunk that crosses a multiple of the block, or a point a waiting row
   // starts from (save_at), ends there, so the state at that point can be saved for prompts that
   // share only the tokens up to it.
@@ -353,7 +355,7 @@ int64_t Batch::read_chunk(Row& row, int64_t index, int64_t limit, std::vector<in
   auto row_rings = rings_.rows(index, 1);
   const auto logits = engine_.read_chunk(row_rings, row.request->prompt, row.read,
                                          row.read + count, &row.media, keep_hidden(row.hidden),
-                                         lora_rows(index, 1));
+                                         lora_rows(index, 1), row.request->options.prompt_logits);
   ++prompt_passes_;
   after_chunk(row, index, count, logits, finished);
   return count;
@@ -365,7 +367,8 @@ int64_t Batch::read_together(const std::vector<int64_t>& reading, int64_t budget
   // that read nothing ride along as padding alone. A row joins, oldest first, while the pass
   // stays within the budget and pass_rows and its padding within half the tokens it reads.
   // Chunks stay within a sliding window, so that the ring writes of every row's tokens stay
-  // whole (Gemma4::forward). Rows with images or audio read alone, with their soft tokens.
+  // whole (Gemma4::forward). Rows with images or audio read alone, with their soft tokens, and
+  // rows whose prompt logits are asked for, with every position's logits.
   if (options_.pass_rows < 2) return 0;  // no two rows fit: each prompt reads alone
   const int64_t window = engine_.config().sliding_window;
   const int64_t cap = window > 0 ? std::min(budget, window) : budget;
@@ -373,7 +376,10 @@ int64_t Batch::read_together(const std::vector<int64_t>& reading, int64_t budget
   int64_t T = 0, real = 0, lo = options_.rows, hi = -1;
   for (const int64_t i : reading) {
     const Row& row = rows_[i];
-    if (!row.request || row.decoding() || !row.request->media.empty()) continue;
+    if (!row.request || row.decoding() || !row.request->media.empty() ||
+        row.request->options.prompt_logits) {
+      continue;
+    }
     const int64_t count = chunk_size(row, cap);
     if (count == 0) continue;
     const int64_t t = std::max(T, count), l = std::min(lo, i), h = std::max(hi, i);

@@ -196,7 +196,8 @@ class Batch {
   // and older) has yet to read tokens both prompts start with, beyond what the prefix cache holds
   // of its prompt: that row saves its state where the shared tokens end (save_at), and the waiting
   // one starts from it, so a prompt several rows share (a request's choices, one system prompt)
-  // is read once. The others start: their prompt's longest cached prefix restored.
+  // is read once. The others start: their prompt's longest cached prefix restored (none for rows
+  // whose prompt logits are asked for, which neither wait nor restore).
   std::vector<int64_t> start_or_wait(const std::vector<int64_t>& reading);
   // How many prompt tokens a row reads next, given at most `limit`.
   int64_t chunk_size(const Row& row, int64_t limit) const;

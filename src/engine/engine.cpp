@@ -565,25 +565,35 @@ at::Tensor Engine::logits(const std::vector<int64_t>& ids, const std::vector<Med
 
 at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
                               int64_t end, const PromptMedia* media, at::Tensor* hidden,
-                              const LoraRows& lora) const {
+                              const LoraRows& lora, const OnPromptLogits& prompt_logits) const {
   std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
   auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
   const bool final_chunk = end == static_cast<int64_t>(prompt.size());
   const auto soft = media ? soft_tokens(*media, begin, end, options_.device) : std::nullopt;
-  auto logits =
-      model().forward(id_tensor(part, options_.device), positions.to(options_.device), &rings,
-                      /*last_only=*/true, /*no_logits=*/!final_chunk, soft ? &*soft : nullptr,
-                      /*lengths=*/{}, hidden, lora);
-  return final_chunk ? logits.view({-1}) : logits;
+  const bool every = static_cast<bool>(prompt_logits);
+  auto logits = model().forward(id_tensor(part, options_.device), positions.to(options_.device),
+                                &rings, /*last_only=*/!every, /*no_logits=*/!final_chunk && !every,
+                                soft ? &*soft : nullptr, /*lengths=*/{}, hidden, lora);
+  if (!every) return final_chunk ? logits.view({-1}) : logits;
+  // The last position of the prompt scores no prompt token: its logits choose the first token.
+  const int64_t count = end - begin;
+  const int64_t scoring = final_chunk ? count - 1 : count;
+  logits = logits.view({count, -1});
+  if (scoring > 0) prompt_logits(logits.narrow(0, 0, scoring), begin);
+  if (!final_chunk) return {};
+  if (hidden) *hidden = hidden->narrow(1, count - 1, 1);
+  return logits[count - 1];
 }
 
 at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
-                               at::Tensor* hidden, const LoraRows& lora) {
+                               at::Tensor* hidden, const LoraRows& lora,
+                               const OnPromptLogits& prompt_logits) {
   const auto n = static_cast<int64_t>(prompt.size());
+  const int64_t chunk = chunk_limit(static_cast<bool>(prompt_logits));
   at::Tensor last_logits;
-  for (int64_t begin = 0; begin < n; begin += options_.prefill_chunk) {
-    last_logits = read_chunk(rings_, prompt, begin, std::min(n, begin + options_.prefill_chunk),
-                             media, hidden, lora);
+  for (int64_t begin = 0; begin < n; begin += chunk) {
+    last_logits = read_chunk(rings_, prompt, begin, std::min(n, begin + chunk), media, hidden,
+                             lora, prompt_logits);
   }
   return last_logits;
 }
@@ -626,7 +636,7 @@ std::vector<int64_t> Engine::draft_after(const std::vector<int64_t>& prompt, int
   at::Tensor hidden;
   const auto scales = lora_scales({});
   const auto token =
-      read_prompt(prompt, nullptr, &hidden, lora_rows({&scales})).argmax().view({1});
+      read_prompt(prompt, nullptr, &hidden, lora_rows({&scales}), {}).argmax().view({1});
   auto ids = host_ids(token.to(at::kCPU));
   const auto drafts = host_ids(
       draft(rings_, token, hidden, {static_cast<int64_t>(prompt.size())}, count));
@@ -757,7 +767,8 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   at::Tensor* keep_hidden = drafter_ && options.draft.tokens > 0 ? &hidden : nullptr;
   const auto scales = lora_scales(options.lora);
   const auto lora = lora_rows({&scales});
-  auto token = sample(read_prompt(prompt, &prompt_media, keep_hidden, lora));
+  auto token =
+      sample(read_prompt(prompt, &prompt_media, keep_hidden, lora, options.prompt_logits));
   const auto on_device = at::TensorOptions().dtype(at::kLong).device(options_.device);
   auto position = at::full({1, 1}, n, on_device);
   // Tokens not yet read wait in a device buffer, one slot per step of the read window. The slot

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -153,6 +154,15 @@ struct Drafting {
 // lookup being asked for.
 int64_t default_draft_tokens(const std::string& draft_model);
 
+// Sees the float32 logits [count, vocab] of prompt positions [first, first + count), row j scoring
+// the prompt's token first + j + 1 (the prompt's own logprobs: vLLM's prompt_logprobs, OpenAI's
+// echo with logprobs).
+using OnPromptLogits = std::function<void(const at::Tensor& logits, int64_t first)>;
+
+// A prompt whose logits are asked for (DecodeOptions::prompt_logits) is read in chunks of at
+// most this many positions: E2B's logits of one chunk take 64 MiB at f32.
+constexpr int64_t kPromptLogitsChunk = 64;
+
 struct DecodeOptions {
   int64_t max_new = 64;
   std::vector<int64_t> stop_ids;  // empty: the checkpoint's eos ids
@@ -179,6 +189,11 @@ struct DecodeOptions {
   // none: each loaded adapter at its own scale (LoraSpec::scale). Resolved when the sequence
   // starts (Engine::lora_scales).
   std::optional<std::map<std::string, double>> lora;
+  // Given, sees the logits of every prompt position but the last (whose logits choose the first
+  // token), in order, before the first token: the prompt is then read whole in chunks of at most
+  // kPromptLogitsChunk, nothing restored from a prefix cache, since a restored position has no
+  // logits. Nothing else about the decode changes.
+  OnPromptLogits prompt_logits;
 };
 
 struct DecodeResult {
@@ -313,14 +328,24 @@ class Engine {
   // `media`: the prompt's soft tokens (nullptr or empty: none).
   // `hidden`: the final hidden state [1, 1, hidden_size] there too (Gemma4::forward's).
   // `lora`: forward's, for the one row.
+  // `prompt_logits`: given, sees the logits of the chunk's positions that score a prompt token
+  // (DecodeOptions::prompt_logits), the whole chunk then going through the head.
   at::Tensor read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
                         int64_t end, const PromptMedia* media = nullptr,
-                        at::Tensor* hidden = nullptr, const LoraRows& lora = {}) const;
+                        at::Tensor* hidden = nullptr, const LoraRows& lora = {},
+                        const OnPromptLogits& prompt_logits = {}) const;
+  // The positions one chunk of a prompt may take at most: fewer when its logits are asked for
+  // (DecodeOptions::prompt_logits).
+  int64_t chunk_limit(bool prompt_logits) const {
+    return prompt_logits ? std::min(options_.prefill_chunk, kPromptLogitsChunk)
+                         : options_.prefill_chunk;
+  }
 
  private:
   // In chunks, into rings_.
   at::Tensor read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
-                         at::Tensor* hidden, const LoraRows& lora);
+                         at::Tensor* hidden, const LoraRows& lora,
+                         const OnPromptLogits& prompt_logits);
   // The weights, towers and rings from options_.
   void load();
   // The weights of every adapter in lora_, from their directories.

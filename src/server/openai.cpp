@@ -89,9 +89,11 @@ void parse_common(const ojson& body, GenerationRequest& r) {
   }
   for (const char* name : {"max_completion_tokens", "max_tokens"}) {
     if (auto n = get_int(body, name)) {
-      if (*n < 1) {
+      // 0 scores an echoed prompt without generating (OpenAI's legacy completions, vLLM).
+      if (*n < (r.echo ? 0 : 1)) {
         throw ApiError(400,
-                       "'" + std::string(name) + "' must be at least 1, got " + std::to_string(*n),
+                       "'" + std::string(name) + "' must be at least " + (r.echo ? "0" : "1") +
+                           ", got " + std::to_string(*n),
                        "invalid_request_error", name, "invalid_value");
       }
       if (!r.max_tokens) r.max_tokens = n;
@@ -217,6 +219,18 @@ void parse_common(const ojson& body, GenerationRequest& r) {
     r.id_slot = *n;
   }
   r.response_format = parse_response_format(body);
+  if (auto n = get_int(body, "prompt_logprobs")) {
+    if (*n < 0 || *n > 20) {
+      throw ApiError(400, "'prompt_logprobs' must be between 0 and 20, got " + std::to_string(*n),
+                     "invalid_request_error", "prompt_logprobs", "invalid_value");
+    }
+    // As vLLM: the prompt's logprobs come with the whole answer, which a stream never sends.
+    if (r.stream) {
+      throw ApiError(400, "'prompt_logprobs' cannot be combined with 'stream': true",
+                     "invalid_request_error", "prompt_logprobs", "invalid_value");
+    }
+    r.prompt_logprobs = n;
+  }
 }
 
 void parse_chat_logprobs(const ojson& body, GenerationRequest& r) {
@@ -526,12 +540,9 @@ GenerationRequest parse_chat_request(const ojson& body) {
 
 GenerationRequest parse_completion_request(const ojson& body) {
   GenerationRequest r;
+  r.echo = get_bool(body, "echo", false);
   parse_common(body, r);
   parse_completion_logprobs(body, r);
-  if (get_bool(body, "echo", false)) {
-    throw ApiError(400, "'echo' is not supported by this server", "invalid_request_error", "echo",
-                   "unsupported_parameter");
-  }
   if (auto best_of = get_int(body, "best_of"); best_of && *best_of != 1) {
     throw ApiError(400, "only best_of=1 is supported", "invalid_request_error", "best_of",
                    "unsupported_value");

@@ -149,6 +149,11 @@ struct GenerationRequest {
   // logprobs=true plus top_logprobs; completions: logprobs=N sets both.
   bool logprobs = false;
   int64_t top_logprobs = 0;
+  // completions: the answer's text (and with logprobs, its logprobs) starts with the prompt's.
+  bool echo = false;
+  // vLLM's prompt_logprobs: each prompt token's logprob and rank, with this many alternatives
+  // (0-20); not with stream. none: not asked.
+  std::optional<int64_t> prompt_logprobs;
   // chat: "auto" (also when absent), "none", "required", or "function" with the one function
   // allowed in tool_choice_function.
   std::string tool_choice = "auto";

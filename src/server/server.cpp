@@ -142,16 +142,36 @@ struct TokenLogprob {
   int64_t id;
   double logprob;
   std::vector<std::pair<int64_t, double>> top;
+  int64_t rank = 0;  // the prompt's tokens: 1 + how many tokens the logits put above it
 };
+
+// The entry of token `id` under log_softmax `row` [vocab] (float32), with its `top` most likely
+// alternatives, and with `ranked` its rank.
+TokenLogprob token_logprob(const at::Tensor& row, int64_t id, int64_t top, bool ranked) {
+  const at::Tensor chosen = row[id];
+  TokenLogprob lp{id, chosen.item<double>(), {}};
+  if (top > 0) {
+    auto [values, ids] = row.topk(top);
+    values = values.to(at::kCPU);
+    ids = ids.to(at::kCPU);
+    for (int64_t i = 0; i < top; ++i) {
+      lp.top.emplace_back(ids[i].item<int64_t>(), values[i].item<double>());
+    }
+  }
+  if (ranked) lp.rank = (row > chosen).sum().item<int64_t>() + 1;
+  return lp;
+}
 
 // What the engine thread hands the HTTP thread: text parts, the logprobs of the tokens they came
 // from, and a warning for output the parser could not read (returned as content).
 struct Piece : OutputDelta {
   std::vector<TokenLogprob> logprobs;
+  // The prompt's tokens after its first, scored (Job::prompt_top), with the first tokens' piece.
+  std::vector<TokenLogprob> prompt_logprobs;
   std::string warning;
   bool empty() const {
     return content.empty() && reasoning.empty() && tool_calls.empty() && logprobs.empty() &&
-           warning.empty();
+           prompt_logprobs.empty() && warning.empty();
   }
 };
 
@@ -164,6 +184,7 @@ void append(OutputDelta& into, OutputDelta&& more) {
 void append(Piece& into, Piece&& more) {
   append(static_cast<OutputDelta&>(into), std::move(more));
   for (auto& lp : more.logprobs) into.logprobs.push_back(std::move(lp));
+  for (auto& lp : more.prompt_logprobs) into.prompt_logprobs.push_back(std::move(lp));
   if (!more.warning.empty()) into.warning += (into.warning.empty() ? "" : " ") + more.warning;
 }
 
@@ -244,6 +265,15 @@ struct Job {
   bool accept_calls = true;
   std::string only_function;
   int64_t top_logprobs = -1;                   // -1: no logprobs
+  // Completions' echo: the prompt's text, which the answer's text starts with.
+  std::optional<std::string> echo;
+  // false (max_tokens 0 with echo): the one token the engine decodes is dropped, so the answer is
+  // the prompt alone, ending for its "length".
+  bool generates = true;
+  int64_t prompt_logprobs = -1;  // vLLM's prompt_logprobs: alternatives per token; -1: none
+  // Alternatives scored per prompt token (for echo's logprobs and prompt_logprobs, the larger);
+  // -1: the prompt is not scored.
+  int64_t prompt_top = -1;
   std::optional<std::vector<int64_t>> forced;  // the test hook's tokens
   int fd = -1;                                 // the client's connection, watched for disconnects
   int64_t choice = 0;                          // its index among the request's choices
@@ -284,6 +314,10 @@ struct Job {
     job->accept_calls = accept_calls;
     job->only_function = only_function;
     job->top_logprobs = top_logprobs;
+    job->echo = echo;
+    job->generates = generates;
+    job->prompt_logprobs = prompt_logprobs;
+    job->prompt_top = prompt_top;
     job->forced = forced;
     job->fd = fd;
     job->choice = index;
@@ -348,6 +382,7 @@ class JobOutput {
   bool called = false;   // a tool call was handed to the client
   // log_softmax rows of steps whose token has not reached the host yet, oldest first.
   std::deque<at::Tensor> logprob_rows;
+  std::vector<TokenLogprob> prompt_logprobs;  // scored, not yet handed over
   size_t position = 0;  // tokens returned so far
   std::optional<Clock::time_point> last_tokens_at;  // when the engine last handed tokens over
 
@@ -596,8 +631,14 @@ class Server {
   ojson completion_json(const std::string& id, const char* object, int64_t created,
                         ojson choices) const;
   ojson chat_logprobs_json(const std::vector<TokenLogprob>& entries) const;
-  // Completions' shape; `offset` is where the first token's text starts, advanced past the last.
-  ojson completion_logprobs_json(const std::vector<TokenLogprob>& entries, size_t& offset) const;
+  // Completions' shape for a piece's tokens; `offset` is where the first token's text starts,
+  // advanced past the last. `echo` (a choice's first piece, the request echoing): the prompt's
+  // tokens first, its first token with null logprobs as nothing scores it.
+  ojson completion_logprobs_json(const Job& job, const Piece& piece, bool echo,
+                                 size_t& offset) const;
+  // vLLM's prompt_logprobs of a job's prompt, scored in `entries`: null for the first token,
+  // then for each token {id: {logprob, rank, decoded_token}} of it and its best alternatives.
+  ojson prompt_logprobs_json(const Job& job, const std::vector<TokenLogprob>& entries) const;
   std::string endpoint_label(const std::string& path) const;
 
   // What the MCP tools at /mcp may read for their images and audio: nothing, or the files inside
@@ -836,6 +877,15 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       out->logprob_rows.push_back(at::log_softmax(logits.to(at::kFloat), 0));
     };
   }
+  if (job->prompt_top >= 0) {
+    submission.options.prompt_logits = [job, out](const at::Tensor& logits, int64_t first) {
+      const auto rows = at::log_softmax(logits.to(at::kFloat), 1);
+      for (int64_t j = 0; j < rows.size(0); ++j) {
+        out->prompt_logprobs.push_back(
+            token_logprob(rows[j], job->prompt[first + j + 1], job->prompt_top, true));
+      }
+    };
+  }
   submission.on_tokens = [this, job, out](const std::vector<int64_t>& batch) {
     const auto now = Clock::now();
     if (out->last_tokens_at) {
@@ -845,6 +895,7 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
     std::string text;
     std::vector<TokenLogprob> logprobs;
     for (int64_t id : batch) {
+      if (!job->generates) break;
       if (job->forced) id = (*job->forced)[out->position];
       ++out->position;
       if (!special_[id] || (job->parse_output && parser_markers_.count(id) > 0)) {
@@ -853,16 +904,12 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       if (job->top_logprobs < 0) continue;
       const at::Tensor row = std::move(out->logprob_rows.front());
       out->logprob_rows.pop_front();
-      TokenLogprob lp{id, row[id].item<double>(), {}};
-      if (job->top_logprobs > 0) {
-        auto [values, ids] = row.topk(job->top_logprobs);
-        for (int64_t i = 0; i < job->top_logprobs; ++i) {
-          lp.top.emplace_back(ids[i].item<int64_t>(), values[i].item<double>());
-        }
-      }
-      logprobs.push_back(std::move(lp));
+      logprobs.push_back(token_logprob(row, id, job->top_logprobs, false));
     }
-    deliver(*job, out->route(*job, text, false, std::move(logprobs)));
+    Piece piece = out->route(*job, text, false, std::move(logprobs));
+    piece.prompt_logprobs = std::move(out->prompt_logprobs);
+    out->prompt_logprobs.clear();
+    deliver(*job, std::move(piece));
     if (out->stops.stopped()) return false;
     return !job->client_gone();
   };
@@ -885,6 +932,10 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       return;
     }
     auto& r = job->result = std::move(result);
+    if (!job->generates) {
+      r.tokens.clear();
+      r.finish = "length";
+    }
     if (job->forced) {
       const bool all = r.finish == "length" && r.tokens.size() == job->forced->size();
       r.tokens.assign(job->forced->begin(), job->forced->begin() + r.tokens.size());
@@ -1003,21 +1054,53 @@ ojson Server::chat_logprobs_json(const std::vector<TokenLogprob>& entries) const
   return {{"content", std::move(content)}, {"refusal", nullptr}};
 }
 
-ojson Server::completion_logprobs_json(const std::vector<TokenLogprob>& entries,
+ojson Server::completion_logprobs_json(const Job& job, const Piece& piece, bool echo,
                                        size_t& offset) const {
   ojson out = {{"tokens", ojson::array()},
                {"token_logprobs", ojson::array()},
                {"top_logprobs", ojson::array()},
                {"text_offset", ojson::array()}};
-  for (const auto& e : entries) {
-    const std::string piece = special_[e.id] ? "" : tokenizer_->decode({e.id});
-    out["tokens"].push_back(tokenizer_->decode({e.id}));
-    out["token_logprobs"].push_back(e.logprob);
-    ojson top = ojson::object();
-    for (const auto& [id, logprob] : e.top) top[tokenizer_->decode({id})] = logprob;
-    out["top_logprobs"].push_back(std::move(top));
+  // `e` null: the prompt's first token.
+  auto add = [&](int64_t token, const TokenLogprob* e) {
+    out["tokens"].push_back(tokenizer_->decode({token}));
     out["text_offset"].push_back(offset);
-    offset += piece.size();
+    offset += special_[token] ? 0 : tokenizer_->decode({token}).size();
+    if (!e) {
+      out["token_logprobs"].push_back(nullptr);
+      out["top_logprobs"].push_back(nullptr);
+      return;
+    }
+    out["token_logprobs"].push_back(e->logprob);
+    ojson top = ojson::object();
+    // A prompt token's alternatives may be more, for prompt_logprobs: the request's are the best.
+    const auto shown = std::min<size_t>(e->top.size(), job.top_logprobs);
+    for (size_t i = 0; i < shown; ++i) {
+      top[tokenizer_->decode({e->top[i].first})] = e->top[i].second;
+    }
+    out["top_logprobs"].push_back(std::move(top));
+  };
+  if (echo) {
+    add(job.prompt.front(), nullptr);
+    for (const auto& e : piece.prompt_logprobs) add(e.id, &e);
+  }
+  for (const auto& e : piece.logprobs) add(e.id, &e);
+  return out;
+}
+
+ojson Server::prompt_logprobs_json(const Job& job, const std::vector<TokenLogprob>& entries) const {
+  auto entry = [&](int64_t id, double logprob, int64_t rank) {
+    return ojson{{"logprob", logprob}, {"rank", rank}, {"decoded_token", tokenizer_->decode({id})}};
+  };
+  ojson out = ojson::array({nullptr});
+  for (const auto& e : entries) {
+    ojson tokens = ojson::object();
+    tokens[std::to_string(e.id)] = entry(e.id, e.logprob, e.rank);
+    const auto shown = std::min<size_t>(e.top.size(), job.prompt_logprobs);
+    for (size_t i = 0; i < shown; ++i) {
+      const auto& [id, logprob] = e.top[i];
+      tokens[std::to_string(id)] = entry(id, logprob, static_cast<int64_t>(i) + 1);
+    }
+    out.push_back(std::move(tokens));
   }
   return out;
 }
@@ -1087,9 +1170,13 @@ void Server::answer_whole(httplib::Response& res, const Choices& jobs, bool chat
           job.top_logprobs >= 0 ? chat_logprobs_json(piece.logprobs) : ojson(nullptr);
     } else {
       size_t offset = 0;
-      choice["text"] = piece.content;
-      choice["logprobs"] = job.top_logprobs >= 0 ? completion_logprobs_json(piece.logprobs, offset)
-                                                 : ojson(nullptr);
+      choice["text"] = job.echo.value_or("") + piece.content;
+      choice["logprobs"] = job.top_logprobs >= 0
+                               ? completion_logprobs_json(job, piece, job.echo.has_value(), offset)
+                               : ojson(nullptr);
+      if (job.prompt_logprobs >= 0) {
+        choice["prompt_logprobs"] = prompt_logprobs_json(job, piece.prompt_logprobs);
+      }
     }
     choice["finish_reason"] = job.finish;
     if (!piece.warning.empty()) choice["warning"] = piece.warning;
@@ -1098,6 +1185,10 @@ void Server::answer_whole(httplib::Response& res, const Choices& jobs, bool chat
   ojson body = completion_json(new_completion_id(chat ? "chatcmpl-" : "cmpl-"),
                                chat ? "chat.completion" : "text_completion", unix_seconds(),
                                std::move(choices));
+  // vLLM puts chat's prompt_logprobs beside the choices, since they share the prompt.
+  if (chat && jobs.front()->prompt_logprobs >= 0) {
+    body["prompt_logprobs"] = prompt_logprobs_json(*jobs.front(), all.front().prompt_logprobs);
+  }
   body["usage"] = choices_usage(jobs);
   body["timings"] = timings_json(*jobs.front());
   res.set_content(dump(body), "application/json");
@@ -1108,6 +1199,7 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
   struct Choice {
     size_t tool_calls = 0;
     size_t text_offset = 0;  // completions' logprobs
+    bool echoed = false;     // completions' echo: the prompt went out
   };
   struct Stream {
     std::string id;
@@ -1157,12 +1249,14 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
         const Job& job = *jobs[i];
         Choice& state = s->choices[i];
         const Piece& d = taken.delta;
+        // A choice's first chunk echoes the prompt (completions asked to), before its text.
+        const bool echo = job.echo && !std::exchange(state.echoed, true);
         // The logprobs of this piece's tokens ride on its first chunk (on a chunk of their own when
         // the text is still held back by the parser or the stop strings), the warning likewise.
         ojson logprobs = nullptr;
-        if (job.top_logprobs >= 0 && !d.logprobs.empty()) {
+        if (job.top_logprobs >= 0 && (!d.logprobs.empty() || echo)) {
           logprobs = chat ? chat_logprobs_json(d.logprobs)
-                          : completion_logprobs_json(d.logprobs, state.text_offset);
+                          : completion_logprobs_json(job, d, echo, state.text_offset);
         }
         auto send = [&](ojson delta_or_text) {
           ojson c = choice(i, std::move(delta_or_text), nullptr);
@@ -1182,8 +1276,9 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
             state.tool_calls += d.tool_calls.size();
           }
           if (!logprobs.is_null()) send(ojson::object());
-        } else if (!d.content.empty() || !logprobs.is_null()) {
-          send(d.content);
+        } else if (const std::string text = (echo ? *job.echo : "") + d.content;
+                   !text.empty() || !logprobs.is_null()) {
+          send(text);
         }
         bool over = false;
         if (taken.done) {
@@ -1417,6 +1512,10 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
                    too_long ? "context_length_exceeded" : "invalid_value");
   }
   job->decode.max_new = r.max_tokens.value_or(options_.engine.context);
+  if (job->decode.max_new == 0) {
+    job->generates = false;
+    job->decode.max_new = 1;  // the engine reads a prompt for its next token
+  }
   job->decode.read_every = options_.read_every;
   job->decode.draft = options_.draft;
   job->decode.draft.tokens = r.draft_max.value_or(options_.draft.tokens);
@@ -1437,6 +1536,16 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
   job->accept_calls = r.tool_choice != "none";
   job->only_function = r.tool_choice_function;
   if (r.logprobs) job->top_logprobs = r.top_logprobs;
+  if (r.echo) {
+    std::vector<int64_t> shown;  // the prompt as completions show text: special tokens left out
+    for (const int64_t id : job->prompt) {
+      if (!special_[id]) shown.push_back(id);
+    }
+    job->echo = tokenizer_->decode(shown);
+  }
+  job->prompt_logprobs = r.prompt_logprobs.value_or(-1);
+  job->prompt_top =
+      std::max(r.echo && r.logprobs ? r.top_logprobs : int64_t{-1}, job->prompt_logprobs);
   for (const auto& rule : forced_outputs_) {
     if (rendered.find(rule.prompt_contains) == std::string::npos) continue;
     job->forced = tokenizer_->encode(rule.output, /*add_special_tokens=*/false);

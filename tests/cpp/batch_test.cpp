@@ -403,6 +403,66 @@ TEST(Batch, ASequenceAskingForARowWaitsForItWhileOthersTakeTheRest) {
   }
 }
 
+// What DecodeOptions::prompt_logits saw: the chunks' logits by their first position.
+struct PromptLogits {
+  std::vector<std::pair<int64_t, at::Tensor>> chunks;
+  OnPromptLogits callback() {
+    return [this](const at::Tensor& logits, int64_t first) {
+      chunks.emplace_back(first, logits.to(at::kCPU).clone());
+    };
+  }
+  // The chunks in order, each starting where the one before ended: [positions, vocab].
+  at::Tensor joined() const {
+    std::vector<at::Tensor> parts;
+    int64_t next = 0;
+    for (const auto& [first, logits] : chunks) {
+      EXPECT_EQ(first, next) << "a chunk's logits out of order";
+      next = first + logits.size(0);
+      parts.push_back(logits);
+    }
+    return at::cat(parts);
+  }
+};
+
+TEST(Batch, PromptLogitsAreThoseOfOneCausalPassBesideOtherRowsAndWhateverTheCacheHolds) {
+  // Chunks of at most kPromptLogitsChunk (not the engine's 100) across many sliding windows.
+  auto engine = make_engine("cpu", 100);
+  const auto prompt = prompt_of(150, 4);
+  const std::vector<int64_t> head(prompt.begin(), prompt.begin() + 100);
+  const auto want = engine.logits(prompt).narrow(0, 0, 149);
+
+  Batch batch(engine, {.rows = 3, .cache_bytes = 64 << 20, .cache_block = 16});
+  batch.submit(head, greedy(3));  // leaves its state in the prefix cache
+  run(batch);
+  PromptLogits seen;
+  auto scored = greedy(12);
+  scored.prompt_logits = seen.callback();
+  const int64_t beside = batch.submit(prompt_of(20, 5), greedy(40));  // decodes meanwhile
+  const int64_t id = batch.submit(prompt, scored);
+  const auto results = run(batch);
+  const auto got = seen.joined();
+  ASSERT_EQ(got.size(0), 149);
+  EXPECT_LE((got - want).abs().max().item<double>(), 1e-4);
+  for (const auto& [first, logits] : seen.chunks) EXPECT_LE(logits.size(0), kPromptLogitsChunk);
+  EXPECT_EQ(results.at(id).cached_tokens, 0) << "restored positions have no logits";
+  EXPECT_EQ(results.at(id).tokens, engine.decode(prompt, greedy(12)).tokens);
+  EXPECT_EQ(results.at(beside).tokens, engine.decode(prompt_of(20, 5), greedy(40)).tokens);
+  // The cache did hold the prompt's head: without prompt logits it is restored.
+  const int64_t again = batch.submit(prompt, greedy(2));
+  EXPECT_GE(run(batch).at(again).cached_tokens, 96);
+
+  // Engine::decode sees the same logits.
+  PromptLogits alone;
+  scored.prompt_logits = alone.callback();
+  EXPECT_EQ(engine.decode(prompt, scored).tokens, results.at(id).tokens);
+  EXPECT_LE((alone.joined() - want).abs().max().item<double>(), 1e-4);
+  // A one-token prompt has no token to score.
+  PromptLogits none;
+  scored.prompt_logits = none.callback();
+  engine.decode({2}, scored);
+  EXPECT_TRUE(none.chunks.empty());
+}
+
 TEST(Batch, BadInputIsAValueErrorNamingTheLimit) {
   auto engine = make_engine();
   EXPECT_THROW(Batch(engine, {.rows = 0}), ValueError);

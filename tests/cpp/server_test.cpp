@@ -243,9 +243,31 @@ TEST(CompletionRequest, ChoicesAsked) {
 TEST(CompletionRequest, Errors) {
   for (const char* body :
        {R"({})", R"({"prompt":""})", R"({"prompt":7})", R"({"prompt":["a","b"]})",
-        R"({"prompt":[1,"a"]})", R"({"prompt":"a","n":0})", R"({"prompt":"a","echo":true})"}) {
+        R"({"prompt":[1,"a"]})", R"({"prompt":"a","n":0})", R"({"prompt":"a","echo":1})",
+        R"({"prompt":"a","max_tokens":0})", R"({"prompt":"a","echo":true,"max_tokens":-1})",
+        R"({"prompt":"a","prompt_logprobs":21})", R"({"prompt":"a","prompt_logprobs":true})",
+        R"({"prompt":"a","prompt_logprobs":0,"stream":true})"}) {
     EXPECT_EQ(error_of([&] { parse_completion_request(ojson::parse(body)); }).status, 400) << body;
   }
+}
+
+TEST(CompletionRequest, EchoAndPromptLogprobs) {
+  const auto plain = parse_completion_request(ojson::parse(R"({"prompt":"a"})"));
+  EXPECT_FALSE(plain.echo);
+  EXPECT_FALSE(plain.prompt_logprobs);
+  const auto scored = parse_completion_request(
+      ojson::parse(R"({"prompt":"a","echo":true,"max_tokens":0,"prompt_logprobs":0})"));
+  EXPECT_TRUE(scored.echo);
+  EXPECT_EQ(scored.max_tokens, 0);
+  EXPECT_EQ(scored.prompt_logprobs, 0);
+  const auto chat = parse_chat_request(
+      ojson::parse(R"({"messages":[{"role":"user","content":"a"}],"prompt_logprobs":20})"));
+  EXPECT_EQ(chat.prompt_logprobs, 20);
+  EXPECT_EQ(error_of([] {
+              parse_chat_request(
+                  ojson::parse(R"({"messages":[{"role":"user","content":"a"}],"max_tokens":0})"));
+            }).what(),
+            std::string("'max_tokens' must be at least 1, got 0"));
 }
 
 TEST(TokenizeRequests, AsLlamaCppHasThem) {

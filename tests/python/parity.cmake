@@ -20,3 +20,11 @@ add_test(NAME py_parity_e2b
                  ${CMAKE_CURRENT_LIST_DIR}/test_parity_reference.py)
 set_tests_properties(py_parity_e2b PROPERTIES ENVIRONMENT "${_parity_env}" TIMEOUT 3600
                      LABELS "parity;slow" RESOURCE_LOCK scratch_disk)
+
+# The prompt's own logprobs through the server (completions' echo, vLLM's prompt_logprobs)
+# against transformers' (needs the Gemma 4 test tokenizer that scripts/setup.sh writes).
+add_test(NAME py_prompt_logprobs
+         COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider
+                 ${CMAKE_CURRENT_LIST_DIR}/test_prompt_logprobs.py)
+set_tests_properties(py_prompt_logprobs PROPERTIES ENVIRONMENT "${_parity_env}" TIMEOUT 900
+                     LABELS parity)
