@@ -549,30 +549,41 @@ GenerationRequest parse_completion_request(const ojson& body) {
   }
   const ojson* prompt = field(body, "prompt");
   if (!prompt) throw missing("prompt");
-  // A string, one string in an array, token ids, or one array of token ids.
-  const ojson* one = prompt;
-  if (prompt->is_array() && prompt->size() == 1 &&
-      ((*prompt)[0].is_string() || (*prompt)[0].is_array())) {
-    one = &(*prompt)[0];
-  } else if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number_integer()) {
-    throw ApiError(
-        400, "only one prompt per request is supported, got " + std::to_string(prompt->size()),
-        "invalid_request_error", "prompt", "unsupported_value");
+  // A string or token ids; or an array of prompts, each a string or an array of token ids.
+  std::vector<const ojson*> prompts{prompt};
+  if (prompt->is_array() && !prompt->empty() && !(*prompt)[0].is_number_integer()) {
+    prompts.clear();
+    for (const auto& one : *prompt) prompts.push_back(&one);
   }
-  if (one->is_string()) {
-    r.prompt = one->get<std::string>();
-    if (r.prompt.empty()) {
-      throw ApiError(400, "'prompt' must not be empty", "invalid_request_error", "prompt",
+  const auto count = static_cast<int64_t>(prompts.size());
+  if (count * r.n > kMaxChoices) {
+    throw ApiError(400,
+                   "'prompt' lists " + std::to_string(count) + " prompts of " +
+                       std::to_string(r.n) + " choices each ('n'): at most " +
+                       std::to_string(kMaxChoices) + " choices in all",
+                   "invalid_request_error", "prompt", "invalid_value");
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const ojson& one = *prompts[i];
+    const std::string param = count > 1 ? at_index("prompt", i) : "prompt";
+    CompletionPrompt parsed;
+    if (one.is_string()) {
+      parsed.text = one.get<std::string>();
+    } else if (one.is_array()) {
+      if (!one.empty()) parsed.ids = id_array(one, param);
+    } else {
+      throw wrong_type(param, "a string or an array of token ids", one);
+    }
+    if (parsed.text.empty() && (!parsed.ids || parsed.ids->empty())) {
+      throw ApiError(400, "'" + param + "' must not be empty", "invalid_request_error", param,
                      "invalid_value");
     }
-  } else if (one->is_array()) {
-    if (one->empty()) {
-      throw ApiError(400, "'prompt' must not be empty", "invalid_request_error", "prompt",
-                     "invalid_value");
+    if (i == 0) {
+      r.prompt = std::move(parsed.text);
+      r.prompt_ids = std::move(parsed.ids);
+    } else {
+      r.more_prompts.push_back(std::move(parsed));
     }
-    r.prompt_ids = id_array(*one, "prompt");
-  } else {
-    throw wrong_type("prompt", "a string or an array of token ids", *prompt);
   }
   return r;
 }

@@ -107,6 +107,12 @@ struct SamplingRequest {
 // The most choices one request may ask for (`n`), as OpenAI's API allows.
 constexpr int64_t kMaxChoices = 128;
 
+// One prompt of a completions request: text, or token ids when the client sent ids.
+struct CompletionPrompt {
+  std::string text;
+  std::optional<std::vector<int64_t>> ids;
+};
+
 struct GenerationRequest {
   std::string model;  // empty when the client sent none
   // chat: messages as sent (content strings or arrays of parts), tools or null, and extra
@@ -120,9 +126,14 @@ struct GenerationRequest {
   // completions: the prompt as text, or as token ids when the client sent ids.
   std::string prompt;
   std::optional<std::vector<int64_t>> prompt_ids;
-  // Choices to generate for the one prompt (1 to kMaxChoices), each a sequence of its own.
+  // completions: the prompts after the first when `prompt` lists several (OpenAI's batch form);
+  // each gets `n` choices, in the order of the prompts.
+  std::vector<CompletionPrompt> more_prompts;
+  // Choices to generate for each prompt (1 to kMaxChoices, and at most that many for all the
+  // prompts together), each a sequence of its own.
   int64_t n = 1;
-  std::optional<int64_t> max_tokens;  // none: until a stop or the end of the context
+  // none: until a stop or the end of the context; 0 (completions with echo): the prompt alone.
+  std::optional<int64_t> max_tokens;
   std::vector<std::string> stop;      // stop strings, cut from the output
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -247,6 +247,7 @@ SamplingRequest read_generation_defaults(const std::string& model_dir) {
 struct Mailbox {
   std::mutex mutex;
   std::condition_variable changed;
+  std::atomic<bool> cancel_counted{false};  // the request's cancel is in the metrics
 };
 
 // One sequence of a generation request (one of its `n` choices), shared by the HTTP thread that
@@ -276,7 +277,7 @@ struct Job {
   int64_t prompt_top = -1;
   std::optional<std::vector<int64_t>> forced;  // the test hook's tokens
   int fd = -1;                                 // the client's connection, watched for disconnects
-  int64_t choice = 0;                          // its index among the request's choices
+  int64_t choice = 0;  // its index among its prompt's choices (completions may list prompts)
   Clock::time_point queued_at = Clock::now();
   int64_t ticket = -1;  // the scheduler's, set once submitted
 
@@ -556,9 +557,18 @@ class Server {
   // part's field for anything wrong.
   std::vector<Media> read_media(const std::vector<MediaSource>& sources) const;
   // Builds the jobs of a generation request, one per choice of `n` (choice 0 and its siblings),
-  // its prompt checked against the context, and queues all of them or none (429).
+  // its prompt checked against the context (ApiError naming `prompt_param`), sharing `box` when
+  // given (the other prompts' jobs of one request).
+  Choices prepare_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
+                       const std::string& prompt_param, std::shared_ptr<Mailbox> box = nullptr);
+  // prepare_jobs, then queues all of them or none (429).
   Choices start_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
                      const std::string& prompt_param);
+  // ApiError 400 naming `param`, its message opening with `what`, unless `sequences` fit in the
+  // rows and the queue at once: the queue could never take them whole.
+  void check_room(int64_t sequences, const std::string& param, const std::string& what) const;
+  // A completions request's jobs: each prompt's choices, the prompts in order, queued together.
+  Choices start_completions(const httplib::Request& req, const GenerationRequest& r);
   void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_responses(const httplib::Request& req, httplib::Response& res);
   void handle_messages(const httplib::Request& req, httplib::Response& res);
@@ -802,7 +812,9 @@ void Server::deliver(Job& job, Piece&& delta) {
 }
 
 void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiError> error) {
-  if (finish == "cancelled" && job.choice == 0) metrics_.count_cancelled();  // once a request
+  if (finish == "cancelled" && !job.box->cancel_counted.exchange(true)) {
+    metrics_.count_cancelled();  // once a request
+  }
   {
     std::lock_guard lock(job.box->mutex);
     job.finish = finish;
@@ -1127,13 +1139,17 @@ ojson tool_calls_json(const std::vector<ToolCall>& calls, size_t first_index) {
   return out;
 }
 
-// The usage of a request's choices: the prompt once (as its first choice found it in the prefix
+// The usage of a request's choices: each prompt once (as its first choice found it in the prefix
 // cache), the tokens of every choice.
 ojson choices_usage(const Choices& jobs) {
-  int64_t completion = 0;
-  for (const auto& job : jobs) completion += static_cast<int64_t>(job->result.tokens.size());
-  const auto& first = jobs.front()->result;
-  return usage_json(first.prompt_tokens, completion, first.cached_tokens);
+  int64_t prompt = 0, completion = 0, cached = 0;
+  for (const auto& job : jobs) {
+    completion += static_cast<int64_t>(job->result.tokens.size());
+    if (job->choice > 0) continue;
+    prompt += job->result.prompt_tokens;
+    cached += job->result.cached_tokens;
+  }
+  return usage_json(prompt, completion, cached);
 }
 
 void Server::answer_whole(httplib::Response& res, const Choices& jobs, bool chat) {
@@ -1434,7 +1450,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
   auto active = admit();
   const ojson body = parse_body(req.body);
   GenerationRequest r = chat ? parse_chat_request(body) : parse_completion_request(body);
-  Choices jobs = start_jobs(req, r, chat, chat ? "messages" : "prompt");
+  Choices jobs = chat ? start_jobs(req, r, true, "messages") : start_completions(req, r);
   if (r.stream) {
     stream_response(res, std::move(jobs), chat, r.include_usage, std::move(active));
   } else {
@@ -1461,20 +1477,50 @@ std::vector<Media> Server::read_media(const std::vector<MediaSource>& sources) c
   return media;
 }
 
+void Server::check_room(int64_t sequences, const std::string& param,
+                        const std::string& what) const {
+  const int64_t room = options_.parallel + options_.max_queue;
+  if (sequences > room) {
+    throw ApiError(400,
+                   what + ", but this server decodes " + std::to_string(options_.parallel) +
+                       " sequences at once and queues " + std::to_string(options_.max_queue) +
+                       " more (--parallel, --max-queue): at most " + std::to_string(room) +
+                       " choices",
+                   "invalid_request_error", param, "invalid_value");
+  }
+}
+
 Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
                            const std::string& prompt_param) {
-  check_model(r.model);
-  // The request's choices must fit in the rows and the queue at once, or the queue could never
-  // take them.
-  const int64_t room = options_.parallel + options_.max_queue;
-  if (r.n > room) {
-    throw ApiError(400,
-                   "'n' is " + std::to_string(r.n) + ", but this server decodes " +
-                       std::to_string(options_.parallel) + " sequences at once and queues " +
-                       std::to_string(options_.max_queue) + " more (--parallel, --max-queue): " +
-                       "at most " + std::to_string(room) + " choices",
-                   "invalid_request_error", "n", "invalid_value");
+  Choices jobs = prepare_jobs(req, r, chat, prompt_param);
+  enqueue(jobs);
+  return jobs;
+}
+
+Choices Server::start_completions(const httplib::Request& req, const GenerationRequest& r) {
+  if (r.more_prompts.empty()) return start_jobs(req, r, false, "prompt");
+  const auto prompts = static_cast<int64_t>(r.more_prompts.size()) + 1;
+  check_room(prompts * r.n, "prompt",
+             "'prompt' lists " + std::to_string(prompts) + " prompts of " + std::to_string(r.n) +
+                 " choices each ('n')");
+  GenerationRequest one = r;
+  one.more_prompts.clear();
+  Choices jobs = prepare_jobs(req, one, false, at_index("prompt", 0));
+  for (size_t i = 0; i < r.more_prompts.size(); ++i) {
+    one.prompt = r.more_prompts[i].text;
+    one.prompt_ids = r.more_prompts[i].ids;
+    for (auto& job : prepare_jobs(req, one, false, at_index("prompt", i + 1), jobs.front()->box)) {
+      jobs.push_back(std::move(job));
+    }
   }
+  enqueue(jobs);
+  return jobs;
+}
+
+Choices Server::prepare_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
+                             const std::string& prompt_param, std::shared_ptr<Mailbox> box) {
+  check_model(r.model);
+  check_room(r.n, "n", "'n' is " + std::to_string(r.n));
   if (r.id_slot >= options_.parallel) {
     throw ApiError(400,
                    "'id_slot' " + std::to_string(r.id_slot) + " does not exist: the slots are 0 "
@@ -1487,6 +1533,7 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
                    "invalid_request_error", "n", "invalid_value");
   }
   auto job = std::make_shared<Job>();
+  if (box) job->box = std::move(box);
   job->media = read_media(r.media);
   std::string rendered = r.prompt;
   try {
@@ -1562,7 +1609,6 @@ Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest&
     jobs.push_back(job->sibling(
         i, job->decode.constraint ? constraint_for(r, chat, job->parser_prefix) : nullptr));
   }
-  enqueue(jobs);
   return jobs;
 }
 

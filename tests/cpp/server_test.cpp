@@ -242,13 +242,34 @@ TEST(CompletionRequest, ChoicesAsked) {
 
 TEST(CompletionRequest, Errors) {
   for (const char* body :
-       {R"({})", R"({"prompt":""})", R"({"prompt":7})", R"({"prompt":["a","b"]})",
-        R"({"prompt":[1,"a"]})", R"({"prompt":"a","n":0})", R"({"prompt":"a","echo":1})",
+       {R"({})", R"({"prompt":""})", R"({"prompt":7})", R"({"prompt":["a",""]})",
+        R"({"prompt":["a",7]})", R"({"prompt":[[1],"a",[]]})", R"({"prompt":[1,"a"]})",
+        R"({"prompt":"a","n":0})", R"({"prompt":"a","echo":1})",
         R"({"prompt":"a","max_tokens":0})", R"({"prompt":"a","echo":true,"max_tokens":-1})",
         R"({"prompt":"a","prompt_logprobs":21})", R"({"prompt":"a","prompt_logprobs":true})",
         R"({"prompt":"a","prompt_logprobs":0,"stream":true})"}) {
     EXPECT_EQ(error_of([&] { parse_completion_request(ojson::parse(body)); }).status, 400) << body;
   }
+}
+
+TEST(CompletionRequest, SeveralPromptsAreTheFirstAndTheRestInOrder) {
+  const auto r = parse_completion_request(ojson::parse(R"({"prompt":["a",[5,6],"c"],"n":2})"));
+  EXPECT_EQ(r.prompt, "a");
+  EXPECT_FALSE(r.prompt_ids);
+  ASSERT_EQ(r.more_prompts.size(), 2u);
+  EXPECT_EQ(r.more_prompts[0].ids, (std::vector<int64_t>{5, 6}));
+  EXPECT_EQ(r.more_prompts[1].text, "c");
+  const auto one = parse_completion_request(ojson::parse(R"({"prompt":[[5,6]]})"));
+  EXPECT_EQ(one.prompt_ids, (std::vector<int64_t>{5, 6}));
+  EXPECT_TRUE(one.more_prompts.empty());
+  const auto e = error_of([] {
+    parse_completion_request(ojson::parse(R"({"prompt":["a",[2,"x"]]})"));
+  });
+  EXPECT_EQ(e.param, "prompt[1][1]");
+  ojson many = {{"prompt", std::vector<std::string>(65, "a")}, {"n", 2}};
+  EXPECT_EQ(error_of([&] { parse_completion_request(many); }).what(),
+            std::string("'prompt' lists 65 prompts of 2 choices each ('n'): at most 128 choices "
+                        "in all"));
 }
 
 TEST(CompletionRequest, EchoAndPromptLogprobs) {

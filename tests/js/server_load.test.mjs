@@ -355,6 +355,60 @@ for (const chat of [true, false]) {
   }
 }
 
+for (const stream of [false, true]) {
+  test(`several prompts in one completions request (stream: ${stream}): prompt p's choice j is what it gives alone with seed + j`, async () => {
+    const client = new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 });
+    const prompts = [`The tide (${stream})`, `A lantern (${stream})`, [2, 651, 1210, 603, 7]];
+    const base = { model: MODEL, max_tokens: 8, ignore_eos: true, temperature: 1, top_k: 50 };
+    const alone = [];
+    for (const prompt of prompts) {
+      for (const seed of [60, 61]) {
+        alone.push(await choicesOf(await client.completions.create({ ...base, prompt, seed }), false, false));
+      }
+    }
+    const all = await choicesOf(
+      await client.completions.create({
+        ...base, prompt: prompts, seed: 60, n: 2, ...(stream ? { stream, stream_options: { include_usage: true } } : {}),
+      }),
+      stream,
+      false,
+    );
+    assert.deepEqual(all.indexes, [0, 1, 2, 3, 4, 5]);
+    assert.deepEqual(all.texts, alone.map((a) => a.texts[0]));
+    assert.deepEqual(all.finishes, Array(6).fill("length"));
+    // Each prompt counts once, every choice's tokens count.
+    assert.equal(all.usage.prompt_tokens, alone[0].usage.prompt_tokens + alone[2].usage.prompt_tokens +
+      alone[4].usage.prompt_tokens);
+    assert.equal(all.usage.completion_tokens, 48);
+    const m = await metrics(wide.url);
+    assert.equal(metric(m, "torchtpu_running_requests"), 0);
+    assert.equal(metric(m, "torchtpu_queue_depth"), 0);
+  });
+}
+
+test("a completions request's prompts are checked one by one and must fit the rows and the queue together", async () => {
+  const client = new OpenAI({ apiKey: "none", baseURL: narrow.baseURL, maxRetries: 0 });
+  const body = { model: MODEL, max_tokens: 2 };
+  for (const [prompt, n, param, why] of [
+    [["a", "b", "c"], 1, "prompt", /'prompt' lists 3 prompts of 1 choices each \('n'\), .*at most 2 choices$/],
+    [Array(65).fill("a"), 2, "prompt", /'prompt' lists 65 prompts of 2 choices each \('n'\): at most 128 choices in all/],
+    [["a", 5], 1, "prompt[1]", /'prompt\[1\]' must be a string or an array of token ids, got an integer/],
+    [["a", ""], 1, "prompt[1]", /'prompt\[1\]' must not be empty/],
+    [[[2, 3], []], 1, "prompt[1]", /'prompt\[1\]' must not be empty/],
+    [["a", [2, 99999999]], 1, "prompt[1]", /99999999/],
+  ]) {
+    const e = await client.completions.create({ ...body, prompt, n }).catch((err) => err);
+    assert.ok(e instanceof OpenAI.BadRequestError, String(e));
+    assert.equal(e.error.param, param);
+    assert.match(e.error.message, why);
+  }
+  const m = await metrics(narrow.url);
+  assert.equal(metric(m, "torchtpu_queue_depth"), 0);
+  assert.equal(metric(m, "torchtpu_running_requests"), 0);
+  const two = await client.completions.create({ ...body, prompt: ["a", "b"] });
+  assert.equal(two.choices.length, 2);
+});
+
 test("n greedy choices are one answer n times; n beyond the rows and the queue is a 400", async () => {
   const client = new OpenAI({ apiKey: "none", baseURL: narrow.baseURL, maxRetries: 0 });
   const body = { model: MODEL, messages: [{ role: "user", content: "Count." }], max_tokens: 6 };
