@@ -103,6 +103,21 @@ class Cli:
         self(*args)
         return str(out)
 
+    def make_served_tiny(self, out, tokenizer, seed, dtype):
+        """Tiny random weights with the full Gemma 4 vocabulary, so the test tokenizer fits: what
+        the server suites serve."""
+        return self.make_tiny(
+            out,
+            seed=seed,
+            dtype=dtype,
+            vocab=262144,
+            hidden=64,
+            window=32,
+            layer_types="sliding,full,sliding,full",
+            shared=2,
+            tokenizer=str(tokenizer),
+        )
+
     def generate(
         self,
         model,

@@ -20,17 +20,7 @@ PROMPT_LEN = 150  # > 2 chunks of 64 scored positions, > 4 sliding windows of 32
 @pytest.fixture(scope="module")
 def checkpoint(cli, tmp_path_factory, test_tokenizer_dir):
     """Tiny random f32 weights with the full Gemma 4 vocabulary, so the test tokenizer fits."""
-    return cli.make_tiny(
-        tmp_path_factory.mktemp("scored"),
-        seed=21,
-        dtype="f32",
-        vocab=262144,
-        hidden=64,
-        window=32,
-        layer_types="sliding,full,sliding,full",
-        shared=2,
-        tokenizer=str(test_tokenizer_dir),
-    )
+    return cli.make_served_tiny(tmp_path_factory.mktemp("scored"), test_tokenizer_dir, 21, "f32")
 
 
 @pytest.fixture(scope="module")

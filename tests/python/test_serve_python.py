@@ -40,17 +40,7 @@ REQUESTS = [
 @pytest.fixture(scope="module")
 def checkpoint(cli, tmp_path_factory, test_tokenizer_dir):
     """Tiny random weights with the full Gemma 4 vocabulary, so the test tokenizer fits."""
-    return cli.make_tiny(
-        tmp_path_factory.mktemp("served"),
-        seed=8,
-        dtype="bf16",
-        vocab=262144,
-        hidden=64,
-        window=32,
-        layer_types="sliding,full,sliding,full",
-        shared=2,
-        tokenizer=str(test_tokenizer_dir),
-    )
+    return cli.make_served_tiny(tmp_path_factory.mktemp("served"), test_tokenizer_dir, 8, "bf16")
 
 
 class Server:

@@ -232,17 +232,7 @@ def _serve_completion(cli, model, head, device, body):
 def test_serve_on_standin_answers_as_on_the_cpu(
     cli, library, tmp_path_factory, test_tokenizer_dir
 ):
-    model = cli.make_tiny(
-        tmp_path_factory.mktemp("served"),
-        seed=8,
-        dtype="f32",
-        vocab=262144,
-        hidden=64,
-        window=32,
-        layer_types="sliding,full,sliding,full",
-        shared=2,
-        tokenizer=str(test_tokenizer_dir),
-    )
+    model = cli.make_served_tiny(tmp_path_factory.mktemp("served"), test_tokenizer_dir, 8, "f32")
     body = {"prompt": "The sea is", "max_tokens": 6, "temperature": 0}
     expected = _serve_completion(cli, model, [], "cpu", body)
     assert expected
