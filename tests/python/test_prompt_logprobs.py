@@ -3,7 +3,8 @@
 `prompt_logprobs` on completions and chat. Each prompt token's logprob, best alternatives and rank
 are those of transformers' Gemma 4 on the same tokens at float32, with the prompt read in chunks
 across sliding windows, beside other streams, and after the prefix cache holds the prompt (whose
-restored positions would have no logits); malformed fields get a 400 naming them."""
+restored positions would have no logits); lm-evaluation-harness's own client scores through
+them as transformers does; malformed fields get a 400 naming them."""
 
 import json
 import threading
@@ -259,3 +260,45 @@ def test_malformed_fields_are_a_400_naming_them(server, body, param, message):
         assert error["param"] == param and error["message"].startswith(message), error
     # The server goes on answering.
     assert server.post("/v1/completions", {"prompt": "Hi", "max_tokens": 1})[0] == 200
+
+
+def test_lm_evaluation_harness_scores_as_transformers(server, checkpoint, reference):
+    """lm-evaluation-harness's own `local-completions` model, as `lm_eval --model
+    local-completions` drives it for loglikelihood tasks: token-id prompts, echo, logprobs 1,
+    several prompts a request (batch_size 3 over 4 requests). Each continuation's logprob and
+    whether it is the greedy one are what transformers gives the same token ids."""
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    tokenizer = reference[2]
+    model_id = json.loads(server.get("/v1/models")[1])["data"][0]["id"]
+    lm = LocalCompletionsAPI(
+        base_url=server.url + "/v1/completions",
+        model=model_id,
+        tokenizer_backend="huggingface",
+        tokenizer=checkpoint,
+        batch_size=3,
+        max_length=512,
+    )
+    pairs = [
+        ("The sea is", " deep and cold"),
+        ("Once upon a time", " there was a lighthouse keeper"),
+        ("Rain falls on", " the town"),
+        ("Question: what is two plus two?\nAnswer:", " four"),
+    ]
+    requests = [
+        Instance(request_type="loglikelihood", doc={}, arguments=pair, idx=i)
+        for i, pair in enumerate(pairs)
+    ]
+    got = lm.loglikelihood(requests, disable_tqdm=True)
+    model = hf_tiny.load(checkpoint)
+    for (context, continuation), (logprob, greedy) in zip(pairs, got):
+        whole = tokenizer(context + continuation, add_special_tokens=False).input_ids
+        n = len(tokenizer(context, add_special_tokens=False).input_ids)
+        logits = hf_tiny.logits(model, whole)
+        top = logits.max(-1, keepdims=True)
+        rows = (logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True)))[n - 1 : -1]
+        targets = whole[n:]
+        want = rows[np.arange(len(targets)), targets].sum()
+        assert abs(logprob - want) <= TOL * len(targets), (context, logprob, want)
+        assert greedy == all(rows.argmax(-1) == targets), context
