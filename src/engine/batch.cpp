@@ -325,9 +325,7 @@ void Batch::before_sampling(Row& row, int64_t index, const at::Tensor& logits) {
 
 int64_t Batch::chunk_size(const Row& row, int64_t limit) const {
   const int64_t n = static_cast<int64_t>(row.request->prompt.size());
-  int64_t count = std::min(
-      {n - row.read, engine_.chunk_limit(static_cast<bool>(row.request->options.prompt_logits)),
-       limit});
+  int64_t count = std::min({n - row.read, engine_.options().prefill_chunk, limit});
   // With a prefix cache, a chunk that crosses a multiple of the block, or a point a waiting row
   // starts from (save_at), ends there, so the state at that point can be saved for prompts that
   // share only the tokens up to it.

@@ -570,26 +570,37 @@ at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, 
   auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
   const bool final_chunk = end == static_cast<int64_t>(prompt.size());
   const auto soft = media ? soft_tokens(*media, begin, end, options_.device) : std::nullopt;
-  const bool every = static_cast<bool>(prompt_logits);
-  auto logits = model().forward(id_tensor(part, options_.device), positions.to(options_.device),
-                                &rings, /*last_only=*/!every, /*no_logits=*/!final_chunk && !every,
-                                soft ? &*soft : nullptr, /*lengths=*/{}, hidden, lora);
-  if (!every) return final_chunk ? logits.view({-1}) : logits;
-  // The last position of the prompt scores no prompt token: its logits choose the first token.
+  const auto ids = id_tensor(part, options_.device);
+  if (!prompt_logits) {
+    auto logits = model().forward(ids, positions.to(options_.device), &rings, /*last_only=*/true,
+                                  /*no_logits=*/!final_chunk, soft ? &*soft : nullptr,
+                                  /*lengths=*/{}, hidden, lora);
+    return final_chunk ? logits.view({-1}) : logits;
+  }
+  // Every position goes through every layer; the head takes them kPromptLogitsChunk at a time.
+  at::Tensor normed;
+  model().forward(ids, positions.to(options_.device), &rings, /*last_only=*/false,
+                  /*no_logits=*/false, soft ? &*soft : nullptr, /*lengths=*/{}, &normed, lora,
+                  /*head=*/false);
   const int64_t count = end - begin;
+  normed = normed.view({count, -1});
+  // The last position of the prompt scores no prompt token: its logits choose the first token.
   const int64_t scoring = final_chunk ? count - 1 : count;
-  logits = logits.view({count, -1});
-  if (scoring > 0) prompt_logits(logits.narrow(0, 0, scoring), begin);
+  for (int64_t s = 0; s < scoring; s += kPromptLogitsChunk) {
+    const int64_t n = std::min(kPromptLogitsChunk, scoring - s);
+    prompt_logits(model().head(normed.narrow(0, s, n)), begin + s);
+  }
   if (!final_chunk) return {};
-  if (hidden) *hidden = hidden->narrow(1, count - 1, 1);
-  return logits[count - 1];
+  const auto last = normed.narrow(0, count - 1, 1).view({1, 1, -1});
+  if (hidden) *hidden = last;
+  return model().head(last).view({-1});
 }
 
 at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
                                at::Tensor* hidden, const LoraRows& lora,
                                const OnPromptLogits& prompt_logits) {
   const auto n = static_cast<int64_t>(prompt.size());
-  const int64_t chunk = chunk_limit(static_cast<bool>(prompt_logits));
+  const int64_t chunk = options_.prefill_chunk;
   at::Tensor last_logits;
   for (int64_t begin = 0; begin < n; begin += chunk) {
     last_logits = read_chunk(rings_, prompt, begin, std::min(n, begin + chunk), media, hidden,

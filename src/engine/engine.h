@@ -5,7 +5,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -159,8 +158,8 @@ int64_t default_draft_tokens(const std::string& draft_model);
 // echo with logprobs).
 using OnPromptLogits = std::function<void(const at::Tensor& logits, int64_t first)>;
 
-// A prompt whose logits are asked for (DecodeOptions::prompt_logits) is read in chunks of at
-// most this many positions: E2B's logits of one chunk take 64 MiB at f32.
+// The logits of a prompt (DecodeOptions::prompt_logits) come this many positions at a time:
+// E2B's take 64 MiB at f32.
 constexpr int64_t kPromptLogitsChunk = 64;
 
 struct DecodeOptions {
@@ -190,9 +189,9 @@ struct DecodeOptions {
   // starts (Engine::lora_scales).
   std::optional<std::map<std::string, double>> lora;
   // Given, sees the logits of every prompt position but the last (whose logits choose the first
-  // token), in order, before the first token: the prompt is then read whole in chunks of at most
-  // kPromptLogitsChunk, nothing restored from a prefix cache, since a restored position has no
-  // logits. Nothing else about the decode changes.
+  // token), in order, at most kPromptLogitsChunk positions a call, before the first token: the
+  // prompt is then read whole, nothing restored from a prefix cache, since a restored position
+  // has no logits. Nothing else about the decode changes.
   OnPromptLogits prompt_logits;
 };
 
@@ -329,17 +328,11 @@ class Engine {
   // `hidden`: the final hidden state [1, 1, hidden_size] there too (Gemma4::forward's).
   // `lora`: forward's, for the one row.
   // `prompt_logits`: given, sees the logits of the chunk's positions that score a prompt token
-  // (DecodeOptions::prompt_logits), the whole chunk then going through the head.
+  // (DecodeOptions::prompt_logits), every position then going through every layer.
   at::Tensor read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
                         int64_t end, const PromptMedia* media = nullptr,
                         at::Tensor* hidden = nullptr, const LoraRows& lora = {},
                         const OnPromptLogits& prompt_logits = {}) const;
-  // The positions one chunk of a prompt may take at most: fewer when its logits are asked for
-  // (DecodeOptions::prompt_logits).
-  int64_t chunk_limit(bool prompt_logits) const {
-    return prompt_logits ? std::min(options_.prefill_chunk, kPromptLogitsChunk)
-                         : options_.prefill_chunk;
-  }
 
  private:
   // In chunks, into rings_.

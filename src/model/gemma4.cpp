@@ -550,7 +550,7 @@ at::Tensor Gemma4::embed(const at::Tensor& ids) const {
 at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
                            bool last_only, bool no_logits, const SoftTokens* soft,
                            const at::Tensor& lengths, at::Tensor* hidden,
-                           const LoraRows& lora) const {
+                           const LoraRows& lora, bool head) const {
   const auto& c = config_;
   const int64_t B = ids.size(0), T = ids.size(1);
   const LoraPass adapters(lora, options_.device, options_.dtype);
@@ -622,14 +622,20 @@ at::Tensor Gemma4::forward(const at::Tensor& ids, const at::Tensor& positions, R
   if (no_logits) return {};
   keep_last_position();
 
-  RECORD_USER_SCOPE("gemma4::head");
-  const auto normed = rms_norm(h, final_norm_, c.rms_norm_eps);
-  if (hidden) *hidden = normed;
-  const auto logits = lm_head_(normed);
-  if (c.final_logit_softcapping > 0) {
-    return ops::softcap(logits, c.final_logit_softcapping, at::kFloat);
+  at::Tensor normed;
+  {
+    RECORD_USER_SCOPE("gemma4::head");  // the final norm counts with the head it feeds
+    normed = rms_norm(h, final_norm_, c.rms_norm_eps);
   }
-  return logits.to(at::kFloat);
+  if (hidden) *hidden = normed;
+  return head ? this->head(normed) : at::Tensor();
+}
+
+at::Tensor Gemma4::head(const at::Tensor& hidden) const {
+  RECORD_USER_SCOPE("gemma4::head");
+  const auto logits = lm_head_(hidden);
+  const double cap = config_.final_logit_softcapping;
+  return cap > 0 ? ops::softcap(logits, cap, at::kFloat) : logits.to(at::kFloat);
 }
 
 std::pair<at::Tensor, at::Tensor> Gemma4::draft(const at::Tensor& x, const at::Tensor& positions,

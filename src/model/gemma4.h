@@ -157,10 +157,17 @@ class Gemma4 {
   // the positions of the logits), what an assistant drafts from; undefined with no_logits.
   // `lora`: the adapters (model/lora.h) each row applies and at what scale, for the model's
   // linears to add; empty: none.
+  // `head`: false returns an undefined tensor once `hidden` is set, for a caller that takes the
+  // head over parts of the positions (head()), so that a long chunk's logits need not all exist
+  // at once.
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& positions, Rings* rings,
                      bool last_only = false, bool no_logits = false,
                      const SoftTokens* soft = nullptr, const at::Tensor& lengths = {},
-                     at::Tensor* hidden = nullptr, const LoraRows& lora = {}) const;
+                     at::Tensor* hidden = nullptr, const LoraRows& lora = {},
+                     bool head = true) const;
+  // The head over final hidden states [..., hidden_size] (forward's `hidden`): float32 logits
+  // [..., vocab], softcapped as forward's.
+  at::Tensor head(const at::Tensor& hidden) const;
   // The input embeddings of ids [N] (int64, on the device): embed_tokens' rows times
   // sqrt(hidden_size), [N, hidden_size] in the compute dtype.
   at::Tensor embed(const at::Tensor& ids) const;
