@@ -198,10 +198,13 @@ TEST(SpeculativeDecode, GatedDraftsGiveThePlainTokensAloneAndInABatch) {
 
 // At bf16 a pass over more positions than the CPU's attention kernel takes would round otherwise
 // (the composite formula's products): drafts stay within it, and until a sliding window wraps (its
-// keys are then summed in another order) a pass's logits are a step's, bit for bit. E2B's
+// keys are then summed in another order) a pass's logits are a step's, bit for bit, but for a rare
+// step on AVX-512 CPUs: there oneDNN's bf16 matmul sums a long input (the o projection's 2,048 or
+// 4,096 here) in another order for one row than for several, and about one row in 80 rounds
+// otherwise (Zen 4: one of 360 rows of logits moved, by 0.19; none with oneDNN held to AVX2). E2B's
 // attention shapes (8 query heads a kv head, head dim 256) and some 400 positions: with drafts of
 // 16 let through, the logits here differed from the 26th token.
-TEST(SpeculativeDecode, AtBf16BeforeTheWindowWrapsTheLogitsAreAStepsBitForBit) {
+TEST(SpeculativeDecode, AtBf16BeforeTheWindowWrapsTheLogitsAreAStepsNearlyBitForBit) {
   namespace fs = std::filesystem;
   const auto dir = fs::temp_directory_path() / ("draft-wide-" + std::to_string(::getpid()));
   auto spec = tiny_preset("tiny");
@@ -215,7 +218,7 @@ TEST(SpeculativeDecode, AtBf16BeforeTheWindowWrapsTheLogitsAreAStepsBitForBit) {
   o.dtype = at::kBFloat16;
   o.context = 512;
   Engine engine(o);
-  int64_t drafted = 0;
+  int64_t drafted = 0, rows = 0, differ = 0;
   for (int64_t salt = 0; salt < 3; ++salt) {
     auto prompt = repeating_prompt(salt);
     for (int64_t i = 0; i < 250; ++i) prompt.push_back(2 + (i * 53 + salt) % 500);
@@ -224,10 +227,15 @@ TEST(SpeculativeDecode, AtBf16BeforeTheWindowWrapsTheLogitsAreAStepsBitForBit) {
     EXPECT_EQ(with.result.tokens, plain.result.tokens);
     ASSERT_EQ(with.logits.size(), plain.logits.size());
     for (size_t i = 0; i < plain.logits.size(); ++i) {
-      ASSERT_TRUE(at::equal(with.logits[i], plain.logits[i])) << "salt " << salt << ", token " << i;
+      ++rows;
+      if (at::equal(with.logits[i], plain.logits[i])) continue;
+      ++differ;
+      EXPECT_LE((with.logits[i] - plain.logits[i]).abs().max().item<double>(), 0.25)
+          << "salt " << salt << ", token " << i;
     }
     drafted += with.result.drafted;
   }
+  EXPECT_LE(differ * 100, rows) << differ << " of " << rows << " rows of logits differ";
   EXPECT_GT(drafted, 0);
   fs::remove_all(dir);
 }
