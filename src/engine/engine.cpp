@@ -567,19 +567,21 @@ at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, 
                               int64_t end, const PromptMedia* media, at::Tensor* hidden,
                               const LoraRows& lora, const OnPromptLogits& prompt_logits) const {
   std::vector<int64_t> part(prompt.begin() + begin, prompt.begin() + end);
-  auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+  const auto positions = at::arange(begin, end, at::TensorOptions().dtype(at::kLong))
+                             .view({1, -1})
+                             .to(options_.device);
   const bool final_chunk = end == static_cast<int64_t>(prompt.size());
   const auto soft = media ? soft_tokens(*media, begin, end, options_.device) : std::nullopt;
   const auto ids = id_tensor(part, options_.device);
   if (!prompt_logits) {
-    auto logits = model().forward(ids, positions.to(options_.device), &rings, /*last_only=*/true,
+    auto logits = model().forward(ids, positions, &rings, /*last_only=*/true,
                                   /*no_logits=*/!final_chunk, soft ? &*soft : nullptr,
                                   /*lengths=*/{}, hidden, lora);
     return final_chunk ? logits.view({-1}) : logits;
   }
   // Every position goes through every layer; the head takes them kPromptLogitsChunk at a time.
   at::Tensor normed;
-  model().forward(ids, positions.to(options_.device), &rings, /*last_only=*/false,
+  model().forward(ids, positions, &rings, /*last_only=*/false,
                   /*no_logits=*/false, soft ? &*soft : nullptr, /*lengths=*/{}, &normed, lora,
                   /*head=*/false);
   const int64_t count = end - begin;
@@ -600,11 +602,10 @@ at::Tensor Engine::read_prompt(const std::vector<int64_t>& prompt, const PromptM
                                at::Tensor* hidden, const LoraRows& lora,
                                const OnPromptLogits& prompt_logits) {
   const auto n = static_cast<int64_t>(prompt.size());
-  const int64_t chunk = options_.prefill_chunk;
   at::Tensor last_logits;
-  for (int64_t begin = 0; begin < n; begin += chunk) {
-    last_logits = read_chunk(rings_, prompt, begin, std::min(n, begin + chunk), media, hidden,
-                             lora, prompt_logits);
+  for (int64_t begin = 0; begin < n; begin += options_.prefill_chunk) {
+    last_logits = read_chunk(rings_, prompt, begin, std::min(n, begin + options_.prefill_chunk),
+                             media, hidden, lora, prompt_logits);
   }
   return last_logits;
 }

@@ -373,7 +373,7 @@ std::vector<int64_t> id_array(const ojson& ids, const std::string& param) {
   std::vector<int64_t> out;
   for (size_t i = 0; i < ids.size(); ++i) {
     if (!ids[i].is_number_integer()) {
-      throw wrong_type(param + "[" + std::to_string(i) + "]", "an integer token id", ids[i]);
+      throw wrong_type(at_index(param, i), "an integer token id", ids[i]);
     }
     out.push_back(ids[i].get<int64_t>());
   }

@@ -378,7 +378,9 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
     conversation.add_item({{"role", "user"}, {"content", *input}}, "input");
   } else if (input->is_array()) {
     if (input->empty()) throw invalid("input", "must hold at least one item");
-    for (size_t i = 0; i < input->size(); ++i) conversation.add_item((*input)[i], at_index("input", i));
+    for (size_t i = 0; i < input->size(); ++i) {
+      conversation.add_item((*input)[i], at_index("input", i));
+    }
   } else {
     throw wrong_type("input", "a string or an array of items", *input);
   }

@@ -166,7 +166,7 @@ TokenLogprob token_logprob(const at::Tensor& row, int64_t id, int64_t top, bool 
 // from, and a warning for output the parser could not read (returned as content).
 struct Piece : OutputDelta {
   std::vector<TokenLogprob> logprobs;
-  // The prompt's tokens after its first, scored (Job::prompt_top), with the first tokens' piece.
+  // The prompt's tokens after its first, scored (Job::prompt_top()), with the first tokens' piece.
   std::vector<TokenLogprob> prompt_logprobs;
   std::string warning;
   bool empty() const {
@@ -272,9 +272,6 @@ struct Job {
   // the prompt alone, ending for its "length".
   bool generates = true;
   int64_t prompt_logprobs = -1;  // vLLM's prompt_logprobs: alternatives per token; -1: none
-  // Alternatives scored per prompt token (for echo's logprobs and prompt_logprobs, the larger);
-  // -1: the prompt is not scored.
-  int64_t prompt_top = -1;
   std::optional<std::vector<int64_t>> forced;  // the test hook's tokens
   int fd = -1;                                 // the client's connection, watched for disconnects
   int64_t choice = 0;  // its index among its prompt's choices (completions may list prompts)
@@ -292,6 +289,12 @@ struct Job {
   DecodeResult result;
   double queue_s = 0;
   std::optional<ApiError> error;
+
+  // Alternatives scored per prompt token (for echo's logprobs and prompt_logprobs, the larger);
+  // -1: the prompt is not scored.
+  int64_t prompt_top() const {
+    return std::max(echo && top_logprobs >= 0 ? top_logprobs : int64_t{-1}, prompt_logprobs);
+  }
 
   bool client_gone() {
     if (!cancelled && peer_closed(fd)) cancelled = true;
@@ -318,7 +321,6 @@ struct Job {
     job->echo = echo;
     job->generates = generates;
     job->prompt_logprobs = prompt_logprobs;
-    job->prompt_top = prompt_top;
     job->forced = forced;
     job->fd = fd;
     job->choice = index;
@@ -889,12 +891,12 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       out->logprob_rows.push_back(at::log_softmax(logits.to(at::kFloat), 0));
     };
   }
-  if (job->prompt_top >= 0) {
-    submission.options.prompt_logits = [job, out](const at::Tensor& logits, int64_t first) {
+  if (const int64_t top = job->prompt_top(); top >= 0) {
+    submission.options.prompt_logits = [job, out, top](const at::Tensor& logits, int64_t first) {
       const auto rows = at::log_softmax(logits.to(at::kFloat), 1);
       for (int64_t j = 0; j < rows.size(0); ++j) {
         out->prompt_logprobs.push_back(
-            token_logprob(rows[j], job->prompt[first + j + 1], job->prompt_top, true));
+            token_logprob(rows[j], job->prompt[first + j + 1], top, true));
       }
     };
   }
@@ -1074,9 +1076,10 @@ ojson Server::completion_logprobs_json(const Job& job, const Piece& piece, bool 
                {"text_offset", ojson::array()}};
   // `e` null: the prompt's first token.
   auto add = [&](int64_t token, const TokenLogprob* e) {
-    out["tokens"].push_back(tokenizer_->decode({token}));
+    const std::string text = tokenizer_->decode({token});
+    out["tokens"].push_back(text);
     out["text_offset"].push_back(offset);
-    offset += special_[token] ? 0 : tokenizer_->decode({token}).size();
+    offset += special_[token] ? 0 : text.size();
     if (!e) {
       out["token_logprobs"].push_back(nullptr);
       out["top_logprobs"].push_back(nullptr);
@@ -1591,8 +1594,6 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
     job->echo = tokenizer_->decode(shown);
   }
   job->prompt_logprobs = r.prompt_logprobs.value_or(-1);
-  job->prompt_top =
-      std::max(r.echo && r.logprobs ? r.top_logprobs : int64_t{-1}, job->prompt_logprobs);
   for (const auto& rule : forced_outputs_) {
     if (rendered.find(rule.prompt_contains) == std::string::npos) continue;
     job->forced = tokenizer_->encode(rule.output, /*add_special_tokens=*/false);

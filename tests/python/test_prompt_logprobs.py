@@ -34,6 +34,11 @@ def server(cli, checkpoint):
     s.stop()
 
 
+def _log_softmax(logits):
+    top = logits.max(-1, keepdims=True)
+    return logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+
+
 @pytest.fixture(scope="module")
 def reference(checkpoint):
     """transformers' log_softmax over the prompt, and its tokenizer."""
@@ -51,10 +56,7 @@ def reference(checkpoint):
         piece = tokenizer.decode([t])
         if t not in special and piece and "\ufffd" not in piece and not piece.startswith("<"):
             ids.append(t)
-    logits = hf_tiny.logits(model, ids)
-    top = logits.max(-1, keepdims=True)
-    logprobs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
-    return ids, logprobs, tokenizer
+    return ids, _log_softmax(hf_tiny.logits(model, ids)), tokenizer
 
 
 def _post(server, path, body):
@@ -295,9 +297,7 @@ def test_lm_evaluation_harness_scores_as_transformers(server, checkpoint, refere
     for (context, continuation), (logprob, greedy) in zip(pairs, got):
         whole = tokenizer(context + continuation, add_special_tokens=False).input_ids
         n = len(tokenizer(context, add_special_tokens=False).input_ids)
-        logits = hf_tiny.logits(model, whole)
-        top = logits.max(-1, keepdims=True)
-        rows = (logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True)))[n - 1 : -1]
+        rows = _log_softmax(hf_tiny.logits(model, whole))[n - 1 : -1]
         targets = whole[n:]
         want = rows[np.arange(len(targets)), targets].sum()
         assert abs(logprob - want) <= TOL * len(targets), (context, logprob, want)
