@@ -34,9 +34,11 @@ int main(int argc, char** argv) {
     int64_t in, out;
   };
   // 1536 x 1536 stays in L2 (the kernel's arithmetic alone); the MLP's up projection streams from
-  // memory.
+  // memory; the double-wide layers' down projection has twice its bytes over a k eight times
+  // longer (8 rows' activations, 96 KiB, no longer fit L1).
   const std::vector<Shape> shapes = {{"1536x1536 (in L2)", 1536, 1536},
-                                     {"gate/up 1536x6144", 1536, 6144}};
+                                     {"gate/up 1536x6144", 1536, 6144},
+                                     {"down 12288x1536", 12288, 1536}};
   nlohmann::json out = {{"isa", ops::int4_cpu_isa()},
                         {"threads", at::get_num_threads()},
                         {"activation_bits", bits},
