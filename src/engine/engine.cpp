@@ -563,6 +563,31 @@ at::Tensor Engine::logits(const std::vector<int64_t>& ids, const std::vector<Med
       .squeeze(0);
 }
 
+std::vector<TokenLogprob> Engine::score(const std::vector<int64_t>& ids, int64_t top,
+                                        const std::vector<Media>& media,
+                                        const std::optional<std::map<std::string, double>>& lora) {
+  check_prompt(ids, media);
+  if (ids.size() < 2) {
+    throw ValueError("scoring needs at least two token ids (each after the first is scored), got " +
+                     std::to_string(ids.size()));
+  }
+  if (top < 0 || top > config().vocab_size) {
+    throw ValueError("top must be in [0, " + std::to_string(config().vocab_size) + "], got " +
+                     std::to_string(top));
+  }
+  const auto scales = lora_scales(lora);
+  c10::InferenceMode inference;
+  const auto prompt_media = embed_media(ids, media);
+  std::vector<TokenLogprob> scores;
+  scores.reserve(ids.size() - 1);
+  rings_.reset();
+  read_prompt(ids, &prompt_media, /*hidden=*/nullptr, lora_rows({&scales}),
+              [&](const at::Tensor& logits, int64_t first) {
+                append_prompt_logprobs(logits, first, ids, top, scores);
+              });
+  return scores;
+}
+
 at::Tensor Engine::read_chunk(Rings& rings, const std::vector<int64_t>& prompt, int64_t begin,
                               int64_t end, const PromptMedia* media, at::Tensor* hidden,
                               const LoraRows& lora, const OnPromptLogits& prompt_logits) const {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/logprobs.h"
 #include "engine/media.h"
 #include "grammar/constraint.h"
 #include "model/audio.h"
@@ -278,6 +279,18 @@ class Engine {
   // `lora`: as DecodeOptions::lora.
   at::Tensor logits(const std::vector<int64_t>& ids, const std::vector<Media>& media = {},
                     const std::optional<std::map<std::string, double>>& lora = std::nullopt);
+
+  // Every token of `ids` after the first, scored under the positions before it: ids.size() - 1
+  // ranked entries in order (append_prompt_logprobs, each with its `top` likeliest tokens), a
+  // prompt's logprobs or its perplexity. The prompt is read into freshly reset rings
+  // kPromptLogitsChunk positions through the head at a time, so no [ids, vocab] tensor is held
+  // (logits() holds them all: 4 GB of f32 for 4,000 E2B tokens), and nothing is generated.
+  // check_prompt's and lora_scales' errors; ValueError for fewer than two ids or `top` outside
+  // [0, vocab].
+  std::vector<TokenLogprob> score(const std::vector<int64_t>& ids, int64_t top = 0,
+                                  const std::vector<Media>& media = {},
+                                  const std::optional<std::map<std::string, double>>& lora =
+                                      std::nullopt);
 
   // Reads the prompt into freshly reset rings and decodes (greedy or sampled, per options).
   DecodeResult decode(const std::vector<int64_t>& prompt, const DecodeOptions& options,

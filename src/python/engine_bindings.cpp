@@ -461,6 +461,21 @@ void bind_engine(py::module_& m) {
                ", decode_s=" + std::to_string(r.decode_s) + ")";
       });
 
+  py::class_<TokenLogprob>(m, "TokenLogprob",
+                           "One token's log-probability under the logits that scored it "
+                           "(Engine.score): id, logprob, rank (1 + how many tokens those logits "
+                           "put above it) and top, the likeliest (id, logprob) pairs there, best "
+                           "first.")
+      .def_readonly("id", &TokenLogprob::id)
+      .def_readonly("logprob", &TokenLogprob::logprob)
+      .def_readonly("rank", &TokenLogprob::rank)
+      .def_readonly("top", &TokenLogprob::top)
+      .def("__repr__", [](const TokenLogprob& t) {
+        return "TokenLogprob(id=" + std::to_string(t.id) + ", logprob=" +
+               std::to_string(t.logprob) + ", rank=" + std::to_string(t.rank) + ", top=<" +
+               std::to_string(t.top.size()) + ">)";
+      });
+
   py::class_<PyBatch> batch(
       m, "Batch",
       "Sequences decoded together over one Engine's weights (Engine.batch): submit queues, step "
@@ -538,6 +553,23 @@ void bind_engine(py::module_& m) {
           },
           py::arg("ids"), py::kw_only(), py::arg("media") = std::vector<Media>{},
           py::arg("lora") = py::none())
+      .def(
+          "score",
+          [](PyEngine& self, py::handle ids, int64_t top, const std::vector<Media>& media,
+             const std::optional<std::map<std::string, double>>& lora) {
+            Engine& engine = self.begin("Engine.score", /*exclusive=*/true);
+            const auto tokens = to_ids(ids, "ids");
+            py::gil_scoped_release released;
+            return engine.score(tokens, top, media, lora);
+          },
+          py::arg("ids"), py::kw_only(), py::arg("top") = 0,
+          py::arg("media") = std::vector<Media>{}, py::arg("lora") = py::none(),
+          "Each token of `ids` after the first scored under the positions before it: a list of "
+          "len(ids) - 1 TokenLogprob in order, each with its `top` likeliest tokens (a prompt's "
+          "logprobs; the sum of logprob is its log-likelihood, for perplexity). The prompt is read "
+          "64 positions through the head at a time, so, unlike logits(), no [len(ids), vocab] "
+          "array is ever held; nothing is generated. ValueError for fewer than two ids, top "
+          "outside [0, vocab_size], or what logits() refuses. media and lora as in decode().")
       .def(
           "draft",
           [](PyEngine& self, py::handle ids, int64_t count) {

@@ -30,6 +30,7 @@
 #include "build_info.h"
 #include "common/errors.h"
 #include "common/fnv1a.h"
+#include "engine/logprobs.h"
 #include "engine/report.h"
 #include "engine/scheduler.h"
 #include "grammar/constraint.h"
@@ -135,32 +136,6 @@ class SignalHandlers {
   struct sigaction old_int_ {
   }, old_term_{}, old_pipe_{};
 };
-
-// The log-probability of one returned token under the raw logits it was chosen from, and the
-// most likely alternatives there, best first.
-struct TokenLogprob {
-  int64_t id;
-  double logprob;
-  std::vector<std::pair<int64_t, double>> top;
-  int64_t rank = 0;  // the prompt's tokens: 1 + how many tokens the logits put above it
-};
-
-// The entry of token `id` under log_softmax `row` [vocab] (float32), with its `top` most likely
-// alternatives, and with `ranked` its rank.
-TokenLogprob token_logprob(const at::Tensor& row, int64_t id, int64_t top, bool ranked) {
-  const at::Tensor chosen = row[id];
-  TokenLogprob lp{id, chosen.item<double>(), {}};
-  if (top > 0) {
-    auto [values, ids] = row.topk(top);
-    values = values.to(at::kCPU);
-    ids = ids.to(at::kCPU);
-    for (int64_t i = 0; i < top; ++i) {
-      lp.top.emplace_back(ids[i].item<int64_t>(), values[i].item<double>());
-    }
-  }
-  if (ranked) lp.rank = (row > chosen).sum().item<int64_t>() + 1;
-  return lp;
-}
 
 // What the engine thread hands the HTTP thread: text parts, the logprobs of the tokens they came
 // from, and a warning for output the parser could not read (returned as content).
@@ -893,11 +868,7 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
   }
   if (const int64_t top = job->prompt_top(); top >= 0) {
     submission.options.prompt_logits = [job, out, top](const at::Tensor& logits, int64_t first) {
-      const auto rows = at::log_softmax(logits.to(at::kFloat), 1);
-      for (int64_t j = 0; j < rows.size(0); ++j) {
-        out->prompt_logprobs.push_back(
-            token_logprob(rows[j], job->prompt[first + j + 1], top, true));
-      }
+      append_prompt_logprobs(logits, first, job->prompt, top, out->prompt_logprobs);
     };
   }
   submission.on_tokens = [this, job, out](const std::vector<int64_t>& batch) {

@@ -229,6 +229,39 @@ def test_prompt_logprobs_as_vllm_gives_them(server, reference):
     assert chat["prompt_logprobs"] == same["choices"][0]["prompt_logprobs"]
 
 
+def test_engine_score_gives_transformers_logprobs_of_the_prompt(checkpoint, reference):
+    """The Python module's Engine.score: every token after the first, scored and ranked as
+    transformers scores it, with its best alternatives, across 64-position pieces and sliding
+    windows; it leaves a decode after it as that decode alone; bad input is a ValueError."""
+    import torchtpu_cpp as tt
+
+    ids, want, _ = reference
+    engine = tt.Engine(checkpoint, context=512, dtype="float32")
+    alone = engine.decode(ids, max_new=4).tokens
+    scores = engine.score(ids, top=3)
+    assert len(scores) == len(ids) - 1
+    for i, score in enumerate(scores, start=1):
+        row, token = want[i - 1], ids[i]
+        assert score.id == token and abs(score.logprob - row[token]) <= TOL
+        # Ranks count the tokens above, which near-ties within TOL may reorder.
+        assert int((row > row[token] + TOL).sum()) + 1 <= score.rank
+        assert score.rank <= int((row > row[token] - TOL).sum()) + 1
+        best = np.sort(row)[::-1][:3]
+        assert np.abs(np.array([lp for _, lp in score.top]) - best).max() <= TOL
+        assert all(abs(row[t] - lp) <= TOL for t, lp in score.top)
+    plain = engine.score(ids)
+    assert all(s.top == [] for s in plain)
+    assert [s.logprob for s in plain] == [s.logprob for s in scores]
+    assert engine.decode(ids, max_new=4).tokens == alone
+
+    with pytest.raises(ValueError, match="scoring needs at least two token ids"):
+        engine.score(ids[:1])
+    with pytest.raises(ValueError, match=r"top must be in \[0, 262144\], got -1"):
+        engine.score(ids, top=-1)
+    with pytest.raises(ValueError, match="token id 262144 at position 1 is outside the vocabulary"):
+        engine.score([2, 262144])
+
+
 BETWEEN = "'prompt_logprobs' must be between 0 and 20, got "
 
 

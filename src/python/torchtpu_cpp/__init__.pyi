@@ -48,6 +48,20 @@ class DecodeResult:
     @property
     def accepted(self) -> int: ...
 
+class TokenLogprob:
+    """One token's log-probability under the logits that scored it (Engine.score)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def logprob(self) -> float: ...
+    @property
+    def rank(self) -> int:
+        """1 + how many tokens the logits put above this one."""
+    @property
+    def top(self) -> list[tuple[int, float]]:
+        """The likeliest (id, logprob) pairs under those logits, best first."""
+
 class _CacheStats(TypedDict):
     hits: int
     misses: int
@@ -227,6 +241,18 @@ class Engine:
     ) -> torch.Tensor:
         """float32 [len(ids), vocab] of one causal pass; the KV cache is untouched. lora: each
         adapter's scale by name (those left out at 0); None: every adapter at scale 1."""
+    def score(
+        self,
+        ids: _Ids,
+        *,
+        top: int = 0,
+        media: Sequence[Media] = (),
+        lora: dict[str, float] | None = None,
+    ) -> list[TokenLogprob]:
+        """Each token of ids after the first scored under the positions before it, in order
+        (len(ids) - 1 entries, each with its `top` likeliest tokens), read 64 positions through
+        the head at a time: no [len(ids), vocab] array is held, nothing is generated. ValueError
+        for fewer than two ids, top outside [0, vocab_size], or what logits() refuses."""
     @property
     def has_vision(self) -> bool: ...
     @property
