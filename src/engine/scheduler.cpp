@@ -88,6 +88,7 @@ std::vector<int64_t> Scheduler::submit(std::vector<Submission> submissions) {
       tickets.push_back(next_ticket_++);
       waiting_.push_back({tickets.back(), std::move(submission)});
     }
+    keep_alive_s_.reset();
   }
   changed_.notify_all();
   return tickets;
@@ -138,6 +139,27 @@ void Scheduler::sleep_when_idle() {
   changed_.notify_all();
 }
 
+void Scheduler::keep_alive(std::optional<double> seconds) {
+  {
+    std::lock_guard lock(mutex_);
+    keep_alive_s_ = seconds;
+  }
+  changed_.notify_all();
+}
+
+std::optional<double> Scheduler::idle_limit() const {
+  std::lock_guard lock(mutex_);
+  return idle_limit_locked();
+}
+
+std::optional<double> Scheduler::idle_limit_locked() const {
+  // Longer than any server runs, and short enough for a steady_clock deadline (int64 ns).
+  constexpr double kForever = 1e9;
+  const double limit = keep_alive_s_.value_or(options_.sleep_idle_s);
+  if (limit < 0 || limit > kForever) return std::nullopt;
+  return limit;
+}
+
 void Scheduler::wake_up() {
   {
     std::lock_guard lock(mutex_);
@@ -175,7 +197,7 @@ SchedulerStats Scheduler::stats() const {
 }
 
 Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
-                                      std::optional<double> sleep_after,
+                                      bool may_sleep,
                                       std::vector<Entry>& admitted, std::vector<Entry>& dropped,
                                       std::set<int64_t>& cancels,
                                       std::vector<SlotEntry>& actions,
@@ -185,12 +207,17 @@ Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
     return !idle || !waiting_.empty() || !cancels_.empty() || !actions_.empty() ||
            !tasks_.empty() || stopping_ || sleep_asked_;
   };
-  if (idle && sleep_after) {
-    if (!changed_.wait_for(lock, std::chrono::duration<double>(*sleep_after), ready)) {
-      return Taken::kIdleTooLong;
+  const auto idle_since = Clock::now();
+  while (!ready()) {
+    const auto limit = idle && may_sleep ? idle_limit_locked() : std::nullopt;
+    if (!limit) {
+      changed_.wait(lock);
+      continue;
     }
-  } else {
-    changed_.wait(lock, ready);
+    const auto deadline = idle_since + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(*limit));
+    if (Clock::now() >= deadline) return Taken::kIdleTooLong;
+    changed_.wait_until(lock, deadline);
   }
   // Tasks queued before stop() still run; those after it are refused.
   tasks = std::exchange(tasks_, {});
@@ -230,11 +257,6 @@ Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
     stats_.batch.positions += static_cast<int64_t>(entry.submission.prompt.size());
   }
   return Taken::kWork;
-}
-
-std::optional<double> Scheduler::sleep_after(const Engine& engine) const {
-  if (options_.sleep_idle_s < 0 || engine.asleep()) return std::nullopt;
-  return options_.sleep_idle_s;
 }
 
 void Scheduler::sleep(Engine& engine) {
@@ -308,7 +330,7 @@ void Scheduler::run_batch(Engine& engine) {
     std::vector<EngineTask> tasks;
     const bool idle = !batch || batch->idle();
     auto free = batch ? batch->free_rows() : std::vector<bool>(options_.batch.rows, true);
-    const Taken taken = take_work(idle, std::move(free), sleep_after(engine), admitted, dropped,
+    const Taken taken = take_work(idle, std::move(free), !engine.asleep(), admitted, dropped,
                                   cancels, actions, tasks);
     run_tasks(engine, tasks);
     if (taken == Taken::kStopped) break;
@@ -396,7 +418,7 @@ void Scheduler::run_serial(Engine& engine) {
     std::set<int64_t> cancels;
     std::vector<SlotEntry> actions;  // none: slot() refuses them here
     std::vector<EngineTask> tasks;
-    const Taken taken = take_work(/*idle=*/true, {true}, sleep_after(engine), admitted, dropped,
+    const Taken taken = take_work(/*idle=*/true, {true}, !engine.asleep(), admitted, dropped,
                                   cancels, actions, tasks);
     run_tasks(engine, tasks);
     if (taken == Taken::kStopped) break;

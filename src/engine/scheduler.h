@@ -90,7 +90,8 @@ class Scheduler {
   // Any thread. Queues a sequence and returns its ticket. QueueFull when it would leave more than
   // max_queue sequences waiting once the rows free now are taken (before run() starts, none are);
   // the submission is then dropped without a call to on_done. ValueError for a row
-  // (DecodeOptions::row) outside the batch.
+  // (DecodeOptions::row) outside the batch. A queued submission ends any keep_alive(): the
+  // engine sleeps after sleep_idle_s again.
   int64_t submit(Submission submission);
   // Any thread. Queues several sequences (a request's choices) as submit() does, all of them or,
   // with QueueFull, none.
@@ -111,6 +112,14 @@ class Scheduler {
   // once nothing waits or runs: at once when idle, else after what is running ends (Ollama's
   // unload). Returns without waiting; nothing when it sleeps already.
   void sleep_when_idle();
+  // Any thread. From now until the next submission or call, the engine sleeps once it has been
+  // idle this long instead of sleep_idle_s (Ollama's keep_alive, which each request sets for the
+  // model after it): below 0 never, 0 as soon as nothing waits or runs; nullopt: sleep_idle_s. A
+  // limit set while the engine idles counts from when it went idle.
+  void keep_alive(std::optional<double> seconds);
+  // Any thread. The idle time after which the engine sleeps (keep_alive's, else sleep_idle_s);
+  // nullopt: never (below 0, or beyond 10⁹ s).
+  std::optional<double> idle_limit() const;
   // Any thread. Wakes a sleeping engine as a submission would, and waits until its weights are
   // loaded again, rethrowing a failed load's exception; nothing when awake (Ollama's load).
   // std::runtime_error once stop() was called.
@@ -143,16 +152,16 @@ class Scheduler {
   enum class Taken { kWork, kStopped, kIdleTooLong };
   // Waits for work; takes the cancels, the slot actions, the engine tasks and the waiting entries
   // the `free` rows take (place_in_rows). kStopped when stopped and nothing is left to do
-  // (`idle`: nothing in the batch); kIdleTooLong when idle and nothing came for `sleep_after`
-  // (none: no limit).
-  Taken take_work(bool idle, std::vector<bool> free, std::optional<double> sleep_after,
+  // (`idle`: nothing in the batch); kIdleTooLong when idle, `may_sleep` (the engine is awake) and
+  // nothing came for the idle limit (idle_limit(), read again whenever it changes).
+  Taken take_work(bool idle, std::vector<bool> free, bool may_sleep,
                   std::vector<Entry>& admitted, std::vector<Entry>& dropped,
                   std::set<int64_t>& cancels, std::vector<SlotEntry>& actions,
                   std::vector<EngineTask>& tasks);
   // Runs the tasks taken, each one's outcome to whoever waits in run_on_owner().
   static void run_tasks(Engine& engine, std::vector<EngineTask>& tasks);
-  // sleep_idle_s when the engine is awake and may sleep.
-  std::optional<double> sleep_after(const Engine& engine) const;
+  // idle_limit() with mutex_ held.
+  std::optional<double> idle_limit_locked() const;
   // Engine::sleep after sleep_idle_s of idleness, with the stats saying so.
   void sleep(Engine& engine);
   // Engine::wake before `admitted` and `actions` run. False when the engine stays asleep: there
@@ -179,6 +188,7 @@ class Scheduler {
   int64_t next_ticket_ = 0;
   bool stopping_ = false;
   bool sleep_asked_ = false;  // sleep_when_idle() was called and the engine has not slept since
+  std::optional<double> keep_alive_s_;  // keep_alive()'s limit until the next submission
   SchedulerStats stats_;  // running, batch and busy_s; waiting is waiting_'s size
 };
 

@@ -297,12 +297,10 @@ std::optional<double> go_duration(std::string_view s) {
   return sign * total;
 }
 
-// keep_alive: seconds as a number, or a Go duration. True for 0, which with nothing to generate
-// is Ollama's unload; otherwise the model stays loaded whatever it says (--sleep-idle-seconds
-// frees an idle server's weights).
-bool keep_alive_zero(const ojson& body) {
+// keep_alive: seconds as a number, or a Go duration; none when not given.
+std::optional<double> keep_alive_seconds(const ojson& body) {
   const ojson* keep = field(body, "keep_alive");
-  if (!keep) return false;
+  if (!keep) return std::nullopt;
   std::optional<double> seconds;
   if (keep->is_number()) seconds = keep->get<double>();
   if (keep->is_string()) seconds = go_duration(keep->get<std::string>());
@@ -310,7 +308,7 @@ bool keep_alive_zero(const ojson& body) {
     throw invalid("keep_alive", "must be a number of seconds or a duration such as \"5m\", got " +
                                     keep->dump());
   }
-  return *seconds == 0;
+  return seconds;
 }
 
 bool get_stream(const ojson& body) {
@@ -386,7 +384,8 @@ OllamaRequest parse_ollama_chat(const ojson& body) {
   std::vector<std::string> image_params;
   const ojson* messages = field(body, "messages");
   out.load_only = !messages || (messages->is_array() && messages->empty());
-  out.unload = keep_alive_zero(body) && out.load_only;
+  out.keep_alive = keep_alive_seconds(body);
+  out.unload = out.keep_alive == 0.0 && out.load_only;
   if (out.load_only) return out;
   chat["messages"] = chat_messages(*messages, image_params);
   if (const ojson* tools = field(body, "tools"); tools && !tools->empty()) chat["tools"] = *tools;
@@ -419,7 +418,8 @@ OllamaRequest parse_ollama_generate(const ojson& body) {
   const ojson* images = field(body, "images");
   const bool has_images = images && !images->empty();
   out.load_only = prompt.empty() && !has_images;
-  out.unload = keep_alive_zero(body) && out.load_only;
+  out.keep_alive = keep_alive_seconds(body);
+  out.unload = out.keep_alive == 0.0 && out.load_only;
   if (out.load_only) return out;
   if (const ojson* raw = field(body, "raw")) {
     if (!raw->is_boolean()) throw wrong_type("raw", "a boolean", *raw);

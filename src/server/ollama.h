@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ struct OllamaRequest {
   // is loaded with done_reason "load"; with keep_alive 0, to unload it ("unload").
   bool load_only = false;
   bool unload = false;
+  // keep_alive in seconds (a number, or a Go duration such as "5m"): how long the model stays
+  // loaded after the request while no other comes (below 0: for good); none: the server's
+  // --sleep-idle-seconds.
+  std::optional<double> keep_alive;
 };
 
 // ApiError 400 naming the field ("messages[1].images[0]", "options.temperature") for anything

@@ -1709,12 +1709,15 @@ void Server::handle_ollama(const httplib::Request& req, httplib::Response& res, 
   const ojson body = parse_body(req.body);
   const OllamaRequest r = chat ? parse_ollama_chat(body) : parse_ollama_generate(body);
   check_model(server_model_name(r.model));  // a load request has no generation to name it
+  // keep_alive holds from this request on: a load's at once, a generation's once its sequence is
+  // queued (whose submission ends the one before), so a limit of 0 sleeps after the answer.
   if (r.load_only) {
     if (r.unload) {
       scheduler_.sleep_when_idle();
     } else {
       scheduler_.wake_up();
     }
+    scheduler_.keep_alive(r.keep_alive);
     res.set_content(dump(ollama_loaded(r)), "application/json");
     return;
   }
@@ -1725,6 +1728,7 @@ void Server::handle_ollama(const httplib::Request& req, httplib::Response& res, 
   } catch (const ApiError& e) {
     throw as_ollama_error(e);  // a format schema the grammar cannot enforce
   }
+  scheduler_.keep_alive(r.keep_alive);
   answer_rendered(res, {job}, std::make_shared<OllamaRenderer>(r, received), r.generation.stream,
                   std::move(active));
 }
@@ -1767,12 +1771,13 @@ OllamaModel Server::ollama_model(const std::string& id) const {
              << "\nmin_p " << d.min_p << "\nrepeat_penalty " << d.repetition_penalty;
   m.parameters = parameters.str();
   m.chat_template = template_->source();
-  // Ollama's keep-alive is this server's sleep when idle; a server that never sleeps keeps the
-  // model loaded for good, which Ollama writes as a time far ahead.
-  const double idle = options_.sleep_idle_s;
+  // Ollama's keep-alive is this server's sleep when idle (the last Ollama request's keep_alive,
+  // else --sleep-idle-seconds); a model kept loaded for good has, as Ollama writes it, an expiry
+  // far ahead.
+  const auto idle = scheduler_.idle_limit();
   const auto now = std::chrono::system_clock::now();
-  m.expires_at = rfc3339(idle < 0 ? now + std::chrono::hours(24 * 365 * 100)
-                                  : now + std::chrono::milliseconds(std::llround(idle * 1e3)));
+  m.expires_at = rfc3339(!idle ? now + std::chrono::hours(24 * 365 * 100)
+                               : now + std::chrono::milliseconds(std::llround(*idle * 1e3)));
   return m;
 }
 

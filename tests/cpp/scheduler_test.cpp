@@ -482,6 +482,66 @@ TEST(Scheduler, SleepWhenIdleWaitsForWhatRunsAndWakeUpLoadsTheWeights) {
   }
 }
 
+// Ollama's keep_alive: a limit set after a submission holds while the engine idles after it,
+// counted from when it went idle (0: at once); the next submission restores sleep_idle_s; below 0
+// keeps the engine awake whatever sleep_idle_s says.
+TEST(Scheduler, KeepAliveSetsTheIdleLimitUntilTheNextSubmission) {
+  auto engine = make_engine();
+  const auto options = options_of(4, false, 0);
+  const auto prompt = prompt_of(5, 5);
+  auto wait_asleep = [](const Scheduler& scheduler, double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(seconds));
+    while (!scheduler.stats().asleep && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return scheduler.stats().asleep;
+  };
+  auto decode = [&](Scheduler& scheduler) {
+    Seen seen;
+    std::promise<void> done;
+    scheduler.submit(recording(prompt, options, seen, done));
+    done.get_future().wait();
+    EXPECT_EQ(seen.error, nullptr);
+  };
+  for (const int64_t read_every : {1, 4}) {
+    SchedulerOptions o;
+    o.batch.rows = read_every > 1 ? 1 : 2;
+    o.batch.cache_bytes = 0;
+    o.read_every = read_every;
+    Scheduler scheduler(o);  // sleep_idle_s -1: never of itself
+    EXPECT_EQ(scheduler.idle_limit(), std::nullopt);
+    Running running(scheduler, engine);
+    decode(scheduler);
+    scheduler.keep_alive(0.3);
+    EXPECT_EQ(scheduler.idle_limit(), 0.3);
+    ASSERT_TRUE(wait_asleep(scheduler, 20)) << "read_every " << read_every;
+    EXPECT_EQ(scheduler.stats().sleeps, 1);
+
+    decode(scheduler);  // wakes the engine, and sleep_idle_s (never) holds again
+    EXPECT_EQ(scheduler.idle_limit(), std::nullopt);
+    EXPECT_FALSE(wait_asleep(scheduler, 0.6)) << "read_every " << read_every;
+    scheduler.keep_alive(0);
+    ASSERT_TRUE(wait_asleep(scheduler, 20)) << "read_every " << read_every;
+    EXPECT_EQ(scheduler.stats().sleeps, 2);
+  }
+
+  SchedulerOptions o;
+  o.batch.rows = 2;
+  o.batch.cache_bytes = 0;
+  o.sleep_idle_s = 0.2;
+  Scheduler scheduler(o);
+  Running running(scheduler, engine);
+  decode(scheduler);
+  scheduler.keep_alive(-1);
+  EXPECT_EQ(scheduler.idle_limit(), std::nullopt);
+  EXPECT_FALSE(wait_asleep(scheduler, 0.8));
+  decode(scheduler);
+  EXPECT_EQ(scheduler.idle_limit(), 0.2);
+  EXPECT_TRUE(wait_asleep(scheduler, 20));
+}
+
 // Slot actions (llama-server's save, restore, erase) from another thread run on the owner thread
 // between steps; one waking a sleeping engine, as a submission does. A state saved before the
 // sleep, whose cache went with the weights, comes back from its file for the next turn.

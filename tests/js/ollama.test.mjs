@@ -112,6 +112,26 @@ describe("the model, as Ollama describes it", () => {
     assert.equal(r.message.content, "Hello there, friend.");
     assert.equal((await engine()).sleeps, sleeps + 2);
   });
+
+  test("keep_alive keeps the model loaded that long after a request, until the next one", async () => {
+    const engine = async () => (await (await fetch(`${server.url}/v1/engine`, {
+      headers: { authorization: `Bearer ${KEY}` } })).json()).scheduler;
+    const sleeps = (await engine()).sleeps;
+    const answered = Date.now();
+    const r = await chat({ messages: [user("Say hello")], stream: false, keep_alive: "1.5s" });
+    assert.equal(r.message.content, "Hello there, friend.");
+    const expires = Date.parse((await ollama.ps()).models[0].expires_at);
+    assert.ok(expires >= answered && expires < Date.now() + 5000, `expires_at ${expires}`);
+    await eventually(async () => (await engine()).asleep, "the engine to sleep after the answer");
+    assert.equal((await engine()).sleeps, sleeps + 1);
+    // A request that gives none: the server's own limit again (--sleep-idle-seconds: never here).
+    const again = await chat({ messages: [user("Say hello")], stream: false });
+    assert.equal(again.message.content, "Hello there, friend.");
+    const ps = await ollama.ps();
+    assert.ok(Date.parse(ps.models[0].expires_at) > Date.now() + 1000 * 3600 * 24 * 365);
+    await new Promise((resolve) => setTimeout(resolve, 2500));
+    assert.deepEqual([(await engine()).asleep, (await engine()).sleeps], [false, sleeps + 1]);
+  });
 });
 
 describe("/api/chat", () => {
