@@ -115,6 +115,12 @@ def test_logits_are_peft_models(engine, adapters):
         # The adapter moves the logits by far more than the engine's distance from PEFT's.
         assert (want - plain).abs().max() > 1.0
         torch.testing.assert_close(got, want, atol=2e-4, rtol=0)
+        # Engine.score reads the prompt under the adapter too: PEFT's log-probabilities.
+        scored = torch.tensor(
+            [s.logprob for s in engine.score(PROMPT, lora={named: 1})], dtype=torch.float64
+        )
+        expected = torch.log_softmax(want.double(), -1)[torch.arange(len(PROMPT) - 1), PROMPT[1:]]
+        torch.testing.assert_close(scored, expected, atol=4e-4, rtol=0)
 
 
 def test_scaled_adapters_together_are_the_merged_weights(engine, base, adapters):
