@@ -247,6 +247,9 @@ struct Job {
   // the prompt alone, ending for its "length".
   bool generates = true;
   int64_t prompt_logprobs = -1;  // vLLM's prompt_logprobs: alternatives per token; -1: none
+  // A later choice of a whole (not streamed) answer whose prompt is scored: choice 0 scores it
+  // and this one shows its entries (answer_whole), reading the prompt as any sequence does.
+  bool shares_prompt_scores = false;
   std::optional<std::vector<int64_t>> forced;  // the test hook's tokens
   int fd = -1;                                 // the client's connection, watched for disconnects
   int64_t choice = 0;  // its index among its prompt's choices (completions may list prompts)
@@ -866,7 +869,7 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       out->logprob_rows.push_back(at::log_softmax(logits.to(at::kFloat), 0));
     };
   }
-  if (const int64_t top = job->prompt_top(); top >= 0) {
+  if (const int64_t top = job->prompt_top(); top >= 0 && !job->shares_prompt_scores) {
     submission.options.prompt_logits = [job, out, top](const at::Tensor& logits, int64_t first) {
       append_prompt_logprobs(logits, first, job->prompt, top, out->prompt_logprobs);
     };
@@ -1141,6 +1144,11 @@ void Server::answer_whole(httplib::Response& res, const Choices& jobs, bool chat
       // Nobody is listening; 499 (client closed request) is what the logs and /metrics show.
       res.status = 499;
       return;
+    }
+  }
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (jobs[i]->shares_prompt_scores) {
+      all[i].prompt_logprobs = all[i - jobs[i]->choice].prompt_logprobs;
     }
   }
   ojson choices = ojson::array();
@@ -1580,6 +1588,8 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
   for (int64_t i = 1; i < r.n; ++i) {
     jobs.push_back(job->sibling(
         i, job->decode.constraint ? constraint_for(r, chat, job->parser_prefix) : nullptr));
+    // Streamed, each choice sends its prompt's entries with its first chunk.
+    jobs.back()->shares_prompt_scores = !r.stream && job->prompt_top() >= 0;
   }
   return jobs;
 }

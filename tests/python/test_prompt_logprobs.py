@@ -229,6 +229,30 @@ def test_prompt_logprobs_as_vllm_gives_them(server, reference):
     assert chat["prompt_logprobs"] == same["choices"][0]["prompt_logprobs"]
 
 
+def test_every_choice_shows_the_prompts_scores(server, reference):
+    """With n > 1 a whole answer's choices share one scoring of the prompt (choice 0's): each
+    shows the same entries, transformers' own; usage counts the prompt once."""
+    ids, want, _ = reference
+    answer = _echo(server, ids, n=3)
+    assert len(answer["choices"]) == 3
+    prompts = []
+    for choice in answer["choices"]:
+        lp = _check_echo({"choices": [choice]}, reference)
+        n = len(ids)
+        prompts.append((lp["tokens"][:n], lp["token_logprobs"][:n], lp["top_logprobs"][:n]))
+    assert prompts[1] == prompts[0] and prompts[2] == prompts[0]
+    assert answer["usage"]["prompt_tokens"] == len(ids)
+
+    vllm = _post(
+        server,
+        "/v1/completions",
+        {"prompt": ids, "prompt_logprobs": 3, "max_tokens": 2, "temperature": 0, "n": 2},
+    )
+    entries = [c["prompt_logprobs"] for c in vllm["choices"]]
+    assert entries[1] == entries[0]
+    _check_vllm_entries(entries[0], ids, want)
+
+
 def test_engine_score_gives_transformers_logprobs_of_the_prompt(checkpoint, reference):
     """The Python module's Engine.score: every token after the first, scored and ranked as
     transformers scores it, with its best alternatives, across 64-position pieces and sliding
