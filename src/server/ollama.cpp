@@ -385,7 +385,6 @@ OllamaRequest parse_ollama_chat(const ojson& body) {
   const ojson* messages = field(body, "messages");
   out.load_only = !messages || (messages->is_array() && messages->empty());
   out.keep_alive = keep_alive_seconds(body);
-  out.unload = out.keep_alive == 0.0 && out.load_only;
   if (out.load_only) return out;
   chat["messages"] = chat_messages(*messages, image_params);
   if (const ojson* tools = field(body, "tools"); tools && !tools->empty()) chat["tools"] = *tools;
@@ -419,7 +418,6 @@ OllamaRequest parse_ollama_generate(const ojson& body) {
   const bool has_images = images && !images->empty();
   out.load_only = prompt.empty() && !has_images;
   out.keep_alive = keep_alive_seconds(body);
-  out.unload = out.keep_alive == 0.0 && out.load_only;
   if (out.load_only) return out;
   if (const ojson* raw = field(body, "raw")) {
     if (!raw->is_boolean()) throw wrong_type("raw", "a boolean", *raw);
@@ -625,7 +623,7 @@ ojson ollama_loaded(const OllamaRequest& request) {
     out["response"] = "";
   }
   out["done"] = true;
-  out["done_reason"] = request.unload ? "unload" : "load";
+  out["done_reason"] = request.unload() ? "unload" : "load";
   return out;
 }
 

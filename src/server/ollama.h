@@ -28,11 +28,11 @@ struct OllamaRequest {
   // No messages (chat) or no prompt (generate): Ollama's way to load the model, answered once it
   // is loaded with done_reason "load"; with keep_alive 0, to unload it ("unload").
   bool load_only = false;
-  bool unload = false;
   // keep_alive in seconds (a number, or a Go duration such as "5m"): how long the model stays
   // loaded after the request while no other comes (below 0: for good); none: the server's
   // --sleep-idle-seconds.
   std::optional<double> keep_alive;
+  bool unload() const { return load_only && keep_alive == 0.0; }
 };
 
 // ApiError 400 naming the field ("messages[1].images[0]", "options.temperature") for anything

@@ -1722,7 +1722,7 @@ void Server::handle_ollama(const httplib::Request& req, httplib::Response& res, 
   // keep_alive holds from this request on: a load's at once, a generation's once its sequence is
   // queued (whose submission ends the one before), so a limit of 0 sleeps after the answer.
   if (r.load_only) {
-    if (r.unload) {
+    if (r.unload()) {
       scheduler_.sleep_when_idle();
     } else {
       scheduler_.wake_up();
