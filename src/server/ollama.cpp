@@ -17,10 +17,10 @@
 namespace torchtpu::server {
 namespace {
 
-// Ollama's model field is required; its own wording when it is missing.
-std::string model_of(const ojson& body) {
-  const ojson* model = field(body, "model");
-  if (model && !model->is_string()) throw wrong_type("model", "a string", *model);
+// Ollama's model field (`key`) is required; its own wording when it is missing.
+std::string model_of(const ojson& body, const char* key = "model") {
+  const ojson* model = field(body, key);
+  if (model && !model->is_string()) throw wrong_type(key, "a string", *model);
   if (!model || model->get<std::string>().empty()) {
     throw ApiError(400, "model is required", "invalid_request_error", "model",
                    "missing_required_parameter");
@@ -441,6 +441,19 @@ OllamaRequest parse_ollama_generate(const ojson& body) {
   }
   apply_common(body, chat);
   out.generation = parse_as_chat(std::move(chat), out.templated, image_params);
+  return out;
+}
+
+std::string ollama_named_model(const ojson& body) {
+  // "name" is Ollama's older spelling of "model".
+  return model_of(body, !field(body, "model") && field(body, "name") ? "name" : "model");
+}
+
+OllamaPull parse_ollama_pull(const ojson& body) {
+  OllamaPull out{ollama_named_model(body), get_stream(body)};
+  if (const ojson* insecure = field(body, "insecure"); insecure && !insecure->is_boolean()) {
+    throw wrong_type("insecure", "a boolean", *insecure);
+  }
   return out;
 }
 

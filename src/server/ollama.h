@@ -2,8 +2,9 @@
 // libraries, Open WebUI's and VS Code Copilot's Ollama connections): POST /api/chat and
 // /api/generate become chat requests (openai.h's GenerationRequest, checked by the chat parser
 // itself) and answer in Ollama's newline-delimited JSON; GET /api/tags, POST /api/show, GET /api/ps
-// and GET /api/version describe the model. Errors have Ollama's shape, {"error": "..."}. No HTTP
-// here, and no libtorch: the request fuzz harness compiles the parsers.
+// and GET /api/version describe the model, and POST /api/pull of a model served here succeeds with
+// nothing to download. Errors have Ollama's shape, {"error": "..."}. No HTTP here, and no
+// libtorch: the request fuzz harness compiles the parsers.
 #pragma once
 
 #include <chrono>
@@ -40,6 +41,18 @@ struct OllamaRequest {
 // Ollama's runner (num_ctx, num_gpu, num_thread, ...) are accepted and have no effect.
 OllamaRequest parse_ollama_chat(const ojson& body);
 OllamaRequest parse_ollama_generate(const ojson& body);
+
+// The model /api/show and /api/pull name: "model", or Ollama's older "name"; 400 "model is
+// required" without either.
+std::string ollama_named_model(const ojson& body);
+
+// POST /api/pull: the model, and whether the answer streams (as Ollama: unless "stream" is
+// false). "insecure", a boolean, has no effect: nothing is downloaded.
+struct OllamaPull {
+  std::string model;
+  bool stream = true;
+};
+OllamaPull parse_ollama_pull(const ojson& body);
 
 // An error about a chat field that an Ollama field became, renamed to that field ("temperature"
 // is "options.temperature", "response_format" is "format"); others as they are.

@@ -557,7 +557,8 @@ class Server {
   void handle_ollama(const httplib::Request& req, httplib::Response& res, bool chat);
   // What Ollama's /api/tags, /api/show and /api/ps say of the model or of the adapter `id`.
   OllamaModel ollama_model(const std::string& id) const;
-  // Ollama's GET /api/tags, POST /api/show, GET /api/ps and GET /api/version.
+  // Ollama's GET /api/tags, POST /api/show, GET /api/ps, GET /api/version, POST /api/pull, and
+  // its model store's routes, which answer 501.
   void add_ollama_info_routes(httplib::Server& http);
   // vLLM's POST /sleep, POST /wake_up and GET /is_sleeping (its sleep mode's routes, which RL
   // trainers call to free a server's memory between rollouts).
@@ -1812,15 +1813,8 @@ void Server::add_ollama_info_routes(httplib::Server& http) {
   http.Post("/api/show",
             guarded(
                 [this](const httplib::Request& req, httplib::Response& res) {
-                  const ojson body = parse_body(req.body);
-                  // "name" is Ollama's older spelling of "model".
-                  const ojson* model = field(body, "model");
-                  if (!model) model = field(body, "name");
-                  if (!model || !model->is_string() || model->get<std::string>().empty()) {
-                    throw ApiError(400, "model is required", "invalid_request_error", "model",
-                                   "missing_required_parameter");
-                  }
-                  const std::string id = server_model_name(model->get<std::string>());
+                  const std::string id =
+                      server_model_name(ollama_named_model(parse_body(req.body)));
                   check_model(id);
                   res.set_content(dump(ollama_show(ollama_model(id.empty() ? model_id_ : id))),
                                   "application/json");
@@ -1836,6 +1830,32 @@ void Server::add_ollama_info_routes(httplib::Server& http) {
                             res.set_content(dump({{"models", models}}), "application/json");
                           },
                           true, ErrorShape::kOllama));
+  // A model served here is pulled already: the answer is the line Ollama ends a pull with, so
+  // that clients which pull before they chat go on.
+  http.Post("/api/pull", guarded(
+                             [this](const httplib::Request& req, httplib::Response& res) {
+                               const auto pull = parse_ollama_pull(parse_body(req.body));
+                               check_model(server_model_name(pull.model));
+                               const std::string done = dump({{"status", "success"}});
+                               if (pull.stream) {
+                                 res.set_content(done + "\n", "application/x-ndjson");
+                               } else {
+                                 res.set_content(done, "application/json");
+                               }
+                             },
+                             true, ErrorShape::kOllama));
+  // Ollama's model store: none here, so nothing to create, copy, delete or push.
+  const auto no_store = [](const httplib::Request& req, httplib::Response&) {
+    throw ApiError(501,
+                   req.path + " is not supported: this server keeps no model store; it serves "
+                              "the model it was started with and its LoRA adapters (/api/tags)",
+                   "invalid_request_error", "", "not_implemented");
+  };
+  for (const char* path : {"/api/create", "/api/copy", "/api/push", R"(/api/blobs/([^/]+))"}) {
+    http.Post(path, guarded(no_store, false, ErrorShape::kOllama));
+  }
+  http.Get(R"(/api/blobs/([^/]+))", guarded(no_store, false, ErrorShape::kOllama));  // and HEAD
+  http.Delete("/api/delete", guarded(no_store, false, ErrorShape::kOllama));
   for (const char* path : {"/api/embed", "/api/embeddings"}) {
     http.Post(path, guarded(
                         [](const httplib::Request&, httplib::Response&) {
@@ -2411,10 +2431,12 @@ std::string Server::endpoint_label(const std::string& path) const {
       "/v1/audio/transcriptions", "/v1/audio/translations",
       "/api/chat",       "/api/generate", "/api/tags",   "/api/show",
       "/api/ps",         "/api/version", "/api/embed",  "/api/embeddings",
+      "/api/pull",       "/api/create",  "/api/copy",   "/api/delete",  "/api/push",
       "/sleep",          "/wake_up",     "/is_sleeping"};
   if (known.count(path)) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  if (path.rfind("/api/blobs/", 0) == 0) return "/api/blobs/{digest}";
   if (path.rfind("/slots/", 0) == 0) return "/slots/{id}";
   return "other";
 }
@@ -2716,6 +2738,9 @@ void Server::set_up_routes(httplib::Server& http) {
             {"/api/tags", "GET"},        {"/api/show", "POST"},
             {"/api/ps", "GET"},          {"/api/version", "GET"},
             {"/api/embed", "POST"},      {"/api/embeddings", "POST"},
+            {"/api/pull", "POST"},       {"/api/create", "POST"},
+            {"/api/copy", "POST"},       {"/api/delete", "DELETE"},
+            {"/api/push", "POST"},
             {"/sleep", "POST"},          {"/wake_up", "POST"},
             {"/is_sleeping", "GET"}};
         try {

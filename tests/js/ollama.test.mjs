@@ -1,10 +1,11 @@
 // Ollama's own API (POST /api/chat and /api/generate, GET /api/tags, POST /api/show, GET /api/ps,
-// GET /api/version) through the official `ollama` client: whole and streamed answers, thinking,
-// tool calls and their round trip, format (json and a schema, checked with ajv), options, the
-// prompt against the one transformers' apply_chat_template renders, and errors in Ollama's shape
-// naming every malformed field. The demo checkpoint has random weights, so the server runs with
-// its test hook TORCHTPU_TEST_FORCED_OUTPUT (a prompt containing a rule's text gets that rule's
-// output, Gemma 4 markup included, as its tokens).
+// GET /api/version, POST /api/pull) through the official `ollama` client: whole and streamed
+// answers, thinking, tool calls and their round trip, format (json and a schema, checked with
+// ajv), options, the prompt against the one transformers' apply_chat_template renders, and errors
+// in Ollama's shape naming every malformed field, the model store's routes (501) among them. The
+// demo checkpoint has random weights, so the server runs with its test hook
+// TORCHTPU_TEST_FORCED_OUTPUT (a prompt containing a rule's text gets that rule's output, Gemma 4
+// markup included, as its tokens).
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { Ollama } from "ollama";
@@ -87,6 +88,26 @@ describe("the model, as Ollama describes it", () => {
     assert.equal(ps.models[0].name, `${MODEL}:latest`);
     assert.equal(ps.models[0].context_length, 2048);
     assert.ok(Date.parse(ps.models[0].expires_at) > Date.now() + 1000 * 3600 * 24 * 365);
+  });
+
+  test("pull of a model served here succeeds with nothing to download", async () => {
+    // The client sends the model as Ollama's older field, "name"; "model" is read too.
+    for (const model of [MODEL, `${MODEL}:latest`]) {
+      assert.deepEqual(await ollama.pull({ model, stream: false }), { status: "success" });
+      const parts = [];
+      for await (const part of await ollama.pull({ model, stream: true, insecure: true })) {
+        parts.push(part);
+      }
+      assert.deepEqual(parts, [{ status: "success" }]);
+    }
+    const res = await fetch(`${server.url}/api/pull`, {
+      method: "POST",
+      headers: { authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ model: MODEL }),
+    });
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get("content-type"), "application/x-ndjson");
+    assert.equal(await res.text(), '{"status":"success"}\n');
   });
 
   test("nothing to generate loads the model; with keep_alive 0 it unloads it", async () => {
@@ -392,6 +413,19 @@ describe("errors in Ollama's shape", () => {
       /^'top_logprobs' must be between 0 and 20, got 21$/],
     ["embeddings", () => ollama.embed({ model: MODEL, input: "Hi" }), 400, /does not make embeddings/],
     ["show of an unknown model", () => ollama.show({ model: "llama3" }), 404, /'llama3' does not exist/],
+    ["a pull of an unknown model", () => ollama.pull({ model: "llama3", stream: false }), 404,
+      /^the model 'llama3' does not exist; this server serves 'torchtpu-demo-random-weights'$/],
+    ["a pull without a model", () => ollama.pull({ model: "", stream: false }), 400, /^model is required$/],
+    ["a pull with insecure not a boolean",
+      () => ollama.pull({ model: MODEL, stream: false, insecure: "yes" }), 400,
+      /'insecure' must be a boolean, got a string/],
+    ["a pull with stream not a boolean", () => ollama.pull({ model: MODEL, stream: 1 }), 400,
+      /'stream' must be a boolean, got /],
+    ["create", () => ollama.create({ model: "mine", from: MODEL, stream: false }), 501,
+      /^\/api\/create is not supported: this server keeps no model store; it serves the model it/],
+    ["copy", () => ollama.copy({ source: MODEL, destination: "mine" }), 501, /^\/api\/copy is not supported/],
+    ["delete", () => ollama.delete({ model: MODEL }), 501, /^\/api\/delete is not supported/],
+    ["push", () => ollama.push({ model: MODEL, stream: false }), 501, /^\/api\/push is not supported/],
   ];
   for (const [what, call, status, message] of cases) {
     test(`${what}: ${status}, {"error"} naming it`, async () => {
@@ -411,6 +445,19 @@ describe("errors in Ollama's shape", () => {
     assert.equal(res.status, 405);
     assert.equal(res.headers.get("allow"), "POST");
     assert.match((await res.json()).error, /GET is not allowed on \/api\/chat/);
+  });
+
+  test("the blobs a create uploads first: 501", async () => {
+    const digest = `sha256:${"0".repeat(64)}`;
+    for (const method of ["HEAD", "POST"]) {
+      const res = await fetch(`${server.url}/api/blobs/${digest}`, {
+        method, headers: { authorization: `Bearer ${KEY}` }, body: method === "POST" ? "x" : undefined,
+      });
+      assert.equal(res.status, 501, method);
+      if (method === "POST") {
+        assert.match((await res.json()).error, /^\/api\/blobs\/sha256:0+ is not supported/);
+      }
+    }
   });
 
   test("a streamed answer is newline-delimited JSON", async () => {
