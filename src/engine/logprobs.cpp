@@ -1,29 +1,63 @@
 #include "engine/logprobs.h"
 
+#include <iterator>
+#include <tuple>
+
 namespace torchtpu {
+namespace {
+
+// The entries of ids[j] under log_softmax rows[j] (float32 [n, vocab]). Each kind of value comes
+// to the host in one transfer for all the rows: on an accelerator a sync per row would cost more
+// than the row's work.
+std::vector<TokenLogprob> entries(const at::Tensor& rows, const std::vector<int64_t>& ids,
+                                  int64_t top, bool ranked) {
+  const auto n = static_cast<int64_t>(ids.size());
+  const auto chosen = rows.gather(1, at::tensor(ids).to(rows.device()).view({n, 1}));
+  const auto values = chosen.view({n}).to(at::kCPU);
+  at::Tensor ranks, top_values, top_ids;
+  if (ranked) {
+    // Row by row, which queues work and syncs nothing: on the CPU the comparison of all the rows
+    // summed along dimension 1 took 79 ms for 64 × 262,144 against 16 ms this way.
+    std::vector<at::Tensor> above;
+    above.reserve(n);
+    for (int64_t j = 0; j < n; ++j) above.push_back((rows[j] > chosen[j]).sum());
+    ranks = (at::stack(above) + 1).to(at::kCPU);
+  }
+  if (top > 0) {
+    std::tie(top_values, top_ids) = rows.topk(top, 1);
+    top_values = top_values.to(at::kCPU);
+    top_ids = top_ids.to(at::kCPU);
+  }
+  std::vector<TokenLogprob> out;
+  out.reserve(n);
+  const auto value = values.accessor<float, 1>();
+  for (int64_t j = 0; j < n; ++j) {
+    TokenLogprob lp{ids[j], value[j], {}};
+    if (top > 0) {
+      const auto id = top_ids.accessor<int64_t, 2>()[j];
+      const auto logprob = top_values.accessor<float, 2>()[j];
+      for (int64_t i = 0; i < top; ++i) lp.top.emplace_back(id[i], logprob[i]);
+    }
+    if (ranked) lp.rank = ranks.accessor<int64_t, 1>()[j];
+    out.push_back(std::move(lp));
+  }
+  return out;
+}
+
+}  // namespace
 
 TokenLogprob token_logprob(const at::Tensor& row, int64_t id, int64_t top, bool ranked) {
-  const at::Tensor chosen = row[id];
-  TokenLogprob lp{id, chosen.item<double>(), {}};
-  if (top > 0) {
-    auto [values, ids] = row.topk(top);
-    values = values.to(at::kCPU);
-    ids = ids.to(at::kCPU);
-    for (int64_t i = 0; i < top; ++i) {
-      lp.top.emplace_back(ids[i].item<int64_t>(), values[i].item<double>());
-    }
-  }
-  if (ranked) lp.rank = (row > chosen).sum().item<int64_t>() + 1;
-  return lp;
+  return entries(row.view({1, -1}), {id}, top, ranked)[0];
 }
 
 void append_prompt_logprobs(const at::Tensor& logits, int64_t first,
                             const std::vector<int64_t>& prompt, int64_t top,
                             std::vector<TokenLogprob>& into) {
   const auto rows = at::log_softmax(logits.to(at::kFloat), 1);
-  for (int64_t j = 0; j < rows.size(0); ++j) {
-    into.push_back(token_logprob(rows[j], prompt[first + j + 1], top, true));
-  }
+  const auto scored = prompt.begin() + first + 1;
+  auto scores = entries(rows, {scored, scored + rows.size(0)}, top, true);
+  into.insert(into.end(), std::make_move_iterator(scores.begin()),
+              std::make_move_iterator(scores.end()));
 }
 
 }  // namespace torchtpu
