@@ -247,8 +247,9 @@ struct Job {
   // the prompt alone, ending for its "length".
   bool generates = true;
   int64_t prompt_logprobs = -1;  // vLLM's prompt_logprobs: alternatives per token; -1: none
-  // A later choice of a whole (not streamed) answer whose prompt is scored: choice 0 scores it
-  // and this one shows its entries (answer_whole), reading the prompt as any sequence does.
+  // A later choice of an answer whose prompt is scored: choice 0 scores it and this one shows its
+  // entries (answer_whole; streamed, stream_response holds this choice's chunks until choice 0's
+  // first has gone), reading the prompt as any sequence does.
   bool shares_prompt_scores = false;
   std::optional<std::vector<int64_t>> forced;  // the test hook's tokens
   int fd = -1;                                 // the client's connection, watched for disconnects
@@ -579,7 +580,9 @@ class Server {
   void enqueue(const Choices& jobs);
   // Waits until one of the jobs (of one request) produced something or ended, the first such
   // from `jobs[from]` on, watching the client meanwhile. A job's end is taken once.
-  Taken take(const Choices& jobs, size_t from = 0);
+  // `held`: choices whose pieces wait, as if none had come.
+  Taken take(const Choices& jobs, size_t from = 0,
+             const std::function<bool(size_t)>& held = nullptr);
   // The client went away: drop each job that has not ended if it still waits, else let the
   // engine notice.
   void abandon(const Choices& jobs);
@@ -982,13 +985,14 @@ void Server::wait_done(Job& job) {
   job.box->changed.wait(lock, [&] { return job.done; });
 }
 
-Taken Server::take(const Choices& jobs, size_t from) {
+Taken Server::take(const Choices& jobs, size_t from, const std::function<bool(size_t)>& held) {
   Mailbox& box = *jobs.front()->box;
   std::unique_lock lock(box.mutex);
   std::optional<size_t> ready;
   auto find = [&] {
     for (size_t k = 0; k < jobs.size() && !ready; ++k) {
       const size_t i = (from + k) % jobs.size();
+      if (held && held(i)) continue;
       const Job& job = *jobs[i];
       if (!job.pending.empty() || (job.done && !job.reported)) ready = i;
     }
@@ -1207,6 +1211,8 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
     std::vector<Choice> choices;
     size_t ended = 0;  // choices whose last chunk went out
     size_t next = 0;   // the choice take() looks at first, so no choice starves the others
+    // Choice 0's prompt entries, once its first piece is taken, for the choices that share them.
+    std::optional<std::vector<TokenLogprob>> prompt_scores;
   };
   auto s = std::make_shared<Stream>(Stream{new_completion_id(chat ? "chatcmpl-" : "cmpl-"),
                                            unix_seconds(), false,
@@ -1242,11 +1248,19 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
             event(chunk(choice(i, {{"role", "assistant"}, {"content", ""}}, nullptr)));
           }
         }
-        Taken taken = take(jobs, s->next);
+        Taken taken = take(jobs, s->next, [&](size_t i) {
+          return jobs[i]->shares_prompt_scores && !s->prompt_scores;
+        });
         s->next = (taken.choice + 1) % jobs.size();
         const size_t i = taken.choice;
         const Job& job = *jobs[i];
         Choice& state = s->choices[i];
+        // Choice 0's first piece holds its prompt's entries: it is taken after the whole prompt
+        // was read.
+        if (i == 0 && !s->prompt_scores) s->prompt_scores = taken.delta.prompt_logprobs;
+        if (job.shares_prompt_scores && !state.echoed) {
+          taken.delta.prompt_logprobs = *s->prompt_scores;
+        }
         const Piece& d = taken.delta;
         // A choice's first chunk echoes the prompt (completions asked to), before its text.
         const bool echo = job.echo && !std::exchange(state.echoed, true);
@@ -1589,8 +1603,7 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
   for (int64_t i = 1; i < r.n; ++i) {
     jobs.push_back(job->sibling(
         i, job->decode.constraint ? constraint_for(r, chat, job->parser_prefix) : nullptr));
-    // Streamed, each choice sends its prompt's entries with its first chunk.
-    jobs.back()->shares_prompt_scores = !r.stream && job->prompt_top() >= 0;
+    jobs.back()->shares_prompt_scores = job->prompt_top() >= 0;
   }
   return jobs;
 }

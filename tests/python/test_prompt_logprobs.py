@@ -229,9 +229,17 @@ def test_prompt_logprobs_as_vllm_gives_them(server, reference):
     assert chat["prompt_logprobs"] == same["choices"][0]["prompt_logprobs"]
 
 
+def _reused_tokens(server):
+    """Prompt tokens restored from the prefix cache since the server started (/metrics)."""
+    status, text = server.get("/metrics")
+    assert status == 200, text
+    name = "torchtpu_prefix_cache_reused_tokens_total "
+    return int(next(line for line in text.splitlines() if line.startswith(name))[len(name):])
+
+
 def test_every_choice_shows_the_prompts_scores(server, reference):
-    """With n > 1 a whole answer's choices share one scoring of the prompt (choice 0's): each
-    shows the same entries, transformers' own; usage counts the prompt once."""
+    """With n > 1 the choices share one scoring of the prompt (choice 0's): each shows the same
+    entries, transformers' own, whole or streamed; usage counts the prompt once."""
     ids, want, _ = reference
     answer = _echo(server, ids, n=3)
     assert len(answer["choices"]) == 3
@@ -242,6 +250,30 @@ def test_every_choice_shows_the_prompts_scores(server, reference):
         prompts.append((lp["tokens"][:n], lp["token_logprobs"][:n], lp["top_logprobs"][:n]))
     assert prompts[1] == prompts[0] and prompts[2] == prompts[0]
     assert answer["usage"]["prompt_tokens"] == len(ids)
+
+    # Streamed, every choice's first chunk echoes the prompt with those entries, and only choice 0
+    # scores it: the others restore all but its last token from the prefix cache.
+    reused = _reused_tokens(server)
+    status, text = server.post(
+        "/v1/completions",
+        {"prompt": ids, "echo": True, "logprobs": 5, "max_tokens": 1, "temperature": 0, "n": 3,
+         "stream": True},
+    )
+    assert status == 200, text
+    streamed = {}  # index: the choice as a whole answer shows it
+    for line in text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        for chunk in json.loads(line[6:])["choices"]:
+            choice = streamed.setdefault(chunk["index"], {"text": "", "logprobs": {}})
+            choice["text"] += chunk["text"]
+            for key, values in (chunk["logprobs"] or {}).items():
+                choice["logprobs"].setdefault(key, []).extend(values)
+    assert sorted(streamed) == [0, 1, 2]
+    assert _reused_tokens(server) - reused == 2 * (len(ids) - 1)
+    for choice in streamed.values():
+        lp = _check_echo({"choices": [choice]}, reference)
+        assert (lp["tokens"][:n], lp["token_logprobs"][:n], lp["top_logprobs"][:n]) == prompts[0]
 
     vllm = _post(
         server,
