@@ -7,7 +7,7 @@ endif()
 if(TORCHTPU_GTESTS)
   add_executable(chat_template_test ${CMAKE_CURRENT_LIST_DIR}/chat_template_test.cpp)
   target_link_libraries(chat_template_test PRIVATE torchtpu_chat GTest::gtest_main)
-  gtest_discover_tests(chat_template_test)
+  torchtpu_gtest_suites(chat_template_test)
 endif()
 
 # Renders templates for the Python cross-check against transformers (tests/python/chat.cmake).

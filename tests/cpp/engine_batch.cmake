@@ -5,18 +5,18 @@ if(TORCHTPU_GTESTS AND TARGET torchtpu_engine AND TARGET torchtpu_standin)
   target_include_directories(batch_test PRIVATE ${CMAKE_SOURCE_DIR}/tests/device)
   target_link_libraries(batch_test PRIVATE torchtpu_engine torchtpu_standin GTest::gtest_main)
   torchtpu_precompile_aten(batch_test)
-  gtest_discover_tests(batch_test TEST_PREFIX "engine_batch." DISCOVERY_TIMEOUT 60
-                       PROPERTIES LABELS engine TIMEOUT 900
-                       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+  torchtpu_gtest_suites(batch_test TEST_PREFIX "engine_batch."
+                        LABELS engine TIMEOUT 900
+                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endif()
 # The Batch's prefix cache: hits give the tokens and logits (1e-4 at f32) of a fresh read.
 if(TORCHTPU_GTESTS AND TARGET torchtpu_engine)
   add_executable(prefix_cache_test ${CMAKE_CURRENT_LIST_DIR}/prefix_cache_test.cpp)
   target_link_libraries(prefix_cache_test PRIVATE torchtpu_engine GTest::gtest_main)
   torchtpu_precompile_aten(prefix_cache_test)
-  gtest_discover_tests(prefix_cache_test TEST_PREFIX "engine_prefix_cache." DISCOVERY_TIMEOUT 60
-                       PROPERTIES LABELS engine TIMEOUT 900
-                       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+  torchtpu_gtest_suites(prefix_cache_test TEST_PREFIX "engine_prefix_cache."
+                        LABELS engine TIMEOUT 900
+                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endif()
 # The engine's scheduler: sequences from many threads decoded together, the queue's bound,
 # cancels, and failures that end only what they must.
@@ -24,16 +24,16 @@ if(TORCHTPU_GTESTS AND TARGET torchtpu_engine)
   add_executable(scheduler_test ${CMAKE_CURRENT_LIST_DIR}/scheduler_test.cpp)
   target_link_libraries(scheduler_test PRIVATE torchtpu_engine GTest::gtest_main)
   torchtpu_precompile_aten(scheduler_test)
-  gtest_discover_tests(scheduler_test TEST_PREFIX "engine_scheduler." DISCOVERY_TIMEOUT 60
-                       PROPERTIES LABELS engine TIMEOUT 900
-                       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+  torchtpu_gtest_suites(scheduler_test TEST_PREFIX "engine_scheduler."
+                        LABELS engine TIMEOUT 900
+                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endif()
 # src/engine/media (issue #19): placeholder expansion, cache keys and digests.
 if(TORCHTPU_GTESTS AND TARGET torchtpu_engine)
   add_executable(media_engine_test ${CMAKE_CURRENT_LIST_DIR}/media_engine_test.cpp)
   target_link_libraries(media_engine_test PRIVATE torchtpu_engine GTest::gtest_main)
   torchtpu_precompile_aten(media_engine_test)
-  gtest_discover_tests(media_engine_test DISCOVERY_TIMEOUT 60 PROPERTIES LABELS engine)
+  torchtpu_gtest_suites(media_engine_test LABELS engine)
 endif()
 # Speculative decoding by prompt lookup: the drafter, and decodes with drafts giving the tokens
 # and logits (1e-4 at f32) of decodes without.
@@ -41,7 +41,7 @@ if(TORCHTPU_GTESTS AND TARGET torchtpu_engine)
   add_executable(draft_test ${CMAKE_CURRENT_LIST_DIR}/draft_test.cpp)
   target_link_libraries(draft_test PRIVATE torchtpu_engine GTest::gtest_main)
   torchtpu_precompile_aten(draft_test)
-  gtest_discover_tests(draft_test TEST_PREFIX "engine_draft." DISCOVERY_TIMEOUT 60
-                       PROPERTIES LABELS engine TIMEOUT 900
-                       ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
+  torchtpu_gtest_suites(draft_test TEST_PREFIX "engine_draft."
+                        LABELS engine TIMEOUT 900
+                        ENVIRONMENT "OMP_NUM_THREADS=1;OPENBLAS_NUM_THREADS=1")
 endif()

@@ -6,5 +6,5 @@ if(TORCHTPU_GTESTS)
   add_executable(hub_test ${CMAKE_CURRENT_LIST_DIR}/hub_test.cpp
                           ${CMAKE_SOURCE_DIR}/src/cli/download_command.cpp)
   target_link_libraries(hub_test PRIVATE torchtpu_hub GTest::gtest_main Threads::Threads)
-  gtest_discover_tests(hub_test TEST_PREFIX "hub." PROPERTIES LABELS hub)
+  torchtpu_gtest_suites(hub_test TEST_PREFIX "hub." LABELS hub)
 endif()

@@ -1,7 +1,7 @@
 if(TORCHTPU_GTESTS)
   add_executable(io_test ${CMAKE_CURRENT_SOURCE_DIR}/cpp/io_test.cpp)
   target_link_libraries(io_test PRIVATE torchtpu_io GTest::gmock GTest::gtest_main)
-  gtest_discover_tests(io_test)
+  torchtpu_gtest_suites(io_test)
 endif()
 
 # Prints what our reader sees in a safetensors file, for the Python cross-check.

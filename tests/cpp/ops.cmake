@@ -6,11 +6,8 @@ if(TORCHTPU_GTESTS AND TARGET torchtpu_ops)
   add_executable(ops_test ${CMAKE_CURRENT_LIST_DIR}/ops_test.cpp)
   target_link_libraries(ops_test PRIVATE torchtpu_ops GTest::gtest_main)
   torchtpu_precompile_aten(ops_test)
-  gtest_discover_tests(ops_test TEST_PREFIX "ops." DISCOVERY_TIMEOUT 60)
-  gtest_discover_tests(ops_test TEST_PREFIX "ops_avx512." DISCOVERY_TIMEOUT 60
-                       PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=avx512")
-  gtest_discover_tests(ops_test TEST_PREFIX "ops_avx2." DISCOVERY_TIMEOUT 60
-                       PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=avx2")
-  gtest_discover_tests(ops_test TEST_PREFIX "ops_portable." DISCOVERY_TIMEOUT 60
-                       PROPERTIES ENVIRONMENT "TORCHTPU_CPU_ISA=portable")
+  torchtpu_gtest_suites(ops_test TEST_PREFIX "ops.")
+  torchtpu_gtest_suites(ops_test TEST_PREFIX "ops_avx512." ENVIRONMENT "TORCHTPU_CPU_ISA=avx512")
+  torchtpu_gtest_suites(ops_test TEST_PREFIX "ops_avx2." ENVIRONMENT "TORCHTPU_CPU_ISA=avx2")
+  torchtpu_gtest_suites(ops_test TEST_PREFIX "ops_portable." ENVIRONMENT "TORCHTPU_CPU_ISA=portable")
 endif()

@@ -3,7 +3,7 @@
 if(TORCHTPU_GTESTS)
   add_executable(text_test ${CMAKE_CURRENT_SOURCE_DIR}/cpp/text_test.cpp)
   target_link_libraries(text_test PRIVATE torchtpu_text GTest::gtest_main)
-  gtest_discover_tests(text_test)
+  torchtpu_gtest_suites(text_test)
 endif()
 
 add_executable(tokenizer_tool ${CMAKE_CURRENT_SOURCE_DIR}/cpp/tokenizer_tool.cpp)
