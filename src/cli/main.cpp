@@ -9,6 +9,7 @@
 #include "cli/bench_command.h"
 #include "cli/commands.h"
 #include "cli/download_command.h"
+#include "cli/launch_command.h"
 #include "cli/mcp_command.h"
 #include "cli/proxy_command.h"
 #include "cli/quantize_command.h"
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   torchtpu::cli::add_bench_command(app);
   torchtpu::cli::add_mcp_command(app);
   torchtpu::cli::add_proxy_command(app);
+  torchtpu::cli::add_launch_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

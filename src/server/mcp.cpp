@@ -68,14 +68,6 @@ ojson text_result(const std::string& text, std::optional<ojson> structured = {})
   return result;
 }
 
-// The target's scheme://host:port, without a trailing / or /v1.
-std::string origin_of(std::string url) {
-  while (!url.empty() && url.back() == '/') url.pop_back();
-  if (url.ends_with("/v1")) url.resize(url.size() - 3);
-  while (!url.empty() && url.back() == '/') url.pop_back();
-  if (url.find("://") == std::string::npos) url = "http://" + url;
-  return url;
-}
 
 class ServerClient {
  public:
@@ -765,6 +757,14 @@ ojson initialize_result(const ojson& params) {
 }
 
 }  // namespace
+
+std::string origin_of(std::string url) {
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  if (url.ends_with("/v1")) url.resize(url.size() - 3);
+  while (!url.empty() && url.back() == '/') url.pop_back();
+  if (url.find("://") == std::string::npos) url = "http://" + url;
+  return url;
+}
 
 McpFiles mcp_media_directory(const std::string& dir) {
   if (dir.empty()) throw ValueError("--mcp-media-dir must name a directory, got \"\"");

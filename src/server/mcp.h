@@ -55,6 +55,10 @@ struct McpTarget {
   McpFiles files;             // what `images` and `audio` may name; default: nothing
 };
 
+// A server's URL as scheme://host:port: a trailing / or /v1 dropped, http:// added without a
+// scheme. The MCP tools and `torchtpu-cpp launch` reach the server there.
+std::string origin_of(std::string url);
+
 // Sends one JSON-RPC notification to the client; false once the client is gone.
 using McpNotify = std::function<bool(const ojson& notification)>;
 

@@ -1,0 +1,188 @@
+// `torchtpu-cpp launch claude|codex`: a coding agent run against a running server. The agents are
+// stand-ins (fake_agent.mjs behind `claude` and `codex` scripts on PATH) that read their settings
+// as the real ones do and ask the server through the official Anthropic and OpenAI SDKs, so a
+// pass means the settings launch gives reach the server and its answer comes back. The demo
+// checkpoint has random weights: the servers run with the forced-output test hook.
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { RULES, startForcedServer } from "./forced_output.mjs";
+import { cliPath } from "./server_helpers.mjs";
+
+const MODEL = "torchtpu-demo-random-weights";
+const KEY = "sk-launch-test";
+const HELLO = "Hello there, friend.";
+
+let open;  // a server without a key
+let keyed;  // one started with --api-key KEY
+let bin;  // `claude` and `codex` stand-ins
+
+before(async () => {
+  [open, keyed] = await Promise.all([
+    startForcedServer(RULES, ["--context", "2048"]),
+    startForcedServer(RULES, ["--context", "2048", "--api-key", KEY]),
+  ]);
+  bin = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-launch-bin-"));
+  const agent = path.join(path.dirname(new URL(import.meta.url).pathname), "fake_agent.mjs");
+  for (const name of ["claude", "codex"]) {
+    const script = path.join(bin, name);
+    fs.writeFileSync(script, `#!/bin/sh\nexec node '${agent}' ${name} "$@"\n`);
+    fs.chmodSync(script, 0o755);
+  }
+});
+
+after(async () => {
+  await Promise.all([open, keyed].filter(Boolean).map((s) => s.stop()));
+});
+
+// Runs `torchtpu-cpp launch ARGS` with the stand-ins first on PATH (or `path`); returns its exit
+// status, output, and what the agent wrote (null when no agent ran).
+function launch(args, { env = {}, pathVar } = {}) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-launch-"));
+  const out = path.join(dir, "agent.json");
+  const base = { ...process.env };
+  delete base.TORCHTPU_API_KEY;
+  const r = spawnSync(cliPath(), ["launch", ...args], {
+    env: { ...base, PATH: pathVar ?? `${bin}:${process.env.PATH}`, FAKE_AGENT_OUT: out, ...env },
+    encoding: "utf8",
+    timeout: 60_000,
+  });
+  const agent = fs.existsSync(out) ? JSON.parse(fs.readFileSync(out, "utf8")) : null;
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr, agent };
+}
+
+// A port nothing listens on: bound, then closed.
+async function closedPort() {
+  const s = net.createServer();
+  await new Promise((resolve) => s.listen(0, "127.0.0.1", resolve));
+  const { port } = s.address();
+  await new Promise((resolve) => s.close(resolve));
+  return port;
+}
+
+describe("claude", () => {
+  test("Claude Code's settings reach the server and its answer comes back", () => {
+    const r = launch(["claude", "--url", `${open.url}/v1/`, "--", "-p", "Say hello"]);
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.agent.error, undefined);
+    assert.deepEqual(r.agent.argv, ["-p", "Say hello"]);
+    assert.deepEqual(r.agent.replies, { ANTHROPIC_MODEL: HELLO, ANTHROPIC_DEFAULT_HAIKU_MODEL: HELLO });
+    const env = r.agent.env;
+    assert.equal(env.ANTHROPIC_BASE_URL, open.url);
+    // A placeholder token (Claude Code wants one), and the user's own key kept out.
+    assert.equal(env.ANTHROPIC_AUTH_TOKEN, "torchtpu-cpp");
+    assert.equal(env.ANTHROPIC_API_KEY, "");
+    for (const name of ["MODEL", "DEFAULT_OPUS_MODEL", "DEFAULT_SONNET_MODEL", "DEFAULT_HAIKU_MODEL",
+      "SMALL_FAST_MODEL"]) {
+      assert.equal(env[`ANTHROPIC_${name}`], MODEL, name);
+    }
+    assert.match(r.stderr, new RegExp(`launch: Claude Code with ${MODEL} at ${open.url}`));
+  });
+
+  test("a server's key from $TORCHTPU_API_KEY becomes the bearer token", () => {
+    const r = launch(["claude", "--url", keyed.url], { env: { TORCHTPU_API_KEY: KEY } });
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.agent.env.ANTHROPIC_AUTH_TOKEN, KEY);
+    assert.equal(r.agent.replies.ANTHROPIC_MODEL, HELLO);
+  });
+
+  test("--print shows the environment and the command and runs nothing", () => {
+    const r = launch(["claude", "--url", open.url, "--print", "--", "-p", "it's"]);
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.agent, null);
+    const lines = r.stdout.trim().split("\n");
+    assert.equal(lines[0], `export ANTHROPIC_BASE_URL='${open.url}'`);
+    assert.ok(lines.includes("export ANTHROPIC_API_KEY=''"));
+    assert.ok(lines.includes(`export ANTHROPIC_MODEL='${MODEL}'`));
+    assert.equal(lines.at(-1), `'claude' '-p' 'it'\\''s'`);
+    // What it prints is what a shell runs: the same settings through bash and the stand-in.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-launch-"));
+    const out = path.join(dir, "agent.json");
+    const sh = spawnSync("bash", ["-c", r.stdout], {
+      env: { ...process.env, PATH: `${bin}:${process.env.PATH}`, FAKE_AGENT_OUT: out },
+      encoding: "utf8",
+    });
+    assert.equal(sh.status, 0, sh.stderr);
+    const agent = JSON.parse(fs.readFileSync(out, "utf8"));
+    assert.deepEqual(agent.argv, ["-p", "it's"]);
+    assert.equal(agent.replies.ANTHROPIC_MODEL, HELLO);
+  });
+});
+
+describe("codex", () => {
+  test("a Responses provider for this run, with the key in the variable env_key names", () => {
+    const r = launch(["codex", "--url", keyed.url, "--api-key", KEY, "--", "exec", "Say hello"]);
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.agent.error, undefined);
+    assert.deepEqual(r.agent.config, {
+      model_provider: "torchtpu",
+      "model_providers.torchtpu.name": "torchtpu-cpp",
+      "model_providers.torchtpu.base_url": `${keyed.url}/v1`,
+      "model_providers.torchtpu.wire_api": "responses",
+      "model_providers.torchtpu.env_key": "TORCHTPU_API_KEY",
+    });
+    assert.equal(r.agent.apiKey, KEY);
+    assert.equal(r.agent.model, MODEL);
+    assert.deepEqual(r.agent.rest, ["exec", "Say hello"]);
+    assert.deepEqual(r.agent.replies, { [MODEL]: HELLO });
+  });
+
+  test("a server without a key gets a provider without env_key", () => {
+    const r = launch(["codex", "--url", open.url.replace("http://", "")]);
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.agent.config["model_providers.torchtpu.env_key"], undefined);
+    assert.equal(r.agent.config["model_providers.torchtpu.base_url"], `${open.url}/v1`);
+    assert.deepEqual(r.agent.replies, { [MODEL]: HELLO });
+  });
+});
+
+describe("errors name what to do, and no agent runs", () => {
+  test("no server at the URL", async () => {
+    const port = await closedPort();
+    const r = launch(["claude", "--url", `http://127.0.0.1:${port}`]);
+    assert.equal(r.status, 1);
+    assert.equal(r.agent, null);
+    assert.match(r.stderr, new RegExp(`error: no server answers at http://127\\.0\\.0\\.1:${port} ` +
+      "\\(Connection error\\): start one with `torchtpu-cpp serve`, or name yours with --url"));
+  });
+
+  test("a server that wants a key, without one or with a wrong one", () => {
+    const none = launch(["codex", "--url", keyed.url]);
+    assert.equal(none.status, 2);
+    assert.equal(none.agent, null);
+    assert.match(none.stderr, new RegExp(`error: ${keyed.url} wants an API key \\(HTTP 401 from ` +
+      "/v1/models\\): pass the key it was started with as --api-key or \\$TORCHTPU_API_KEY"));
+    const wrong = launch(["codex", "--url", keyed.url, "--api-key", "sk-wrong"]);
+    assert.equal(wrong.status, 2);
+    assert.match(wrong.stderr, new RegExp(`error: ${keyed.url} refused the API key \\(HTTP 401`));
+  });
+
+  test("a model the server does not list", () => {
+    const r = launch(["claude", "--url", open.url, "--model", "gemma-4-31b"]);
+    assert.equal(r.status, 2);
+    assert.equal(r.agent, null);
+    assert.match(r.stderr, new RegExp(`error: --model 'gemma-4-31b' is not served at ${open.url}, ` +
+      `which lists '${MODEL}'`));
+  });
+
+  test("an agent that is not installed", () => {
+    const empty = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-launch-path-"));
+    const r = launch(["codex", "--url", open.url], { pathVar: empty });
+    assert.equal(r.status, 1);
+    assert.match(r.stderr, new RegExp("error: `codex` \\(Codex\\) is not on PATH: install it " +
+      "\\(npm install -g @openai/codex\\), or see with --print what it would be run with"));
+  });
+
+  test("an agent launch does not know, and a URL that is not http", () => {
+    const r = launch(["opencode"]);
+    assert.notEqual(r.status, 0);
+    assert.match(r.stderr, /agent: opencode not in \{claude,codex\}/);
+    const ftp = launch(["claude", "--url", "ftp://127.0.0.1:1"]);
+    assert.equal(ftp.status, 2);
+    assert.match(ftp.stderr, /error: --url ftp:\/\/127\.0\.0\.1:1 is not an http:\/\/ or https:\/\/ URL/);
+  });
+});
