@@ -81,11 +81,18 @@ ojson chat_messages(const ojson& messages,
     const std::string p = at("messages", i);
     if (!m.is_object()) throw wrong_type(p, "an object", m);
     const std::string& role = required_string(m, "role", p);
-    if (role != "user" && role != "assistant") {
-      throw invalid(p + ".role", "must be \"user\" or \"assistant\", got \"" + role + "\"");
+    if (role != "user" && role != "assistant" && role != "system") {
+      throw invalid(p + ".role",
+                    "must be \"user\", \"assistant\" or \"system\", got \"" + role + "\"");
     }
     const ojson* content = field(m, "content");
     if (!content) throw missing(p + ".content");
+    // A system message among the others (Claude Code sends one) holds from its place on: the
+    // template renders a system turn there.
+    if (role == "system") {
+      out.push_back({{"role", "system"}, {"content", text_of(*content, p + ".content")}});
+      continue;
+    }
     if (content->is_string()) {
       out.push_back({{"role", role}, {"content", *content}});
       continue;
@@ -314,10 +321,10 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
   }
   if (const ojson* config = field(body, "output_config")) {
     if (!config->is_object()) throw wrong_type("output_config", "an object", *config);
-    if (field(*config, "effort")) {
-      throw unsupported("output_config.effort",
-                        "is not supported: this model has no effort setting (thinking on or off "
-                        "is its one knob)");
+    // Claude Code sends an effort with every request. This model has no such setting (thinking
+    // on or off is its one knob, which `thinking` sets): accepted, and it changes nothing.
+    if (const ojson* effort = field(*config, "effort"); effort && !effort->is_string()) {
+      throw wrong_type("output_config.effort", "a string", *effort);
     }
     if (const ojson* format = field(*config, "format")) {
       if (!format->is_object()) throw wrong_type("output_config.format", "an object", *format);

@@ -73,6 +73,25 @@ describe("whole answers", () => {
     }
   });
 
+  test("a system message among the others is a system turn at its place, as Claude Code sends it",
+    async () => {
+      // transformers' apply_chat_template of the same turns as chat messages.
+      const rendered = "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nIs it warm?<turn|>\n" +
+        "<|turn>model\nSunny.<turn|>\n<|turn>system\nAnswer in French.<turn|>\n" +
+        "<|turn>user\nSay hello<turn|>\n<|turn>model\n";
+      const messages = [
+        ...ask("Is it warm?"),
+        { role: "assistant", content: "Sunny." },
+        { role: "system", content: [{ type: "text", text: "Answer in French.", cache_control: { type: "ephemeral" } }] },
+        ...ask("Say hello"),
+      ];
+      const { input_tokens } = await client.messages.countTokens({ model: MODEL, system: "Be brief.", messages });
+      assert.equal(input_tokens, await tokenCount(rendered));
+      const m = await create({ system: "Be brief.", messages });
+      assert.deepEqual(m.content, [{ type: "text", text: "Hello there, friend." }]);
+      assert.equal(m.usage.input_tokens + m.usage.cache_read_input_tokens, input_tokens);
+    });
+
   test("thinking enabled: a thinking block, then the text", async () => {
     const m = await create({
       messages: ask("What is 2+2?"), max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 },
@@ -201,16 +220,25 @@ describe("structured output", () => {
     }
   });
 
-  test("a format other than json_schema, or effort, is refused naming the field", async () => {
-    const refused = (output_config, field) =>
-      assert.rejects(
-        create({ messages: ask("hi"), output_config }),
-        (e) => e instanceof Anthropic.BadRequestError && e.error.error.message.startsWith(`'${field}'`),
-      );
-    await refused({ format: { type: "xml" } }, "output_config.format.type");
-    await refused({ format: { type: "json_schema" } }, "output_config.format.schema");
-    await refused({ format: { type: "json_schema", schema: 5 } }, "output_config.format.schema");
-    await refused({ effort: "high" }, "output_config.effort");
+  test("a format other than json_schema, or an effort that is no string, is refused naming the field",
+    async () => {
+      const refused = (output_config, field) =>
+        assert.rejects(
+          create({ messages: ask("hi"), output_config }),
+          (e) => e instanceof Anthropic.BadRequestError && e.error.error.message.startsWith(`'${field}'`),
+        );
+      await refused({ format: { type: "xml" } }, "output_config.format.type");
+      await refused({ format: { type: "json_schema" } }, "output_config.format.schema");
+      await refused({ format: { type: "json_schema", schema: 5 } }, "output_config.format.schema");
+      await refused({ effort: 5 }, "output_config.effort");
+    });
+
+  test("an effort (Claude Code sends one with every request) is accepted and changes nothing", async () => {
+    const plain = await create({ messages: ask("Say hello") });
+    for (const effort of ["low", "high", "max"]) {
+      const m = await create({ messages: ask("Say hello"), output_config: { effort } });
+      assert.deepEqual(m.content, plain.content, effort);
+    }
   });
 });
 
@@ -317,7 +345,8 @@ describe("errors", () => {
     [{ max_tokens: "ten" }, "max_tokens"],
     [{ messages: undefined }, "messages"],
     [{ messages: [] }, "messages"],
-    [{ messages: [{ role: "system", content: "x" }] }, "messages.0.role"],
+    [{ messages: [{ role: "developer", content: "x" }] }, "messages.0.role"],
+    [{ messages: [{ role: "system", content: [{ type: "image" }] }, ...ask("hi")] }, "messages.0.content.0.type"],
     [{ messages: [{ role: "user" }] }, "messages.0.content"],
     [{ messages: [{ role: "user", content: 5 }] }, "messages.0.content"],
     [{ messages: [{ role: "user", content: [{ type: "image", source: {} }] }] }, "messages.0.content.0.source.type"],
