@@ -200,13 +200,10 @@ ojson chat_tools(const ojson& tools) {
     const ojson& tool = tools[i];
     const std::string p = at_index("tools", i);
     if (!tool.is_object()) throw wrong_type(p, "an object", tool);
-    const std::string& type = required_string(tool, "type", p);
-    if (type != "function") {
-      throw unsupported(p + ".type",
-                        "must be \"function\": this server runs no built-in tools, "
-                        "got \"" +
-                            type + "\"");
-    }
+    // Built-in tools (web_search, …) and namespaces of tools: Codex sends both with every
+    // request. This server runs none of them, so the model is not offered them, and the request
+    // goes on with its function tools (a tool_choice that forces one is still refused).
+    if (required_string(tool, "type", p) != "function") continue;
     ojson function = {{"name", required_string(tool, "name", p)}};
     if (const ojson* description = field(tool, "description")) {
       if (!description->is_string()) {

@@ -68,6 +68,22 @@ describe("whole answers", () => {
     assert.equal(u.output_tokens_details.reasoning_tokens, 0);
   });
 
+  test("built-in and namespace tools, which Codex sends with every request, are not offered", async () => {
+    // Codex 0.171's shapes: a namespace of function tools, and web_search.
+    const codexTools = [
+      ...TOOLS,
+      { type: "namespace", name: "multi_agent_v1", description: "Sub-agents.",
+        tools: [{ type: "function", name: "close_agent", parameters: { type: "object", properties: {} } }] },
+      { type: "web_search", external_web_access: false },
+    ];
+    const r = await client.responses.create({ model: MODEL, input: "Say hello", tools: codexTools });
+    assert.equal(r.output_text, "Hello there, friend.");
+    // The prompt is the one with the function tools alone.
+    const functionsOnly = await chatPromptTokens([{ role: "user", content: "Say hello" }],
+      { tools: TOOLS.map(({ type, ...f }) => ({ type, function: f })) });
+    assert.equal(r.usage.input_tokens + r.usage.input_tokens_details.cached_tokens, functionsOnly);
+  });
+
   test("instructions are the system turn; message items with text parts are their roles", async () => {
     const r = await client.responses.create({
       model: MODEL,
@@ -459,7 +475,8 @@ describe("errors", () => {
     [{ input: [{ type: "function_call", call_id: "c", arguments: "{}" }] }, "input[0].name"],
     [{ input: [{ type: "web_search_call", id: "ws_1" }] }, "input[0].type"],
     [{ input: "hi", instructions: 5 }, "instructions"],
-    [{ input: "hi", tools: [{ type: "web_search" }] }, "tools[0].type"],
+    [{ input: "hi", tools: [{ name: "f" }] }, "tools[0].type"],
+    [{ input: "hi", tools: [{ type: "web_search" }], tool_choice: { type: "web_search" } }, "tool_choice.type"],
     [{ input: "hi", tools: [{ type: "function" }] }, "tools[0].name"],
     [{ input: "hi", tools: TOOLS, tool_choice: { type: "function", name: "nope" } }, "tool_choice.name"],
     [{ input: "hi", tools: TOOLS, tool_choice: "sometimes" }, "tool_choice"],
