@@ -39,6 +39,15 @@ struct Launch {
   std::vector<std::string> argv;
 };
 
+httplib::Result get(const std::string& origin, const std::string& api_key, const char* path) {
+  httplib::Client http(origin);
+  http.set_connection_timeout(5);
+  http.set_read_timeout(30);
+  httplib::Headers headers;
+  if (!api_key.empty()) headers.emplace("Authorization", "Bearer " + api_key);
+  return http.Get(path, headers);
+}
+
 // The ids `origin`'s /v1/models lists, and the base model's (the first without a parent; the
 // others are LoRA adapters). Errors say what to do: start a server, pass its key, name its URL.
 std::pair<std::vector<std::string>, std::string> served_models(const std::string& origin,
@@ -46,12 +55,7 @@ std::pair<std::vector<std::string>, std::string> served_models(const std::string
   if (!origin.starts_with("http://") && !origin.starts_with("https://")) {
     throw ValueError("--url " + origin + " is not an http:// or https:// URL");
   }
-  httplib::Client http(origin);
-  http.set_connection_timeout(5);
-  http.set_read_timeout(30);
-  httplib::Headers headers;
-  if (!api_key.empty()) headers.emplace("Authorization", "Bearer " + api_key);
-  const auto res = http.Get("/v1/models", headers);
+  const auto res = get(origin, api_key, "/v1/models");
   if (!res) {
     throw std::runtime_error("no server answers at " + origin + " (" +
                              httplib::to_string(res.error()) +
@@ -83,6 +87,18 @@ std::pair<std::vector<std::string>, std::string> served_models(const std::string
                              " a torchtpu-cpp server?");
   }
   return {ids, base};
+}
+
+// The context the server holds (llama-server's /props, default_generation_settings.n_ctx), or
+// 0 when it does not say (a proxy, another server).
+int64_t server_context(const std::string& origin, const std::string& api_key) {
+  const auto res = get(origin, api_key, "/props");
+  if (!res || res->status != 200) return 0;
+  try {
+    return json::parse(res->body).at("default_generation_settings").at("n_ctx").get<int64_t>();
+  } catch (const json::exception&) {
+    return 0;
+  }
 }
 
 // Claude Code speaks Anthropic's Messages API at ANTHROPIC_BASE_URL (no /v1) and sends
@@ -125,17 +141,39 @@ Launch codex(const std::string& origin, const std::string& api_key, const std::s
   return l;
 }
 
+// OpenCode reads a whole configuration, merged over its files, from OPENCODE_CONFIG_CONTENT: a
+// provider through AI SDK's OpenAI-compatible package (Chat Completions) with the served model,
+// chosen as its model and as the small model it titles sessions with.
+Launch opencode(const std::string& origin, const std::string& api_key, const std::string& model) {
+  json provider = {{"npm", "@ai-sdk/openai-compatible"},
+                   {"name", "torchtpu-cpp"},
+                   {"options", {{"baseURL", origin + "/v1"}}},
+                   {"models", {{model, {{"name", model}}}}}};
+  if (!api_key.empty()) provider["options"]["apiKey"] = api_key;
+  const json config = {{"$schema", "https://opencode.ai/config.json"},
+                       {"provider", {{"torchtpu", provider}}},
+                       {"model", "torchtpu/" + model},
+                       {"small_model", "torchtpu/" + model}};
+  return {{{"OPENCODE_CONFIG_CONTENT", config.dump()}}, {"opencode"}};
+}
+
 struct Agent {
   const char* name;     // launch's argument, and the program looked up on PATH
   const char* title;    // how messages name it
   const char* install;  // how the message for a missing program says to get it
   Launch (*launch)(const std::string& origin, const std::string& api_key,
                    const std::string& model);
+  // The context below which launch warns, and the size of the agent's first request (its system
+  // prompt and tools), measured with Claude Code 2.1.197, Codex 0.171.0 and OpenCode 1.18.33.
+  int64_t context;
+  const char* first_request;
 };
 
 constexpr Agent kAgents[] = {
-    {"claude", "Claude Code", "npm install -g @anthropic-ai/claude-code", claude},
-    {"codex", "Codex", "npm install -g @openai/codex", codex},
+    {"claude", "Claude Code", "npm install -g @anthropic-ai/claude-code", claude, 32768,
+     "about 18,000 tokens"},
+    {"codex", "Codex", "npm install -g @openai/codex", codex, 16384, "about 6,000 tokens"},
+    {"opencode", "OpenCode", "npm install -g opencode-ai", opencode, 16384, "about 7,000 tokens"},
 };
 
 std::string shell_quoted(const std::string& s) {
@@ -175,11 +213,12 @@ void add_launch_command(CLI::App& app) {
   auto options = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
       "launch",
-      "Run Claude Code or Codex against a running torchtpu-cpp server (arguments after -- go to "
-      "the agent)");
+      "Run Claude Code, Codex or OpenCode against a running torchtpu-cpp server (arguments after "
+      "-- go to the agent)");
   std::vector<std::string> names;
   for (const auto& agent : kAgents) names.emplace_back(agent.name);
-  cmd->add_option("agent", options->agent, "claude (Claude Code) or codex (Codex)")
+  cmd->add_option("agent", options->agent,
+                  "claude (Claude Code), codex (Codex) or opencode (OpenCode)")
       ->required()
       ->check(CLI::IsMember(names));
   cmd->add_option("args", options->args, "Arguments for the agent, after --");
@@ -209,6 +248,14 @@ void add_launch_command(CLI::App& app) {
     Launch l = agent.launch(origin, options->api_key, model);
     l.argv.insert(l.argv.end(), options->args.begin(), options->args.end());
     if (options->print) return print_launch(l);
+    // A warning, not a refusal: the agent's own error would only come with its first request.
+    if (const int64_t context = server_context(origin, options->api_key);
+        context > 0 && context < agent.context) {
+      std::cerr << "torchtpu-cpp launch: warning: the server's context holds " << context
+                << " tokens, and " << agent.title << "'s first request alone is "
+                << agent.first_request << ", growing with the conversation: start `torchtpu-cpp "
+                << "serve` with --context " << agent.context << " or more\n";
+    }
     std::cerr << "torchtpu-cpp launch: " << agent.title << " with " << model << " at " << origin
               << "\n";
     run_launch(agent, l);

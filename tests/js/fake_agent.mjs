@@ -1,9 +1,9 @@
-// A stand-in for Claude Code or Codex (`node fake_agent.mjs claude|codex ARGS...`, run through a
-// `claude` or `codex` script on PATH) for launch.test.mjs: it reads its settings the way the real
+// A stand-in for Claude Code, Codex or OpenCode (`node fake_agent.mjs AGENT ARGS...`, run through
+// a script of the agent's name on PATH) for launch.test.mjs: it reads its settings the way the real
 // agent does (Claude Code: the ANTHROPIC_* environment; Codex: `-c key=value` TOML settings, `-m`
-// and the variable the provider's env_key names), asks the server "Say hello" through the official
-// SDK of the API that agent speaks, and writes what it was given and what came back as JSON to
-// $FAKE_AGENT_OUT.
+// and the variable the provider's env_key names; OpenCode: the configuration in
+// OPENCODE_CONFIG_CONTENT), asks the server "Say hello" through the official SDK of the API that
+// agent speaks, and writes what it was given and what came back as JSON to $FAKE_AGENT_OUT.
 import fs from "node:fs";
 import Anthropic from "@anthropic-ai/sdk";
 import OpenAI from "openai";
@@ -61,8 +61,32 @@ async function codex() {
   out.replies = { [out.model]: r.output_text };
 }
 
+async function opencode() {
+  // "provider/model" names a model of a provider the configuration defines; a provider through
+  // @ai-sdk/openai-compatible speaks Chat Completions at options.baseURL.
+  out.config = JSON.parse(process.env.OPENCODE_CONFIG_CONTENT);
+  out.replies = {};
+  for (const field of ["model", "small_model"]) {
+    const [providerId, ...model] = out.config[field].split("/");
+    const provider = out.config.provider[providerId];
+    if (provider.npm !== "@ai-sdk/openai-compatible") throw new Error(`${field}: not OpenAI-compatible`);
+    if (!(model.join("/") in provider.models)) throw new Error(`${field}: not among the provider's models`);
+    const client = new OpenAI({
+      baseURL: provider.options.baseURL,
+      apiKey: provider.options.apiKey ?? "none",
+      maxRetries: 0,
+    });
+    const c = await client.chat.completions.create({
+      model: model.join("/"),
+      messages: [{ role: "user", content: "Say hello" }],
+    });
+    out.replies[field] = c.choices[0].message.content;
+  }
+}
+
+const agents = { claude, codex, opencode };
 try {
-  await (agent === "claude" ? claude() : codex());
+  await agents[agent]();
 } catch (e) {
   out.error = String(e);
   process.exitCode = 3;

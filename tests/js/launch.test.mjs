@@ -1,7 +1,8 @@
-// `torchtpu-cpp launch claude|codex`: a coding agent run against a running server. The agents are
-// stand-ins (fake_agent.mjs behind `claude` and `codex` scripts on PATH) that read their settings
-// as the real ones do and ask the server through the official Anthropic and OpenAI SDKs, so a
-// pass means the settings launch gives reach the server and its answer comes back. The demo
+// `torchtpu-cpp launch claude|codex|opencode`: a coding agent run against a running server. The
+// agents are stand-ins (fake_agent.mjs behind `claude`, `codex` and `opencode` scripts on PATH) that
+// read their settings as the real ones do and ask the server through the official Anthropic and
+// OpenAI SDKs, so a pass means the settings launch gives reach the server and its answer comes
+// back. The demo
 // checkpoint has random weights: the servers run with the forced-output test hook.
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
@@ -19,16 +20,16 @@ const HELLO = "Hello there, friend.";
 
 let open;  // a server without a key
 let keyed;  // one started with --api-key KEY
-let bin;  // `claude` and `codex` stand-ins
+let bin;  // the agents' stand-ins
 
 before(async () => {
   [open, keyed] = await Promise.all([
-    startForcedServer(RULES, ["--context", "2048"]),
+    startForcedServer(RULES, ["--context", "32768"]),
     startForcedServer(RULES, ["--context", "2048", "--api-key", KEY]),
   ]);
   bin = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-launch-bin-"));
   const agent = path.join(path.dirname(new URL(import.meta.url).pathname), "fake_agent.mjs");
-  for (const name of ["claude", "codex"]) {
+  for (const name of ["claude", "codex", "opencode"]) {
     const script = path.join(bin, name);
     fs.writeFileSync(script, `#!/bin/sh\nexec node '${agent}' ${name} "$@"\n`);
     fs.chmodSync(script, 0o755);
@@ -81,6 +82,7 @@ describe("claude", () => {
       assert.equal(env[`ANTHROPIC_${name}`], MODEL, name);
     }
     assert.match(r.stderr, new RegExp(`launch: Claude Code with ${MODEL} at ${open.url}`));
+    assert.doesNotMatch(r.stderr, /warning/);
   });
 
   test("a server's key from $TORCHTPU_API_KEY becomes the bearer token", () => {
@@ -88,6 +90,10 @@ describe("claude", () => {
     assert.equal(r.status, 0, r.stderr);
     assert.equal(r.agent.env.ANTHROPIC_AUTH_TOKEN, KEY);
     assert.equal(r.agent.replies.ANTHROPIC_MODEL, HELLO);
+    // This server's context is smaller than Claude Code's prompts: said, and the agent still runs.
+    assert.match(r.stderr, new RegExp("launch: warning: the server's context holds 2048 tokens, and " +
+      "Claude Code's first request alone is about 18,000 tokens, growing with the conversation: " +
+      "start `torchtpu-cpp serve` with --context 32768 or more"));
   });
 
   test("--print shows the environment and the command and runs nothing", () => {
@@ -140,6 +146,36 @@ describe("codex", () => {
   });
 });
 
+describe("opencode", () => {
+  test("an OpenAI-compatible provider in OPENCODE_CONFIG_CONTENT, as its model and small model", () => {
+    const r = launch(["opencode", "--url", keyed.url, "--api-key", KEY, "--", "run", "hi"]);
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.agent.error, undefined);
+    assert.deepEqual(r.agent.argv, ["run", "hi"]);
+    assert.deepEqual(r.agent.config, {
+      $schema: "https://opencode.ai/config.json",
+      provider: {
+        torchtpu: {
+          npm: "@ai-sdk/openai-compatible",
+          name: "torchtpu-cpp",
+          options: { baseURL: `${keyed.url}/v1`, apiKey: KEY },
+          models: { [MODEL]: { name: MODEL } },
+        },
+      },
+      model: `torchtpu/${MODEL}`,
+      small_model: `torchtpu/${MODEL}`,
+    });
+    assert.deepEqual(r.agent.replies, { model: HELLO, small_model: HELLO });
+  });
+
+  test("a server without a key gets a provider without apiKey", () => {
+    const r = launch(["opencode", "--url", open.url]);
+    assert.equal(r.status, 0, r.stderr);
+    assert.equal(r.agent.config.provider.torchtpu.options.apiKey, undefined);
+    assert.deepEqual(r.agent.replies, { model: HELLO, small_model: HELLO });
+  });
+});
+
 describe("errors name what to do, and no agent runs", () => {
   test("no server at the URL", async () => {
     const port = await closedPort();
@@ -178,9 +214,9 @@ describe("errors name what to do, and no agent runs", () => {
   });
 
   test("an agent launch does not know, and a URL that is not http", () => {
-    const r = launch(["opencode"]);
+    const r = launch(["aider"]);
     assert.notEqual(r.status, 0);
-    assert.match(r.stderr, /agent: opencode not in \{claude,codex\}/);
+    assert.match(r.stderr, /agent: aider not in \{claude,codex,opencode\}/);
     const ftp = launch(["claude", "--url", "ftp://127.0.0.1:1"]);
     assert.equal(ftp.status, 2);
     assert.match(ftp.stderr, /error: --url ftp:\/\/127\.0\.0\.1:1 is not an http:\/\/ or https:\/\/ URL/);
