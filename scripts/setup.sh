@@ -74,6 +74,13 @@ if [ ! -d bench/node_modules ] || [ bench/package-lock.json -nt bench/node_modul
   (cd bench && fetch npm install --no-audit --no-fund --loglevel=error)
   touch bench/node_modules
 fi
+# The coding agents `torchtpu-cpp launch` runs (Claude Code, Codex, OpenCode: about 1 GB of native
+# binaries from npm), pinned, for tests/js/agents.test.mjs. Installed as bench's are: their locks
+# hold per-platform optional packages that npm ci refuses.
+if [ ! -d tests/agents/node_modules ] || [ tests/agents/package-lock.json -nt tests/agents/node_modules ]; then
+  (cd tests/agents && fetch npm install --no-audit --no-fund --loglevel=error)
+  touch tests/agents/node_modules
+fi
 if [ ! -f .cache/gemma4-test-tokenizer/tokenizer.json ] ||
    [ scripts/make_test_tokenizer.py -nt .cache/gemma4-test-tokenizer/tokenizer.json ]; then
   .venv/bin/python scripts/make_test_tokenizer.py >/dev/null

@@ -1,0 +1,67 @@
+// The coding agents themselves through `torchtpu-cpp launch`: Claude Code, Codex and OpenCode at
+// the versions tests/agents pins, each asked "Say hello" once, non-interactively, against a server
+// with a key on the demo checkpoint. The forced-output test hook answers a prompt holding "Say
+// hello" with "Hello there, friend.", so that text in an agent's output came from this server,
+// through the API that agent speaks (Messages, Responses, Chat Completions) with the requests
+// that agent really sends: its system prompt, its tools, its extra fields.
+import assert from "node:assert/strict";
+import { spawnSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { after, before, test } from "node:test";
+import { RULES, startForcedServer } from "./forced_output.mjs";
+import { cliPath, metric, metrics } from "./server_helpers.mjs";
+
+const KEY = "sk-agents-test";
+const HELLO = "Hello there, friend.";
+const AGENTS_BIN = path.resolve(path.dirname(new URL(import.meta.url).pathname), "../agents/node_modules/.bin");
+
+let server;
+
+before(async () => {
+  // Claude Code's first request is about 18,000 tokens.
+  server = await startForcedServer(RULES, ["--context", "32768", "--api-key", KEY]);
+});
+
+after(async () => {
+  if (server) await server.stop();
+});
+
+// `torchtpu-cpp launch AGENT --url … --api-key … -- ARGS` with the pinned agents on PATH, in a
+// home of their own (no settings, sessions or keys of the machine's user), stdin closed.
+function launch(agent, args) {
+  const home = fs.mkdtempSync(path.join(os.tmpdir(), `torchtpu-agent-${agent}-`));
+  const env = { ...process.env, HOME: home, PATH: `${AGENTS_BIN}:${process.env.PATH}` };
+  for (const name of ["XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME",
+    "TORCHTPU_API_KEY", "ANTHROPIC_API_KEY", "OPENAI_API_KEY", "CODEX_HOME"]) {
+    delete env[name];
+  }
+  // Telemetry, update checks and the like: nothing but the server is reachable in CI.
+  env.CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC = "1";
+  const r = spawnSync(cliPath(), ["launch", agent, "--url", server.url, "--api-key", KEY, "--", ...args], {
+    env, cwd: home, encoding: "utf8", timeout: 240_000, stdio: ["ignore", "pipe", "pipe"],
+  });
+  return { status: r.status, signal: r.signal, stdout: r.stdout, stderr: r.stderr };
+}
+
+async function promptTokens() {
+  return metric(await metrics(server.url, { authorization: `Bearer ${KEY}` }), "torchtpu_prompt_tokens_total");
+}
+
+for (const [agent, args] of [
+  ["claude", ["-p", "Say hello"]],
+  ["codex", ["exec", "--skip-git-repo-check", "Say hello"]],
+  ["opencode", ["run", "Say hello"]],
+]) {
+  test(`${agent} answers with what the server says`, async () => {
+    const before = await promptTokens();
+    const r = launch(agent, args);
+    const output = `status ${r.status} ${r.signal ?? ""}\nstdout:\n${r.stdout}\nstderr:\n${r.stderr}`;
+    assert.equal(r.status, 0, output);
+    assert.ok(r.stdout.includes(HELLO), output);
+    assert.doesNotMatch(r.stderr, /launch: warning/);
+    // The agent's own prompt went through the engine: thousands of tokens, not a probe.
+    assert.ok((await promptTokens()) - before > 1000, output);
+  });
+}
