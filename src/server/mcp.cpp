@@ -68,7 +68,6 @@ ojson text_result(const std::string& text, std::optional<ojson> structured = {})
   return result;
 }
 
-
 class ServerClient {
  public:
   explicit ServerClient(const McpTarget& target)
