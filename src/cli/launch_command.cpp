@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/commands.h"
 #include "common/errors.h"
 #include "server/mcp.h"
 
@@ -231,9 +232,7 @@ void add_launch_command(CLI::App& app) {
   cmd->add_flag("--print", options->print,
                 "Print the environment and command the agent would run with, and run nothing");
   cmd->callback([options] {
-    if (options->api_key.empty()) {
-      if (const char* key = std::getenv("TORCHTPU_API_KEY")) options->api_key = key;
-    }
+    default_from_env(options->api_key, "TORCHTPU_API_KEY");
     const std::string origin = server::origin_of(options->url);
     const auto [ids, base] = served_models(origin, options->api_key);
     std::string model = options->model.empty() ? base : options->model;

@@ -1,9 +1,9 @@
 #include "cli/mcp_command.h"
 
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 
+#include "cli/commands.h"
 #include "server/mcp.h"
 #include "server/media_parts.h"
 
@@ -35,9 +35,7 @@ void add_mcp_command(CLI::App& app) {
                   "Largest WAV file ask and stream read")
       ->capture_default_str();
   cmd->callback([options] {
-    if (options->api_key.empty()) {
-      if (const char* key = std::getenv("TORCHTPU_API_KEY")) options->api_key = key;
-    }
+    default_from_env(options->api_key, "TORCHTPU_API_KEY");
     server::check_media_limits(options->media);
     server::McpTarget target{options->url,
                              options->api_key.empty() ? "" : "Bearer " + options->api_key};

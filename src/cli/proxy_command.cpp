@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "cli/commands.h"
 #include "server/proxy.h"
 
 namespace torchtpu::cli {
@@ -26,14 +27,8 @@ void add_proxy_command(CLI::App& app) {
                   "The key the proxy sends upstream in place of the client's; needs --api-key "
                   "(default: $TORCHTPU_UPSTREAM_API_KEY)");
   cmd->callback([options] {
-    if (options->api_key.empty()) {
-      if (const char* key = std::getenv("TORCHTPU_PROXY_API_KEY")) options->api_key = key;
-    }
-    if (options->upstream_api_key.empty()) {
-      if (const char* key = std::getenv("TORCHTPU_UPSTREAM_API_KEY")) {
-        options->upstream_api_key = key;
-      }
-    }
+    default_from_env(options->api_key, "TORCHTPU_PROXY_API_KEY");
+    default_from_env(options->upstream_api_key, "TORCHTPU_UPSTREAM_API_KEY");
     const int code = server::run_proxy(*options);
     if (code != 0) std::exit(code);
   });

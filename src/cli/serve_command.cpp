@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "cli/commands.h"
 #include "cli/engine_flags.h"
 #include "server/server.h"
 
@@ -114,9 +115,7 @@ void add_serve_command(CLI::App& app) {
     if (draft_max->count() == 0) {
       options->draft.tokens = default_draft_tokens(options->engine.draft_model);
     }
-    if (options->api_key.empty()) {
-      if (const char* key = std::getenv("TORCHTPU_API_KEY")) options->api_key = key;
-    }
+    default_from_env(options->api_key, "TORCHTPU_API_KEY");
     const int code = server::run(*options);
     if (code != 0) std::exit(code);
   });
