@@ -25,20 +25,22 @@ std::vector<TokenLogprob> entries(const at::Tensor& rows, const std::vector<int6
   }
   if (top > 0) {
     std::tie(top_values, top_ids) = rows.topk(top, 1);
-    top_values = top_values.to(at::kCPU);
-    top_ids = top_ids.to(at::kCPU);
+    top_values = top_values.to(at::kCPU).contiguous();
+    top_ids = top_ids.to(at::kCPU).contiguous();
   }
   std::vector<TokenLogprob> out;
   out.reserve(n);
-  const auto value = values.accessor<float, 1>();
+  const float* value = values.data_ptr<float>();
+  const int64_t* rank = ranked ? ranks.data_ptr<int64_t>() : nullptr;
+  // Row j's alternatives: [j * top, (j + 1) * top) of the contiguous [n, top] results.
+  const int64_t* top_id = top > 0 ? top_ids.data_ptr<int64_t>() : nullptr;
+  const float* top_value = top > 0 ? top_values.data_ptr<float>() : nullptr;
   for (int64_t j = 0; j < n; ++j) {
     TokenLogprob lp{ids[j], value[j], {}};
-    if (top > 0) {
-      const auto id = top_ids.accessor<int64_t, 2>()[j];
-      const auto logprob = top_values.accessor<float, 2>()[j];
-      for (int64_t i = 0; i < top; ++i) lp.top.emplace_back(id[i], logprob[i]);
+    for (int64_t i = 0; i < top; ++i) {
+      lp.top.emplace_back(top_id[j * top + i], top_value[j * top + i]);
     }
-    if (ranked) lp.rank = ranks.accessor<int64_t, 1>()[j];
+    if (ranked) lp.rank = rank[j];
     out.push_back(std::move(lp));
   }
   return out;
