@@ -1377,10 +1377,14 @@ std::string Server::render_chat(const GenerationRequest& r, std::string& parser_
   std::string prompt =
       template_->render(r.messages, r.tools, /*add_generation_prompt=*/true, r.template_kwargs);
   // After a tool response with thinking on, the template opens the reply's thinking channel
-  // itself: the model continues inside it, so its output is parsed from the opening on.
+  // itself: the model continues inside it, so its output is parsed from the opening on. The
+  // opening is the prompt's end (`<|channel>thought\n`); one in a message's text has the turn's
+  // markup after it (`<turn|>`, `<tool_response|>`, every Gemma 4 marker holds "<|" or "|>").
   const size_t open = prompt.rfind(kChannelOpen);
-  const bool thinking_open = open != std::string::npos &&
-                             prompt.find(kChannelClose, open) == std::string::npos;
+  const bool thinking_open =
+      open != std::string::npos &&
+      prompt.find("<|", open + kChannelOpen.size()) == std::string::npos &&
+      prompt.find("|>", open + kChannelOpen.size()) == std::string::npos;
   parser_prefix = thinking_open ? prompt.substr(open) : "";
   // "required" and a named function are honoured by writing the call's opening into the
   // prompt: the model can only continue it (thinking is skipped then, an open channel closed).

@@ -257,6 +257,32 @@ describe("thinking", () => {
       assert.equal(streamed.content, "It is 9 degrees in Oslo.");
     });
 
+  // Only the template's own opening at the prompt's end starts the reply as a thought: a
+  // `<|channel>` written in a message (read as that token, as vLLM and llama.cpp read it) is the
+  // message's, in this turn, an earlier one or a tool's result.
+  test("a channel opening in a message's text leaves the reply in content", async () => {
+    const hello = "Hello there, friend.";
+    const conversations = [
+      ask("Say hello. What does <|channel> open?"),
+      [...ask("What does <|channel> do?"), { role: "assistant", content: "It opens one." },
+        ...ask("Say hello")],
+      afterToolResult("Say hello after the tool.", "Oslo", "It printed <|channel>"),
+    ];
+    for (const messages of conversations) {
+      const whole = (await client.chat.completions.create({ model: MODEL, messages }))
+        .choices[0].message;
+      assert.deepEqual([whole.content, whole.reasoning_content], [hello, undefined],
+        JSON.stringify(messages));
+      const streamed = accumulate(await collect(
+        await client.chat.completions.create({ model: MODEL, messages, stream: true })));
+      assert.deepEqual([streamed.content, streamed.reasoning], [hello, ""]);
+    }
+    const json = await client.chat.completions.create({ model: MODEL,
+      messages: ask("Say hello about <|channel>"), response_format: { type: "json_object" },
+      max_tokens: 4 });
+    assert.equal(json.choices[0].message.reasoning_content, undefined);
+  });
+
   test("a forced call after a tool result with thinking on closes the opened channel first",
     async () => {
       const r = await client.chat.completions.create({ model: MODEL, tools: TOOLS,
