@@ -2,11 +2,13 @@
 // decode run with the GIL released; the on_tokens callback takes it back once per read batch.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -367,12 +369,32 @@ class PyBatch {
       finished = batch_->step();
     }
     for (const int64_t id : finished) callbacks_.erase(id);
+    // Abandoned sequences finish out of sight: their results are dropped here.
+    std::erase_if(finished, [this](int64_t id) {
+      if (!abandoned_.erase(id)) return false;
+      batch_->take_result(id);
+      return true;
+    });
     if (failure_) {
       auto failure = std::move(*failure_);
       failure_.reset();
       throw failure;
     }
     return finished;
+  }
+
+  // Ends sequences nobody will take the results of (a decode_many left by an exception): a
+  // queued or running one is cancelled and its result dropped when it finishes, a finished one's
+  // result dropped now.
+  void abandon(const std::vector<int64_t>& ids) {
+    for (const int64_t id : ids) {
+      try {
+        batch_->cancel(id);
+        abandoned_.insert(id);
+      } catch (const ValueError&) {
+        batch_->take_result(id);  // not queued or running: finished, its result waiting
+      }
+    }
   }
 
   // A slot action (Batch::save_slot, restore_slot, erase_slot) with the GIL released.
@@ -393,6 +415,7 @@ class PyBatch {
   py::object engine_object_;
   PyEngine& engine_;
   std::map<int64_t, py::object> callbacks_;
+  std::set<int64_t> abandoned_;
   std::optional<py::error_already_set> failure_;
   std::unique_ptr<Batch> batch_;
 };
@@ -757,22 +780,39 @@ void bind_engine(py::module_& m) {
           throw ValueError("prompts must be a sequence of token id sequences, got " +
                            std::string(py::str(py::type::handle_of(prompts).attr("__name__"))));
         }
+        // Every prompt and argument is checked before any is queued, and the sequences this
+        // call queued end with it when it leaves by an exception (a refused submit, an on_tokens
+        // error, Ctrl-C): the batch is then as it was. Sequences queued by others (submit) go
+        // on, and their results wait for result().
+        std::vector<std::vector<int64_t>> prompt_ids;
+        for (py::handle prompt : prompts) {
+          const std::string what = "prompts[" + std::to_string(prompt_ids.size()) + "]";
+          prompt_ids.push_back(to_ids(prompt, what.c_str()));
+        }
+        const DecodeOptions options = decode_options(self.engine(), "Batch.decode_many", args);
         const auto partial = py::module_::import("functools").attr("partial");
         std::vector<int64_t> ids;
-        for (py::handle prompt : prompts) {
-          const std::string what = "prompts[" + std::to_string(ids.size()) + "]";
-          const py::object callback =
-              on_tokens.is_none() ? py::none() : partial(on_tokens, ids.size());
-          ids.push_back(self.submit("Batch.decode_many", to_ids(prompt, what.c_str()),
-                                    decode_options(self.engine(), "Batch.decode_many", args),
-                                    callback));
-        }
         std::map<int64_t, DecodeResult> results;
-        while (results.size() < ids.size()) {
-          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-          for (const int64_t id : self.step("Batch.decode_many")) {
-            results[id] = self.batch("Batch.decode_many").take_result(id);
+        try {
+          for (const auto& prompt : prompt_ids) {
+            const py::object callback =
+                on_tokens.is_none() ? py::none() : partial(on_tokens, ids.size());
+            ids.push_back(self.submit("Batch.decode_many", prompt, options, callback));
           }
+          while (results.size() < ids.size()) {
+            if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+            for (const int64_t id : self.step("Batch.decode_many")) {
+              if (std::find(ids.begin(), ids.end(), id) == ids.end()) continue;
+              results[id] = self.batch("Batch.decode_many").take_result(id);
+            }
+          }
+        } catch (...) {
+          std::vector<int64_t> unfinished;
+          for (const int64_t id : ids) {
+            if (!results.contains(id)) unfinished.push_back(id);
+          }
+          self.abandon(unfinished);
+          throw;
         }
         std::vector<DecodeResult> ordered;
         for (const int64_t id : ids) ordered.push_back(std::move(results.at(id)));

@@ -154,6 +154,31 @@ def test_a_callback_exception_ends_its_sequence_and_is_raised_from_step(engine):
     assert batch.result(other).tokens == engine.decode(_prompt(6), 8, stop=()).tokens
 
 
+def test_a_decode_many_left_by_an_exception_leaves_the_batch_as_it_was(engine):
+    """A refused prompt queues nothing; a callback's exception ends the call's other sequences
+    too; a sequence someone submitted beside the call goes on; the next call gets its own."""
+    batch = engine.batch(rows=2)
+    beside = batch.submit(_prompt(6), 8, stop=())
+    with pytest.raises(ValueError, match=r"prompts\[1\]"):
+        batch.decode_many([_prompt(4), [2, "x"]], 4, stop=())
+    assert batch.stats()["queued"] == 1
+
+    def boom(index, tokens):
+        if index == 1:
+            raise KeyError("from the callback")
+        return True
+
+    with pytest.raises(KeyError, match="from the callback"):
+        batch.decode_many([_prompt(5, 2), _prompt(3, 3)], 30, stop=(), on_tokens=boom)
+    finished = []
+    while not batch.idle:
+        finished += batch.step()
+    assert finished in ([beside], [])
+    assert batch.result(beside).tokens == engine.decode(_prompt(6), 8, stop=()).tokens
+    again = batch.decode_many([_prompt(9, 4)], 5, stop=())
+    assert again[0].tokens == engine.decode(_prompt(9, 4), 5, stop=()).tokens
+
+
 def test_the_batch_belongs_to_the_engines_owner_thread(engine):
     batch = engine.batch(rows=2)
     batch.submit(_prompt(4), 3)
