@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/errors.h"
+
 namespace torchtpu::server {
 namespace {
 
@@ -60,6 +62,13 @@ bool peer_closed(int fd) {
   char byte;
   const ssize_t n = recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+void check_port(int port) {
+  if (port < 0 || port > 65535) {
+    throw ValueError("--port must be between 0 (any free port) and 65535, got " +
+                     std::to_string(port));
+  }
 }
 
 int bind_listener(httplib::Server& http, const std::string& host, int port) {

@@ -25,6 +25,9 @@ bool peer_closed(int fd);
 // The accept queue bind_listener asks for (the kernel caps it at net.core.somaxconn).
 constexpr int kListenBacklog = 1024;
 
+// ValueError unless `port` is a TCP port or 0 (a larger one would wrap to another port).
+void check_port(int port);
+
 // Binds `http` to host:port (port 0: any free port) as bind_to_port / bind_to_any_port do, and
 // returns the port, or -1 if it cannot bind (a port another server listens on included).
 // cpp-httplib 0.11 listens with a backlog of 5, fixed in Debian's compiled library: a burst of

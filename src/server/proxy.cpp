@@ -519,6 +519,7 @@ int Proxy::run() {
 }  // namespace
 
 int run_proxy(const ProxyOptions& options) {
+  check_port(options.port);
   if (options.upstream.empty() == options.upstream_cmd.empty()) {
     throw ValueError("the proxy needs exactly one of --upstream URL and --upstream-cmd CMD");
   }

@@ -2926,6 +2926,7 @@ EngineOptions resolve_hub_ids(EngineOptions options, const hub::Options& hub) {
 }
 
 int run(const ServeOptions& options, EngineFactory make_engine) {
+  check_port(options.port);
   if (options.parallel < 1 || options.parallel > 256) {
     throw ValueError("--parallel must be between 1 and 256, got " +
                      std::to_string(options.parallel));

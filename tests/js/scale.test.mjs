@@ -50,7 +50,8 @@ async function post(url, path, body, headers = auth) {
 // `torchtpu-cpp serve ARGS`, which must exit at once: {code, stderr}.
 function refused(args) {
   return new Promise((resolve) => {
-    const child = spawn(cliPath(), ["serve", "--port", "0", ...args], { stdio: "pipe" });
+    const port = args.includes("--port") ? [] : ["--port", "0"];
+    const child = spawn(cliPath(), ["serve", ...port, ...args], { stdio: "pipe" });
     let stderr = "";
     child.stderr.on("data", (d) => (stderr += d));
     child.on("exit", (code) => resolve({ code, stderr }));
@@ -406,6 +407,9 @@ describe("bad values of the new flags", () => {
       [["--drain-grace", "7200"], "error: --drain-grace must be between 0 and 3600 seconds, got 7200"],
       [["--metrics-compat", "sglang"], "error: --metrics-compat must be none or vllm, got 'sglang'"],
       [["--served-model-name", ""], "error: --served-model-name must not be empty"],
+      // 70000 would bind 70000 - 65536 = 4464.
+      [["--port", "70000"], "error: --port must be between 0 (any free port) and 65535, got 70000"],
+      [["--port", "-5"], "error: --port must be between 0 (any free port) and 65535, got -5"],
       [["--parallel", "0"], "error: --parallel must be between 1 and 256, got 0"],
       [["--parallel", "257"], "error: --parallel must be between 1 and 256, got 257"],
       [["--cache-mb", "-1"], "error: --cache-mb must be between 0 and 2^30, got -1"],

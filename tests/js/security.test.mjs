@@ -263,6 +263,14 @@ describe("the proxy", () => {
     assert.deepEqual(await passed.json(), { authorization: null, apiKey: KEY });
   });
 
+  test("refuses a port past 65535, which would wrap to another", async () => {
+    const p = startProxy(["--upstream", upstreamUrl, "--port", "83957"]);
+    const neverListens = assert.rejects(p.url, /proxy exited/);
+    assert.equal(await p.exited, 2);
+    assert.match(p.stderr(), /--port must be between 0 \(any free port\) and 65535, got 83957/);
+    await neverListens;
+  });
+
   test("refuses an upstream key without a key of its own", async () => {
     const p = startProxy(["--upstream", upstreamUrl, "--upstream-api-key", KEY]);
     const neverListens = assert.rejects(p.url, /proxy exited/);

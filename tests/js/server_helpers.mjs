@@ -125,7 +125,8 @@ export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_00
 
 // `torchtpu-cpp proxy --port 0 ARGS`: {child, url (a promise), exited (its code), stderr()}.
 export function startProxy(args) {
-  const child = spawn(cliPath(), ["proxy", "--port", "0", ...args], {
+  const port = args.includes("--port") ? [] : ["--port", "0"];
+  const child = spawn(cliPath(), ["proxy", ...port, ...args], {
     stdio: ["ignore", "pipe", "pipe"],
   });
   let stderr = "";
