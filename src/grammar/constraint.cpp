@@ -22,21 +22,14 @@ namespace {
 constexpr char kSpecialMarker = '\xFF';
 
 // The bytes token `id` stands for in output text; empty for an id the tokenizer does not define.
+// A special token's bytes follow kSpecialMarker.
 std::string token_bytes(const Tokenizer& tokenizer, int64_t id) {
-  std::string piece;
   try {
-    piece = tokenizer.id_to_token(id);
+    const std::string bytes = tokenizer.token_bytes(id);
+    return tokenizer.is_special(id) ? kSpecialMarker + bytes : bytes;
   } catch (const ValueError&) {
     return {};
   }
-  if (tokenizer.is_special(id)) return kSpecialMarker + piece;
-  if (auto byte = byte_fallback_value(piece)) return std::string(1, static_cast<char>(*byte));
-  // The decoder's Replace steps map a piece to its text ("▁" -> " "); Fuse and Strip act on the
-  // joined text, not on one token.
-  for (const auto& step : tokenizer.decoder_steps()) {
-    if (step.kind == DecoderStep::Kind::kReplace) replace_all(piece, step.pattern, step.content);
-  }
-  return piece;
 }
 
 // llguidance's tokenize callback: tokenizes grammar literals the way the model's prompts are.

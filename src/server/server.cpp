@@ -1026,21 +1026,29 @@ ojson Server::timings_json(const Job& job) const {
   return t;
 }
 
-// The token's text; bytes that are not whole UTF-8 characters show as U+FFFD, as in OpenAI's
-// answers, and `bytes` carries them exactly.
-ojson token_entry(const std::string& piece, double logprob) {
-  return {{"token", piece},
+// The token's text, where bytes that are not whole UTF-8 characters show as U+FFFD as in
+// OpenAI's answers, and its exact bytes (a byte token's own byte), which joined rebuild the text.
+ojson token_entry(const Tokenizer& tokenizer, int64_t id, double logprob) {
+  const std::string bytes = tokenizer.token_bytes(id);
+  return {{"token", tokenizer.decode({id})},
           {"logprob", logprob},
-          {"bytes", std::vector<uint8_t>(piece.begin(), piece.end())}};
+          {"bytes", std::vector<uint8_t>(bytes.begin(), bytes.end())}};
+}
+
+// The UTF-8 characters `bytes` starts (its bytes that are not continuation bytes): a character
+// split across tokens counts once, at its first byte.
+size_t characters_started(const std::string& bytes) {
+  return std::count_if(bytes.begin(), bytes.end(),
+                       [](char c) { return (static_cast<uint8_t>(c) & 0xC0) != 0x80; });
 }
 
 ojson Server::chat_logprobs_json(const std::vector<TokenLogprob>& entries) const {
   ojson content = ojson::array();
   for (const auto& e : entries) {
-    ojson entry = token_entry(tokenizer_->decode({e.id}), e.logprob);
+    ojson entry = token_entry(*tokenizer_, e.id, e.logprob);
     entry["top_logprobs"] = ojson::array();
     for (const auto& [id, logprob] : e.top) {
-      entry["top_logprobs"].push_back(token_entry(tokenizer_->decode({id}), logprob));
+      entry["top_logprobs"].push_back(token_entry(*tokenizer_, id, logprob));
     }
     content.push_back(std::move(entry));
   }
@@ -1057,8 +1065,9 @@ ojson Server::completion_logprobs_json(const Job& job, const Piece& piece, bool 
   auto add = [&](int64_t token, const TokenLogprob* e) {
     const std::string text = tokenizer_->decode({token});
     out["tokens"].push_back(text);
+    // In characters of `text`, as OpenAI and vLLM count them.
     out["text_offset"].push_back(offset);
-    offset += special_[token] ? 0 : text.size();
+    offset += special_[token] ? 0 : characters_started(tokenizer_->token_bytes(token));
     if (!e) {
       out["token_logprobs"].push_back(nullptr);
       out["top_logprobs"].push_back(nullptr);
@@ -2694,8 +2703,9 @@ void Server::set_up_routes(httplib::Server& http) {
                                    tokens.push_back(id);
                                    continue;
                                  }
-                                 // llama.cpp: the piece as text, or its bytes when not UTF-8.
-                                 const std::string piece = tokenizer_->decode({id});
+                                 // llama.cpp: the piece as text, or its bytes when not UTF-8
+                                 // (a byte token's one byte).
+                                 const std::string piece = tokenizer_->token_bytes(id);
                                  ojson p =
                                      is_valid_utf8(piece)
                                          ? ojson(piece)
@@ -2727,6 +2737,18 @@ void Server::set_up_routes(httplib::Server& http) {
             guarded(
                 [this](const httplib::Request& req, httplib::Response& res) {
                   const auto ids = parse_detokenize_request(parse_body(req.body));
+                  for (size_t i = 0; i < ids.size(); ++i) {
+                    try {
+                      tokenizer_->id_to_token(ids[i]);
+                    } catch (const ValueError&) {
+                      throw ApiError(400,
+                                     "'tokens[" + std::to_string(i) + "]' is " +
+                                         std::to_string(ids[i]) +
+                                         ", which is no token of the vocabulary [0, " +
+                                         std::to_string(tokenizer_->vocab_size()) + ")",
+                                     "invalid_request_error", "tokens", "invalid_value");
+                    }
+                  }
                   res.set_content(dump({{"content", tokenizer_->decode(ids)}}), "application/json");
                 },
                 true));

@@ -1103,6 +1103,17 @@ const std::string& Tokenizer::id_to_token(int64_t id) const {
   return m.pieces[static_cast<size_t>(id)];
 }
 
+std::string Tokenizer::token_bytes(int64_t id) const {
+  std::string piece = id_to_token(id);
+  if (is_special(id)) return piece;
+  if (auto byte = byte_fallback_value(piece)) return std::string(1, static_cast<char>(*byte));
+  // Fuse and Strip act on the joined text, not on one token.
+  for (const auto& step : decoder_steps()) {
+    if (step.kind == DecoderStep::Kind::kReplace) replace_all(piece, step.pattern, step.content);
+  }
+  return piece;
+}
+
 bool Tokenizer::is_special(int64_t id) const {
   return id >= 0 && id < vocab_size() && model_->special[static_cast<size_t>(id)];
 }

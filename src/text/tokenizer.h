@@ -63,6 +63,11 @@ class Tokenizer {
   std::optional<int64_t> token_to_id(std::string_view token) const;
   // The token's string (added-token content or model piece). ValueError if the id is unknown.
   const std::string& id_to_token(int64_t id) const;
+  // The bytes the token stands for in output text: a byte-fallback piece's byte ("<0xF0>" ->
+  // "\xF0"), a piece through the decoder's Replace steps ("▁" -> " "), an added token's content.
+  // Unlike decode({id}), a byte that is not a whole UTF-8 character stays itself, so a run of
+  // tokens' bytes joined is their text. ValueError if the id is unknown.
+  std::string token_bytes(int64_t id) const;
   // True for added tokens marked "special" (skipped by decode(skip_special_tokens=true)).
   bool is_special(int64_t id) const;
   // Ids the post-processor puts before the text when add_special_tokens is true.

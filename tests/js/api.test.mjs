@@ -22,6 +22,8 @@ const RULES = [
   { prompt_contains: "CLOUDY-9C", output: "Cold there.\n<channel|>It is 9 degrees in Oslo." },
   { prompt_contains: "Broken call", output: "Let me check. <|tool_call>call:get_weather{city Paris}<tool_call|>" },
   { prompt_contains: "Cut call", output: `<|tool_call>call:get_weather{city:${Q}Par` },
+  // 𓀀 and 𝔘 are four byte tokens each in Gemma's tokenizer (no piece holds them); ñ is a piece.
+  { prompt_contains: "Unicode please", output: "Añ 𓀀B𝔘 C" },
 ];
 const TOOLS = [
   {
@@ -412,6 +414,34 @@ describe("logprobs", () => {
     assert.equal(entries.length, r.usage.completion_tokens);
     assert.equal(entries.map((e) => e.token).join(""), "<|channel>thought\nTwo and two.\n<channel|>It is 4.");
     for (const e of entries) assert.ok(e.logprob <= e.top_logprobs[0].logprob);
+  });
+
+  test("bytes rebuild the text, byte tokens included; text_offset counts characters", async () => {
+    const text = "Añ 𓀀B𝔘 C";
+    const r = await client.chat.completions.create({
+      model: MODEL, messages: ask("Unicode please"), logprobs: true, top_logprobs: 2,
+    });
+    const entries = r.choices[0].logprobs.content;
+    assert.equal(r.choices[0].message.content, text);
+    // The reply's tokens, then the end of turn the forced output closes with.
+    const bytes = Buffer.from(entries.flatMap((e) => e.bytes));
+    assert.ok(bytes.toString("utf8").startsWith(text), bytes.toString("utf8"));
+    const lone = entries.filter((e) => e.bytes.length === 1 && e.bytes[0] >= 0x80);
+    assert.deepEqual(lone.map((e) => e.bytes[0]), [...Buffer.from("𓀀𝔘")]);
+    for (const e of lone) assert.equal(e.token, "\uFFFD");
+    const c = await client.completions.create({
+      model: MODEL, prompt: "Unicode please", max_tokens: 30, logprobs: 1,
+    });
+    const chars = [...c.choices[0].text];
+    assert.equal(c.choices[0].text, text);
+    const lp = c.choices[0].logprobs;
+    // Where each whole-character token starts, as code points of `text` (Python's str indexes).
+    lp.tokens.forEach((token, i) => {
+      if (token.includes("\uFFFD") || i >= chars.length) return;
+      assert.equal(chars.slice(lp.text_offset[i], lp.text_offset[i] + [...token].length).join(""),
+        token, `token ${i} at ${lp.text_offset[i]}`);
+    });
+    assert.equal(lp.text_offset[lp.tokens.indexOf("B")], chars.indexOf("B"));
   });
 
   test("completions: tokens, token_logprobs, top_logprobs and text_offset agree", async () => {

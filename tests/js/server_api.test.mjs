@@ -224,6 +224,23 @@ describe("tokenize and detokenize, as llama.cpp has them", () => {
     ).json();
     assert.equal(back.content, content);
   });
+
+  test("a byte token's piece is its byte; an unknown id is a 400 naming it", async () => {
+    const post = async (path, body) => {
+      const res = await fetch(`${server.url}${path}`, {
+        method: "POST", headers: auth, body: JSON.stringify(body) });
+      return { status: res.status, body: await res.json() };
+    };
+    // 𓀀 is no piece of Gemma's vocabulary: four byte tokens, each piece one byte (llama.cpp gives
+    // a piece that is not UTF-8 as its bytes); "a" a piece that is text.
+    const { body } = await post("/tokenize", { content: "a𓀀", with_pieces: true });
+    assert.deepEqual(body.tokens.map((t) => t.piece), ["a", ...[...Buffer.from("𓀀")].map((b) => [b])]);
+    const bad = await post("/detokenize", { tokens: [2, -1] });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.body.error.message,
+      "'tokens[1]' is -1, which is no token of the vocabulary [0, 262144)");
+    assert.equal(bad.body.error.param, "tokens");
+  });
 });
 
 describe("cancellation", () => {
