@@ -1,9 +1,11 @@
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "cli/commands.h"
 #include "common/errors.h"
 #include "model/make_tiny.h"
+#include "text/tokenizer.h"
 
 namespace torchtpu::cli {
 
@@ -67,6 +69,21 @@ void add_make_tiny_command(CLI::App& app) {
     if (given("--window")) spec.window = a.window;
     if (given("--shared")) spec.shared = a.shared;
     if (given("--vocab")) spec.vocab = a.vocab;
+    if (!spec.tokenizer_dir.empty()) {
+      // The vocabulary holds every id the tokenizer gives, or text prompts would not fit it.
+      const auto json = std::filesystem::path(spec.tokenizer_dir) / "tokenizer.json";
+      if (!std::filesystem::is_regular_file(json)) {
+        throw NotFoundError("--tokenizer " + spec.tokenizer_dir + " holds no tokenizer.json");
+      }
+      const int64_t pieces = Tokenizer::from_file(json.string()).vocab_size();
+      if (!given("--vocab")) {
+        spec.vocab = pieces;
+      } else if (spec.vocab < pieces) {
+        throw ValueError("--vocab " + std::to_string(spec.vocab) + " is smaller than the " +
+                         std::to_string(pieces) + " ids of " + json.string() +
+                         ": text would give ids the model has no embedding for");
+      }
+    }
     if (given("--layers")) {
       spec.layer_types.clear();
       for (int64_t l = 0; l < args->layers; ++l) {

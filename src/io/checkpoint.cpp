@@ -8,6 +8,7 @@
 
 #include "common/errors.h"
 #include "common/json_depth.h"
+#include "io/config.h"
 
 namespace torchtpu {
 namespace {
@@ -46,12 +47,7 @@ void check_shard_name(const std::string& shard, const std::string& index_path,
 }  // namespace
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    throw NotFoundError("checkpoint directory " + dir + " does not exist");
-  if (!is_file(fs::path(dir) / "config.json")) {
-    throw FormatError("checkpoint " + dir + " has no config.json");
-  }
+  check_checkpoint_dir(dir);
 
   const fs::path index_path = fs::path(dir) / kIndexFile;
   if (is_file(index_path)) {

@@ -682,11 +682,20 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
   return c;
 }
 
+void check_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    throw NotFoundError("checkpoint directory " + dir + " does not exist");
+  }
+  if (!fs::is_regular_file(fs::path(dir) / "config.json", ec)) {
+    throw FormatError("checkpoint " + dir + " has no config.json");
+  }
+}
+
 ModelConfig load_config(const std::string& dir) {
+  check_checkpoint_dir(dir);
   const fs::path config_path = fs::path(dir) / "config.json";
   std::error_code ec;
-  if (!fs::is_regular_file(config_path, ec))
-    throw FormatError("checkpoint " + dir + " has no config.json");
   ModelConfig c = parse_config_json(read_text(config_path.string()), config_path.string());
   const fs::path gen_path = fs::path(dir) / "generation_config.json";
   if (fs::is_regular_file(gen_path, ec)) {
@@ -735,6 +744,9 @@ LoraConfig parse_lora_config_json(const std::string& json_text, const std::strin
 LoraConfig load_lora_config(const std::string& dir) {
   const fs::path path = fs::path(dir) / "adapter_config.json";
   std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    throw NotFoundError("LoRA adapter directory " + dir + " does not exist");
+  }
   if (!fs::is_regular_file(path, ec)) {
     throw FormatError("LoRA adapter " + dir +
                       " has no adapter_config.json (a PEFT adapter's directory holds "

@@ -147,6 +147,9 @@ struct ModelConfig {
 // Parses and validates (model_type "gemma4", "gemma4_text" or "gemma4_assistant"). `path` is used
 // in every message.
 ModelConfig parse_config_json(const std::string& json_text, const std::string& path);
+// NotFoundError unless `dir` is a directory, FormatError unless it holds config.json: what every
+// reader of a checkpoint checks first.
+void check_checkpoint_dir(const std::string& dir);
 // DIR/config.json plus the eos ids of DIR/generation_config.json when that file exists.
 ModelConfig load_config(const std::string& dir);
 

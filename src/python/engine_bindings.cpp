@@ -70,8 +70,10 @@ class PyEngine {
   // The checkpoint's tokenizer.json, read by the first decode that needs it.
   const Tokenizer& tokenizer() {
     if (!tokenizer_) {
-      tokenizer_ = Tokenizer::from_file(
-          (std::filesystem::path(engine_->options().model_dir) / "tokenizer.json").string());
+      const std::string path =
+          (std::filesystem::path(engine_->options().model_dir) / "tokenizer.json").string();
+      tokenizer_ = Tokenizer::from_file(path);
+      check_tokenizer_fits(*tokenizer_, engine_->config().vocab_size, path);
     }
     return *tokenizer_;
   }

@@ -1137,4 +1137,13 @@ void strip(const DecoderStep& step, std::string& token) {
   token = token.substr(begin, end - begin);
 }
 
+void check_tokenizer_fits(const Tokenizer& tokenizer, int64_t vocab, const std::string& path) {
+  if (tokenizer.vocab_size() > vocab) {
+    throw FormatError(path + " has " + std::to_string(tokenizer.vocab_size()) +
+                      " token ids but the model's vocab_size is " + std::to_string(vocab) +
+                      ": text would give ids the model has no embedding for (a tokenizer of "
+                      "another model?)");
+  }
+}
+
 }  // namespace torchtpu

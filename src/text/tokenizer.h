@@ -84,4 +84,10 @@ class Tokenizer {
   std::shared_ptr<text_detail::TokenizerModel> model_;
 };
 
+// FormatError when `tokenizer` (read from `path`) gives ids past a model's `vocab` embeddings
+// (config.json's vocab_size): a text prompt would hold ids the model cannot read. Checked where a
+// checkpoint's tokenizer meets its model, so the mismatch is named instead of the first prompt's
+// out-of-range id.
+void check_tokenizer_fits(const Tokenizer& tokenizer, int64_t vocab, const std::string& path);
+
 }  // namespace torchtpu

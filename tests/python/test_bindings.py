@@ -4,8 +4,10 @@ Engine.logits against the float64 reference, and read_every batching against rea
 Tiny checkpoints come from `torchtpu-cpp make-tiny`; the module is imported from the CMake build
 tree (CTest sets PYTHONPATH to <build>/python)."""
 
+import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -196,6 +198,41 @@ def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
         tt.Tokenizer(str(tmp_path / "tokenizer.json"))
 
 
+def test_a_missing_directory_is_file_not_found(tiny, tmp_path):
+    missing = str(tmp_path / "missing")
+    for kwargs, words in (
+        ({"model_dir": missing}, "checkpoint directory"),
+        ({"model_dir": tiny, "draft_model": missing}, "checkpoint directory"),
+        ({"model_dir": tiny, "lora": [missing]}, "LoRA adapter directory"),
+    ):
+        with pytest.raises(FileNotFoundError, match=f"{words} {missing} does not exist"):
+            tt.Engine(**kwargs, context=16, dtype="float32")
+
+
+def test_a_tokenizer_with_more_ids_than_the_model_is_named(cli, tiny, tmp_path, test_tokenizer_dir):
+    """make-tiny sizes the vocabulary to the tokenizer it copies; a checkpoint whose tokenizer
+    gives ids past its embeddings is refused where text meets the model, naming both sizes."""
+    fitted = pathlib.Path(cli.make_tiny(tmp_path / "fitted", tokenizer=test_tokenizer_dir))
+    config = json.loads((fitted / "config.json").read_text())
+    assert config["text_config"]["vocab_size"] == 262144
+    small = subprocess.run(
+        [cli.path, "make-tiny", tmp_path / "small", "--vocab", "512",
+         "--tokenizer", test_tokenizer_dir], capture_output=True, text=True)
+    assert small.returncode == 2
+    assert "--vocab 512 is smaller than the 262144 ids of" in small.stderr
+    assert not (tmp_path / "small").exists()
+    mismatched = tmp_path / "mismatched"
+    shutil.copytree(tiny, mismatched)
+    shutil.copy(test_tokenizer_dir / "tokenizer.json", mismatched)
+    message = "has 262144 token ids but the model's vocab_size is 512"
+    out = subprocess.run([cli.path, "generate", "--model", mismatched, "--prompt", "Hi",
+                          "--max-new", "2"], capture_output=True, text=True)
+    assert out.returncode == 1 and message in out.stderr, out.stderr
+    engine = tt.Engine(str(mismatched), context=16, dtype="float32")
+    with pytest.raises(ValueError, match=message):
+        engine.decode([2], 2, grammar_kind="json_object")
+
+
 def test_like_names_the_device(tiny):
     assert (
         tt.Engine(tiny, like=torch.zeros(1), context=16, dtype="float32").device
@@ -353,8 +390,6 @@ def test_gil_released_during_decode(tiny):
 
 
 def test_module_surface(engine, tiny):
-    import json
-
     assert set(tt.BUILD) >= {
         "torch",
         "compiler",
@@ -866,8 +901,6 @@ def test_decode_follows_a_grammar(cli, tmp_path, test_tokenizer_dir):
     """grammar_kind + grammar constrain the tokens (issue #18): on random weights every sampled
     reply is valid for the schema (checked with jsonschema), and what llguidance cannot enforce
     is a ValueError naming it."""
-    import json
-
     import jsonschema
 
     model = cli.make_tiny(
