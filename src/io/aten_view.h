@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/errors.h"
+#include "common/shape.h"
 #include "io/safetensors.h"
 
 namespace torchtpu {
@@ -50,6 +52,20 @@ inline TensorToWrite to_write(const std::string& name, const at::Tensor& t) {
   const auto* p = static_cast<const uint8_t*>(c.data_ptr());
   w.bytes.assign(p, p + c.nbytes());
   return w;
+}
+
+// FormatError (naming the tensor, its file and what config.json implies) unless `view` has
+// `shape` and holds floating-point values: a model weight, which an integer tensor's bits would
+// only pass for.
+inline void expect_weight(const TensorView& view, const std::vector<int64_t>& shape) {
+  if (view.shape != shape) {
+    throw FormatError("tensor " + view.name + " in " + view.file + " has shape " +
+                      shape_str(view.shape) + " but config.json implies " + shape_str(shape));
+  }
+  if (!at::isFloatingType(scalar_type(view.dtype))) {
+    throw FormatError("tensor " + view.name + " in " + view.file + " has dtype " +
+                      dtype_name(view.dtype) + ", not a floating-point one (F32, BF16, F16)");
+  }
 }
 
 // A CPU tensor over the view's bytes. Aliases the mapping (read-only: never write to it) when the

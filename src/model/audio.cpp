@@ -5,7 +5,6 @@
 #include <sstream>
 
 #include "common/errors.h"
-#include "common/shape.h"
 #include "io/aten_view.h"
 #include "ops/rms_norm.h"
 
@@ -52,10 +51,7 @@ void AudioTower::load(const Checkpoint& ckpt, const ModelConfig& config) {
   const auto& o = options_;
   auto tensor = [&](const std::string& name, const std::vector<int64_t>& shape) {
     const auto& view = ckpt.get(name);
-    if (view.shape != shape) {
-      throw FormatError("tensor " + name + " in " + view.file + " has shape " +
-                        shape_str(view.shape) + " but config.json implies " + shape_str(shape));
-    }
+    expect_weight(view, shape);
     return host_tensor(view).to(o.device, o.dtype);
   };
   // Norm weights are rounded to the compute dtype as transformers holds them, then used in f32.

@@ -20,13 +20,6 @@
 namespace torchtpu {
 namespace {
 
-void expect_shape(const TensorView& view, const std::vector<int64_t>& shape) {
-  if (view.shape != shape) {
-    throw FormatError("tensor " + view.name + " in " + view.file + " has shape " +
-                      shape_str(view.shape) + " but config.json implies " + shape_str(shape));
-  }
-}
-
 const char* dtype_label(at::ScalarType t) {
   switch (t) {
     case at::kBFloat16: return "bf16";
@@ -173,7 +166,7 @@ Linear Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& module,
     return linear;
   }
   const auto& view = ckpt.get(module + ".weight");
-  expect_shape(view, shape);
+  expect_weight(view, shape);
   if (o.quantize_int4 && o.int4 != Int4Weights::kDequantized) {
     if (shape[1] % 32 != 0) {
       throw ValueError("--quantize int4 needs input widths that are multiples of 32; " + module +
@@ -196,7 +189,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
 
   auto norm = [&](const std::string& name, int64_t dim) {
     const auto& view = ckpt.get(p + name);
-    expect_shape(view, {dim});
+    expect_weight(view, {dim});
     // Rounded through the compute dtype first, as a model cast to that dtype holds it.
     return host_tensor(view).to(o.dtype).to(at::kFloat).to(o.device);
   };
@@ -250,7 +243,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
           norm("layers." + std::to_string(l) + ".post_per_layer_input_norm.weight", H);
     }
     const auto& scalar = ckpt.get(lp + "layer_scalar");
-    expect_shape(scalar, {1});
+    expect_weight(scalar, {1});
     w.layer_scalar = host_tensor(scalar).to(o.device, o.dtype);
     release_free_heap();
   }
@@ -294,7 +287,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
         return VocabTable::int4(std::move(packed), o.dtype);
       }
       if (const auto* view = source->find(module + ".weight")) {
-        expect_shape(*view, {rows, width});
+        expect_weight(*view, {rows, width});
         auto t = load_dense(*view, o.device, o.dtype);
         storage_.push_back(
             {family, dtype_label(o.dtype),
@@ -355,7 +348,11 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
     if (a.use_ordered_embeddings) {
       centroids_ = linear_weight(ckpt, "masked_embedding.centroids", {a.num_centroids, H});
       const auto& view = ckpt.get("masked_embedding.token_ordering");
-      expect_shape(view, {c.vocab_size});
+      if (view.shape != std::vector<int64_t>{c.vocab_size}) {
+        throw FormatError("tensor " + view.name + " in " + view.file + " has shape " +
+                          shape_str(view.shape) + " but config.json implies " +
+                          shape_str({c.vocab_size}));
+      }
       const auto ordering = host_tensor(view).to(at::kLong);
       if (ordering.numel() > 0 &&
           (ordering.min().item<int64_t>() < 0 || ordering.max().item<int64_t>() >= c.vocab_size)) {

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "common/errors.h"
-#include "common/shape.h"
 #include "io/aten_view.h"
 #include "ops/elementwise.h"
 #include "ops/rms_norm.h"
@@ -25,10 +24,7 @@ const TensorView& get(const Checkpoint& ckpt, const std::string& name,
                       " (config.json has a vision_config, so the vision tower's weights must be "
                       "there)");
   }
-  if (view->shape != shape) {
-    throw FormatError("tensor " + name + " in " + view->file + " has shape " +
-                      shape_str(view->shape) + " but config.json implies " + shape_str(shape));
-  }
+  expect_weight(*view, shape);
   return *view;
 }
 

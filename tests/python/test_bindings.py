@@ -198,6 +198,22 @@ def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
         tt.Tokenizer(str(tmp_path / "tokenizer.json"))
 
 
+def test_an_integer_tensor_for_a_weight_is_refused(tiny, tmp_path):
+    """Its bits read as numbers would make another model: the loader names the tensor."""
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "ints"
+    shutil.copytree(tiny, bad)
+    name = "model.language_model.layers.0.input_layernorm.weight"
+    for path in bad.glob("*.safetensors"):
+        tensors = load_file(path)
+        if name in tensors:
+            tensors[name] = tensors[name].view(torch.int32)
+            save_file(tensors, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=f"tensor {name} in .* has dtype I32, not a floating"):
+        tt.Engine(str(bad), context=16, dtype="float32")
+
+
 def test_a_missing_directory_is_file_not_found(tiny, tmp_path):
     missing = str(tmp_path / "missing")
     for kwargs, words in (
