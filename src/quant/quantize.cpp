@@ -115,6 +115,39 @@ void write_text(const fs::path& p, const std::string& text) {
   if (!out) throw ValueError("cannot write " + p.string());
 }
 
+// The group size a weight of `in` columns is quantized with (-1: the whole row); ValueError
+// unless the columns are whole groups.
+int64_t check_groups(const std::string& module, int64_t in, int64_t group_size) {
+  const int64_t group = group_size == -1 ? in : group_size;
+  if (group <= 0 || in % group != 0) {
+    throw ValueError(module + ": " + std::to_string(in) +
+                     " input columns are not a multiple of the group size " +
+                     std::to_string(group_size) + " (compressed-tensors requires whole groups)");
+  }
+  return group;
+}
+
+// Removes what a failed quantize wrote: the output directories, which were empty or absent
+// before (prepare_out_dir), are left as they were found.
+class OutputsOnFailure {
+ public:
+  void add(const std::string& dir, bool existed) { dirs_.push_back({dir, existed}); }
+  void keep() { dirs_.clear(); }
+  ~OutputsOnFailure() {
+    for (const auto& [dir, existed] : dirs_) {
+      std::error_code ec;
+      if (!existed) {
+        fs::remove_all(dir, ec);
+        continue;
+      }
+      for (const auto& entry : fs::directory_iterator(dir, ec)) fs::remove_all(entry.path(), ec);
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, bool>> dirs_;
+};
+
 void prepare_out_dir(const std::string& dir, const std::string& in_dir, const char* what) {
   std::error_code ec;
   if (fs::exists(dir, ec)) {
@@ -357,14 +390,7 @@ PackedInt4 quantize_weight(const at::Tensor& weight, const QuantizeSpec& spec,
                      std::to_string(weight.dim()) + " dims");
   }
   const int64_t out = weight.size(0), in = weight.size(1);
-  const int64_t group = spec.group_size == -1 ? in : spec.group_size;
-  if (group <= 0 || in % group != 0) {
-    throw ValueError(module + ": " + std::to_string(in) +
-                     " input columns are not a multiple of "
-                     "the group size " +
-                     std::to_string(spec.group_size) +
-                     " (compressed-tensors requires whole groups)");
-  }
+  const int64_t group = check_groups(module, in, spec.group_size);
   // Same ATen ops in the same dtypes as compressed-tensors, so every rounding step agrees.
   const at::ScalarType wt = weight.scalar_type();
   const at::ScalarType ct = spec.scale_dtype && *spec.scale_dtype != wt ? at::kFloat : wt;
@@ -463,8 +489,17 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
                      "quantization_config); quantize reads dense bf16/f16/f32 checkpoints");
   }
   const bool emb4 = !options.emb4_dir.empty();
-  prepare_out_dir(out_dir, in_dir, "OUT");
-  if (emb4) prepare_out_dir(options.emb4_dir, in_dir, "--emb4 directory");
+  if (emb4) {
+    const fs::path a = fs::weakly_canonical(out_dir), b = fs::weakly_canonical(options.emb4_dir);
+    const auto inside = [](const fs::path& dir, const fs::path& p) {
+      const auto rel = p.lexically_relative(dir);
+      return !rel.empty() && *rel.begin() != "..";
+    };
+    if (inside(a, b) || inside(b, a)) {
+      throw ValueError("--emb4 directory " + options.emb4_dir + " and OUT " + out_dir +
+                       " must be apart: each is a checkpoint of its own");
+    }
+  }
 
   const std::string& prefix = ckpt.prefix();
   const std::string embed = prefix + "embed_tokens", embed_ple = prefix + "embed_tokens_per_layer";
@@ -534,6 +569,26 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
     }
     rest_bytes += n;
     shards.back().items.push_back(std::move(item));
+  }
+
+  // Every weight's groups are checked before anything is written.
+  for (const Shard& shard : shards) {
+    for (const Item& item : shard.items) {
+      const auto& shape = ckpt.get(item.name).shape;
+      if (item.kind == Kind::kQuantize) check_groups(item.module, shape[1], options.group_size);
+      if (item.kind == Kind::kTable && emb4) check_groups(item.module, shape[1], kTableGroup);
+    }
+  }
+  // Added once prepared (found empty or absent): a directory refused is never touched.
+  OutputsOnFailure written;
+  std::error_code ec;
+  bool existed = fs::exists(out_dir, ec);
+  prepare_out_dir(out_dir, in_dir, "OUT");
+  written.add(out_dir, existed);
+  if (emb4) {
+    existed = fs::exists(options.emb4_dir, ec);
+    prepare_out_dir(options.emb4_dir, in_dir, "--emb4 directory");
+    written.add(options.emb4_dir, existed);
   }
 
   const QuantizeSpec spec{options.group_size, options.symmetric, std::nullopt};
@@ -606,6 +661,7 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
     twin_config["quantization_config"] = quantization_config(twin_groups, twin_ignore);
     emb4_out.finish(twin_config, ckpt);
   }
+  written.keep();
   return summary;
 }
 

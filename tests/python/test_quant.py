@@ -526,6 +526,34 @@ def test_emb4_twin_reads_back_through_our_reader(emb4_twin, tmp_path):
         assert torch.equal(ours[f"{module}.rows"], theirs[rows]), module
 
 
+def test_a_refused_quantize_leaves_no_output(tmp_path):
+    """Groups that do not fit are found before anything is written; a failure once OUT is made
+    (an --emb4 directory that cannot be) removes it; --emb4 cannot be OUT or inside it."""
+    (tmp_path / "in").mkdir()
+    dense_model(tmp_path / "in")
+
+    def refused(*args):
+        result = subprocess.run(
+            [_tool(), "quantize", tmp_path / "in", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode != 0, result.stderr
+        return result.stderr
+
+    assert "input columns are not a multiple of the group size 48" in refused(
+        tmp_path / "q", "--group", "48"
+    )
+    (tmp_path / "file").write_text("")
+    assert "cannot create --emb4 directory" in refused(
+        tmp_path / "q", "--emb4", tmp_path / "file" / "emb4"
+    )
+    assert "must be apart" in refused(tmp_path / "q", "--emb4", tmp_path / "q")
+    assert "must be apart" in refused(tmp_path / "q", "--emb4", tmp_path / "q" / "emb4")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "in"]
+
+
 def test_quantize_refuses_a_non_empty_output_and_a_quantized_input(tmp_path):
     (tmp_path / "in").mkdir()
     dense_model(tmp_path / "in")
