@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "common/errors.h"
+#include "common/number.h"
 #include "ops/argmax.h"
 
 namespace torchtpu {
@@ -37,21 +38,21 @@ void check(bool ok, const std::string& message) {
 
 void SamplingParams::validate(int64_t vocab) const {
   check(std::isfinite(temperature) && temperature >= 0,
-        "temperature must be >= 0, got " + std::to_string(temperature));
+        "temperature must be >= 0, got " + number_str(temperature));
   check(top_k >= 0, "top_k must be >= 0 (0 turns it off), got " + std::to_string(top_k));
-  check(top_p > 0 && top_p <= 1, "top_p must be in (0, 1], got " + std::to_string(top_p));
-  check(min_p >= 0 && min_p <= 1, "min_p must be in [0, 1], got " + std::to_string(min_p));
+  check(top_p > 0 && top_p <= 1, "top_p must be in (0, 1], got " + number_str(top_p));
+  check(min_p >= 0 && min_p <= 1, "min_p must be in [0, 1], got " + number_str(min_p));
   check(repetition_penalty > 0,
-        "repetition_penalty must be > 0, got " + std::to_string(repetition_penalty));
+        "repetition_penalty must be > 0, got " + number_str(repetition_penalty));
   check(presence_penalty >= -2 && presence_penalty <= 2,
-        "presence_penalty must be in [-2, 2], got " + std::to_string(presence_penalty));
+        "presence_penalty must be in [-2, 2], got " + number_str(presence_penalty));
   check(frequency_penalty >= -2 && frequency_penalty <= 2,
-        "frequency_penalty must be in [-2, 2], got " + std::to_string(frequency_penalty));
+        "frequency_penalty must be in [-2, 2], got " + number_str(frequency_penalty));
   for (const auto& [id, bias] : logit_bias) {
     check(id >= 0 && id < vocab, "logit_bias names token " + std::to_string(id) +
                                      ", outside the vocabulary [0, " + std::to_string(vocab) + ")");
     check(bias >= -100 && bias <= 100, "logit_bias for token " + std::to_string(id) +
-                                           " must be in [-100, 100], got " + std::to_string(bias));
+                                           " must be in [-100, 100], got " + number_str(bias));
   }
 }
 

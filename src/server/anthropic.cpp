@@ -100,6 +100,7 @@ ojson chat_messages(const ojson& messages,
     if (!content->is_array()) {
       throw wrong_type(p + ".content", "a string or an array of content blocks", *content);
     }
+    if (content->empty()) throw invalid(p + ".content", "must hold at least one content block");
     ojson turn = {{"role", role}, {"content", ""}};
     ojson parts = ojson::array();
     bool has_text = false;

@@ -351,6 +351,9 @@ GenerationArgs parse_generation_args(const ojson& args) {
     } else if (key == "max_tokens" || key == "seed") {
       if (!value.is_number_integer()) throw ToolError("'" + key + "' must be an integer");
       if (key == "max_tokens") {
+        if (const auto overflow = int64_overflow(value, key); !overflow.empty()) {
+          throw ToolError(overflow);
+        }
         g.max_tokens = value.get<int64_t>();
         if (g.max_tokens < 1) {
           throw ToolError("'max_tokens' must be at least 1, got " + std::to_string(g.max_tokens));
@@ -794,6 +797,16 @@ std::optional<ojson> handle_mcp_message(const McpTarget& target, const ojson& me
   if (message.value("jsonrpc", ojson()) != "2.0" ||
       (message.contains("method") && !message["method"].is_string())) {
     return rpc_error(id, kInvalidRequest, "not a JSON-RPC 2.0 message");
+  }
+  if (!message.contains("method") && !message.contains("result") && !message.contains("error")) {
+    return rpc_error(id, kInvalidRequest,
+                     "a JSON-RPC message needs a method (a request or a notification), or a "
+                     "result or an error (a response)");
+  }
+  if (is_request && !id.is_string() && !id.is_number_integer()) {
+    return rpc_error(nullptr, kInvalidRequest,
+                     std::string("an MCP request's id must be a string or an integer, got ") +
+                         json_type_name(id));
   }
   // Notifications (initialized, cancelled) and responses need no answer.
   if (!is_request) return std::nullopt;

@@ -1,19 +1,12 @@
 #include "server/metrics.h"
 
-#include <charconv>
 #include <chrono>
 
 #include "common/errors.h"
+#include "common/number.h"
 
 namespace torchtpu::server {
 namespace {
-
-// The shortest text that reads back as `v` (0.025, not 0.025000000000000001).
-std::string number(double v) {
-  char buffer[32];
-  const auto end = std::to_chars(buffer, buffer + sizeof(buffer), v).ptr;
-  return std::string(buffer, end);
-}
 
 // A label value in the text format's escaping: backslash, double quote and newline.
 std::string label_value(const std::string& v) {
@@ -58,11 +51,11 @@ std::string Histogram::render(const std::string& name, const std::string& labels
   int64_t cumulative = 0;
   for (size_t i = 0; i < counts_.size(); ++i) {
     cumulative += counts_[i];
-    const std::string le = i < bounds_.size() ? number(bounds_[i]) : "+Inf";
+    const std::string le = i < bounds_.size() ? number_str(bounds_[i]) : "+Inf";
     out += name + "_bucket{" + before_le + "le=\"" + le + "\"} " + std::to_string(cumulative) +
            "\n";
   }
-  out += name + "_sum" + own + " " + number(sum_) + "\n";
+  out += name + "_sum" + own + " " + number_str(sum_) + "\n";
   out += name + "_count" + own + " " + std::to_string(count_) + "\n";
   return out;
 }
@@ -157,7 +150,7 @@ std::string Metrics::render(const EngineLoad& load) const {
          std::to_string(load.rows));
   single("torchtpu_kv_cache_usage_ratio", "gauge",
          "KV cache positions held by running requests over the cache's positions, 0 to 1.",
-         number(load.kv_cache_usage));
+         number_str(load.kv_cache_usage));
   const std::string cache_labels = "block_size=\"" + std::to_string(load.block_size) +
                                    "\",num_gpu_blocks=\"" + std::to_string(load.blocks) + "\"";
   header("torchtpu_cache_config_info", "gauge",
@@ -209,7 +202,7 @@ std::string Metrics::render(const EngineLoad& load) const {
   single("torchtpu_engine_busy_seconds_total", "counter",
          "Seconds the engine thread spent in decode steps (one step serves every running "
          "request).",
-         number(load.busy_seconds));
+         number_str(load.busy_seconds));
   single("torchtpu_engine_asleep", "gauge",
          "1 while the engine's weights and caches are freed (--sleep-idle-seconds), else 0.",
          load.asleep ? "1" : "0");
@@ -244,10 +237,10 @@ std::string Metrics::render(const EngineLoad& load) const {
     header("vllm:num_requests_running", "gauge", "Requests being decoded.");
     sample("vllm:num_requests_running", model, std::to_string(load.running));
     header("vllm:kv_cache_usage_perc", "gauge", "KV cache usage, 1 means 100 percent usage.");
-    sample("vllm:kv_cache_usage_perc", model, number(load.kv_cache_usage));
+    sample("vllm:kv_cache_usage_perc", model, number_str(load.kv_cache_usage));
     header("vllm:gpu_cache_usage_perc", "gauge",
            "KV cache usage, 1 means 100 percent usage (vLLM's name before 0.10).");
-    sample("vllm:gpu_cache_usage_perc", model, number(load.kv_cache_usage));
+    sample("vllm:gpu_cache_usage_perc", model, number_str(load.kv_cache_usage));
     header("vllm:cache_config_info", "gauge", "Information of the KV cache's configuration.");
     if (load.blocks > 0) sample("vllm:cache_config_info", cache_labels, "1");
     header("vllm:lora_requests_info", "gauge",

@@ -1368,9 +1368,11 @@ SamplingParams sampling_params(const SamplingRequest& r, const SamplingRequest& 
   try {
     p.validate(vocab);
   } catch (const ValueError& e) {
+    // "top_p must be ...": the field named first, quoted as the server's own messages quote it.
     const std::string message = e.what();
-    throw ApiError(400, message, "invalid_request_error", message.substr(0, message.find(' ')),
-                   "invalid_value");
+    const std::string param = message.substr(0, message.find(' '));
+    throw ApiError(400, "'" + param + "'" + message.substr(param.size()), "invalid_request_error",
+                   param, "invalid_value");
   }
   return p;
 }

@@ -489,6 +489,28 @@ describe("sampling parameters", () => {
     });
   }
 
+  test("the sampler's refusals read as the server's own: the field quoted, the value as sent",
+    async () => {
+      for (const [fields, message] of [
+        [{ top_p: 0, temperature: 1 }, "'top_p' must be in (0, 1], got 0"],
+        [{ repetition_penalty: 0 }, "'repetition_penalty' must be > 0, got 0"],
+        [{ min_p: 1.5 }, "'min_p' must be between 0.0 and 1.0, got 1.5"],
+      ]) {
+        await assert.rejects(
+          client.chat.completions.create({ model: MODEL, messages: ask("hi"), ...fields }),
+          (e) => e instanceof OpenAI.BadRequestError && e.error.message === message,
+          message);
+      }
+      // Past int64 (JSON.stringify writes no such number): the value as sent, not wrapped.
+      const res = await fetch(`${server.baseURL}/chat/completions`, {
+        method: "POST", headers: { "content-type": "application/json" },
+        body: '{"messages":[{"role":"user","content":"hi"}],"max_tokens":9223372036854775808}',
+      });
+      assert.equal(res.status, 400);
+      assert.equal((await res.json()).error.message,
+        "'max_tokens' must be at most 9223372036854775807, got 9223372036854775808");
+    });
+
   test("a logit_bias of 100 forces its token; a seed reproduces sampled text", async () => {
     const [id] = (await (await fetch(`${server.url}/tokenize`, {
       method: "POST", body: JSON.stringify({ content: " ocean" }),

@@ -465,5 +465,20 @@ describe("Streamable HTTP details", () => {
     assert.equal((await fetch(`${server.url}/mcp`)).status, 405);
     const origin = await post({ jsonrpc: "2.0", id: 4, method: "ping" }, { Origin: "http://evil.example" });
     assert.equal(origin.status, 403);
+    // Neither a request nor a response: answered, or its sender would wait for id 5 for ever.
+    const neither = await (await post({ jsonrpc: "2.0", id: 5 })).json();
+    assert.deepEqual([neither.id, neither.error.code], [5, -32600]);
+    const objectId = await (await post({ jsonrpc: "2.0", id: { a: 1 }, method: "ping" })).json();
+    assert.equal(objectId.error.code, -32600);
+    assert.match(objectId.error.message, /id must be a string or an integer, got an object/);
+  });
+
+  test("a max_tokens past int64 is refused as sent, not wrapped", async () => {
+    const res = await post('{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"ask",' +
+      '"arguments":{"prompt":"hi","max_tokens":9223372036854775808}}}');
+    const { result } = await res.json();
+    assert.equal(result.isError, true);
+    assert.match(result.content[0].text,
+      /'max_tokens' must be at most 9223372036854775807, got 9223372036854775808/);
   });
 });

@@ -349,6 +349,7 @@ describe("errors", () => {
     [{ messages: [{ role: "system", content: [{ type: "image" }] }, ...ask("hi")] }, "messages.0.content.0.type"],
     [{ messages: [{ role: "user" }] }, "messages.0.content"],
     [{ messages: [{ role: "user", content: 5 }] }, "messages.0.content"],
+    [{ messages: [{ role: "user", content: [] }] }, "messages.0.content"],
     [{ messages: [{ role: "user", content: [{ type: "image", source: {} }] }] }, "messages.0.content.0.source.type"],
     [{ messages: [{ role: "user", content: [{ type: "text" }] }] }, "messages.0.content.0.text"],
     [{ messages: [{ role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_nope" }] }] },
