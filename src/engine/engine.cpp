@@ -4,6 +4,7 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/record_function.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -70,20 +71,38 @@ at::Device parse_device(const std::string& name) {
                      "' (expected cpu, cuda, cuda:N, or the name of a registered backend: tpu "
                      "after importing torch_tpu, or one loaded with --device-library)");
   }
+  check_device(*device, name);
+  return *device;
+}
+
+void check_device(const at::Device& device, const std::string& name) {
+  if (device.is_meta() || device.type() == at::kLazy) {
+    throw ValueError("device '" + name +
+                     "' holds no data (one of torch's placeholder devices): give cpu, cuda[:N] "
+                     "or a backend's device");
+  }
+  if (!c10::impl::hasDeviceGuardImpl(device.type())) {
+    throw ValueError("device '" + name + "': this torch has no " +
+                     c10::DeviceTypeName(device.type(), /*lower_case=*/true) +
+                     " backend (built without it, or the module that registers it is not "
+                     "loaded)");
+  }
+  if (device.is_cpu() && device.index() > 0) {
+    throw ValueError("device '" + name + "': the CPU is one device, cpu or cpu:0");
+  }
   // A CUDA device this machine lacks is the user's mistake, named here rather than by the first
   // copy to it (whose message is the driver's, with a C++ backtrace).
-  if (device->is_cuda()) {
+  if (device.is_cuda()) {
     const int64_t count = at::detail::getCUDAHooks().deviceCount();
     if (count == 0) {
       throw ValueError("device '" + name + "': torch sees no CUDA device on this machine");
     }
-    if (device->index() >= count) {
+    if (device.index() >= count) {
       throw ValueError("device '" + name + "': torch sees " + std::to_string(count) +
                        " CUDA device" + (count == 1 ? "" : "s") + ", cuda:0 to cuda:" +
                        std::to_string(count - 1));
     }
   }
-  return *device;
 }
 
 at::ScalarType parse_dtype_name(const std::string& name) {

@@ -83,6 +83,9 @@ int64_t default_threads();
 
 // "cpu", "cuda:0", "tpu" (after torch_tpu registered it) -> a device; ValueError otherwise.
 at::Device parse_device(const std::string& name);
+// ValueError (naming `name`) unless the engine can hold weights on `device`: not a placeholder
+// (meta, lazy), a type this torch has a backend for, the one CPU, a CUDA device this machine has.
+void check_device(const at::Device& device, const std::string& name);
 // "bfloat16"/"bf16", "float32"/"f32", "float16"/"f16" -> a dtype; ValueError otherwise.
 at::ScalarType parse_dtype_name(const std::string& name);
 std::string dtype_name(at::ScalarType dtype);

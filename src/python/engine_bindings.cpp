@@ -163,6 +163,7 @@ EngineOptions engine_options(const std::string& model_dir, const std::optional<s
       throw ValueError("device '" + named->str() + "' and like.device '" + from_like.str() +
                        "' disagree; give one of them");
     }
+    check_device(from_like, from_like.str());
     named = from_like;
   }
   options.device = named.value_or(at::Device(at::kCPU));

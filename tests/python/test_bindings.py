@@ -88,6 +88,11 @@ def test_bad_input_is_value_error(engine, call, words):
         ({"dtype": "int3"}, ["dtype", "int3"]),
         ({"dtype": torch.int8}, ["dtype", "int8"]),
         ({"device": "quantum:0"}, ["device", "quantum:0"]),
+        # Devices torch names but the engine cannot hold weights on.
+        ({"device": "meta"}, ["device 'meta' holds no data"]),
+        ({"device": "mps"}, ["device 'mps'", "no mps backend"]),
+        ({"device": "cpu:7"}, ["device 'cpu:7'", "the CPU is one device"]),
+        ({"like": torch.zeros(1, device="meta")}, ["device 'meta' holds no data"]),
         ({"context": 0}, ["context", "0"]),
         ({"threads": -1}, ["threads", "-1"]),
         ({"int4": "fast"}, ["int4 weights", "fast", "packed"]),
@@ -256,7 +261,7 @@ def test_like_names_the_device(tiny):
     )
     # "meta" names a device on every machine (cuda:0 would be refused first where there is none).
     with pytest.raises(ValueError, match="disagree"):
-        tt.Engine(tiny, like=torch.zeros(1), device="meta")
+        tt.Engine(tiny, like=torch.zeros(1, device="meta"), device="cpu")
     with pytest.raises(TypeError, match="torch.Tensor"):
         tt.Engine(tiny, like=[0.0])
 
