@@ -613,6 +613,10 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
                     "full layers must all have the same head_dim (" +
                         std::to_string(c.global_head_dim) + ")");
     }
+    // RoPE rotates dimension j with j + head_dim / 2.
+    if (head_dims[l] % 2 != 0) {
+      f.unsupported(field, json{{"head_dim", head_dims[l]}}, "RoPE needs an even head_dim");
+    }
   }
 
   if (f.has("rope_parameters")) {

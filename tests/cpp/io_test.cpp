@@ -880,6 +880,8 @@ const BadConfig kBadConfigs[] = {
      "text_config.hidden_size must be positive, got 0"},
     {"SizeNotAnInteger", [](json& t) { t["head_dim"] = 256.5; },
      "text_config.head_dim must be an integer, got 256.5"},
+    {"OddHeadDim", [](json& t) { t["head_dim"] = 255; },
+     "text_config.head_dim = {\"head_dim\":255} is not supported: RoPE needs an even head_dim"},
     {"TooManySharedLayers", [](json& t) { t["num_kv_shared_layers"] = 35; },
      "text_config.num_kv_shared_layers = 35 must be in [0, num_hidden_layers = 35)"},
     {"SharedLayerWithoutSource", [](json& t) { t["num_kv_shared_layers"] = 31; },
