@@ -92,9 +92,12 @@ void add_generate_command(CLI::App& app) {
   auto* ids = cmd->add_option("--ids", a->ids, "Prompt token ids, comma-separated");
   auto* prompt = cmd->add_option("--prompt", a->prompt, "Prompt text (needs tokenizer.json)");
   ids->excludes(prompt);
-  cmd->add_flag("--chat", a->chat, "Render --prompt as a user turn with the chat template");
-  cmd->add_option("--system", a->system, "System prompt (implies --chat)");
-  cmd->add_flag("--think", a->think, "Enable thinking in the chat template (implies --chat)");
+  // The chat flags render text: with --ids there is none, so they would do nothing.
+  cmd->add_flag("--chat", a->chat, "Render --prompt as a user turn with the chat template")
+      ->excludes(ids);
+  cmd->add_option("--system", a->system, "System prompt (implies --chat)")->excludes(ids);
+  cmd->add_flag("--think", a->think, "Enable thinking in the chat template (implies --chat)")
+      ->excludes(ids);
   cmd->add_option("--image", a->images,
                   "Image file (JPEG, PNG, WebP), repeatable. With --chat the user turn is the "
                   "images, the clips, then the text; otherwise their placeholders follow <bos>; "
@@ -117,15 +120,15 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_option("--dump-logits", a->dump_logits,
                   "Write prompt_logits [T, V] and step_logits [N, V] (f32) to a safetensors file");
-  cmd->callback([a, seed, draft_max] {
-    if (a->ids.empty() && a->prompt.empty()) throw ValueError("give --ids or --prompt");
+  cmd->callback([a, seed, draft_max, ids, prompt] {
+    if (ids->count() == 0 && prompt->count() == 0) throw ValueError("give --ids or --prompt");
     const EngineOptions options = a->engine.options();
     if (draft_max->count() == 0) a->draft.tokens = default_draft_tokens(options.draft_model);
     Engine engine(options);
     const int64_t rss_after_load = resident_bytes();
     std::optional<Tokenizer> tokenizer;
     std::vector<int64_t> ids;
-    if (!a->prompt.empty()) {
+    if (prompt->count() > 0) {
       const auto path = Checkpoint(options.model_dir).file_if_exists("tokenizer.json");
       if (path.empty()) {
         throw NotFoundError("--prompt needs " + options.model_dir +

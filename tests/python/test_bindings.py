@@ -203,6 +203,17 @@ def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
         tt.Tokenizer(str(tmp_path / "tokenizer.json"))
 
 
+def test_generate_chat_flags_need_text_and_take_an_empty_prompt(cli, tmp_path, test_tokenizer_dir):
+    model = cli.make_tiny(tmp_path / "chat", dtype="bf16", tokenizer=test_tokenizer_dir)
+    for flag in (["--chat"], ["--system", "Be brief."], ["--think"]):
+        out = subprocess.run([cli.path, "generate", "--model", model, "--ids", "2", *flag],
+                             capture_output=True, text=True)
+        assert out.returncode != 0 and f"--ids excludes {flag[0]}" in out.stderr, out.stderr
+    # An empty user turn is a prompt: the template's turn around it.
+    out = cli("generate", "--model", model, "--prompt", "", "--chat", "--max-new", 2, "--json")
+    assert json.loads(out.stdout)["prompt_tokens"] > 3
+
+
 def test_an_integer_tensor_for_a_weight_is_refused(tiny, tmp_path):
     """Its bits read as numbers would make another model: the loader names the tensor."""
     from safetensors.torch import load_file, save_file
