@@ -550,6 +550,14 @@ GenerationRequest parse_completion_request(const ojson& body) {
     throw ApiError(400, "only best_of=1 is supported", "invalid_request_error", "best_of",
                    "unsupported_value");
   }
+  // OpenAI's insertion: text to complete before, which the reply would have to end in.
+  if (const ojson* suffix = field(body, "suffix"); suffix && !suffix->is_null()) {
+    if (!suffix->is_string()) throw wrong_type("suffix", "a string", *suffix);
+    if (!suffix->get<std::string>().empty()) {
+      throw unsupported("suffix",
+                        "is not supported: Gemma 4 has no fill-in-the-middle tokens to place it");
+    }
+  }
   const ojson* prompt = field(body, "prompt");
   if (!prompt) throw missing("prompt");
   // A string or token ids; or an array of prompts, each a string or an array of token ids.

@@ -325,6 +325,17 @@ describe("errors are OpenAI error objects with the right status", () => {
     });
   }
 
+  test("completions' suffix (insertion) is a 400: Gemma 4 has no fill-in-the-middle", async () => {
+    await assert.rejects(
+      client.completions.create({ model: MODEL, prompt: "def f(", suffix: "return x", max_tokens: 2 }),
+      (e) => isStatus(OpenAI.BadRequestError, 400)(e) && e.param === "suffix" &&
+        /fill-in-the-middle/.test(e.message));
+    // An empty or null suffix asks for nothing.
+    const plain = await client.completions.create({ model: MODEL, prompt: "def f(", suffix: "",
+      max_tokens: 2 });
+    assert.equal(plain.choices.length, 1);
+  });
+
   test("a prompt longer than the context: 400 naming both numbers", async () => {
     await assert.rejects(
       chat({ messages: [{ role: "user", content: "ocean ".repeat(CONTEXT + 100) }] }),
