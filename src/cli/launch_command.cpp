@@ -18,6 +18,7 @@
 
 #include "cli/commands.h"
 #include "common/errors.h"
+#include "server/connection.h"
 #include "server/mcp.h"
 
 namespace torchtpu::cli {
@@ -59,9 +60,8 @@ std::pair<std::vector<std::string>, std::string> served_models(const std::string
   const auto res = get(origin, api_key, "/v1/models");
   if (!res) {
     throw std::runtime_error("no server answers at " + origin + " (" +
-                             httplib::to_string(res.error()) +
-                             " error): start one with `torchtpu-cpp serve`, or name yours with "
-                             "--url");
+                             server::describe(res.error()) +
+                             "): start one with `torchtpu-cpp serve`, or name yours with --url");
   }
   if (res->status == 401) {
     throw ValueError(origin + (api_key.empty() ? " wants an API key" : " refused the API key") +

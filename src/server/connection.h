@@ -25,6 +25,10 @@ bool peer_closed(int fd);
 // The accept queue bind_listener asks for (the kernel caps it at net.core.somaxconn).
 constexpr int kListenBacklog = 1024;
 
+// What went wrong with a request this process made (to an upstream, a server), in words:
+// "connection refused or unreachable" rather than httplib's enum name "Connection".
+std::string describe(httplib::Error error);
+
 // ValueError unless `port` is a TCP port or 0 (a larger one would wrap to another port).
 void check_port(int port);
 

@@ -22,6 +22,7 @@
 #include "common/base64.h"
 #include "common/errors.h"
 #include "common/json_type.h"
+#include "server/connection.h"
 #include "server/openai.h"
 
 namespace torchtpu::server {
@@ -96,7 +97,7 @@ class ServerClient {
   }
 
   ToolError unreachable(const std::string& path, httplib::Error error) const {
-    return ToolError("cannot reach " + url_ + path + ": " + httplib::to_string(error));
+    return ToolError("cannot reach " + url_ + path + ": " + describe(error));
   }
 
   // The server's own error message for a failed request; `explain`, when given, rewrites it

@@ -339,9 +339,9 @@ void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
     // only when it is idempotent.
     const bool unsent = x->error == httplib::Error::Connection;
     std::cerr << "torchtpu-cpp proxy: " << url << " did not answer " << req.method << " "
-              << req.path << ": " << httplib::to_string(x->error) << "\n";
+              << req.path << ": " << describe(x->error) << "\n";
     if (attempt == 0 && (unsent || idempotent)) continue;
-    send_error(res, 502, "the upstream " + url + " did not answer: " + httplib::to_string(x->error),
+    send_error(res, 502, "the upstream " + url + " did not answer: " + describe(x->error),
                "upstream_unreachable");
     return;
   }
@@ -403,7 +403,7 @@ void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
     for (const auto& chunk : x->chunks) body += chunk;
     if (x->error != httplib::Error::Success) {
       send_error(res, 502,
-                 "the upstream " + url + " broke off its answer: " + httplib::to_string(x->error),
+                 "the upstream " + url + " broke off its answer: " + describe(x->error),
                  "upstream_broken");
       return;
     }
@@ -439,7 +439,7 @@ void Proxy::status(httplib::Response& res) {
       }
     } else {
       out["upstream_health_status"] = nullptr;
-      out["upstream_error"] = httplib::to_string(health.error());
+      out["upstream_error"] = describe(health.error());
     }
   }
   res.set_content(dump(out), "application/json");

@@ -2972,6 +2972,9 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   if (options.pass_rows < 0) {
     throw ValueError("--pass-rows must be at least 0, got " + std::to_string(options.pass_rows));
   }
+  if (options.max_queue < 0) {
+    throw ValueError("--max-queue must be at least 0, got " + std::to_string(options.max_queue));
+  }
   if (options.reasoning_budget < -1) {
     throw ValueError("--reasoning-budget must be -1 (no limit) or at least 0, got " +
                      std::to_string(options.reasoning_budget));

@@ -7,12 +7,11 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { RULES, startForcedServer } from "./forced_output.mjs";
-import { cliPath } from "./server_helpers.mjs";
+import { cliPath, closedPort } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const KEY = "sk-launch-test";
@@ -54,15 +53,6 @@ function launch(args, { env = {}, pathVar } = {}) {
   });
   const agent = fs.existsSync(out) ? JSON.parse(fs.readFileSync(out, "utf8")) : null;
   return { status: r.status, stdout: r.stdout, stderr: r.stderr, agent };
-}
-
-// A port nothing listens on: bound, then closed.
-async function closedPort() {
-  const s = net.createServer();
-  await new Promise((resolve) => s.listen(0, "127.0.0.1", resolve));
-  const { port } = s.address();
-  await new Promise((resolve) => s.close(resolve));
-  return port;
 }
 
 describe("claude", () => {
@@ -183,7 +173,7 @@ describe("errors name what to do, and no agent runs", () => {
     assert.equal(r.status, 1);
     assert.equal(r.agent, null);
     assert.match(r.stderr, new RegExp(`error: no server answers at http://127\\.0\\.0\\.1:${port} ` +
-      "\\(Connection error\\): start one with `torchtpu-cpp serve`, or name yours with --url"));
+      "\\(connection refused or unreachable\\): start one with `torchtpu-cpp serve`, or name yours with --url"));
   });
 
   test("a server that wants a key, without one or with a wrong one", () => {

@@ -420,6 +420,7 @@ describe("bad values of the new flags", () => {
         "error: --step-tokens must exceed --parallel (2) and be at most 2^20, or be 0 for the " +
         "default, got 2000000"],
       [["--pass-rows", "-1"], "error: --pass-rows must be at least 0, got -1"],
+      [["--max-queue", "-1"], "error: --max-queue must be at least 0, got -1"],
       [["--reasoning-budget", "-3"],
         "error: --reasoning-budget must be -1 (no limit) or at least 0, got -3"],
       [["--sleep-idle-seconds", "-2"],

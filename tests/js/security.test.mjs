@@ -6,7 +6,7 @@ import http from "node:http";
 import net from "node:net";
 import os from "node:os";
 import { after, before, describe, test } from "node:test";
-import { startProxy, startServer } from "./server_helpers.mjs";
+import { closedPort, startProxy, startServer } from "./server_helpers.mjs";
 
 const KEY = "sk-server-key";
 let server;
@@ -261,6 +261,16 @@ describe("the proxy", () => {
     const open = await proxy([]);
     const passed = await call(open, ["GET", "/v1/models"], { "x-api-key": KEY });
     assert.deepEqual(await passed.json(), { authorization: null, apiKey: KEY });
+  });
+
+  test("an upstream nothing listens on is a 502 that says so in words", async () => {
+    const gone = `http://127.0.0.1:${await closedPort()}`;
+    const p = startProxy(["--upstream", gone]);
+    started.push(p);
+    const res = await fetch(`${await p.url}/v1/models`);
+    assert.equal(res.status, 502);
+    assert.equal((await res.json()).error.message,
+      `the upstream ${gone} did not answer: connection refused or unreachable`);
   });
 
   test("refuses a port past 65535, which would wrap to another", async () => {

@@ -2,6 +2,7 @@
 // files and bench/serve_bench.mjs.
 import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
+import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -124,6 +125,15 @@ export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_00
 }
 
 // `torchtpu-cpp proxy --port 0 ARGS`: {child, url (a promise), exited (its code), stderr()}.
+// A port nothing listens on: bound, then closed.
+export async function closedPort() {
+  const s = net.createServer();
+  await new Promise((resolve) => s.listen(0, "127.0.0.1", resolve));
+  const { port } = s.address();
+  await new Promise((resolve) => s.close(resolve));
+  return port;
+}
+
 export function startProxy(args) {
   const port = args.includes("--port") ? [] : ["--port", "0"];
   const child = spawn(cliPath(), ["proxy", ...port, ...args], {

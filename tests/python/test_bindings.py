@@ -201,6 +201,8 @@ def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
         tt.Engine(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):  # NotFoundError
         tt.Tokenizer(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(FileNotFoundError, match="is a directory: give the tokenizer.json in it"):
+        tt.Tokenizer(str(tmp_path))
 
 
 def test_generate_chat_flags_need_text_and_take_an_empty_prompt(cli, tmp_path, test_tokenizer_dir):
