@@ -951,7 +951,8 @@ Tokenizer::Tokenizer(std::shared_ptr<text_detail::TokenizerModel> model)
 Tokenizer Tokenizer::from_file(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
-    throw NotFoundError("tokenizer file " + path + " is a directory: give the tokenizer.json in it");
+    throw NotFoundError("tokenizer file " + path +
+                        " is a directory: give the tokenizer.json in it");
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw NotFoundError("tokenizer file " + path + " cannot be opened");
