@@ -64,17 +64,6 @@ bool peer_closed(int fd) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-std::string describe(httplib::Error error) {
-  switch (error) {
-    case httplib::Error::Connection: return "connection refused or unreachable";
-    case httplib::Error::ConnectionTimeout: return "no connection within the timeout";
-    case httplib::Error::Read: return "the connection closed or timed out while reading";
-    case httplib::Error::Write: return "the connection closed while writing";
-    case httplib::Error::Canceled: return "cancelled";
-    default: return httplib::to_string(error);
-  }
-}
-
 void check_port(int port) {
   if (port < 0 || port > 65535) {
     throw ValueError("--port must be between 0 (any free port) and 65535, got " +

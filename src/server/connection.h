@@ -26,8 +26,18 @@ bool peer_closed(int fd);
 constexpr int kListenBacklog = 1024;
 
 // What went wrong with a request this process made (to an upstream, a server), in words:
-// "connection refused or unreachable" rather than httplib's enum name "Connection".
-std::string describe(httplib::Error error);
+// "connection refused or unreachable" rather than httplib's enum name "Connection". Inline: the
+// MCP fuzz harness compiles mcp.cpp without this file's sockets.
+inline std::string describe(httplib::Error error) {
+  switch (error) {
+    case httplib::Error::Connection: return "connection refused or unreachable";
+    case httplib::Error::ConnectionTimeout: return "no connection within the timeout";
+    case httplib::Error::Read: return "the connection closed or timed out while reading";
+    case httplib::Error::Write: return "the connection closed while writing";
+    case httplib::Error::Canceled: return "cancelled";
+    default: return httplib::to_string(error);
+  }
+}
 
 // ValueError unless `port` is a TCP port or 0 (a larger one would wrap to another port).
 void check_port(int port);
