@@ -85,12 +85,12 @@ def _check_echo(answer, reference):
         best = np.sort(want[i - 1])[::-1][:5]
         assert np.abs(np.sort(list(lp["top_logprobs"][i].values()))[::-1] - best).max() <= TOL
     # The text is the prompt's, then the answer's, and each prompt token's offset is where its
-    # text starts in it.
-    text = answer["choices"][0]["text"].encode()
-    pieces = [b""] + [tokenizer.decode([t]).encode() for t in ids[1:]]
-    assert text.startswith(b"".join(pieces))
+    # text starts in it, in characters (Python's str indexes), as OpenAI and vLLM count them.
+    text = answer["choices"][0]["text"]
+    pieces = [""] + [tokenizer.decode([t]) for t in ids[1:]]
+    assert text.startswith("".join(pieces))
     assert lp["text_offset"][:n] == list(np.cumsum([0] + [len(p) for p in pieces[:-1]]))
-    assert lp["text_offset"][n] == len(b"".join(pieces))
+    assert lp["text_offset"][n] == len("".join(pieces))
     return lp
 
 
