@@ -55,13 +55,18 @@ inline TensorToWrite to_write(const std::string& name, const at::Tensor& t) {
 }
 
 // FormatError (naming the tensor, its file and what config.json implies) unless `view` has
-// `shape` and holds floating-point values: a model weight, which an integer tensor's bits would
-// only pass for.
-inline void expect_weight(const TensorView& view, const std::vector<int64_t>& shape) {
+// `shape`.
+inline void expect_shape(const TensorView& view, const std::vector<int64_t>& shape) {
   if (view.shape != shape) {
     throw FormatError("tensor " + view.name + " in " + view.file + " has shape " +
                       shape_str(view.shape) + " but config.json implies " + shape_str(shape));
   }
+}
+
+// expect_shape, and floating-point values: a model weight, which an integer tensor's bits would
+// only pass for.
+inline void expect_weight(const TensorView& view, const std::vector<int64_t>& shape) {
+  expect_shape(view, shape);
   if (!at::isFloatingType(scalar_type(view.dtype))) {
     throw FormatError("tensor " + view.name + " in " + view.file + " has dtype " +
                       dtype_name(view.dtype) + ", not a floating-point one (F32, BF16, F16)");

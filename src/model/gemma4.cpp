@@ -348,11 +348,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
     if (a.use_ordered_embeddings) {
       centroids_ = linear_weight(ckpt, "masked_embedding.centroids", {a.num_centroids, H});
       const auto& view = ckpt.get("masked_embedding.token_ordering");
-      if (view.shape != std::vector<int64_t>{c.vocab_size}) {
-        throw FormatError("tensor " + view.name + " in " + view.file + " has shape " +
-                          shape_str(view.shape) + " but config.json implies " +
-                          shape_str({c.vocab_size}));
-      }
+      expect_shape(view, {c.vocab_size});
       const auto ordering = host_tensor(view).to(at::kLong);
       if (ordering.numel() > 0 &&
           (ordering.min().item<int64_t>() < 0 || ordering.max().item<int64_t>() >= c.vocab_size)) {
