@@ -155,27 +155,29 @@ const std::vector<int64_t>* PrefixCache::row_state(int64_t row) const {
   return it == row_states_.end() ? nullptr : &it->second;
 }
 
-std::list<PrefixCache::State>::const_iterator PrefixCache::longest_state(
+std::pair<std::list<PrefixCache::State>::const_iterator, int64_t> PrefixCache::covering(
     const std::vector<int64_t>& prompt) const {
   const auto n = static_cast<int64_t>(prompt.size());
   auto best = states_.end();
+  int64_t covered = 0;
   for (auto it = states_.begin(); it != states_.end(); ++it) {
     const auto p = static_cast<int64_t>(it->tokens.size());
-    if (p < n && (best == states_.end() || p > static_cast<int64_t>(best->tokens.size())) &&
+    const int64_t covers = std::min(p, n - 1);
+    if (p <= n && covers > covered &&
         std::equal(it->tokens.begin(), it->tokens.end(), prompt.begin())) {
       best = it;
+      covered = covers;
     }
   }
-  return best;
+  return {best, covered};
 }
 
 int64_t PrefixCache::held_for(const std::vector<int64_t>& prompt) const {
-  const auto best = longest_state(prompt);
-  return best == states_.end() ? 0 : static_cast<int64_t>(best->tokens.size());
+  return covering(prompt).second;
 }
 
 int64_t PrefixCache::restore(const std::vector<int64_t>& prompt, Rings& rings, int64_t row) {
-  const auto best = longest_state(prompt);
+  const auto [best, p] = covering(prompt);
   if (best == states_.end()) {
     ++stats_.misses;
     return 0;
@@ -187,7 +189,8 @@ int64_t PrefixCache::restore(const std::vector<int64_t>& prompt, Rings& rings, i
     if (ring.type == LayerType::kSliding) {
       ring.k[row].copy_(state.sliding_k[sliding]);
       ring.v[row].copy_(state.sliding_v[sliding]);
-      ring.kpos[row].copy_(state.sliding_kpos[sliding]);
+      const auto& kpos = state.sliding_kpos[sliding];
+      ring.kpos[row].copy_(kpos.masked_fill(kpos >= p, -1));
       ++sliding;
       continue;
     }
@@ -198,10 +201,9 @@ int64_t PrefixCache::restore(const std::vector<int64_t>& prompt, Rings& rings, i
       ring.v[row].narrow(1, begin, size).copy_(block->v[full]);
       begin += size;
     }
-    ring.kpos[row].narrow(0, 0, begin).copy_(at::arange(begin, ring.kpos.options()));
+    ring.kpos[row].narrow(0, 0, p).copy_(at::arange(p, ring.kpos.options()));
     ++full;
   }
-  const auto p = static_cast<int64_t>(state.tokens.size());
   ++stats_.hits;
   stats_.reused_tokens += p;
   return p;

@@ -51,9 +51,13 @@ class PrefixCache {
   // Saves row `row` of `rings` as the state after `tokens` (the ring holds exactly their entries,
   // at positions 0..tokens.size()-1). A state already held for the same tokens is only touched.
   void save(const std::vector<int64_t>& tokens, Rings& rings, int64_t row);
-  // Finds the longest saved state whose tokens are a proper prefix of `prompt` (at least one
-  // prompt token is left to read, for the logits) and writes it into row `row` of `rings`, which
-  // must be empty (reset). Returns the tokens it covers (0: none, the row untouched).
+  // Finds the saved state that covers most of `prompt` and writes it into row `row` of `rings`,
+  // which must be empty (reset). Returns the tokens it covers (0: none, the row untouched). A
+  // state covers the tokens it shares with the prompt when they are its own tokens, less the
+  // prompt's last token, which is left to read for the logits: a state saved for the whole prompt
+  // (the same prompt sent again) covers all of it but that token. Its entry for that token's
+  // position is left out: the entry it overwrote in a sliding ring is outside every window from
+  // that position on.
   int64_t restore(const std::vector<int64_t>& prompt, Rings& rings, int64_t row);
   // The tokens restore() would cover now, with nothing restored or counted.
   int64_t held_for(const std::vector<int64_t>& prompt) const;
@@ -102,8 +106,10 @@ class PrefixCache {
   bool touch(const std::vector<int64_t>& tokens);
   void evict_to(int64_t budget);
   int64_t held_bytes() const;
-  // The longest state whose tokens are a proper prefix of `prompt`, or states_.end().
-  std::list<State>::const_iterator longest_state(const std::vector<int64_t>& prompt) const;
+  // The state covering most of `prompt` (see restore) and what it covers; states_.end() and 0
+  // when none covers a token.
+  std::pair<std::list<State>::const_iterator, int64_t> covering(
+      const std::vector<int64_t>& prompt) const;
 
   int64_t budget_;
   int64_t block_;

@@ -112,11 +112,29 @@ TEST(PrefixCache, ASequenceReusesOnlyWhatWasSavedUnderItsSalt) {
   };
   const auto alone_tokens = alone(engine, prompt, 6).result.tokens;
   for (const auto& [salt, cached] : std::vector<std::pair<std::string, int64_t>>{
-           {"a", 0}, {"a", 32}, {"b", 0}, {"", 0}, {"", 32}, {"b", 32}}) {
+           {"a", 0}, {"a", 36}, {"b", 0}, {"", 0}, {"", 36}, {"b", 36}}) {
     const auto result = salted(salt);
     EXPECT_EQ(result.cached_tokens, cached) << "salt '" << salt << "'";
     EXPECT_EQ(result.tokens, alone_tokens) << "salt '" << salt << "'";
   }
+}
+
+// A regenerated reply: the state saved where the prompt ended serves the prompt itself, less
+// its last token, which is read again for the logits. 37 is no multiple of the block and spans
+// several sliding windows; the slot of the left-out entry held one that no later window reaches.
+TEST(PrefixCache, APromptSentAgainReadsOnlyItsLastToken) {
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 1, .cache_bytes = 64 << 20, .cache_block = 16});
+  const auto prompt = tokens_of(37, 5);
+  const auto expected = alone(engine, prompt, 10);
+  expect_same(through(batch, prompt, 10), expected);
+  const auto again = through(batch, prompt, 10);
+  EXPECT_EQ(again.result.cached_tokens, 36);
+  expect_same(again, expected);
+  // The sequence left a longer state (the prompt and 9 fed tokens): it does not cover this one.
+  const auto shorter = std::vector<int64_t>(prompt.begin(), prompt.begin() + 30);
+  EXPECT_EQ(through(batch, shorter, 4).result.cached_tokens, 16);
+  EXPECT_EQ(batch.stats().cache.reused_tokens, 36 + 16);
 }
 
 TEST(PrefixCache, ATurnWhoseReplyIsRenderedInOtherTokensReusesThePreviousPrompt) {

@@ -73,6 +73,12 @@ describe("models, engine, health", () => {
   });
 });
 
+// The usage of a prompt sent again: the prefix cache holds all of it but its last token, which
+// is read again for the logits.
+function repeated(usage) {
+  return { ...usage, prompt_tokens_details: { cached_tokens: usage.prompt_tokens - 1 } };
+}
+
 describe("chat completions", () => {
   let whole;
   before(async () => {
@@ -127,7 +133,7 @@ describe("chat completions", () => {
     );
     const usage = chunks.at(-1);
     assert.deepEqual(usage.choices, []);
-    assert.deepEqual(usage.usage, whole.usage);
+    assert.deepEqual(usage.usage, repeated(whole.usage));
     assert.ok(chunks.slice(0, -1).every((c) => c.usage === null));
   });
 
@@ -196,7 +202,7 @@ describe("text completions", () => {
     const text = chunks.map((c) => c.choices[0]?.text ?? "").join("");
     assert.equal(text, whole.choices[0].text);
     assert.equal(chunks.at(-2).choices[0].finish_reason, whole.choices[0].finish_reason);
-    assert.deepEqual(chunks.at(-1).usage, whole.usage);
+    assert.deepEqual(chunks.at(-1).usage, repeated(whole.usage));
   });
 });
 

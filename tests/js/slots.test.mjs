@@ -56,8 +56,9 @@ describe("slot save, restore and erase", () => {
         filename: "conv.bin", n_saved: first.length, n_written: statSync(file).size,
         timings: undefined });
       assert.ok(saved.body.timings.save_ms >= 0);
+      // Sent again, `second` starts from the state its first pass saved at its prompt's end.
       expected = await complete(a.url, second, 8);
-      assert.equal(expected.cached, first.length);
+      assert.equal(expected.cached, second.length - 1);
     } finally {
       await a.stop();
     }
@@ -73,11 +74,12 @@ describe("slot save, restore and erase", () => {
       const metrics = await (await fetch(`${b.url}/v1/engine`)).json();
       assert.equal(metrics.prefix_cache.states, 1, JSON.stringify(metrics.prefix_cache));
       // A fresh server: only the file can have given it these tokens.
-      assert.deepEqual(await complete(b.url, second, 8), expected);
+      assert.deepEqual(await complete(b.url, second, 8), { ...expected, cached: first.length });
 
       const erased = await post(b.url, "/slots/1?action=erase");
       assert.deepEqual(erased, { status: 200, body: { id_slot: 1, n_erased: first.length } });
-      assert.deepEqual(await complete(b.url, second, 8), { ...expected, cached: 0 });
+      // Only the erased state shares its start with this prompt.
+      assert.equal((await complete(b.url, [...first, 900, 901], 2)).cached, 0);
       const again = await post(b.url, "/slots/1?action=save", { filename: "gone.bin" });
       assert.equal(again.status, 400);
       assert.match(again.body.error.message, /^slot 1 has no state to save/);
