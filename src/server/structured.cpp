@@ -296,7 +296,8 @@ std::optional<Grammar> parse_response_format(const ojson& body) {
     }
   }
   const ojson* schema = field(*spec, "schema");
-  if (!schema) throw missing("response_format.json_schema.schema");
+  // OpenAI makes the schema optional: without one the answer is a JSON object, as json_object's.
+  if (!schema) return Grammar{GrammarKind::kJsonObject, ""};
   if (!schema->is_object()) {
     throw wrong_type("response_format.json_schema.schema", "a JSON Schema object", *schema);
   }

@@ -131,6 +131,10 @@ TEST(ResponseFormat, TextIsNoGrammarJsonObjectAndJsonSchemaAre) {
           "schema": {"type": "object", "properties": {"b": {}, "a": {}}}}}})"));
   EXPECT_EQ(schema->kind, GrammarKind::kJsonSchema);
   EXPECT_EQ(schema->source, R"({"type":"object","properties":{"b":{},"a":{}}})");
+  // A json_schema without a schema (OpenAI's is optional) asks for a JSON object.
+  const auto unnamed = parse_response_format(
+      ojson::parse(R"({"response_format": {"type": "json_schema", "json_schema": {"name": "n"}}})"));
+  EXPECT_EQ(unnamed->kind, GrammarKind::kJsonObject);
 }
 
 TEST(ResponseFormat, MalformedFieldsAre400sNamingThem) {
@@ -140,8 +144,6 @@ TEST(ResponseFormat, MalformedFieldsAre400sNamingThem) {
   EXPECT_EQ(format_error({{"type", "text"}, {"json_schema", ojson::object()}}),
             "response_format.json_schema");
   EXPECT_EQ(format_error({{"type", "json_schema"}}), "response_format.json_schema");
-  EXPECT_EQ(format_error({{"type", "json_schema"}, {"json_schema", {{"name", "n"}}}}),
-            "response_format.json_schema.schema");
   EXPECT_EQ(format_error({{"type", "json_schema"}, {"json_schema", {{"schema", true}}}}),
             "response_format.json_schema.schema");
   EXPECT_EQ(format_error({{"type", "json_schema"},
