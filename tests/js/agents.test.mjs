@@ -9,11 +9,10 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import { RULES, startForcedServer } from "./forced_output.mjs";
-import { cliPath, metric, metrics } from "./server_helpers.mjs";
+import { cliPath, metric, metrics, tempDir } from "./server_helpers.mjs";
 
 const KEY = "sk-agents-test";
 const HELLO = "Hello there, friend.";
@@ -48,7 +47,7 @@ after(async () => {
 // home of their own (no settings, sessions or keys of the machine's user) that is also the
 // working directory and holds one file, MARKER; stdin closed.
 function launch(agent, args) {
-  const home = fs.mkdtempSync(path.join(os.tmpdir(), `torchtpu-agent-${agent}-`));
+  const home = tempDir(`torchtpu-agent-${agent}-`);
   fs.writeFileSync(path.join(home, MARKER), "");
   // PWD too: OpenCode takes its project's directory from it, not from the process's.
   const env = { ...process.env, HOME: home, PWD: home, PATH: `${AGENTS_BIN}:${process.env.PATH}` };

@@ -3,9 +3,8 @@
 // rule's output, Gemma 4 markup included, as its tokens. The rules they share, and the prompts
 // transformers' apply_chat_template renders for their turns.
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
-import { startServer } from "./server_helpers.mjs";
+import { startServer, tempDir } from "./server_helpers.mjs";
 
 export const Q = '<|"|>';
 export const SUNNY = "It is sunny in Paris, 21 degrees.";
@@ -52,7 +51,7 @@ export async function tokenCount(url, text, key = "") {
 
 // A server (startServer's) with `args` whose replies follow `rules`.
 export async function startForcedServer(rules, args) {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-forced-"));
+  const dir = tempDir("torchtpu-forced-");
   const file = path.join(dir, "forced.json");
   fs.writeFileSync(file, JSON.stringify(rules));
   return startServer(args, { env: { TORCHTPU_TEST_FORCED_OUTPUT: file } });

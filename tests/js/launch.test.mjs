@@ -7,11 +7,10 @@
 import assert from "node:assert/strict";
 import { spawnSync } from "node:child_process";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { RULES, startForcedServer } from "./forced_output.mjs";
-import { cliPath, closedPort } from "./server_helpers.mjs";
+import { cliPath, closedPort, tempDir } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const KEY = "sk-launch-test";
@@ -26,7 +25,7 @@ before(async () => {
     startForcedServer(RULES, ["--context", "32768"]),
     startForcedServer(RULES, ["--context", "2048", "--api-key", KEY]),
   ]);
-  bin = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-launch-bin-"));
+  bin = tempDir("torchtpu-launch-bin-");
   const agent = path.join(path.dirname(new URL(import.meta.url).pathname), "fake_agent.mjs");
   for (const name of ["claude", "codex", "opencode"]) {
     const script = path.join(bin, name);
@@ -42,7 +41,7 @@ after(async () => {
 // Runs `torchtpu-cpp launch ARGS` with the stand-ins first on PATH (or `path`); returns its exit
 // status, output, and what the agent wrote (null when no agent ran).
 function launch(args, { env = {}, pathVar } = {}) {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-launch-"));
+  const dir = tempDir("torchtpu-launch-");
   const out = path.join(dir, "agent.json");
   const base = { ...process.env };
   delete base.TORCHTPU_API_KEY;
@@ -96,7 +95,7 @@ describe("claude", () => {
     assert.ok(lines.includes(`export ANTHROPIC_MODEL='${MODEL}'`));
     assert.equal(lines.at(-1), `'claude' '-p' 'it'\\''s'`);
     // What it prints is what a shell runs: the same settings through bash and the stand-in.
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-launch-"));
+    const dir = tempDir("torchtpu-launch-");
     const out = path.join(dir, "agent.json");
     const sh = spawnSync("bash", ["-c", r.stdout], {
       env: { ...process.env, PATH: `${bin}:${process.env.PATH}`, FAKE_AGENT_OUT: out },
@@ -196,7 +195,7 @@ describe("errors name what to do, and no agent runs", () => {
   });
 
   test("an agent that is not installed", () => {
-    const empty = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-launch-path-"));
+    const empty = tempDir("torchtpu-launch-path-");
     const r = launch(["codex", "--url", open.url], { pathVar: empty });
     assert.equal(r.status, 1);
     assert.match(r.stderr, new RegExp("error: `codex` \\(Codex\\) is not on PATH: install it " +

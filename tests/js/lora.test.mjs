@@ -6,12 +6,10 @@
 // adapter; the errors of every malformed request.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
-import { cacheDir, cliPath, eventually, makeLoraAdapters, startServer } from "./server_helpers.mjs";
+import { cacheDir, cliPath, eventually, makeLoraAdapters, startServer, tempDir } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 
@@ -295,7 +293,7 @@ describe("LoRA adapters", () => {
   });
 
   test("malformed loads and unloads get a precise error; the server goes on", async () => {
-    const notPeft = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-not-lora-"));
+    const notPeft = tempDir("torchtpu-not-lora-");
     const cases = [
       ["/v1/load_lora_adapter", { lora_path: adapters.first }, 400, "lora_name",
         "non-empty string \"lora_name\""],
@@ -340,7 +338,7 @@ describe("LoRA adapters", () => {
 
   test("a slot saved under an adapter serves that adapter's files alone after a restart",
     async () => {
-      const slots = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-lora-slots-"));
+      const slots = tempDir("torchtpu-lora-slots-");
       const prompt = adapters.expected.prompt;
       const next = [...prompt, 818, 5279, 529];
       const args = (first) => ["--context", "512", "--dtype", "float32", "--parallel", "2",
@@ -352,48 +350,44 @@ describe("LoRA adapters", () => {
         return { text: r.body.choices[0].text,
           cached: r.body.usage.prompt_tokens_details.cached_tokens };
       };
+      let expected;
+      const a = await startServer(args(adapters.first));
       try {
-        let expected;
-        const a = await startServer(args(adapters.first));
-        try {
-          // One token: the row's state is the prompt alone, read under `first`.
-          const r = await post("/v1/completions", { model: "first", prompt, max_tokens: 1,
-            temperature: 0, id_slot: 1 }, a.url);
-          assert.equal(r.status, 200, r.text);
-          const saved = await post("/slots/1?action=save", { filename: "first.bin" }, a.url);
-          assert.equal(saved.status, 200, saved.text);
-          expected = await ask(a.url, "first", next);
-          assert.equal(expected.cached, prompt.length);
-        } finally {
-          await a.stop();
-        }
-        const restore = async (url) => {
-          const r = await post("/slots/1?action=restore", { filename: "first.bin" }, url);
-          assert.equal(r.status, 200, r.text);
-        };
-        const b = await startServer(args(adapters.first));
-        try {
-          await restore(b.url);
-          assert.equal((await ask(b.url, MODEL, next)).cached, 0, "not for the base model");
-          assert.deepEqual(await ask(b.url, "first", next), expected);
-        } finally {
-          await b.stop();
-        }
-        // The same name over other files: the state is not theirs.
-        const c = await startServer(args(adapters.second));
-        try {
-          await restore(c.url);
-          assert.equal((await ask(c.url, "first", next)).cached, 0);
-        } finally {
-          await c.stop();
-        }
+        // One token: the row's state is the prompt alone, read under `first`.
+        const r = await post("/v1/completions", { model: "first", prompt, max_tokens: 1,
+          temperature: 0, id_slot: 1 }, a.url);
+        assert.equal(r.status, 200, r.text);
+        const saved = await post("/slots/1?action=save", { filename: "first.bin" }, a.url);
+        assert.equal(saved.status, 200, saved.text);
+        expected = await ask(a.url, "first", next);
+        assert.equal(expected.cached, prompt.length);
       } finally {
-        fs.rmSync(slots, { recursive: true, force: true });
+        await a.stop();
+      }
+      const restore = async (url) => {
+        const r = await post("/slots/1?action=restore", { filename: "first.bin" }, url);
+        assert.equal(r.status, 200, r.text);
+      };
+      const b = await startServer(args(adapters.first));
+      try {
+        await restore(b.url);
+        assert.equal((await ask(b.url, MODEL, next)).cached, 0, "not for the base model");
+        assert.deepEqual(await ask(b.url, "first", next), expected);
+      } finally {
+        await b.stop();
+      }
+      // The same name over other files: the state is not theirs.
+      const c = await startServer(args(adapters.second));
+      try {
+        await restore(c.url);
+        assert.equal((await ask(c.url, "first", next)).cached, 0);
+      } finally {
+        await c.stop();
       }
     });
 
   test("a --lora directory that is not a PEFT adapter is refused at start", async () => {
-    const empty = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-not-lora-"));
+    const empty = tempDir("torchtpu-not-lora-");
     const child = spawn(cliPath(), ["serve", "--port", "0", "--lora", empty],
       { stdio: "pipe", env: { ...process.env, XDG_CACHE_HOME: cacheDir() } });
     let stderr = "";

@@ -6,7 +6,6 @@
 // with both towers exactly as the server answers the same parts sent to it directly.
 import assert from "node:assert/strict";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import Ajv from "ajv";
@@ -14,7 +13,7 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { McpError } from "@modelcontextprotocol/sdk/types.js";
-import { PNG, cliPath, makeMultimodalCheckpoint, startServer, wav } from "./server_helpers.mjs";
+import { PNG, cliPath, makeMultimodalCheckpoint, startServer, tempDir, wav } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const TOOLS = ["ask", "endpoint_status", "engine_info", "serving_metrics", "stream"];
@@ -22,7 +21,7 @@ const PROMPT = "Name three colours.";
 
 // The files ask and stream are given: `media` is the directory a server may read from
 // (--mcp-media-dir), `outside` lies beside it, and link.png in `media` leads out to it.
-const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-mcp-media-")));
+const tmp = fs.realpathSync(tempDir("torchtpu-mcp-media-"));
 const media = path.join(tmp, "media");
 const outside = path.join(tmp, "outside");
 const file = (name) => path.join(media, name);
@@ -62,7 +61,6 @@ before(async () => {
 
 after(async () => {
   if (server) await server.stop();
-  fs.rmSync(tmp, { recursive: true, force: true });
 });
 
 const transports = {
@@ -360,7 +358,6 @@ describe("MCP media files on a checkpoint with vision and audio encoders", () =>
   after(async () => {
     for (const client of Object.values(clients)) await client.close();
     await mm?.stop();
-    if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
   test("an image and a clip reach the model: the answer and prompt tokens of the same parts sent directly", async () => {

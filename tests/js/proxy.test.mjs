@@ -4,11 +4,10 @@
 // next request goes through B.
 import assert from "node:assert/strict";
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
 import { after, before, test } from "node:test";
 import OpenAI from "openai";
-import { eventually, metric, metrics, startProxy, startServer, wav } from "./server_helpers.mjs";
+import { eventually, metric, metrics, startProxy, startServer, tempDir, wav } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 let a;
@@ -20,7 +19,7 @@ let upstreamFile;
 
 before(async () => {
   [a, b] = await Promise.all([startServer(["--context", "2048"]), startServer(["--context", "2048"])]);
-  dir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-proxy-"));
+  dir = tempDir("torchtpu-proxy-");
   upstreamFile = path.join(dir, "upstream");
   fs.writeFileSync(upstreamFile, `${a.url}\n`);
   // What a cloud CLI query would do: print some chatter, then the address on the last line.
@@ -36,7 +35,6 @@ after(async () => {
     assert.equal(await proxy.exited, 0);
   }
   await Promise.all([a, b].filter(Boolean).map((s) => s.stop()));
-  if (dir) fs.rmSync(dir, { recursive: true, force: true });
 });
 
 const messages = [{ role: "user", content: "Say something about rivers." }];

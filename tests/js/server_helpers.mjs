@@ -16,6 +16,19 @@ export function cliPath() {
   return cli;
 }
 
+// A new directory under the system's temporary one, removed with everything in it when this
+// process exits (node --test runs each test file in a process of its own), so that test runs
+// leave nothing behind.
+const tempDirs = [];
+process.on("exit", () => {
+  for (const dir of tempDirs) fs.rmSync(dir, { recursive: true, force: true });
+});
+export function tempDir(prefix) {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  tempDirs.push(dir);
+  return dir;
+}
+
 // The cache directory startServer gives the servers (XDG_CACHE_HOME), where the demo checkpoint is
 // written the first time a server starts without --model.
 export function cacheDir() {
@@ -54,7 +67,7 @@ function fromDemo(script, prefix) {
   if (!fs.existsSync(path.join(demo, "config.json"))) {
     throw new Error(`${demo} has no checkpoint: start a server without --model first`);
   }
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
+  const dir = tempDir(prefix);
   execFileSync(process.env.TORCHTPU_PYTHON ?? "python3", [path.join(here, script), demo, dir]);
   return dir;
 }

@@ -5,11 +5,10 @@
 // server goes on serving. Numerics of the states themselves are engine_prefix_cache's SlotState.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
-import { mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { statSync, writeFileSync } from "node:fs";
 import path from "node:path";
-import { after, before, describe, test } from "node:test";
-import { cliPath, startServer } from "./server_helpers.mjs";
+import { describe, test } from "node:test";
+import { cliPath, startServer, tempDir } from "./server_helpers.mjs";
 
 const json = { "Content-Type": "application/json" };
 
@@ -32,13 +31,9 @@ async function complete(url, prompt, maxTokens, extra = {}) {
 }
 
 describe("slot save, restore and erase", () => {
-  let dir;
+  const dir = tempDir("torchtpu-slots-");
   const args = () => ["--context", "1024", "--parallel", "2", "--threads", "1",
     "--slot-save-path", path.join(dir, "slots")];
-  before(() => {
-    dir = mkdtempSync(path.join(tmpdir(), "torchtpu-slots-"));
-  });
-  after(() => rmSync(dir, { recursive: true, force: true }));
 
   test("a state saved by one server and restored by the next gives the next turn its tokens " +
     "from the cache and the same answer; erase forgets it", async () => {

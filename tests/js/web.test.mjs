@@ -18,6 +18,7 @@ import { after, before, describe, test } from "node:test";
 import { chromium } from "playwright-core";
 import {
   eventually, makeLoraAdapters, makeMultimodalCheckpoint, metric, metrics, wav, startServer,
+  tempDir,
 } from "./server_helpers.mjs";
 
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
@@ -31,7 +32,7 @@ let userDataDir;
 
 before(async () => {
   server = await startServer(["--context", "4096"]);
-  userDataDir = fs.mkdtempSync(path.join(os.tmpdir(), "torchtpu-chromium-"));
+  userDataDir = tempDir("torchtpu-chromium-");
   context = await chromium.launchPersistentContext(userDataDir, {
     executablePath: CHROMIUM,
     headless: true,
@@ -48,7 +49,6 @@ before(async () => {
 
 after(async () => {
   if (context) await context.close();
-  if (userDataDir) fs.rmSync(userDataDir, { recursive: true, force: true });
   if (server) await server.stop();
 });
 
@@ -311,7 +311,6 @@ describe("images and audio on a checkpoint with vision and audio encoders", () =
   after(async () => {
     await mmPage?.close();
     await mm?.stop();
-    if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
 
   const reply = () => mmPage.locator(".message.assistant").last();
