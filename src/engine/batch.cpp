@@ -80,7 +80,7 @@ Batch::Batch(Engine& engine, const BatchOptions& options, std::optional<PrefixCa
   }
   c10::InferenceMode inference;
   const auto& o = engine.options();
-  rings_ = Rings(engine.config(), o.context, options_.rows, o.dtype, o.device);
+  rings_ = engine.make_rings(options_.rows);
   rows_.resize(options_.rows);
   pad_token_ = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(o.device));
   if (cache) {

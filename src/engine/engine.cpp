@@ -268,8 +268,43 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
   model_options_ = model_->options();
   storage_ = model_->storage();
   for (const auto& spec : options_.lora) load_lora(spec);
-  layout_ = rings_.layout();
+  layout_ = ring_layout(config_, options_.context, options_.dtype);
+  check_rings_fit(1);  // now, though the rings are made only when a decode needs them
   if (audio_) audio_options_ = load_audio_feature_options(options_.model_dir);
+}
+
+ValueError Engine::rings_too_big(int64_t rows, const std::string& have) const {
+  return ValueError("the KV cache of " + std::to_string(rows) + (rows == 1 ? " row" : " rows") +
+                    " at a context of " + std::to_string(options_.context) + " tokens needs " +
+                    std::to_string(layout_.row_bytes * rows >> 20) + " MiB, more than " + have +
+                    ": lower the context or the rows decoded together");
+}
+
+void Engine::check_rings_fit(int64_t rows) const {
+  const int64_t available = options_.device.is_cpu() ? available_memory_bytes() : 0;
+  if (available > 0 && layout_.row_bytes * rows > available) {
+    throw rings_too_big(rows, "the " + std::to_string(available >> 20) +
+                                  " MiB of memory available");
+  }
+}
+
+Rings Engine::make_rings(int64_t rows) const {
+  check_rings_fit(rows);
+  try {
+    return Rings(config_, options_.context, rows, options_.dtype, options_.device);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw rings_too_big(rows, "the " + options_.device.str() + " could allocate (" +
+                                  e.what_without_backtrace() + ")");
+  }
+}
+
+Rings& Engine::empty_rings() {
+  if (rings_.batch() == 0) {
+    rings_ = make_rings(1);
+  } else {
+    rings_.reset();
+  }
+  return rings_;
 }
 
 const std::string& Engine::weights_id() const {
@@ -375,7 +410,6 @@ void Engine::load() {
     audio_ = std::make_unique<AudioTower>(options_.model_dir, model_->options());
   }
   if (!options_.draft_model.empty()) load_drafter();
-  rings_ = Rings(c, options_.context, /*batch=*/1, options_.dtype, options_.device);
   load_s_ = seconds_since(start);
 }
 
@@ -599,7 +633,7 @@ std::vector<TokenLogprob> Engine::score(const std::vector<int64_t>& ids, int64_t
   const auto prompt_media = embed_media(ids, media);
   std::vector<TokenLogprob> scores;
   scores.reserve(ids.size() - 1);
-  rings_.reset();
+  empty_rings();
   read_prompt(ids, &prompt_media, /*hidden=*/nullptr, lora_rows({&scales}),
               [&](const at::Tensor& logits, int64_t first) {
                 append_prompt_logprobs(logits, first, ids, top, scores);
@@ -688,7 +722,7 @@ std::vector<int64_t> Engine::draft_after(const std::vector<int64_t>& prompt, int
   }
   if (count < 1) throw ValueError("count must be at least 1, got " + std::to_string(count));
   c10::InferenceMode inference;
-  rings_.reset();
+  empty_rings();
   at::Tensor hidden;
   const auto scales = lora_scales({});
   const auto token =
@@ -810,7 +844,7 @@ DecodeResult Engine::decode(const std::vector<int64_t>& prompt, const std::vecto
   // going up from the host.
   Sampler sampler(/*rows=*/1, config().vocab_size, options_.device, /*fixed_shape=*/false);
   sampler.set(0, options.sampling, prompt);
-  rings_.reset();
+  empty_rings();
   SequenceOutput output(options, config().eos_token_ids, prompt, on_tokens);
   auto sample = [&](const at::Tensor& logits) {
     if (on_logits) on_logits(logits);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.h"
 #include "engine/logprobs.h"
 #include "engine/media.h"
 #include "grammar/constraint.h"
@@ -43,12 +44,17 @@ struct LoraReport {
   std::vector<std::string> targets;  // the modules it adapts ("self_attn.q_proj", ...)
 };
 
+// The context a server, CLI or Python engine gets when none is named: room for a coding agent's
+// first request (Claude Code's is about 18,000 tokens, docs/API.md) at about 199 MiB of KV cache
+// per row for E2B in bf16 (3 full rings of 2 KiB per position, and the sliding rings' window).
+inline constexpr int64_t kDefaultContext = 32768;
+
 struct EngineOptions {
   std::string model_dir;
   std::string emb4_dir;
   at::Device device = at::kCPU;
   at::ScalarType dtype = at::kBFloat16;
-  int64_t context = 8192;
+  int64_t context = kDefaultContext;
   int64_t prefill_chunk = 512;  // prompt tokens read per forward pass
   Int4Weights int4 = Int4Weights::kAuto;
   bool quantize_int4 = false;  // ModelOptions::quantize_int4
@@ -99,7 +105,7 @@ struct EngineSettings {
   std::string dtype = "bfloat16";
   std::string int4 = "auto";      // auto | packed | composite | dequantized
   std::string quantize = "none";  // int4: quantize a dense checkpoint at load
-  int64_t context = 8192;
+  int64_t context = kDefaultContext;
   int64_t threads = 0;
   int64_t int4_activation_bits = 16;
   bool no_vision = false;
@@ -233,6 +239,12 @@ class Engine {
   const ModelConfig& config() const { return config_; }
   const EngineOptions& options() const { return options_; }
   Layout layout() const { return layout_; }
+  // ValueError saying what `rows` rows of rings at this engine's context and dtype need, when
+  // that is more than the memory available now (checked on the CPU).
+  void check_rings_fit(int64_t rows) const;
+  // Rings of `rows` rows at this engine's context, dtype and device: check_rings_fit's error, or
+  // the same message when the device cannot allocate them.
+  Rings make_rings(int64_t rows) const;
   // Any thread: the weights' storage, the adapters loaded now included.
   std::vector<StorageReport> storage() const;
   // Any thread: the LoRA adapters loaded now, in the order they were loaded (a request's lora
@@ -351,6 +363,11 @@ class Engine {
                         const OnPromptLogits& prompt_logits = {}) const;
 
  private:
+  // check_rings_fit's error, with what the rings are measured against.
+  ValueError rings_too_big(int64_t rows, const std::string& have) const;
+  // The rings of this engine's own decodes, emptied; made at the first, so that an engine whose
+  // sequences all decode in a Batch's rings (a server's) never holds them.
+  Rings& empty_rings();
   // In chunks, into rings_.
   at::Tensor read_prompt(const std::vector<int64_t>& prompt, const PromptMedia* media,
                          at::Tensor* hidden, const LoraRows& lora,

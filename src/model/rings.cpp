@@ -14,28 +14,50 @@ Ring filled_part(const Ring& ring) {
   return part;
 }
 
-Rings::Rings(const ModelConfig& config, int64_t context, int64_t batch, at::ScalarType dtype,
-             const at::Device& device) {
-  const int64_t layers = config.num_hidden_layers;
-  owner_.assign(layers, -1);
-  layout_.context = context;
-  auto options = at::TensorOptions().dtype(dtype).device(device);
-  for (int64_t l = 0; l < layers; ++l) {
+namespace {
+
+// A sliding ring never needs more than the window; a window wider than the context is capped by
+// the context.
+int64_t ring_slots(const ModelConfig& config, int64_t layer, int64_t context) {
+  return config.layer_types[layer] == LayerType::kSliding
+             ? std::min(config.sliding_window, context)
+             : context;
+}
+
+}  // namespace
+
+Layout ring_layout(const ModelConfig& config, int64_t context, at::ScalarType dtype) {
+  Layout layout;
+  layout.context = context;
+  const auto element = static_cast<int64_t>(c10::elementSize(dtype));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     if (config.is_shared(l)) {
-      ++layout_.shared_layers;
+      ++layout.shared_layers;
       continue;
     }
+    (config.layer_types[l] == LayerType::kSliding ? layout.sliding_rings : layout.full_rings)++;
+    const int64_t entry = 2 * config.num_key_value_heads * config.layer_head_dim(l) * element;
+    layout.row_bytes +=
+        ring_slots(config, l, context) * (entry + static_cast<int64_t>(sizeof(int64_t)));
+  }
+  return layout;
+}
+
+Rings::Rings(const ModelConfig& config, int64_t context, int64_t batch, at::ScalarType dtype,
+             const at::Device& device)
+    : layout_(ring_layout(config, context, dtype)) {
+  const int64_t layers = config.num_hidden_layers;
+  owner_.assign(layers, -1);
+  auto options = at::TensorOptions().dtype(dtype).device(device);
+  for (int64_t l = 0; l < layers; ++l) {
+    if (config.is_shared(l)) continue;
     Ring ring;
     ring.type = config.layer_types[l];
-    // A sliding ring never needs more than the window; a window wider than the context is
-    // capped by the context.
-    ring.slots =
-        ring.type == LayerType::kSliding ? std::min(config.sliding_window, context) : context;
+    ring.slots = ring_slots(config, l, context);
     const int64_t d = config.layer_head_dim(l);
     ring.k = at::zeros({batch, config.num_key_value_heads, ring.slots, d}, options);
     ring.v = at::zeros({batch, config.num_key_value_heads, ring.slots, d}, options);
     ring.kpos = at::full({batch, ring.slots}, -1, options.dtype(at::kLong));
-    (ring.type == LayerType::kSliding ? layout_.sliding_rings : layout_.full_rings)++;
     owner_[l] = static_cast<int64_t>(rings_.size());
     rings_.push_back(std::move(ring));
   }

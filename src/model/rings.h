@@ -29,7 +29,11 @@ struct Layout {
   int64_t sliding_rings = 0;
   int64_t shared_layers = 0;
   int64_t context = 0;
+  int64_t row_bytes = 0;  // one batch row of every ring: its k, v and kpos
 };
+
+// The layout of Rings(config, context, batch, dtype, ...), without making them.
+Layout ring_layout(const ModelConfig& config, int64_t context, at::ScalarType dtype);
 
 // What the rings held at some positions' slots before a pass wrote there (Rings::save).
 struct RingEntries {

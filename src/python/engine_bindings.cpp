@@ -455,6 +455,7 @@ py::dict layout_dict(const Layout& layout) {
   d["sliding_rings"] = layout.sliding_rings;
   d["shared_layers"] = layout.shared_layers;
   d["context"] = layout.context;
+  d["row_bytes"] = layout.row_bytes;
   return d;
 }
 
@@ -532,7 +533,7 @@ void bind_engine(py::module_& m) {
              return std::make_unique<PyEngine>(options);
            }),
            py::arg("model_dir"), py::arg("emb4_dir") = py::none(), py::arg("like") = py::none(),
-           py::arg("context") = 8192, py::kw_only(), py::arg("device") = py::none(),
+           py::arg("context") = kDefaultContext, py::kw_only(), py::arg("device") = py::none(),
            py::arg("dtype") = "bfloat16", py::arg("prefill_chunk") = 512, py::arg("threads") = 0,
            py::arg("int4") = "auto", py::arg("quantize") = py::none(),
            py::arg("int4_activation_bits") = 16, py::arg("no_vision") = false,

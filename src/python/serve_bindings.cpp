@@ -103,7 +103,7 @@ void bind_serve(py::module_& m) {
         return server::run(options, factory);
       },
       py::kw_only(), py::arg("model_dir") = "", py::arg("emb4_dir") = "", py::arg("model_id") = "",
-      py::arg("host") = "127.0.0.1", py::arg("port") = 8000, py::arg("context") = 8192,
+      py::arg("host") = "127.0.0.1", py::arg("port") = 8000, py::arg("context") = kDefaultContext,
       py::arg("device") = "cpu", py::arg("dtype") = "bfloat16", py::arg("api_key") = "",
       py::arg("max_queue") = 16, py::arg("read_every") = 1,
       py::arg("max_body_bytes") = server::ServeOptions{}.max_body_bytes,

@@ -7,6 +7,7 @@ tree (CTest sets PYTHONPATH to <build>/python)."""
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -243,6 +244,37 @@ def test_a_missing_directory_is_file_not_found(tiny, tmp_path):
             tt.Engine(**kwargs, context=16, dtype="float32")
 
 
+def _available_memory():
+    for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no MemAvailable in /proc/meminfo")
+
+
+def test_a_kv_cache_beyond_the_memory_is_refused_before_it_is_made(cli, tiny):
+    """The rings a context needs are measured against the memory available before any is made:
+    the engine's own row when it is built (it makes it only for its first decode), a batch's
+    rows when the batch is, and serve's at start, each naming what it needs."""
+    huge = 2**40
+    need = (r"needs \d+ MiB, more than the \d+ MiB of memory available: lower the context or "
+            r"the rows decoded together")
+    with pytest.raises(ValueError, match=rf"^the KV cache of 1 row at a context of {huge} tokens {need}$"):
+        tt.Engine(tiny, context=huge, dtype="float32")
+    # One row in about a quarter of what is available, eight in twice that: the engine is built
+    # (its row is not made yet), its batch of eight rows is refused. Past the sliding window only
+    # the full rings grow with the context.
+    window = _text_config(tiny)[0]["sliding_window"]
+    per_position = _row_bytes(tiny, window + 1) - _row_bytes(tiny, window)
+    context = _available_memory() // 4 // per_position
+    roomy = tt.Engine(tiny, context=context, dtype="float32")
+    with pytest.raises(ValueError, match=rf"^the KV cache of 8 rows at a context of {context} tokens {need}$"):
+        roomy.batch(rows=8)
+    out = subprocess.run([cli.path, "serve", "--model", tiny, "--port", "0", "--context", str(huge)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert re.search(rf"error: the KV cache of 1 row at a context of {huge} tokens {need}", out.stderr), out.stderr
+
+
 def test_a_tokenizer_with_more_ids_than_the_model_is_named(cli, tiny, tmp_path, test_tokenizer_dir):
     """make-tiny sizes the vocabulary to the tokenizer it copies; a checkpoint whose tokenizer
     gives ids past its embeddings is refused where text meets the model, naming both sizes."""
@@ -423,6 +455,24 @@ def test_gil_released_during_decode(tiny):
 # --- 6. module surface ------------------------------------------------------------------------------
 
 
+def _text_config(tiny):
+    """The checkpoint's text config and the layer types of the layers that own a ring."""
+    config = json.loads(pathlib.Path(tiny, "config.json").read_text())
+    text = config.get("text_config", config)
+    types = text["layer_types"]
+    return text, types[: len(types) - text["num_kv_shared_layers"]]
+
+
+def _row_bytes(tiny, context):
+    """One row of every ring at float32: per slot, k and v of kv_heads × head_dim values and an
+    int64 position; full rings have `context` slots, sliding ones the window at most."""
+    text, own = _text_config(tiny)
+    slot = lambda head_dim: 2 * text["num_key_value_heads"] * head_dim * 4 + 8
+    full = context * slot(text["global_head_dim"])
+    sliding = min(text["sliding_window"], context) * slot(text["head_dim"])
+    return own.count("full_attention") * full + own.count("sliding_attention") * sliding
+
+
 def test_module_surface(engine, tiny):
     assert set(tt.BUILD) >= {
         "torch",
@@ -438,15 +488,13 @@ def test_module_surface(engine, tiny):
     assert tt.BUILD["cxx_standard"] == "C++20"
     assert tt.BUILD["cxx11_abi"] == torch._C._GLIBCXX_USE_CXX11_ABI
 
-    config = json.loads(pathlib.Path(tiny, "config.json").read_text())
-    text = config.get("text_config", config)
-    shared = text["num_kv_shared_layers"]
-    own = text["layer_types"][: len(text["layer_types"]) - shared]
+    text, own = _text_config(tiny)
     assert engine.layout() == {
         "full_rings": own.count("full_attention"),
         "sliding_rings": own.count("sliding_attention"),
-        "shared_layers": shared,
+        "shared_layers": text["num_kv_shared_layers"],
         "context": CONTEXT,
+        "row_bytes": _row_bytes(tiny, CONTEXT),
     }
     assert engine.vocab_size == text["vocab_size"]
     assert engine.device == "cpu"

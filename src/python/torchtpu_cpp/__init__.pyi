@@ -24,6 +24,7 @@ class _Layout(TypedDict):
     sliding_rings: int
     shared_layers: int
     context: int
+    row_bytes: int
 
 _Ids: TypeAlias = Iterable[SupportsIndex]
 _DType: TypeAlias = str | torch.dtype
@@ -172,7 +173,7 @@ class Engine:
         model_dir: str,
         emb4_dir: str | None = None,
         like: torch.Tensor | None = None,
-        context: int = 8192,
+        context: int = 32768,
         *,
         device: str | None = None,
         dtype: _DType = "bfloat16",

@@ -27,7 +27,7 @@ def _parse_args(argv):
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
     p.add_argument(
-        "--context", type=int, default=8192, help="tokens the KV cache holds"
+        "--context", type=int, default=32768, help="tokens the KV cache holds"
     )
     p.add_argument(
         "--device", default="cpu", help="cpu, cuda[:N], or tpu (imports torch_tpu)"
