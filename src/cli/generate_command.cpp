@@ -134,8 +134,7 @@ void add_generate_command(CLI::App& app) {
         throw NotFoundError("--prompt needs " + options.model_dir +
                             "/tokenizer.json; give token ids with --ids instead");
       }
-      tokenizer = Tokenizer::from_file(path);
-      check_tokenizer_fits(*tokenizer, engine.config().vocab_size, path);
+      tokenizer = model_tokenizer(path, engine.config().vocab_size);
       std::string text = a->prompt;
       if (a->chat || a->think || !a->system.empty()) {
         nlohmann::json messages = nlohmann::json::array();

@@ -72,8 +72,7 @@ class PyEngine {
     if (!tokenizer_) {
       const std::string path =
           (std::filesystem::path(engine_->options().model_dir) / "tokenizer.json").string();
-      tokenizer_ = Tokenizer::from_file(path);
-      check_tokenizer_fits(*tokenizer_, engine_->config().vocab_size, path);
+      tokenizer_ = model_tokenizer(path, engine_->config().vocab_size);
     }
     return *tokenizer_;
   }

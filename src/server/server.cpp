@@ -720,10 +720,8 @@ void Server::load() {
   model_dir_ = engine_options.model_dir;
   engine_ = make_engine_ ? make_engine_(engine_options) : std::make_unique<Engine>(engine_options);
   if (!engine_) throw std::runtime_error("the engine factory returned no engine");
-  const std::string tokenizer_json =
-      (std::filesystem::path(model_dir_) / "tokenizer.json").string();
-  tokenizer_ = Tokenizer::from_file(tokenizer_json);
-  check_tokenizer_fits(*tokenizer_, engine_->config().vocab_size, tokenizer_json);
+  tokenizer_ = model_tokenizer((std::filesystem::path(model_dir_) / "tokenizer.json").string(),
+                               engine_->config().vocab_size);
   try {
     template_ = ChatTemplate::from_dir(model_dir_);
   } catch (const NotFoundError&) {

@@ -1143,13 +1143,15 @@ void strip(const DecoderStep& step, std::string& token) {
   token = token.substr(begin, end - begin);
 }
 
-void check_tokenizer_fits(const Tokenizer& tokenizer, int64_t vocab, const std::string& path) {
+Tokenizer model_tokenizer(const std::string& path, int64_t vocab) {
+  auto tokenizer = Tokenizer::from_file(path);
   if (tokenizer.vocab_size() > vocab) {
     throw FormatError(path + " has " + std::to_string(tokenizer.vocab_size()) +
                       " token ids but the model's vocab_size is " + std::to_string(vocab) +
                       ": text would give ids the model has no embedding for (a tokenizer of "
                       "another model?)");
   }
+  return tokenizer;
 }
 
 }  // namespace torchtpu

@@ -84,10 +84,11 @@ class Tokenizer {
   std::shared_ptr<text_detail::TokenizerModel> model_;
 };
 
-// FormatError when `tokenizer` (read from `path`) gives ids past a model's `vocab` embeddings
-// (config.json's vocab_size): a text prompt would hold ids the model cannot read. Checked where a
+// The tokenizer at `path` (a checkpoint's tokenizer.json) for a model of `vocab` embeddings
+// (config.json's vocab_size): Tokenizer::from_file's errors, and FormatError when it gives ids
+// past them, which a text prompt would hold and the model could not read. Read so where a
 // checkpoint's tokenizer meets its model, so the mismatch is named instead of the first prompt's
 // out-of-range id.
-void check_tokenizer_fits(const Tokenizer& tokenizer, int64_t vocab, const std::string& path);
+Tokenizer model_tokenizer(const std::string& path, int64_t vocab);
 
 }  // namespace torchtpu
