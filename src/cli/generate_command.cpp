@@ -1,3 +1,4 @@
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -98,13 +99,14 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--system", a->system, "System prompt (implies --chat)")->excludes(ids);
   cmd->add_flag("--think", a->think, "Enable thinking in the chat template (implies --chat)")
       ->excludes(ids);
-  cmd->add_option("--image", a->images,
+  auto* image = cmd->add_option("--image", a->images,
                   "Image file (JPEG, PNG, WebP), repeatable. With --chat the user turn is the "
                   "images, the clips, then the text; otherwise their placeholders follow <bos>; "
                   "with --ids each image_token_id is one image's placeholder");
   cmd->add_option("--audio", a->audio, "WAV or MP3 clip, repeatable; placed as --image is, after images");
   cmd->add_option("--image-tokens", a->image_tokens,
-                  "Soft tokens per image: 70 | 140 | 280 | 560 | 1120");
+                  "Soft tokens per image: 70 | 140 | 280 | 560 | 1120")
+      ->needs(image);
   cmd->add_option("--max-new", a->max_new, "Tokens to generate");
   cmd->add_option("--read-every", a->read_every, "Decode steps between host reads");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Decode exactly --max-new tokens");
@@ -122,6 +124,12 @@ void add_generate_command(CLI::App& app) {
                   "Write prompt_logits [T, V] and step_logits [N, V] (f32) to a safetensors file");
   cmd->callback([a, seed, draft_max, ids, prompt] {
     if (ids->count() == 0 && prompt->count() == 0) throw ValueError("give --ids or --prompt");
+    // Before the load and the decode, not after them.
+    const auto dump_dir = std::filesystem::path(a->dump_logits).parent_path();
+    if (!a->dump_logits.empty() && !dump_dir.empty() && !std::filesystem::is_directory(dump_dir)) {
+      throw NotFoundError("--dump-logits " + a->dump_logits + ": the directory " +
+                          dump_dir.string() + " does not exist");
+    }
     const EngineOptions options = a->engine.options();
     if (draft_max->count() == 0) a->draft.tokens = default_draft_tokens(options.draft_model);
     Engine engine(options);

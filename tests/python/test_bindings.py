@@ -217,6 +217,22 @@ def test_generate_chat_flags_need_text_and_take_an_empty_prompt(cli, tmp_path, t
     assert json.loads(out.stdout)["prompt_tokens"] > 3
 
 
+def test_generate_refuses_flags_that_would_do_nothing_or_fail_late(cli, tiny, tmp_path):
+    """--image-tokens without an image would be ignored; a --dump-logits path in a directory that
+    does not exist would fail only after the load and the decode."""
+    run = lambda *flags: subprocess.run([cli.path, "generate", "--model", tiny, "--ids", "2,3",
+                                         "--max-new", "2", *flags], capture_output=True, text=True)
+    out = run("--image-tokens", "70")
+    assert out.returncode != 0 and "--image-tokens requires --image" in out.stderr, out.stderr
+    dump = tmp_path / "missing" / "logits.safetensors"
+    out = run("--dump-logits", str(dump))
+    assert out.returncode != 0, out.stderr
+    assert f"error: --dump-logits {dump}: the directory {dump.parent} does not exist" in out.stderr
+    assert "finish" not in out.stderr  # nothing was decoded
+    written = tmp_path / "logits.safetensors"
+    assert run("--dump-logits", str(written)).returncode == 0 and written.is_file()
+
+
 def test_an_integer_tensor_for_a_weight_is_refused(tiny, tmp_path):
     """Its bits read as numbers would make another model: the loader names the tensor."""
     from safetensors.torch import load_file, save_file
