@@ -293,6 +293,8 @@ ojson chat_response_format(const ojson& body) {
   if (!format->is_object()) throw wrong_type("text.format", "an object", *format);
   const std::string& type = required_string(*format, "type", "text.format");
   if (type != "json_schema") return *format;
+  // The Responses API requires the schema that Chat Completions makes optional.
+  if (!field(*format, "schema")) throw missing("text.format.schema");
   ojson spec = ojson::object();
   for (const auto& [key, value] : format->items()) {
     if (key != "type") spec[key] = value;
