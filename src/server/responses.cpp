@@ -103,7 +103,12 @@ class Conversation {
       add_message(item, p);
     } else if (kind == "function_call") {
       const std::string& call_id = required_string(item, "call_id", p);
-      const std::string& name = required_string(item, "name", p);
+      // A call to a namespace's function names it as the model saw it (chat_tools).
+      std::string name = required_string(item, "name", p);
+      if (const ojson* space = field(item, "namespace")) {
+        if (!space->is_string()) throw wrong_type(p + ".namespace", "a string", *space);
+        name = space->get<std::string>() + "." + name;
+      }
       const std::string& arguments = required_string(item, "arguments", p);
       ojson& turn = assistant_turn();
       if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
@@ -193,33 +198,60 @@ class Conversation {
   std::vector<std::pair<std::string, std::string>> media_params_;
 };
 
-ojson chat_tools(const ojson& tools) {
+// A Responses function tool at `p` in chat's shape, offered to the model as `name`.
+ojson chat_function(const ojson& tool, const std::string& p, const std::string& name) {
+  ojson function = {{"name", name}};
+  if (const ojson* description = field(tool, "description")) {
+    if (!description->is_string()) throw wrong_type(p + ".description", "a string", *description);
+    function["description"] = *description;
+  }
+  if (const ojson* parameters = field(tool, "parameters")) {
+    if (!parameters->is_object()) throw wrong_type(p + ".parameters", "an object", *parameters);
+    function["parameters"] = *parameters;
+  }
+  if (const ojson* strict = field(tool, "strict")) {
+    if (!strict->is_boolean()) throw wrong_type(p + ".strict", "a boolean", *strict);
+    function["strict"] = *strict;
+  }
+  return {{"type", "function"}, {"function", std::move(function)}};
+}
+
+// Responses' tools in chat's shape. The function tools of a namespace (Codex sends its sub-agent
+// tools so, and MCP servers' tools come so) are offered as functions named NAMESPACE.NAME, which
+// no function's own name can be (OpenAI's are letters, digits, '_' and '-'); `namespaced` gets
+// those names, so that calls to them go out again with their namespace. Built-in tools
+// (web_search, …) and a namespace's custom tools: this server runs none of them, so the model is
+// not offered them, and the request goes on with its function tools (a tool_choice that forces
+// one is still refused). Codex sends both with every request.
+ojson chat_tools(const ojson& tools, std::set<std::string>& namespaced) {
   if (!tools.is_array()) throw wrong_type("tools", "an array", tools);
   ojson out = ojson::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const ojson& tool = tools[i];
     const std::string p = at_index("tools", i);
     if (!tool.is_object()) throw wrong_type(p, "an object", tool);
-    // Built-in tools (web_search, …) and namespaces of tools: Codex sends both with every
-    // request. This server runs none of them, so the model is not offered them, and the request
-    // goes on with its function tools (a tool_choice that forces one is still refused).
-    if (required_string(tool, "type", p) != "function") continue;
-    ojson function = {{"name", required_string(tool, "name", p)}};
-    if (const ojson* description = field(tool, "description")) {
-      if (!description->is_string()) {
-        throw wrong_type(p + ".description", "a string", *description);
-      }
-      function["description"] = *description;
+    const std::string& type = required_string(tool, "type", p);
+    if (type == "function") {
+      out.push_back(chat_function(tool, p, required_string(tool, "name", p)));
+      continue;
     }
-    if (const ojson* parameters = field(tool, "parameters")) {
-      if (!parameters->is_object()) throw wrong_type(p + ".parameters", "an object", *parameters);
-      function["parameters"] = *parameters;
+    if (type != "namespace") continue;
+    const std::string& space = required_string(tool, "name", p);
+    if (space.find('.') != std::string::npos) {
+      throw invalid(p + ".name", "must not hold '.', got \"" + space + "\"");
     }
-    if (const ojson* strict = field(tool, "strict")) {
-      if (!strict->is_boolean()) throw wrong_type(p + ".strict", "a boolean", *strict);
-      function["strict"] = *strict;
+    const ojson* members = field(tool, "tools");
+    if (!members) throw missing(p + ".tools");
+    if (!members->is_array()) throw wrong_type(p + ".tools", "an array", *members);
+    for (size_t j = 0; j < members->size(); ++j) {
+      const ojson& member = (*members)[j];
+      const std::string q = at_index(p + ".tools", j);
+      if (!member.is_object()) throw wrong_type(q, "an object", member);
+      if (required_string(member, "type", q) != "function") continue;
+      const std::string name = space + "." + required_string(member, "name", q);
+      out.push_back(chat_function(member, q, name));
+      namespaced.insert(name);
     }
-    out.push_back({{"type", "function"}, {"function", std::move(function)}});
   }
   return out;
 }
@@ -395,7 +427,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   for (const auto& m : out.conversation) chat["messages"].push_back(m);
 
   ojson tools = ojson::array();
-  if (const ojson* t = field(body, "tools")) tools = chat_tools(*t);
+  if (const ojson* t = field(body, "tools")) tools = chat_tools(*t, out.namespaced);
   if (!tools.empty()) chat["tools"] = tools;
   if (const ojson* choice = field(body, "tool_choice")) {
     chat["tool_choice"] = chat_tool_choice(*choice, tools);
@@ -492,7 +524,8 @@ ResponsesRenderer::ResponsesRenderer(std::string model, const ResponsesRequest& 
     : conversation_(request.conversation),
       store_(request.store ? store : nullptr),
       one_call_(request.one_call),
-      sealed_reasoning_(request.sealed_reasoning) {
+      sealed_reasoning_(request.sealed_reasoning),
+      namespaced_(request.namespaced) {
   response_ = {
       {"id", new_completion_id("resp_")}, {"object", "response"}, {"created_at", unix_seconds()},
       {"status", "in_progress"},          {"background", false},  {"error", nullptr},
@@ -640,12 +673,18 @@ std::string ResponsesRenderer::add(const OutputDelta& delta) {
     const std::string arguments = call.arguments.dump();
     ojson item = {{"id", id},        {"type", "function_call"}, {"status", "in_progress"},
                   {"arguments", ""}, {"call_id", call_id},      {"name", call.name}};
+    if (namespaced_.count(call.name) > 0) {
+      const size_t dot = call.name.find('.');
+      item["namespace"] = call.name.substr(0, dot);
+      item["name"] = call.name.substr(dot + 1);
+    }
     out += event("response.output_item.added", {{"output_index", index}, {"item", item}});
     out += event("response.function_call_arguments.delta",
                  {{"item_id", id}, {"output_index", index}, {"delta", arguments}});
-    out += event(
-        "response.function_call_arguments.done",
-        {{"item_id", id}, {"output_index", index}, {"arguments", arguments}, {"name", call.name}});
+    out += event("response.function_call_arguments.done", {{"item_id", id},
+                                                           {"output_index", index},
+                                                           {"arguments", arguments},
+                                                           {"name", item["name"]}});
     item["status"] = "completed";
     item["arguments"] = arguments;
     out += event("response.output_item.done", {{"output_index", index}, {"item", item}});

@@ -8,6 +8,7 @@
 #include <list>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 
@@ -50,6 +51,9 @@ struct ResponsesRequest {
   bool store = true;
   bool one_call = false;          // parallel_tool_calls: false keeps the first call only
   bool sealed_reasoning = false;  // include: ["reasoning.encrypted_content"]
+  // The tools offered as NAMESPACE.NAME, from a namespace tool: their calls go out as
+  // function_call items with that namespace and name.
+  std::set<std::string> namespaced;
   // Request fields the response object repeats (instructions, tools, temperature, ...).
   ojson echo;
 };
@@ -84,6 +88,7 @@ class ResponsesRenderer : public Renderer {
   ResponseStore* store_;
   bool one_call_;
   bool sealed_reasoning_;
+  std::set<std::string> namespaced_;
   int64_t sequence_ = 0;
   int64_t calls_ = 0;
   Open open_ = Open::kNone;

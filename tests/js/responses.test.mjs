@@ -10,7 +10,7 @@ import OpenAI from "openai";
 import { zodTextFormat } from "openai/helpers/zod";
 import { z } from "zod";
 import Ajv from "ajv";
-import { RULES, SUNNY, startForcedServer } from "./forced_output.mjs";
+import { Q, RULES, SUNNY, startForcedServer } from "./forced_output.mjs";
 import { eventually, metric, metrics } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
@@ -29,12 +29,27 @@ const TOOLS = [
   { type: "function", name: "get_time", description: "The time", parameters: { type: "object" }, strict: false },
 ];
 
+// Codex 0.171's shapes: a namespace of function tools (its sub-agents), and web_search.
+const CLOSE_AGENT = { type: "function", name: "close_agent", description: "Closes a sub-agent.",
+  parameters: { type: "object", properties: { id: { type: "string" } }, required: ["id"] } };
+const CODEX_TOOLS = [
+  ...TOOLS,
+  { type: "namespace", name: "multi_agent_v1", description: "Sub-agents.", tools: [CLOSE_AGENT] },
+  { type: "web_search", external_web_access: false },
+];
+// The tools as chat offers them to the model: a namespace's functions named NAMESPACE.NAME.
+const CODEX_CHAT_TOOLS = [...TOOLS, { ...CLOSE_AGENT, name: "multi_agent_v1.close_agent" }]
+  .map(({ type, ...f }) => ({ type, function: f }));
+
 const ajv = new Ajv();
 let server;
 let client;
 
 before(async () => {
-  server = await startForcedServer(RULES, ["--context", "1024"]);
+  server = await startForcedServer([...RULES, {
+    prompt_contains: "Close the sub-agent",
+    output: `<|tool_call>call:multi_agent_v1.close_agent{id:${Q}a1${Q}}<tool_call|>`,
+  }], ["--context", "1024"]);
   client = new OpenAI({ apiKey: "none", baseURL: server.baseURL, maxRetries: 0 });
 });
 
@@ -68,20 +83,41 @@ describe("whole answers", () => {
     assert.equal(u.output_tokens_details.reasoning_tokens, 0);
   });
 
-  test("built-in and namespace tools, which Codex sends with every request, are not offered", async () => {
-    // Codex 0.171's shapes: a namespace of function tools, and web_search.
-    const codexTools = [
-      ...TOOLS,
-      { type: "namespace", name: "multi_agent_v1", description: "Sub-agents.",
-        tools: [{ type: "function", name: "close_agent", parameters: { type: "object", properties: {} } }] },
-      { type: "web_search", external_web_access: false },
-    ];
-    const r = await client.responses.create({ model: MODEL, input: "Say hello", tools: codexTools });
+  test("built-in tools, which Codex sends with every request, are not offered; a namespace's functions are", async () => {
+    const r = await client.responses.create({ model: MODEL, input: "Say hello", tools: CODEX_TOOLS });
     assert.equal(r.output_text, "Hello there, friend.");
-    // The prompt is the one with the function tools alone.
-    const functionsOnly = await chatPromptTokens([{ role: "user", content: "Say hello" }],
-      { tools: TOOLS.map(({ type, ...f }) => ({ type, function: f })) });
-    assert.equal(r.usage.input_tokens, functionsOnly);
+    // The prompt is the one with the function tools, the namespace's named NAMESPACE.NAME.
+    const offered = await chatPromptTokens([{ role: "user", content: "Say hello" }], { tools: CODEX_CHAT_TOOLS });
+    assert.equal(r.usage.input_tokens, offered);
+  });
+
+  test("a call to a namespace's function names its namespace, and goes back as the model saw it", async () => {
+    const first = await client.responses.create({ model: MODEL, input: "Close the sub-agent", tools: CODEX_TOOLS });
+    const [call] = first.output;
+    assert.equal(call.type, "function_call");
+    assert.equal(call.name, "close_agent");
+    assert.equal(call.namespace, "multi_agent_v1");
+    assert.deepEqual(JSON.parse(call.arguments), { id: "a1" });
+    // Streamed, the item and the arguments' done event say the same.
+    const events = [];
+    const stream = client.responses.stream({ model: MODEL, input: "Close the sub-agent", tools: CODEX_TOOLS });
+    for await (const event of stream) events.push(event);
+    const done = events.find((e) => e.type === "response.output_item.done").item;
+    assert.deepEqual([done.name, done.namespace], ["close_agent", "multi_agent_v1"]);
+    assert.equal(events.find((e) => e.type === "response.function_call_arguments.done").name, "close_agent");
+    // Sent back with its output, the call is rendered under the name the model called.
+    const second = await client.responses.create({ model: MODEL, tools: CODEX_TOOLS, input: [
+      { role: "user", content: "Close the sub-agent" },
+      call,
+      { type: "function_call_output", call_id: call.call_id, output: "closed" },
+    ] });
+    const chatTurns = [
+      { role: "user", content: "Close the sub-agent" },
+      { role: "assistant", content: null, tool_calls: [{ id: call.call_id, type: "function",
+        function: { name: "multi_agent_v1.close_agent", arguments: call.arguments } }] },
+      { role: "tool", tool_call_id: call.call_id, content: "closed" },
+    ];
+    assert.equal(second.usage.input_tokens, await chatPromptTokens(chatTurns, { tools: CODEX_CHAT_TOOLS }));
   });
 
   test("instructions are the system turn; message items with text parts are their roles", async () => {
@@ -473,6 +509,12 @@ describe("errors", () => {
     [{ input: [{ type: "function_call_output", call_id: "call_nope", output: "x" }] }, "input[0].call_id"],
     [{ input: [{ type: "function_call", call_id: "c", name: "f", arguments: "{bad" }] }, "input[0].arguments"],
     [{ input: [{ type: "function_call", call_id: "c", arguments: "{}" }] }, "input[0].name"],
+    [{ input: [{ type: "function_call", call_id: "c", name: "f", namespace: 3, arguments: "{}" }] }, "input[0].namespace"],
+    [{ input: "hi", tools: [{ type: "namespace", tools: [] }] }, "tools[0].name"],
+    [{ input: "hi", tools: [{ type: "namespace", name: "a.b", tools: [] }] }, "tools[0].name"],
+    [{ input: "hi", tools: [{ type: "namespace", name: "ns" }] }, "tools[0].tools"],
+    [{ input: "hi", tools: [{ type: "namespace", name: "ns", tools: {} }] }, "tools[0].tools"],
+    [{ input: "hi", tools: [{ type: "namespace", name: "ns", tools: [{ type: "function" }] }] }, "tools[0].tools[0].name"],
     [{ input: [{ type: "web_search_call", id: "ws_1" }] }, "input[0].type"],
     [{ input: "hi", instructions: 5 }, "instructions"],
     [{ input: "hi", tools: [{ name: "f" }] }, "tools[0].type"],
