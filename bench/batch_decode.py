@@ -22,8 +22,9 @@ a one-stream run and a many-stream run moves one round's ratio, not the figure. 
 --long-prompt N, one stream decodes while an N-token prompt is read in chunks within
 --step-tokens; the longest gap between the running stream's tokens is reported beside its median
 gap. With --turn-prompt N, a first turn of N prompt tokens and then a second
-turn that repeats it, its reply and 19 more tokens run through a prefix cache of --cache-mb MiB;
-their times to first token are reported side by side. With --shared-prompt N, --choices
+turn that repeats it, its reply and 19 more tokens run through a prefix cache of --cache-mb MiB,
+then the first turn again (a regenerated reply); their times to first token are reported side
+by side. With --shared-prompt N, --choices
 sequences given one N-token prompt at once (a request's n choices) run through a Batch of that
 many rows with the prefix cache and without: the time until every one has its first token and
 the prompt tokens read, side by side. With --llamacpp, the same sweep (same
@@ -159,14 +160,15 @@ def long_prompt_gap(engine, args) -> dict:
 
 
 def second_turn(engine, args) -> dict:
-    """A conversation's second turn through the prefix cache: its time to first token against
-    the first turn's."""
+    """A conversation's second turn through the prefix cache, and its first turn sent again (a
+    regenerated reply): their times to first token against the first turn's."""
     vocab = engine.vocab_size
     batch = engine.batch(rows=1, step_tokens=args.step_tokens, cache_mb=args.cache_mb)
     first_prompt = prompt(args.turn_prompt, 2, vocab)
     first = batch.decode_many([first_prompt], args.new, stop=())[0]
     second_prompt = first_prompt + first.tokens + prompt(20, 3, vocab)[1:]
     second = batch.decode_many([second_prompt], args.new, stop=())[0]
+    again = batch.decode_many([first_prompt], args.new, stop=())[0]
     return {
         "first_turn_prompt_tokens": len(first_prompt),
         "first_turn_ttft_s": first.read_s,
@@ -174,6 +176,9 @@ def second_turn(engine, args) -> dict:
         "second_turn_cached_tokens": second.cached_tokens,
         "second_turn_ttft_s": second.read_s,
         "ttft_ratio": second.read_s / first.read_s,
+        "regenerate_cached_tokens": again.cached_tokens,
+        "regenerate_ttft_s": again.read_s,
+        "regenerate_ttft_ratio": again.read_s / first.read_s,
         "cache": batch.stats()["cache"],
     }
 
