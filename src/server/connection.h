@@ -39,6 +39,44 @@ inline std::string describe(httplib::Error error) {
   }
 }
 
+// Registers `handler` for POST requests to `pattern`, as http.Post does but for one thing:
+// cpp-httplib 0.11 reads the body of a POST with neither Content-Length nor Transfer-Encoding
+// until the connection closes, where RFC 9112 (6.3) says it has none, so `curl -X POST URL` (the
+// calls llama.cpp and vLLM document for /slots, /sleep, /wake_up) waited out the read timeout for
+// a 400. Here the body is read only when the request says it has one: whole, or a form's parts
+// into `files` as the library reads them. A body the library refuses (past the payload limit, cut
+// short) leaves its status, 413 or 400, for the error handler. Inline: as describe().
+inline void handle_post(httplib::Server& http, const std::string& pattern,
+                        httplib::Server::Handler handler) {
+  http.Post(pattern,
+            [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                           const httplib::ContentReader& read) {
+              httplib::Request whole = req;
+              if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
+                bool ok = false;
+                if (req.is_multipart_form_data()) {
+                  auto part = whole.files.end();
+                  ok = read(
+                      [&](const httplib::MultipartFormData& file) {
+                        part = whole.files.emplace(file.name, file);
+                        return true;
+                      },
+                      [&](const char* data, size_t size) {
+                        part->second.content.append(data, size);
+                        return true;
+                      });
+                } else {
+                  ok = read([&](const char* data, size_t size) {
+                    whole.body.append(data, size);
+                    return true;
+                  });
+                }
+                if (!ok) return;
+              }
+              handler(whole, res);
+            });
+}
+
 // ValueError unless `port` is a TCP port or 0 (a larger one would wrap to another port).
 void check_port(int port);
 

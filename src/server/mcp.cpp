@@ -949,7 +949,7 @@ void add_mcp_routes(httplib::Server& http,
                                                              httplib::Response& res) {
     handle_mcp_post(files, req, res);
   };
-  http.Post("/mcp", guard ? guard(post) : post);
+  handle_post(http, "/mcp", guard ? guard(post) : post);
   auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
     res.set_header("Allow", "POST");
     send_json(res, 405,

@@ -487,7 +487,7 @@ int Proxy::run() {
   };
   const char* everything = R"(/.*)";
   http.Get(everything, forward);
-  http.Post(everything, forward);
+  handle_post(http, everything, forward);
   http.Put(everything, forward);
   http.Patch(everything, forward);
   http.Delete(everything, forward);

@@ -1838,16 +1838,16 @@ void Server::add_ollama_info_routes(httplib::Server& http) {
                               res.set_content(dump({{"models", models}}), "application/json");
                             },
                             true, ErrorShape::kOllama));
-  http.Post("/api/show",
-            guarded(
-                [this](const httplib::Request& req, httplib::Response& res) {
-                  const std::string id =
-                      server_model_name(ollama_named_model(parse_body(req.body)));
-                  check_model(id);
-                  res.set_content(dump(ollama_show(ollama_model(id.empty() ? model_id_ : id))),
-                                  "application/json");
-                },
-                true, ErrorShape::kOllama));
+  handle_post(http, "/api/show",
+              guarded(
+                  [this](const httplib::Request& req, httplib::Response& res) {
+                    const std::string id =
+                        server_model_name(ollama_named_model(parse_body(req.body)));
+                    check_model(id);
+                    res.set_content(dump(ollama_show(ollama_model(id.empty() ? model_id_ : id))),
+                                    "application/json");
+                  },
+                  true, ErrorShape::kOllama));
   // The models in memory: none while the server sleeps.
   http.Get("/api/ps", guarded(
                           [this](const httplib::Request&, httplib::Response& res) {
@@ -1860,18 +1860,19 @@ void Server::add_ollama_info_routes(httplib::Server& http) {
                           true, ErrorShape::kOllama));
   // A model served here is pulled already: the answer is the line Ollama ends a pull with, so
   // that clients which pull before they chat go on.
-  http.Post("/api/pull", guarded(
-                             [this](const httplib::Request& req, httplib::Response& res) {
-                               const auto pull = parse_ollama_pull(parse_body(req.body));
-                               check_model(server_model_name(pull.model));
-                               const std::string done = dump({{"status", "success"}});
-                               if (pull.stream) {
-                                 res.set_content(done + "\n", "application/x-ndjson");
-                               } else {
-                                 res.set_content(done, "application/json");
-                               }
-                             },
-                             true, ErrorShape::kOllama));
+  handle_post(http, "/api/pull",
+              guarded(
+                  [this](const httplib::Request& req, httplib::Response& res) {
+                    const auto pull = parse_ollama_pull(parse_body(req.body));
+                    check_model(server_model_name(pull.model));
+                    const std::string done = dump({{"status", "success"}});
+                    if (pull.stream) {
+                      res.set_content(done + "\n", "application/x-ndjson");
+                    } else {
+                      res.set_content(done, "application/json");
+                    }
+                  },
+                  true, ErrorShape::kOllama));
   // Ollama's model store: none here, so nothing to create, copy, delete or push.
   const auto no_store = [](const httplib::Request& req, httplib::Response&) {
     throw ApiError(501,
@@ -1880,51 +1881,55 @@ void Server::add_ollama_info_routes(httplib::Server& http) {
                    "invalid_request_error", "", "not_implemented");
   };
   for (const char* path : {"/api/create", "/api/copy", "/api/push", R"(/api/blobs/([^/]+))"}) {
-    http.Post(path, guarded(no_store, false, ErrorShape::kOllama));
+    handle_post(http, path, guarded(no_store, false, ErrorShape::kOllama));
   }
   http.Get(R"(/api/blobs/([^/]+))", guarded(no_store, false, ErrorShape::kOllama));  // and HEAD
   http.Delete("/api/delete", guarded(no_store, false, ErrorShape::kOllama));
   for (const char* path : {"/api/embed", "/api/embeddings"}) {
-    http.Post(path, guarded(
-                        [](const httplib::Request&, httplib::Response&) {
-                          throw ApiError(400,
-                                         "this model does not make embeddings: Gemma 4 is a "
-                                         "generative model",
-                                         "invalid_request_error", "model", "not_supported");
-                        },
-                        false, ErrorShape::kOllama));
+    handle_post(http, path,
+                guarded(
+                    [](const httplib::Request&, httplib::Response&) {
+                      throw ApiError(400,
+                                     "this model does not make embeddings: Gemma 4 is a "
+                                     "generative model",
+                                     "invalid_request_error", "model", "not_supported");
+                    },
+                    false, ErrorShape::kOllama));
   }
 }
 
 void Server::add_sleep_routes(httplib::Server& http) {
-  http.Post("/sleep", guarded(
-                          [this](const httplib::Request& req, httplib::Response&) {
-                            // vLLM's level 1 keeps the weights in host memory, 2 drops them;
-                            // the engine here frees them either way and reads them again.
-                            const std::string level = req.get_param_value("level");
-                            if (!level.empty() && level != "1" && level != "2") {
-                              throw ApiError(400, "'level' must be 1 or 2, got '" + level + "'",
-                                             "invalid_request_error", "level", "invalid_value");
-                            }
-                            scheduler_.sleep_when_idle();
-                          },
-                          true));
-  http.Post("/wake_up", guarded(
-                            [this](const httplib::Request& req, httplib::Response&) {
-                              // vLLM wakes its weights and its KV cache apart; here both come
-                              // back together.
-                              for (size_t i = 0; i < req.get_param_value_count("tags"); ++i) {
-                                const std::string tag = req.get_param_value("tags", i);
-                                if (tag != "weights" && tag != "kv_cache") {
-                                  throw ApiError(400,
-                                                 "'tags' must be \"weights\" or \"kv_cache\", "
-                                                 "got '" + tag + "'",
-                                                 "invalid_request_error", "tags", "invalid_value");
-                                }
-                              }
-                              scheduler_.wake_up();
-                            },
-                            true));
+  handle_post(http, "/sleep",
+              guarded(
+                  [this](const httplib::Request& req, httplib::Response&) {
+                    // vLLM's level 1 keeps the weights in host memory, 2 drops them;
+                    // the engine here frees them either way and reads them again.
+                    const std::string level = req.get_param_value("level");
+                    if (!level.empty() && level != "1" && level != "2") {
+                      throw ApiError(400, "'level' must be 1 or 2, got '" + level + "'",
+                                     "invalid_request_error", "level", "invalid_value");
+                    }
+                    scheduler_.sleep_when_idle();
+                  },
+                  true));
+  handle_post(http, "/wake_up",
+              guarded(
+                  [this](const httplib::Request& req, httplib::Response&) {
+                    // vLLM wakes its weights and its KV cache apart; here both come
+                    // back together.
+                    for (size_t i = 0; i < req.get_param_value_count("tags"); ++i) {
+                      const std::string tag = req.get_param_value("tags", i);
+                      if (tag != "weights" && tag != "kv_cache") {
+                        throw ApiError(400,
+                                       "'tags' must be \"weights\" or \"kv_cache\", "
+                                       "got '" +
+                                           tag + "'",
+                                       "invalid_request_error", "tags", "invalid_value");
+                      }
+                    }
+                    scheduler_.wake_up();
+                  },
+                  true));
   http.Get("/is_sleeping", guarded(
                                [this](const httplib::Request&, httplib::Response& res) {
                                  res.set_content(
@@ -2604,51 +2609,50 @@ void Server::set_up_routes(httplib::Server& http) {
                            res.set_content(dump(slots), "application/json");
                          },
                          true));
-  http.Post(R"(/slots/([^/]*))", guarded(
-                                   [this](const httplib::Request& req, httplib::Response& res) {
-                                     slot_action(req, res, req.matches[1]);
-                                   },
-                                   true));
+  handle_post(http, R"(/slots/([^/]*))",
+              guarded([this](const httplib::Request& req,
+                             httplib::Response& res) { slot_action(req, res, req.matches[1]); },
+                      true));
   http.Get("/lora-adapters", guarded(
                                  [this](const httplib::Request&, httplib::Response& res) {
-                                   res.set_content(dump(lora_adapters_json()),
-                                                   "application/json");
+                                   res.set_content(dump(lora_adapters_json()), "application/json");
                                  },
                                  false));
   // llama-server's POST /lora-adapters: the scales of requests that name no adapter; an adapter
   // left out of the list goes to 0.
-  http.Post("/lora-adapters",
-            guarded(
-                [this](const httplib::Request& req, httplib::Response& res) {
-                  engine_->set_lora_scales(lora_scales_by_id(
-                      parse_lora_scales(parse_body_value(req.body), "body"), "id"));
-                  res.set_content(dump(lora_adapters_json()), "application/json");
-                },
-                true));
-  http.Post("/v1/load_lora_adapter",
-            guarded([this](const httplib::Request& req,
-                           httplib::Response& res) { load_lora_adapter(req, res); },
-                    true));
-  http.Post("/v1/unload_lora_adapter",
-            guarded([this](const httplib::Request& req,
-                           httplib::Response& res) { unload_lora_adapter(req, res); },
-                    true));
+  handle_post(http, "/lora-adapters",
+              guarded(
+                  [this](const httplib::Request& req, httplib::Response& res) {
+                    engine_->set_lora_scales(lora_scales_by_id(
+                        parse_lora_scales(parse_body_value(req.body), "body"), "id"));
+                    res.set_content(dump(lora_adapters_json()), "application/json");
+                  },
+                  true));
+  handle_post(http, "/v1/load_lora_adapter",
+              guarded([this](const httplib::Request& req,
+                             httplib::Response& res) { load_lora_adapter(req, res); },
+                      true));
+  handle_post(http, "/v1/unload_lora_adapter",
+              guarded([this](const httplib::Request& req,
+                             httplib::Response& res) { unload_lora_adapter(req, res); },
+                      true));
   http.Get("/props", guarded(
                          [this](const httplib::Request&, httplib::Response& res) {
                            res.set_content(dump(props_json()), "application/json");
                          },
                          true));
-  http.Post("/v1/chat/completions",
-            guarded([this](const httplib::Request& req,
-                           httplib::Response& res) { handle_generation(req, res, true); },
-                    true));
-  http.Post("/v1/completions",
-            guarded([this](const httplib::Request& req,
-                           httplib::Response& res) { handle_generation(req, res, false); },
-                    true));
-  http.Post("/v1/responses", guarded([this](const httplib::Request& req,
-                                            httplib::Response& res) { handle_responses(req, res); },
-                                     true));
+  handle_post(http, "/v1/chat/completions",
+              guarded([this](const httplib::Request& req,
+                             httplib::Response& res) { handle_generation(req, res, true); },
+                      true));
+  handle_post(http, "/v1/completions",
+              guarded([this](const httplib::Request& req,
+                             httplib::Response& res) { handle_generation(req, res, false); },
+                      true));
+  handle_post(http, "/v1/responses",
+              guarded([this](const httplib::Request& req,
+                             httplib::Response& res) { handle_responses(req, res); },
+                      true));
   auto not_stored = [](const std::string& id) {
     return ApiError(404,
                     "response '" + id +
@@ -2674,86 +2678,89 @@ void Server::set_up_routes(httplib::Server& http) {
                                     "application/json");
                   },
                   false));
-  http.Post("/v1/messages", guarded([this](const httplib::Request& req,
-                                           httplib::Response& res) { handle_messages(req, res); },
-                                    true, ErrorShape::kAnthropic));
+  handle_post(http, "/v1/messages",
+              guarded([this](const httplib::Request& req,
+                             httplib::Response& res) { handle_messages(req, res); },
+                      true, ErrorShape::kAnthropic));
   for (const bool translate : {false, true}) {
-    http.Post(translate ? "/v1/audio/translations" : "/v1/audio/transcriptions",
-              guarded([this, translate](const httplib::Request& req, httplib::Response& res) {
-                handle_transcription(req, res, translate);
-              }, true));
+    handle_post(http, translate ? "/v1/audio/translations" : "/v1/audio/transcriptions",
+                guarded(
+                    [this, translate](const httplib::Request& req, httplib::Response& res) {
+                      handle_transcription(req, res, translate);
+                    },
+                    true));
   }
-  http.Post("/v1/messages/count_tokens",
-            guarded([this](const httplib::Request& req,
-                           httplib::Response& res) { handle_count_tokens(req, res); },
-                    true, ErrorShape::kAnthropic));
+  handle_post(http, "/v1/messages/count_tokens",
+              guarded([this](const httplib::Request& req,
+                             httplib::Response& res) { handle_count_tokens(req, res); },
+                      true, ErrorShape::kAnthropic));
   for (const bool chat : {true, false}) {
-    http.Post(chat ? "/api/chat" : "/api/generate",
-              guarded([this, chat](const httplib::Request& req,
-                                   httplib::Response& res) { handle_ollama(req, res, chat); },
-                      true, ErrorShape::kOllama));
+    handle_post(http, chat ? "/api/chat" : "/api/generate",
+                guarded([this, chat](const httplib::Request& req,
+                                     httplib::Response& res) { handle_ollama(req, res, chat); },
+                        true, ErrorShape::kOllama));
   }
   add_ollama_info_routes(http);
   add_sleep_routes(http);
-  http.Post("/tokenize", guarded(
-                             [this](const httplib::Request& req, httplib::Response& res) {
-                               const auto r = parse_tokenize_request(parse_body(req.body));
-                               const auto ids = tokenizer_->encode(r.content, r.add_special);
-                               ojson tokens = ojson::array();
-                               for (int64_t id : ids) {
-                                 if (!r.with_pieces) {
-                                   tokens.push_back(id);
-                                   continue;
-                                 }
-                                 // llama.cpp: the piece as text, or its bytes when not UTF-8
-                                 // (a byte token's one byte).
-                                 const std::string piece = tokenizer_->token_bytes(id);
-                                 ojson p =
-                                     is_valid_utf8(piece)
-                                         ? ojson(piece)
-                                         : ojson(std::vector<uint8_t>(piece.begin(), piece.end()));
-                                 tokens.push_back({{"id", id}, {"piece", p}});
-                               }
-                               res.set_content(dump({{"tokens", tokens}}), "application/json");
-                             },
-                             true));
+  handle_post(http, "/tokenize",
+              guarded(
+                  [this](const httplib::Request& req, httplib::Response& res) {
+                    const auto r = parse_tokenize_request(parse_body(req.body));
+                    const auto ids = tokenizer_->encode(r.content, r.add_special);
+                    ojson tokens = ojson::array();
+                    for (int64_t id : ids) {
+                      if (!r.with_pieces) {
+                        tokens.push_back(id);
+                        continue;
+                      }
+                      // llama.cpp: the piece as text, or its bytes when not UTF-8
+                      // (a byte token's one byte).
+                      const std::string piece = tokenizer_->token_bytes(id);
+                      ojson p = is_valid_utf8(piece)
+                                    ? ojson(piece)
+                                    : ojson(std::vector<uint8_t>(piece.begin(), piece.end()));
+                      tokens.push_back({{"id", id}, {"piece", p}});
+                    }
+                    res.set_content(dump({{"tokens", tokens}}), "application/json");
+                  },
+                  true));
   // llama-server's POST /apply-template: the prompt a chat request's body renders to, as the
   // model would read it, without running the model.
-  http.Post("/apply-template",
-            guarded(
-                [this](const httplib::Request& req, httplib::Response& res) {
-                  const GenerationRequest r = parse_chat_request(parse_body(req.body));
-                  check_model(r.model);
-                  std::string parser_prefix;
-                  std::string prompt;
-                  try {
-                    prompt = render_chat(r, parser_prefix);
-                  } catch (const ValueError& e) {
-                    throw ApiError(400, e.what(), "invalid_request_error", "messages",
-                                   "invalid_value");
-                  }
-                  res.set_content(dump({{"prompt", prompt}}), "application/json");
-                },
-                true));
-  http.Post("/detokenize",
-            guarded(
-                [this](const httplib::Request& req, httplib::Response& res) {
-                  const auto ids = parse_detokenize_request(parse_body(req.body));
-                  for (size_t i = 0; i < ids.size(); ++i) {
+  handle_post(http, "/apply-template",
+              guarded(
+                  [this](const httplib::Request& req, httplib::Response& res) {
+                    const GenerationRequest r = parse_chat_request(parse_body(req.body));
+                    check_model(r.model);
+                    std::string parser_prefix;
+                    std::string prompt;
                     try {
-                      tokenizer_->id_to_token(ids[i]);
-                    } catch (const ValueError&) {
-                      throw ApiError(400,
-                                     "'tokens[" + std::to_string(i) + "]' is " +
-                                         std::to_string(ids[i]) +
-                                         ", which is no token of the vocabulary [0, " +
-                                         std::to_string(tokenizer_->vocab_size()) + ")",
-                                     "invalid_request_error", "tokens", "invalid_value");
+                      prompt = render_chat(r, parser_prefix);
+                    } catch (const ValueError& e) {
+                      throw ApiError(400, e.what(), "invalid_request_error", "messages",
+                                     "invalid_value");
                     }
-                  }
-                  res.set_content(dump({{"content", tokenizer_->decode(ids)}}), "application/json");
-                },
-                true));
+                    res.set_content(dump({{"prompt", prompt}}), "application/json");
+                  },
+                  true));
+  handle_post(
+      http, "/detokenize",
+      guarded(
+          [this](const httplib::Request& req, httplib::Response& res) {
+            const auto ids = parse_detokenize_request(parse_body(req.body));
+            for (size_t i = 0; i < ids.size(); ++i) {
+              try {
+                tokenizer_->id_to_token(ids[i]);
+              } catch (const ValueError&) {
+                throw ApiError(400,
+                               "'tokens[" + std::to_string(i) + "]' is " + std::to_string(ids[i]) +
+                                   ", which is no token of the vocabulary [0, " +
+                                   std::to_string(tokenizer_->vocab_size()) + ")",
+                               "invalid_request_error", "tokens", "invalid_value");
+              }
+            }
+            res.set_content(dump({{"content", tokenizer_->decode(ids)}}), "application/json");
+          },
+          true));
 
   add_web_routes(http);
   add_mcp_routes(

@@ -297,6 +297,12 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
       deepJson: rawExchange(server.url, [post("/v1/chat/completions", deep)], 0),
       deepMcp: rawExchange(server.url, [post("/mcp", "[".repeat(100_000) + "]".repeat(100_000),
         "Accept: application/json, text/event-stream\r\n")], 0),
+      // Neither Content-Length nor Transfer-Encoding (`curl -X POST URL`): no body (RFC 9112),
+      // answered at once, not after the read timeout as a malformed request.
+      noBodyWake: rawExchange(server.url,
+        ["POST /wake_up HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"], 0),
+      noBodyChat: rawExchange(server.url,
+        ["POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"], 0),
     };
     // Meanwhile the engine serves everyone else at once: none of the above holds it.
     let probes = 0;
@@ -327,6 +333,8 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
     assert.deepEqual([r.bodyOverLimit.status, r.bodyOverLimit.body.error.code],
       [413, "request_too_large"]);
     assert.deepEqual([r.deepJson.status, r.deepJson.body.error.code], [400, "json_too_deep"]);
+    assert.equal(r.noBodyWake.status, 200);
+    assert.deepEqual([r.noBodyChat.status, r.noBodyChat.body.error.code], [400, "invalid_json"]);
     assert.equal(r.deepMcp.status, 400);
     assert.match(r.deepMcp.body.error.message, /deeper than 64 levels/);
     assert.ok(probes >= 2, `only ${probes} requests were served beside the slow clients`);
