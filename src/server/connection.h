@@ -26,8 +26,7 @@ bool peer_closed(int fd);
 constexpr int kListenBacklog = 1024;
 
 // What went wrong with a request this process made (to an upstream, a server), in words:
-// "connection refused or unreachable" rather than httplib's enum name "Connection". Inline: the
-// MCP fuzz harness compiles mcp.cpp without this file's sockets.
+// "connection refused or unreachable" rather than httplib's enum name "Connection".
 inline std::string describe(httplib::Error error) {
   switch (error) {
     case httplib::Error::Connection: return "connection refused or unreachable";
@@ -45,7 +44,7 @@ inline std::string describe(httplib::Error error) {
 // calls llama.cpp and vLLM document for /slots, /sleep, /wake_up) waited out the read timeout for
 // a 400. Here the body is read only when the request says it has one: whole, or a form's parts
 // into `files` as the library reads them. A body the library refuses (past the payload limit, cut
-// short) leaves its status, 413 or 400, for the error handler. Inline: as describe().
+// short) leaves its status, 413 or 400, for the error handler.
 inline void handle_post(httplib::Server& http, const std::string& pattern,
                         httplib::Server::Handler handler) {
   http.Post(pattern,

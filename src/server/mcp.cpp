@@ -13,9 +13,11 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <list>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "build_info.h"
@@ -38,6 +40,7 @@ constexpr int kParseError = -32700;
 constexpr int kInvalidRequest = -32600;
 constexpr int kMethodNotFound = -32601;
 constexpr int kInvalidParams = -32602;
+constexpr int kInternalError = -32603;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -514,38 +517,13 @@ struct Answer {
   }
 };
 
-ojson ask(const ServerClient& server, const McpFiles& files, const ojson& args) {
-  const GenerationArgs g = parse_generation_args(args);
-  const std::vector<MediaFile> media = read_media(g, files);
-  const auto start = Clock::now();
-  const std::string path = "/v1/chat/completions";
-  auto result = server.client(3600)->Post(path.c_str(), server.headers(),
-                                          dump(chat_body(g, media, false)), "application/json");
-  if (!result) throw server.unreachable(path, result.error());
-  if (result->status != 200) {
-    throw server.refused(path, *result, [&](const std::string& message, const std::string& param) {
-      return explain_media_error(g, media, message, param);
-    });
-  }
-  Answer a;
-  a.round_trip_s = seconds_since(start);
-  try {
-    const ojson body = ojson::parse(result->body);
-    const ojson& choice = body.at("choices").at(0);
-    const ojson& content = choice.at("message").at("content");
-    a.text = content.is_string() ? content.get<std::string>() : "";
-    a.finish = choice.value("finish_reason", "");
-    a.model = body.value("model", "");
-    a.take_usage(body.value("usage", ojson()));
-    a.timings = body.value("timings", ojson::object());
-  } catch (const std::exception& e) {
-    throw ToolError(server.url() + path + " answered with an unexpected body: " + e.what());
-  }
-  return a.result();
-}
-
-ojson stream(const ServerClient& server, const McpFiles& files, const ojson& args,
-             const ojson& progress_token, const McpNotify& notify) {
+// ask and stream: the answer of a streamed chat request. stream's progress_token and notify send
+// each chunk on as a progress notification; ask gives none. The request stops at the next chunk
+// once `cancelled` says so (a notifications/cancelled, or the client gone), and the server then
+// cancels the decode as for any client that hangs up.
+ojson answer(const ServerClient& server, const McpFiles& files, const ojson& args,
+             const ojson& progress_token, const McpNotify& notify,
+             const std::function<bool()>& cancelled) {
   const GenerationArgs g = parse_generation_args(args);
   const std::vector<MediaFile> media = read_media(g, files);
   const auto start = Clock::now();
@@ -554,8 +532,12 @@ ojson stream(const ServerClient& server, const McpFiles& files, const ojson& arg
   std::string buffer;
   std::string failure;
   int64_t chunks = 0;
-  bool client_gone = false;
+  bool stopped = false;
   auto on_event = [&](const std::string& data) {
+    if (cancelled && cancelled()) {
+      stopped = true;
+      return false;
+    }
     if (data == "[DONE]") return true;
     const ojson event = ojson::parse(data);
     if (event.contains("error")) {
@@ -585,7 +567,7 @@ ojson stream(const ServerClient& server, const McpFiles& files, const ojson& arg
                                   {"total", g.max_tokens},
                                   {"message", piece}}}};
         if (!notify(progress)) {
-          client_gone = true;
+          stopped = true;
           return false;
         }
       }
@@ -628,7 +610,9 @@ ojson stream(const ServerClient& server, const McpFiles& files, const ojson& arg
   httplib::Response res;
   httplib::Error error = httplib::Error::Success;
   const bool sent = server.client(3600)->send(req, res, error);
-  if (client_gone) throw ToolError("the MCP client went away; the decode was cancelled");
+  if (stopped) {
+    throw ToolError("the call was cancelled (or the MCP client went away); so was the decode");
+  }
   if (!failure.empty()) throw ToolError(server.url() + path + ": " + failure);
   if (!sent) throw server.unreachable(path, error);
   if (status != 200) {
@@ -701,7 +685,8 @@ ojson serving_metrics(const ServerClient& server) {
   return text_result(samples.dump(2), ojson{{"url", server.url()}, {"samples", samples}});
 }
 
-ojson call_tool(const McpTarget& target, const ojson& params, const McpNotify& notify) {
+ojson call_tool(const McpTarget& target, const ojson& params, const McpNotify& notify,
+                const std::function<bool()>& cancelled) {
   if (!params.is_object() || !params.contains("name") || !params["name"].is_string()) {
     throw RpcError(kInvalidParams, "tools/call needs params.name, a string");
   }
@@ -725,8 +710,10 @@ ojson call_tool(const McpTarget& target, const ojson& params, const McpNotify& n
     if (name != "ask" && name != "stream" && !args.empty()) {
       throw ToolError(name + " takes no arguments");
     }
-    if (name == "ask") return ask(server, target.files, args);
-    if (name == "stream") return stream(server, target.files, args, progress_token, notify);
+    if (name == "ask") return answer(server, target.files, args, nullptr, {}, cancelled);
+    if (name == "stream") {
+      return answer(server, target.files, args, progress_token, notify, cancelled);
+    }
     if (name == "engine_info") return engine_info(server);
     if (name == "endpoint_status") return endpoint_status(server);
     return serving_metrics(server);
@@ -786,8 +773,28 @@ McpFiles mcp_media_directory(const std::string& dir) {
   return files;
 }
 
+McpCalls::Call::Call(McpCalls* calls, std::string key) : calls_(calls), key_(std::move(key)) {
+  if (!calls_) return;
+  std::lock_guard lock(calls_->mutex_);
+  flag_ = calls_->flags_[key_] = std::make_shared<std::atomic<bool>>(false);
+}
+
+McpCalls::Call::~Call() {
+  if (!calls_) return;
+  std::lock_guard lock(calls_->mutex_);
+  if (const auto it = calls_->flags_.find(key_);
+      it != calls_->flags_.end() && it->second == flag_) {
+    calls_->flags_.erase(it);
+  }
+}
+
+void McpCalls::cancel(const std::string& key) {
+  std::lock_guard lock(mutex_);
+  if (const auto it = flags_.find(key); it != flags_.end()) *it->second = true;
+}
+
 std::optional<ojson> handle_mcp_message(const McpTarget& target, const ojson& message,
-                                        const McpNotify& notify) {
+                                        const McpNotify& notify, const McpCallContext& context) {
   if (!message.is_object()) {
     return rpc_error(nullptr, kInvalidRequest,
                      "a JSON-RPC message must be an object (batches are not supported)");
@@ -810,7 +817,14 @@ std::optional<ojson> handle_mcp_message(const McpTarget& target, const ojson& me
                          json_type_name(id));
   }
   // Notifications (initialized, cancelled) and responses need no answer.
-  if (!is_request) return std::nullopt;
+  if (!is_request) {
+    const ojson* params = message.contains("params") ? &message["params"] : nullptr;
+    if (context.calls && message.value("method", ojson()) == "notifications/cancelled" && params &&
+        params->is_object() && params->contains("requestId")) {
+      context.calls->cancel(context.key((*params)["requestId"]));
+    }
+    return std::nullopt;
+  }
   const std::string method = message["method"].get<std::string>();
   const ojson params = message.value("params", ojson::object());
   try {
@@ -822,7 +836,10 @@ std::optional<ojson> handle_mcp_message(const McpTarget& target, const ojson& me
     } else if (method == "tools/list") {
       result = {{"tools", tool_list(target.files)}};
     } else if (method == "tools/call") {
-      result = call_tool(target, params, notify);
+      const McpCalls::Call call(context.calls, context.key(id));
+      result = call_tool(target, params, notify, [&] {
+        return call.cancelled() || (context.client_gone && context.client_gone());
+      });
     } else {
       throw RpcError(kMethodNotFound, "unknown method '" + method + "'");
     }
@@ -839,8 +856,27 @@ void serve_mcp_stdio(const McpTarget& target, std::istream& in, std::ostream& ou
     out << dump(message) << '\n' << std::flush;
     return static_cast<bool>(out);
   };
+  McpCalls calls;
+  const McpCallContext context{&calls, "", {}};
+  // The tool calls running beside the reader; each says when it is done, to be joined.
+  struct Worker {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::list<Worker> workers;
+  auto join = [&](bool all) {
+    for (auto it = workers.begin(); it != workers.end();) {
+      if (all || *it->done) {
+        it->thread.join();
+        it = workers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
   std::string line;
   while (std::getline(in, line)) {
+    join(/*all=*/false);
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     ojson message;
     try {
@@ -853,8 +889,24 @@ void serve_mcp_stdio(const McpTarget& target, std::istream& in, std::ostream& ou
       write(rpc_error(nullptr, kParseError, std::string("refused JSON: ") + e.what()));
       continue;
     }
-    if (auto answer = handle_mcp_message(target, message, write)) write(*answer);
+    if (message.is_object() && message.contains("id") &&
+        message.value("method", ojson()) == "tools/call") {
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      std::thread thread([&, message = std::move(message), done] {
+        try {
+          if (auto answer = handle_mcp_message(target, message, write, context)) write(*answer);
+        } catch (const std::exception& e) {
+          write(rpc_error(message["id"], kInternalError, e.what()));
+        }
+        *done = true;
+      });
+      workers.push_back({std::move(thread), std::move(done)});
+      continue;
+    }
+    if (auto answer = handle_mcp_message(target, message, write, context)) write(*answer);
   }
+  // The input's end: the calls in flight still answer.
+  join(/*all=*/true);
 }
 
 namespace {
@@ -877,7 +929,8 @@ void send_json(httplib::Response& res, int status, const ojson& body) {
   res.set_content(dump(body), "application/json");
 }
 
-void handle_mcp_post(const McpFiles& files, const httplib::Request& req, httplib::Response& res) {
+void handle_mcp_post(const McpFiles& files, McpCalls& calls, const httplib::Request& req,
+                     httplib::Response& res) {
   if (!origin_allowed(req)) {
     send_json(res, 403,
               rpc_error(nullptr, kInvalidRequest,
@@ -907,6 +960,14 @@ void handle_mcp_post(const McpFiles& files, const httplib::Request& req, httplib
       req.local_addr.find(':') != std::string::npos ? "[" + req.local_addr + "]" : req.local_addr;
   McpTarget target{"http://" + host + ":" + std::to_string(req.local_port),
                    req.get_header_value("Authorization"), files};
+  // A session is only a scope for request ids: its client's cancellations reach its own calls.
+  if (message.is_object() && message.value("method", ojson()) == "initialize") {
+    res.set_header("Mcp-Session-Id", new_completion_id("mcp-"));
+  }
+  const int fd =
+      find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  const McpCallContext context{&calls, req.get_header_value("Mcp-Session-Id"),
+                               [fd] { return peer_closed(fd); }};
   const bool wants_progress =
       message.is_object() && message.value("method", ojson()) == "tools/call" &&
       message.contains("params") && message["params"].is_object() &&
@@ -915,7 +976,7 @@ void handle_mcp_post(const McpFiles& files, const httplib::Request& req, httplib
   const bool accepts_sse =
       req.get_header_value("Accept").find("text/event-stream") != std::string::npos;
   if (!(wants_progress && accepts_sse)) {
-    auto answer = handle_mcp_message(target, message, {});
+    auto answer = handle_mcp_message(target, message, {}, context);
     if (!answer) {
       res.status = 202;
       return;
@@ -928,12 +989,13 @@ void handle_mcp_post(const McpFiles& files, const httplib::Request& req, httplib
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
-      "text/event-stream", [target, message = std::move(message)](size_t, httplib::DataSink& sink) {
+      "text/event-stream",
+      [target, message = std::move(message), context](size_t, httplib::DataSink& sink) {
         auto event = [&sink](const ojson& j) {
           const std::string out = "event: message\ndata: " + dump(j) + "\n\n";
           return sink.is_writable() && sink.write(out.data(), out.size());
         };
-        auto answer = handle_mcp_message(target, message, event);
+        auto answer = handle_mcp_message(target, message, event, context);
         if (answer && !event(*answer)) return false;
         sink.done();
         return true;
@@ -945,9 +1007,9 @@ void handle_mcp_post(const McpFiles& files, const httplib::Request& req, httplib
 void add_mcp_routes(httplib::Server& http,
                     const std::function<httplib::Server::Handler(httplib::Server::Handler)>& guard,
                     McpFiles files) {
-  httplib::Server::Handler post = [files = std::move(files)](const httplib::Request& req,
-                                                             httplib::Response& res) {
-    handle_mcp_post(files, req, res);
+  httplib::Server::Handler post = [files = std::move(files), calls = std::make_shared<McpCalls>()](
+                                      const httplib::Request& req, httplib::Response& res) {
+    handle_mcp_post(files, *calls, req, res);
   };
   handle_post(http, "/mcp", guard ? guard(post) : post);
   auto not_allowed = [](const httplib::Request& req, httplib::Response& res) {
@@ -955,7 +1017,8 @@ void add_mcp_routes(httplib::Server& http,
     send_json(res, 405,
               rpc_error(nullptr, kInvalidRequest,
                         req.method + " /mcp is not supported: this server opens no stream of its "
-                                     "own and keeps no sessions; POST each message"));
+                                     "own, and a session ends with its client; POST each "
+                                     "message"));
   };
   http.Get("/mcp", not_allowed);
   http.Delete("/mcp", not_allowed);

@@ -4,14 +4,19 @@
 // and the proxy) and stdio (`torchtpu-cpp mcp --url URL`). Protocol revisions 2025-06-18 and
 // 2025-11-25. ask and stream take image and WAV files by path (`images`, `audio`), read by the
 // MCP server's own process as McpFiles allows and sent on as data: URL / input_audio parts.
-// Nothing here needs libtorch: the mcp fuzz harness compiles mcp.cpp alone.
+// Nothing here needs libtorch: the mcp fuzz harness compiles mcp.cpp with the server's other
+// sources that need none.
 #pragma once
 
 #include <httplib.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -62,23 +67,65 @@ std::string origin_of(std::string url);
 // Sends one JSON-RPC notification to the client; false once the client is gone.
 using McpNotify = std::function<bool(const ojson& notification)>;
 
+// The tool calls in flight on one transport, by key (McpCallContext::key): a
+// notifications/cancelled that names one stops it at its next streamed chunk.
+class McpCalls {
+ public:
+  // A call in flight, known to its McpCalls (none: a call nothing cancels) while it lives.
+  class Call {
+   public:
+    Call(McpCalls* calls, std::string key);
+    ~Call();
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+    bool cancelled() const { return flag_ && *flag_; }
+
+   private:
+    McpCalls* calls_;
+    std::string key_;
+    std::shared_ptr<std::atomic<bool>> flag_;
+  };
+
+  void cancel(const std::string& key);
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::shared_ptr<std::atomic<bool>>> flags_;
+};
+
+// Where a message came from, for its tool calls' cancellation.
+struct McpCallContext {
+  McpCalls* calls = nullptr;  // none: notifications/cancelled stops nothing
+  // Whose request ids these are (an HTTP session id; empty for stdio or no session): one
+  // client's notifications/cancelled stops only its own calls.
+  std::string scope;
+  std::function<bool()> client_gone;  // true once the answer has nobody to go to; may be empty
+  std::string key(const ojson& id) const { return scope + "\n" + id.dump(); }
+};
+
 // Answers one JSON-RPC message: the response to a request, nullopt for a notification or a
 // response. A tools/call carrying params._meta.progressToken gets notifications/progress through
 // `notify` while it runs (the `stream` tool sends one per streamed chunk, with the chunk's text).
-// Tool failures are results with isError true; malformed requests, unknown methods and unknown
-// tools are JSON-RPC errors.
+// A tools/call of ask or stream stops when notifications/cancelled names it through `context`, or
+// when context.client_gone says so, and the server cancels its decode. Tool failures are results
+// with isError true; malformed requests, unknown methods and unknown tools are JSON-RPC errors.
 std::optional<ojson> handle_mcp_message(const McpTarget& target, const ojson& message,
-                                        const McpNotify& notify);
+                                        const McpNotify& notify,
+                                        const McpCallContext& context = {});
 
 // MCP over stdio: one JSON message per line read from `in`, answers and notifications written to
-// `out` one per line. Returns when `in` ends.
+// `out` one per line. Tool calls run on threads of their own while the next lines are read, so
+// that a notifications/cancelled reaches them. Returns when `in` ends, once the calls in flight
+// have answered.
 void serve_mcp_stdio(const McpTarget& target, std::istream& in, std::ostream& out);
 
 // Streamable HTTP at /mcp: POST carries one JSON-RPC message and is answered with JSON, or with an
-// SSE stream when the call reports progress; GET and DELETE get 405 (no server-initiated stream,
-// no sessions). The tools call the server that received the request, at the address it was
-// received on, with the request's Authorization header. `guard` wraps the POST handler (the
-// server's authentication); empty for none. `files`: what the tools may read (default: nothing).
+// SSE stream when the call reports progress; GET and DELETE get 405 (no server-initiated stream;
+// a session ends with its client). initialize's answer carries an Mcp-Session-Id, which scopes
+// the ids a notifications/cancelled names; a call also stops when its POST's connection closes. The
+// tools call the server that received the request, at the address it was received on, with the
+// request's Authorization header. `guard` wraps the POST handler (the server's authentication);
+// empty for none. `files`: what the tools may read (default: nothing).
 void add_mcp_routes(
     httplib::Server& http,
     const std::function<httplib::Server::Handler(httplib::Server::Handler)>& guard = {},

@@ -43,7 +43,11 @@ target_link_libraries(request_fuzz PRIVATE torchtpu_common nlohmann_json::nlohma
 
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
-add_executable(mcp_fuzz ${_fuzz_dir}/mcp_fuzz.cpp ${CMAKE_SOURCE_DIR}/src/server/mcp.cpp)
+add_executable(mcp_fuzz ${_fuzz_dir}/mcp_fuzz.cpp ${CMAKE_SOURCE_DIR}/src/server/mcp.cpp
+                        ${CMAKE_SOURCE_DIR}/src/server/connection.cpp
+                        ${CMAKE_SOURCE_DIR}/src/server/openai.cpp
+                        ${CMAKE_SOURCE_DIR}/src/server/structured.cpp
+                        ${CMAKE_SOURCE_DIR}/src/server/media_parts.cpp)
 target_link_libraries(mcp_fuzz PRIVATE torchtpu_common nlohmann_json::nlohmann_json
                                        PkgConfig::HTTPLIB Threads::Threads)
 

@@ -13,7 +13,9 @@ import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { McpError } from "@modelcontextprotocol/sdk/types.js";
-import { PNG, cliPath, makeMultimodalCheckpoint, startServer, tempDir, wav } from "./server_helpers.mjs";
+import {
+  PNG, cliPath, eventually, makeMultimodalCheckpoint, metric, metrics, startServer, tempDir, wav,
+} from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const TOOLS = ["ask", "endpoint_status", "engine_info", "serving_metrics", "stream"];
@@ -199,6 +201,25 @@ for (const [name, makeTransport] of Object.entries(transports)) {
         client.callTool({ name: "no_such_tool", arguments: {} }),
         (e) => e instanceof McpError && e.code === -32602,
       );
+    });
+
+    test("a cancelled ask or stream stops its decode: the row is freed, the request counted cancelled", async () => {
+      const decoding = async () => (await (await fetch(`${server.url}/slots`)).json())
+        .some((slot) => slot.is_processing && slot.next_token.n_decoded > 0);
+      for (const tool of ["ask", "stream"]) {
+        const cancelled = async () => metric(await metrics(server.url), "torchtpu_requests_cancelled_total");
+        const before = await cancelled();
+        const controller = new AbortController();
+        // The SDK sends notifications/cancelled when the signal aborts; over HTTP its POST stays
+        // open, so only the notification can stop the call.
+        const call = client.callTool({ name: tool, arguments: { prompt: PROMPT, max_tokens: 1500 } },
+          undefined, { signal: controller.signal, ...(tool === "stream" ? { onprogress: () => {} } : {}) });
+        await eventually(decoding, `${tool}'s decode`);
+        controller.abort();
+        await assert.rejects(call);
+        await eventually(async () => (await cancelled()) === before + 1, `${tool}'s cancellation`);
+        await eventually(async () => !(await decoding()), "the row freed");
+      }
     });
 
     test("images and audio must be arrays of file paths", async () => {
