@@ -19,6 +19,19 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Adds the counters of `from` to those of `to`; the gauges (rows, positions, cache bytes, ...)
+// are left as they are.
+void add_counters(BatchStats& to, const BatchStats& from) {
+  to.steps += from.steps;
+  to.prompt_passes += from.prompt_passes;
+  to.prompt_tokens += from.prompt_tokens;
+  to.cache.hits += from.cache.hits;
+  to.cache.misses += from.cache.misses;
+  to.cache.reused_tokens += from.cache.reused_tokens;
+  to.cache.saves += from.cache.saves;
+  to.cache.evictions += from.cache.evictions;
+}
+
 DecodeResult cancelled_before_start(const Submission& submission) {
   DecodeResult result;
   result.finish = "cancelled";
@@ -301,6 +314,11 @@ bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted,
   return true;
 }
 
+void Scheduler::publish(const Batch& batch) {
+  stats_.batch = batch.stats();
+  add_counters(stats_.batch, ended_);
+}
+
 int64_t Scheduler::cache_budget() const {
   return options_.serial() ? 0 : options_.batch.cache_bytes;
 }
@@ -318,7 +336,7 @@ void Scheduler::run_batch(Engine& engine) {
   batch.emplace(engine, options_.batch);
   {
     std::lock_guard lock(mutex_);
-    stats_.batch = batch->stats();
+    publish(*batch);
   }
   std::map<int64_t, Entry> running;  // by the batch's id
   // The prefix cache while the engine sleeps (sleep_preserve_cache).
@@ -338,6 +356,7 @@ void Scheduler::run_batch(Engine& engine) {
     if (taken == Taken::kIdleTooLong && !engine.asleep()) {
       // The batch's rings go with the weights.
       if (options_.sleep_preserve_cache) kept = batch->take_cache();
+      add_counters(ended_, batch->stats());
       batch.reset();
       sleep(engine);
     }
@@ -381,6 +400,7 @@ void Scheduler::run_batch(Engine& engine) {
         error = std::current_exception();
         for (auto& [id, entry] : running) failed.push_back(std::move(entry));
         running.clear();
+        add_counters(ended_, batch->stats());
         batch.reset();
         batch.emplace(engine, options_.batch);
       }
@@ -389,7 +409,7 @@ void Scheduler::run_batch(Engine& engine) {
       // The gauges drop a sequence before its caller hears that it ended.
       std::lock_guard lock(mutex_);
       stats_.running = static_cast<int64_t>(running.size());
-      stats_.batch = batch->stats();
+      publish(*batch);
       stats_.busy_s += seconds_since(start);
     }
     for (auto& [entry, result] : finished) entry.submission.on_done(std::move(result), nullptr);

@@ -177,6 +177,9 @@ class Scheduler {
   // many shapes (prompt chunks, batch sizes, oneDNN's compiled matmuls coming and going) leave
   // holes that glibc keeps resident otherwise: tens of MB over a soak of the demo model.
   void settle();
+  // stats_.batch from `batch`, its counters added to those of the batches before it (ended_).
+  // The caller holds mutex_.
+  void publish(const Batch& batch);
 
   SchedulerOptions options_;
   mutable std::mutex mutex_;
@@ -190,6 +193,11 @@ class Scheduler {
   bool sleep_asked_ = false;  // sleep_when_idle() was called and the engine has not slept since
   std::optional<double> keep_alive_s_;  // keep_alive()'s limit until the next submission
   SchedulerStats stats_;  // running, batch and busy_s; waiting is waiting_'s size
+  // The counters (steps, prompt passes and tokens, the prefix cache's hits, misses, reuse, saves
+  // and evictions) of the batches a sleep or a failed step ended, so that stats_.batch's count
+  // since the scheduler started, as Prometheus counters must. A cache kept over a sleep keeps
+  // counting its own.
+  BatchStats ended_;
 };
 
 }  // namespace torchtpu

@@ -427,6 +427,16 @@ TEST(Scheduler, AnIdleEngineSleepsAndTheNextSubmissionWakesIt) {
     const auto history = static_cast<int64_t>(prompt.size() + before.size()) - 1;
     EXPECT_EQ(seen[1].result.cached_tokens, cached ? history : 0) << "read_every " << read_every;
     EXPECT_EQ(awake.batch.cache.hits, cached ? 1 : 0) << "read_every " << read_every;
+    if (read_every == 1) {
+      // Counters count from the scheduler's start, over the batch the sleep ended: the first
+      // turn's miss, steps and prompt tokens stay counted.
+      EXPECT_EQ(awake.batch.cache.misses, cached ? 1 : 2);
+      EXPECT_GT(awake.batch.steps, asleep.batch.steps);
+      EXPECT_GT(asleep.batch.prompt_tokens, 0);
+      EXPECT_EQ(awake.batch.prompt_tokens,
+                asleep.batch.prompt_tokens + seen[1].result.prompt_tokens -
+                    seen[1].result.cached_tokens);
+    }
   }
 }
 
