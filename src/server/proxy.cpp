@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <chrono>
@@ -98,9 +99,16 @@ class Upstream {
       start = end + 1;
     }
     if (status != 0 || line.empty()) {
-      last_error_ = "the upstream command '" + command_ + "' " +
-                    (status != 0 ? "exited with status " + std::to_string(status)
-                                 : std::string("printed no URL"));
+      // pclose gives a wait status: the exit code, or the signal that ended the command.
+      std::string what = "printed no URL";
+      if (status == -1) {
+        what = "could not be waited for";
+      } else if (WIFSIGNALED(status)) {
+        what = "was killed by signal " + std::to_string(WTERMSIG(status));
+      } else if (WEXITSTATUS(status) != 0) {
+        what = "exited with status " + std::to_string(WEXITSTATUS(status));
+      }
+      last_error_ = "the upstream command '" + command_ + "' " + what;
       throw std::runtime_error(last_error_);
     }
     last_error_.clear();

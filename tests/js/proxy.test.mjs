@@ -161,3 +161,22 @@ test("when A stops, the command is asked again and the request goes to B", async
   assert.equal(status.upstream_health_status, 200);
   assert.equal(status.lookups, 2);
 });
+
+test("an upstream command that fails is named with its exit status or signal", async () => {
+  for (const [command, words] of [
+    ["echo oops; exit 3", "exited with status 3"],
+    ["kill -9 $$", "was killed by signal 9"],
+    ["true", "printed no URL"],
+  ]) {
+    const failing = startProxy(["--upstream-cmd", command]);
+    try {
+      const res = await fetch(`${await failing.url}/v1/models`);
+      assert.equal(res.status, 502);
+      assert.equal((await res.json()).error.message.includes(`the upstream command '${command}' ${words}`),
+        true, command);
+    } finally {
+      failing.child.kill("SIGTERM");
+      await failing.exited;
+    }
+  }
+});
