@@ -384,11 +384,16 @@ void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
             x->chunks.pop_front();
           }
           const bool finished = x->finished;
+          const bool broken = finished && x->error != httplib::Error::Success;
           lock.unlock();
           if (!out.empty() && !sink.write(out.data(), out.size())) {
             x->abort();
             return false;
           }
+          // An upstream that broke off mid-stream (it crashed, the network went): the client's
+          // connection is broken off too, with no final chunk, so that its client fails as it
+          // would have against the upstream itself, rather than take the cut stream as whole.
+          if (broken) return false;
           if (finished) sink.done();
           return true;
         },

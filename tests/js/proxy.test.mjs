@@ -125,6 +125,30 @@ test("a client abort through the proxy cancels the decode upstream", async () =>
   );
 });
 
+test("an upstream that dies mid-stream breaks the client's stream off too", async () => {
+  const c = await startServer(["--context", "2048"]);
+  const direct = startProxy(["--upstream", c.url]);
+  try {
+    const res = await fetch(`${await direct.url}/v1/chat/completions`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ messages, max_tokens: 4000, stream: true }),
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body.getReader();
+    await reader.read();
+    c.child.kill("SIGKILL");
+    // Read to the end: a stream the proxy ended cleanly would resolve with done, without [DONE].
+    await assert.rejects(async () => {
+      for (;;) if ((await reader.read()).done) return;
+    });
+  } finally {
+    direct.child.kill("SIGTERM");
+    await direct.exited;
+    await c.stop();
+  }
+});
+
 test("an Ollama stream (newline-delimited JSON) passes through as it is made", async () => {
   const cancelled = metric(await metrics(a.url), "torchtpu_requests_cancelled_total");
   const controller = new AbortController();
