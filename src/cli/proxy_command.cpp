@@ -20,6 +20,10 @@ void add_proxy_command(CLI::App& app) {
       "A shell command whose last output line is the upstream URL; run again when the upstream "
       "stops answering");
   url->excludes(command);
+  cmd->add_option("--upstream-cmd-timeout", options->upstream_cmd_timeout_s,
+                  "Seconds the upstream command may run before it is killed")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--api-key", options->api_key,
                   "The proxy's own key: require 'Authorization: Bearer KEY' on everything but the "
                   "chat page and /health (default: $TORCHTPU_PROXY_API_KEY)");

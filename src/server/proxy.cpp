@@ -1,14 +1,20 @@
 #include "server/proxy.h"
 
+#include <fcntl.h>
 #include <httplib.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <iostream>
 #include <memory>
@@ -41,12 +47,79 @@ std::string normalize_url(std::string url) {
   return url;
 }
 
+// What `command` (run by /bin/sh in a process group of its own) printed on stdout, and how it
+// ended: the exit code, or the signal that ended it. Past `limit_s` its process group is killed
+// and `what` says so. std::runtime_error when it cannot be started.
+struct CommandRun {
+  std::string output;
+  std::string what;  // empty: it exited with status 0
+};
+
+CommandRun run_command(const std::string& command, int limit_s) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error("cannot run " + command);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+  posix_spawnattr_setpgroup(&attributes, 0);
+  const char* argv[] = {"sh", "-c", command.c_str(), nullptr};
+  pid_t pid = -1;
+  const int failed =
+      posix_spawn(&pid, "/bin/sh", &actions, &attributes, const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  ::close(out[1]);
+  if (failed != 0) {
+    ::close(out[0]);
+    throw std::runtime_error("cannot run " + command + ": " + std::strerror(failed));
+  }
+  CommandRun run;
+  const auto deadline = Clock::now() + std::chrono::seconds(limit_s);
+  bool timed_out = false;
+  char buffer[4096];
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    pollfd p{out[0], POLLIN, 0};
+    const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      timed_out = true;
+      ::killpg(pid, SIGKILL);
+      break;
+    }
+    const ssize_t n = ::read(out[0], buffer, sizeof(buffer));
+    if (n > 0) {
+      run.output.append(buffer, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(out[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out) {
+    run.what = "ran past " + std::to_string(limit_s) + " s and was killed";
+  } else if (WIFSIGNALED(status)) {
+    run.what = "was killed by signal " + std::to_string(WTERMSIG(status));
+  } else if (WEXITSTATUS(status) != 0) {
+    run.what = "exited with status " + std::to_string(WEXITSTATUS(status));
+  }
+  return run;
+}
+
 // Where requests go: a fixed URL, or what the upstream command prints, looked up again when the
 // upstream fails.
 class Upstream {
  public:
   explicit Upstream(const ProxyOptions& options)
-      : fixed_(normalize_url(options.upstream)), command_(options.upstream_cmd) {}
+      : fixed_(normalize_url(options.upstream)),
+        command_(options.upstream_cmd),
+        command_limit_s_(options.upstream_cmd_timeout_s) {}
 
   // The current URL, found by the command on first use. Throws std::runtime_error when the
   // command fails or prints nothing.
@@ -79,16 +152,14 @@ class Upstream {
       return;
     }
     ++lookups_;
-    std::string output;
-    FILE* pipe = popen(command_.c_str(), "r");
-    if (pipe == nullptr) {
-      last_error_ = "cannot run the upstream command: " + command_;
-      throw std::runtime_error(last_error_);
+    CommandRun run;
+    try {
+      run = run_command(command_, command_limit_s_);
+    } catch (const std::runtime_error& e) {
+      last_error_ = std::string("the upstream command: ") + e.what();
+      throw;
     }
-    char buffer[4096];
-    size_t n;
-    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) output.append(buffer, n);
-    const int status = pclose(pipe);
+    const std::string& output = run.output;
     std::string line;
     size_t start = 0;
     while (start < output.size()) {
@@ -98,17 +169,9 @@ class Upstream {
       if (!candidate.empty()) line = candidate;
       start = end + 1;
     }
-    if (status != 0 || line.empty()) {
-      // pclose gives a wait status: the exit code, or the signal that ended the command.
-      std::string what = "printed no URL";
-      if (status == -1) {
-        what = "could not be waited for";
-      } else if (WIFSIGNALED(status)) {
-        what = "was killed by signal " + std::to_string(WTERMSIG(status));
-      } else if (WEXITSTATUS(status) != 0) {
-        what = "exited with status " + std::to_string(WEXITSTATUS(status));
-      }
-      last_error_ = "the upstream command '" + command_ + "' " + what;
+    if (!run.what.empty() || line.empty()) {
+      last_error_ = "the upstream command '" + command_ + "' " +
+                    (run.what.empty() ? "printed no URL" : run.what);
       throw std::runtime_error(last_error_);
     }
     last_error_.clear();
@@ -118,6 +181,7 @@ class Upstream {
 
   std::string fixed_;
   std::string command_;
+  int command_limit_s_;
   std::mutex mutex_;
   std::string url_;
   int64_t lookups_ = 0;

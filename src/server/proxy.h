@@ -16,6 +16,9 @@ struct ProxyOptions {
   int port = 8015;           // 0 picks a free port
   std::string upstream;      // http://host:port of the server
   std::string upstream_cmd;  // or a command (run by /bin/sh) whose last output line is that URL
+  // The longest the command may run (then it is killed): a cloud CLI's lookup takes seconds, and
+  // one that hangs would hold every request, /health included, that waits for the address.
+  int upstream_cmd_timeout_s = 30;
   int upstream_timeout_s = 3600;  // the longest an upstream answer may pause
   // Non-empty: the proxy's own key. Every request but the chat page and /health must carry
   // "Authorization: Bearer KEY", and that header is not passed on.

@@ -186,13 +186,14 @@ test("when A stops, the command is asked again and the request goes to B", async
   assert.equal(status.lookups, 2);
 });
 
-test("an upstream command that fails is named with its exit status or signal", async () => {
+test("an upstream command that fails, or hangs, is named with what became of it", async () => {
   for (const [command, words] of [
     ["echo oops; exit 3", "exited with status 3"],
     ["kill -9 $$", "was killed by signal 9"],
     ["true", "printed no URL"],
+    ["sleep 100", "ran past 1 s and was killed"],
   ]) {
-    const failing = startProxy(["--upstream-cmd", command]);
+    const failing = startProxy(["--upstream-cmd", command, "--upstream-cmd-timeout", "1"]);
     try {
       const res = await fetch(`${await failing.url}/v1/models`);
       assert.equal(res.status, 502);
