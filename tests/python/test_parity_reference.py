@@ -298,10 +298,14 @@ def test_synthetic_e2b_loads_and_decodes(e2b_checkpoint, cli, report):
         f"synthetic E2B: layout {result['layout']}, read_s {result.get('read_s')}, "
         f"decode_s {result.get('decode_s')}"
     )
+    # One row of the rings in bf16: a full ring's 1,024 slots of one 512-wide K and V head and an
+    # int64 position; a sliding ring's 512 slots (the window) of 256-wide heads.
+    full, sliding = 1024 * (2 * 512 * 2 + 8), 512 * (2 * 256 * 2 + 8)
     assert result["layout"] == {
         "full_rings": 3,
         "sliding_rings": 12,
         "shared_layers": 20,
         "context": 1024,
+        "row_bytes": 3 * full + 12 * sliding,
     }
     assert len(result["tokens"]) == 2
