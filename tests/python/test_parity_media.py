@@ -221,13 +221,13 @@ def test_cli_greedy_matches_transformers(
         "cpu",
         "--json",
         "--ignore-eos",
-        "--image-tokens",
-        IMAGE_TOKENS,
         "--chunk",
         16,  # soft tokens split across prompt chunks
         "--dump-logits",
         tmp_path / "logits.safetensors",
     ]
+    if images:
+        args += ["--image-tokens", IMAGE_TOKENS]  # refused without an image
     for _ in images:
         args += ["--image", media_files["dir"] / "a.png"]
     for _ in clips:
