@@ -82,6 +82,13 @@ ojson chat_content(const ojson& content, const std::string& param, bool user,
   return text;
 }
 
+// The name the model is offered a namespace's function under (chat_tools), and calls it by. No
+// function's own name holds a '.' (OpenAI's are letters, digits, '_' and '-'), nor may a
+// namespace's, so the first '.' splits it again.
+std::string namespaced_name(const std::string& space, const std::string& name) {
+  return space + "." + name;
+}
+
 // Responses input items as chat messages. The items of one assistant turn (reasoning, message,
 // function_call) merge into one assistant message, as the chat template reads a turn.
 class Conversation {
@@ -107,7 +114,7 @@ class Conversation {
       std::string name = required_string(item, "name", p);
       if (const ojson* space = field(item, "namespace")) {
         if (!space->is_string()) throw wrong_type(p + ".namespace", "a string", *space);
-        name = space->get<std::string>() + "." + name;
+        name = namespaced_name(space->get<std::string>(), name);
       }
       const std::string& arguments = required_string(item, "arguments", p);
       ojson& turn = assistant_turn();
@@ -217,8 +224,7 @@ ojson chat_function(const ojson& tool, const std::string& p, const std::string& 
 }
 
 // Responses' tools in chat's shape. The function tools of a namespace (Codex sends its sub-agent
-// tools so, and MCP servers' tools come so) are offered as functions named NAMESPACE.NAME, which
-// no function's own name can be (OpenAI's are letters, digits, '_' and '-'); `namespaced` gets
+// tools so, and MCP servers' tools come so) are offered under namespaced_name; `namespaced` gets
 // those names, so that calls to them go out again with their namespace. Built-in tools
 // (web_search, …) and a namespace's custom tools: this server runs none of them, so the model is
 // not offered them, and the request goes on with its function tools (a tool_choice that forces
@@ -248,7 +254,7 @@ ojson chat_tools(const ojson& tools, std::set<std::string>& namespaced) {
       const std::string q = at_index(p + ".tools", j);
       if (!member.is_object()) throw wrong_type(q, "an object", member);
       if (required_string(member, "type", q) != "function") continue;
-      const std::string name = space + "." + required_string(member, "name", q);
+      const std::string name = namespaced_name(space, required_string(member, "name", q));
       out.push_back(chat_function(member, q, name));
       namespaced.insert(name);
     }
@@ -673,7 +679,7 @@ std::string ResponsesRenderer::add(const OutputDelta& delta) {
     const std::string arguments = call.arguments.dump();
     ojson item = {{"id", id},        {"type", "function_call"}, {"status", "in_progress"},
                   {"arguments", ""}, {"call_id", call_id},      {"name", call.name}};
-    if (namespaced_.count(call.name) > 0) {
+    if (namespaced_.count(call.name) > 0) {  // namespaced_name's split
       const size_t dot = call.name.find('.');
       item["namespace"] = call.name.substr(0, dot);
       item["name"] = call.name.substr(dot + 1);
