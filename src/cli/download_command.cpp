@@ -26,6 +26,10 @@ void run_download(const DownloadArgs& args) {
   std::string id = args.id;
   std::string revision = args.revision;
   if (size_t at = id.find('@'); at != std::string::npos) {
+    if (at + 1 == id.size()) {
+      throw ValueError("'" + id + "' names no revision after '@': give org/name or " +
+                       "org/name@revision");
+    }
     if (!revision.empty() && revision != id.substr(at + 1)) {
       throw ValueError("the revision is given twice: '" + id.substr(at + 1) + "' in " + id +
                        " and --revision " + revision);

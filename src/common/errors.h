@@ -25,4 +25,11 @@ struct NotFoundError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A service the engine depends on did not give what it was asked for: the Hub could not be
+// reached, refused the token, failed, or broke off a download. The message names the service and
+// what to do. Python: ConnectionError. HTTP: 502 (the server is a gateway to it).
+struct UpstreamError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace torchtpu

@@ -137,15 +137,15 @@ struct ReplyError : std::runtime_error {
   }
   if (e.code == "GatedRepo" || ((e.status == 401 || e.status == 403) && e.code.empty())) {
     if (opts.token.empty()) {
-      throw std::runtime_error(
+      throw UpstreamError(
           repo_id + " is gated or private and no token was sent (" + http + ")" + said +
           ": set HF_TOKEN to a token of an account that has accepted the model's licence at " +
           page);
     }
-    throw std::runtime_error("access to " + repo_id + " was refused with the token in use (" +
-                             http + ")" + said + ": accept the model's licence at " + page +
-                             " with the account the token belongs to, and check that HF_TOKEN "
-                             "grants read access");
+    throw UpstreamError("access to " + repo_id + " was refused with the token in use (" + http +
+                        ")" + said + ": accept the model's licence at " + page +
+                        " with the account the token belongs to, and check that HF_TOKEN "
+                        "grants read access");
   }
   if (e.code == "RepoNotFound" || e.status == 404 || e.status == 401) {
     std::string hint = opts.token.empty()
@@ -154,8 +154,7 @@ struct ReplyError : std::runtime_error {
     throw NotFoundError("repository '" + repo_id + "' not found at " + opts.endpoint + " (" + http +
                         ")" + hint);
   }
-  throw std::runtime_error("the Hub at " + opts.endpoint + " answered " + http + " for " + e.url +
-                           said);
+  throw UpstreamError("the Hub at " + opts.endpoint + " answered " + http + " for " + e.url + said);
 }
 
 nlohmann::json parse_json(const HttpResponse& r) {
@@ -401,10 +400,10 @@ struct Download {
       if (have >= file.size) break;
       broken = have > before ? 1 : broken + 1;
       if (broken >= kMaxBrokenTransfers) {
-        throw std::runtime_error("the download of " + file.path + " was interrupted at " +
-                                 std::to_string(have) + " of " + std::to_string(file.size) +
-                                 " bytes (" + last_error + "); the partial file " + part.string() +
-                                 " is kept and the next run resumes from there");
+        throw UpstreamError("the download of " + file.path + " was interrupted at " +
+                            std::to_string(have) + " of " + std::to_string(file.size) + " bytes (" +
+                            last_error + "); the partial file " + part.string() +
+                            " is kept and the next run resumes from there");
       }
       progress.note("retrying " + file.path + " from byte " + std::to_string(have) +
                     " after: " + last_error);
@@ -530,8 +529,8 @@ std::string download(const std::string& repo_id, const std::string& revision, co
                     "); using the cached snapshot " + *snap);
       return *snap;
     }
-    throw std::runtime_error("cannot reach the Hub at " + opts.endpoint + " (" + e.what() +
-                             ") and " + why_not);
+    throw UpstreamError("cannot reach the Hub at " + opts.endpoint + " (" + e.what() + ") and " +
+                        why_not);
   } catch (const ReplyError& e) {
     if (e.code != "RevisionNotFound") {
       if (auto snap = cached_snapshot(cache, repo_id, rev, include, &why_not)) {

@@ -37,7 +37,8 @@ void bind_checkpoints(py::module_& m) {
       "Downloads what the engine reads of a Hub repository (`org/name` or `org/name@revision`) "
       "into the cache huggingface_hub uses (HF_ENDPOINT, HF_HUB_CACHE, HF_TOKEN, HF_HUB_OFFLINE "
       "as it reads them), or finds it there, and returns the snapshot directory. "
-      "FileNotFoundError for an unknown repository or revision.");
+      "FileNotFoundError for an unknown repository or revision; ConnectionError when the Hub "
+      "cannot be reached, refuses the token or breaks off, and the cache does not hold it.");
 }
 
 }  // namespace torchtpu::python

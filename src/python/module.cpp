@@ -98,6 +98,8 @@ void translate_errors(std::exception_ptr error) {
     py::set_error(PyExc_ValueError, e.what());
   } catch (const NotFoundError& e) {
     py::set_error(PyExc_FileNotFoundError, e.what());
+  } catch (const UpstreamError& e) {
+    py::set_error(PyExc_ConnectionError, e.what());
   } catch (const c10::ValueError& e) {
     py::set_error(PyExc_ValueError, e.what_without_backtrace());
   } catch (const c10::IndexError& e) {

@@ -2116,6 +2116,8 @@ void Server::load_lora_adapter(const httplib::Request& req, httplib::Response& r
       spec.dir = hub::resolve_model(spec.dir, hub::Options::from_env());  // vLLM downloads too
     } catch (const NotFoundError& e) {
       throw ApiError(404, e.what(), "invalid_request_error", "lora_path", "not_found");
+    } catch (const UpstreamError& e) {
+      throw ApiError(502, e.what(), "server_error", "lora_path", "upstream_error");
     }
   } else if (!std::filesystem::is_directory(spec.dir, ec)) {
     throw ApiError(404, "no directory " + spec.dir + " on this server for LoRA adapter '" +

@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
   } catch (const torchtpu::FormatError& e) {
     std::cerr << "FormatError: " << e.what() << "\n";
     return 4;
+  } catch (const torchtpu::UpstreamError& e) {
+    std::cerr << "UpstreamError: " << e.what() << "\n";
+    return 5;
   } catch (const std::exception& e) {
     std::cerr << "RuntimeError: " << e.what() << "\n";
     return 1;

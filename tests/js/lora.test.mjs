@@ -9,7 +9,9 @@ import { spawn } from "node:child_process";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import OpenAI from "openai";
-import { cacheDir, cliPath, eventually, makeLoraAdapters, startServer, tempDir } from "./server_helpers.mjs";
+import {
+  cacheDir, cliPath, closedPort, eventually, makeLoraAdapters, startServer, tempDir,
+} from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 
@@ -17,6 +19,7 @@ let server;
 let client;
 let adapters;
 let want;  // PEFT's text with the first adapter, and transformers' without
+let hub;  // the Hub endpoint the server is given: a port nothing listens on
 
 async function detokenize(url, tokens) {
   const res = await fetch(`${url}/detokenize`, {
@@ -62,9 +65,11 @@ before(async () => {
   await plain.stop();
   adapters = makeLoraAdapters();
   // float32, as PEFT's reference ran; loaded at scale 0, so requests that name none get the base.
+  hub = `http://127.0.0.1:${await closedPort()}`;
   server = await startServer(["--context", "512", "--dtype", "float32", "--parallel", "3",
     "--lora", adapters.first, "--lora", `two=${adapters.second}`, "--lora-init-without-apply",
-    "--metrics-compat", "vllm", "--max-loras", "3", "--runtime-lora"]);
+    "--metrics-compat", "vllm", "--max-loras", "3", "--runtime-lora"],
+  { env: { HF_ENDPOINT: hub, HF_HUB_CACHE: tempDir("torchtpu-lora-hub-"), HF_HUB_OFFLINE: "0" } });
   client = new OpenAI({ apiKey: "none", baseURL: server.baseURL, maxRetries: 0 });
   want = {
     first: await detokenize(server.url, adapters.expected.tokens),
@@ -307,6 +312,9 @@ describe("LoRA adapters", () => {
         "no directory /no/such/dir on this server"],
       ["/v1/load_lora_adapter", { lora_name: "x", lora_path: notPeft }, 400, "lora_path",
         "has no adapter_config.json"],
+      // A Hub id it has not cached while the Hub cannot be reached: the server is its gateway.
+      ["/v1/load_lora_adapter", { lora_name: "x", lora_path: "fixture-org/adapter" }, 502,
+        "lora_path", `cannot reach the Hub at ${hub}`],
       ["/v1/unload_lora_adapter", {}, 400, "lora_name", "a string \"lora_name\""],
       ["/v1/unload_lora_adapter", { lora_name: "x" }, 404, "lora_name",
         "the LoRA adapter 'x' is not loaded"],

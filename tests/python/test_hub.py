@@ -232,8 +232,8 @@ def test_interrupted_download_resumes_on_the_next_run(hub, cache):
     cut = 100_000
     hub.faults.cut_at[SHARD] = cut
     r = run_tool(hub, cache)
-    assert r.returncode == 1, r.stderr
-    assert "interrupted" in r.stderr and "next run resumes" in r.stderr
+    assert r.returncode == 5, r.stderr
+    assert "UpstreamError" in r.stderr and "interrupted" in r.stderr and "next run resumes" in r.stderr
     partial = storage(cache) / "blobs" / f"{f.sha256}.incomplete"
     assert partial.stat().st_size == cut
 
@@ -326,14 +326,14 @@ def test_redirect_to_another_host_drops_the_token(hub, cache):
 
 def test_gated_repo_without_token_says_how_to_get_access(hub, cache):
     r = run_tool(hub, cache, "fixture-org/gated")
-    assert r.returncode == 1
-    assert "RuntimeError" in r.stderr and "HF_TOKEN" in r.stderr and "licence" in r.stderr
+    assert r.returncode == 5
+    assert "UpstreamError" in r.stderr and "HF_TOKEN" in r.stderr and "licence" in r.stderr
     assert f"{hub.url}/fixture-org/gated" in r.stderr and "401" in r.stderr
 
 
 def test_gated_repo_with_refused_token(hub, cache):
     r = run_tool(hub, cache, "fixture-org/gated", token="hf_not_accepted")
-    assert r.returncode == 1
+    assert r.returncode == 5 and "UpstreamError" in r.stderr
     assert "403" in r.stderr and "refused" in r.stderr and "licence" in r.stderr
 
 
@@ -394,6 +394,13 @@ def test_unreachable_hub_falls_back_to_the_cache(hub, cache):
     assert Path(r.stdout.strip()) == snap and "cached snapshot" in r.stderr
 
 
+def test_unreachable_hub_without_the_cache_is_an_upstream_error(hub, cache):
+    r = run_tool(hub, cache, HF_ENDPOINT="http://127.0.0.1:9")
+    assert r.returncode == 5, r.stderr
+    assert "UpstreamError: cannot reach the Hub at http://127.0.0.1:9" in r.stderr
+    assert "nothing of" in r.stderr
+
+
 # --- the command line ---
 
 
@@ -420,6 +427,15 @@ def test_cli_download_prints_the_snapshot_dir(hub, cache):
         check=False,
     )
     assert r.returncode != 0 and "'fixture-org/nope' not found" in r.stderr and r.stdout == ""
+    r = subprocess.run(
+        [CLI, "download", f"{REPO}@"],
+        env=hub_env(hub, cache),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 2 and f"'{REPO}@' names no revision after '@'" in r.stderr, r.stderr
 
 
 def _serve(env, *args):

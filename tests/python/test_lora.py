@@ -409,7 +409,7 @@ def test_an_adapter_loaded_while_asleep_applies_after_the_wake(base, adapters):
 def test_hub_ids_load_the_model_and_adapters_from_the_hub(base, adapters, tmp_path, monkeypatch):
     """A Hub id in place of a directory (the model, lora=[...], load_lora) is downloaded into the
     Hub cache as `serve --model org/name` does, and gives what the directories give; download()
-    returns the snapshot; offline, the cache alone serves."""
+    returns the snapshot; offline, the cache alone serves; unreachable, a ConnectionError."""
     from pathlib import Path
 
     from hub_fixture import HubFixture, Repo
@@ -457,5 +457,12 @@ def test_hub_ids_load_the_model_and_adapters_from_the_hub(base, adapters, tmp_pa
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         tt.Engine("fixture-org/base", lora=["one=fixture-org/first"], **settings)
         assert len(hub.log()) == requests
+        # A Hub that cannot be reached, with nothing cached: ConnectionError, naming it.
+        monkeypatch.delenv("HF_HUB_OFFLINE")
+        monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9
+        with pytest.raises(ConnectionError, match="cannot reach the Hub at http://127.0.0.1:9"):
+            tt.download("fixture-org/elsewhere")
+        with pytest.raises(ConnectionError, match="cannot reach the Hub at http://127.0.0.1:9"):
+            eng.load_lora("fixture-org/elsewhere", name="unreachable")
     finally:
         hub.close()
