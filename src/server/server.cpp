@@ -63,6 +63,47 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// Every route of a fixed path and the methods it answers: a request's metrics label, and the 405
+// (with Allow) of another method on it.
+const std::map<std::string, std::string> kRoutes = {{"/", "GET"},
+                                                    {"/health", "GET"},
+                                                    {"/livez", "GET"},
+                                                    {"/metrics", "GET"},
+                                                    {"/v1/models", "GET"},
+                                                    {"/v1/engine", "GET"},
+                                                    {"/props", "GET"},
+                                                    {"/slots", "GET"},
+                                                    {"/lora-adapters", "GET, POST"},
+                                                    {"/v1/load_lora_adapter", "POST"},
+                                                    {"/v1/unload_lora_adapter", "POST"},
+                                                    {"/v1/chat/completions", "POST"},
+                                                    {"/v1/completions", "POST"},
+                                                    {"/tokenize", "POST"},
+                                                    {"/detokenize", "POST"},
+                                                    {"/apply-template", "POST"},
+                                                    {"/v1/responses", "POST"},
+                                                    {"/v1/messages", "POST"},
+                                                    {"/v1/messages/count_tokens", "POST"},
+                                                    {"/v1/audio/transcriptions", "POST"},
+                                                    {"/v1/audio/translations", "POST"},
+                                                    {"/api/chat", "POST"},
+                                                    {"/api/generate", "POST"},
+                                                    {"/api/tags", "GET"},
+                                                    {"/api/show", "POST"},
+                                                    {"/api/ps", "GET"},
+                                                    {"/api/version", "GET"},
+                                                    {"/api/embed", "POST"},
+                                                    {"/api/embeddings", "POST"},
+                                                    {"/api/pull", "POST"},
+                                                    {"/api/create", "POST"},
+                                                    {"/api/copy", "POST"},
+                                                    {"/api/delete", "DELETE"},
+                                                    {"/api/push", "POST"},
+                                                    {"/mcp", "POST"},
+                                                    {"/sleep", "POST"},
+                                                    {"/wake_up", "POST"},
+                                                    {"/is_sleeping", "GET"}};
+
 // A slot file's name as a client gives it: a plain name inside --slot-save-path (no folder, no
 // hidden file, nothing a shell or another system reads differently). 400 otherwise.
 void check_slot_filename(const std::string& name) {
@@ -2456,23 +2497,12 @@ EngineLoad Server::engine_load() {
 }
 
 std::string Server::endpoint_label(const std::string& path) const {
-  static const std::set<std::string> known = {
-      "/health",         "/livez",       "/metrics",
-      "/v1/models",      "/v1/engine",   "/props",       "/slots",
-      "/lora-adapters",  "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
-      "/v1/chat/completions",
-      "/v1/completions", "/tokenize",    "/detokenize", "/apply-template",
-      "/v1/responses",   "/v1/messages", "/v1/messages/count_tokens",
-      "/v1/audio/transcriptions", "/v1/audio/translations",
-      "/api/chat",       "/api/generate", "/api/tags",   "/api/show",
-      "/api/ps",         "/api/version", "/api/embed",  "/api/embeddings",
-      "/api/pull",       "/api/create",  "/api/copy",   "/api/delete",  "/api/push",
-      "/sleep",          "/wake_up",     "/is_sleeping"};
-  if (known.count(path)) return path;
+  if (kRoutes.count(path)) return path;
   if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
   if (path.rfind("/api/blobs/", 0) == 0) return "/api/blobs/{digest}";
   if (path.rfind("/slots/", 0) == 0) return "/slots/{id}";
+  if (path.rfind("/web/", 0) == 0) return "/web/{file}";
   return "other";
 }
 
@@ -2772,27 +2802,6 @@ void Server::set_up_routes(httplib::Server& http) {
   http.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        static const std::map<std::string, std::string> allowed = {
-            {"/health", "GET"},          {"/livez", "GET"},
-            {"/metrics", "GET"},         {"/v1/models", "GET"},
-            {"/v1/engine", "GET"},       {"/props", "GET"},
-            {"/slots", "GET"},           {"/lora-adapters", "GET, POST"},
-            {"/v1/load_lora_adapter", "POST"}, {"/v1/unload_lora_adapter", "POST"},
-            {"/v1/chat/completions", "POST"},
-            {"/v1/completions", "POST"}, {"/tokenize", "POST"},
-            {"/detokenize", "POST"},     {"/apply-template", "POST"},
-            {"/v1/responses", "POST"},
-            {"/v1/messages", "POST"},    {"/v1/messages/count_tokens", "POST"},
-            {"/v1/audio/transcriptions", "POST"}, {"/v1/audio/translations", "POST"},
-            {"/api/chat", "POST"},       {"/api/generate", "POST"},
-            {"/api/tags", "GET"},        {"/api/show", "POST"},
-            {"/api/ps", "GET"},          {"/api/version", "GET"},
-            {"/api/embed", "POST"},      {"/api/embeddings", "POST"},
-            {"/api/pull", "POST"},       {"/api/create", "POST"},
-            {"/api/copy", "POST"},       {"/api/delete", "DELETE"},
-            {"/api/push", "POST"},
-            {"/sleep", "POST"},          {"/wake_up", "POST"},
-            {"/is_sleeping", "GET"}};
         try {
           if (res.status == 413) {
             throw ApiError(413,
@@ -2802,20 +2811,20 @@ void Server::set_up_routes(httplib::Server& http) {
           }
           if (res.status == 404) {
             if (req.path != "/health" && req.path != "/livez") authorize(req);
-            auto it = allowed.find(req.path);
-            if (it == allowed.end() && req.path.rfind("/v1/models/", 0) == 0) {
-              it = allowed.find("/v1/models");
+            auto it = kRoutes.find(req.path);
+            if (it == kRoutes.end() && req.path.rfind("/v1/models/", 0) == 0) {
+              it = kRoutes.find("/v1/models");
             }
             // /v1/responses/{id}: one more path segment, no further slash.
             const size_t id_at = std::string("/v1/responses/").size();
-            if (it == allowed.end() && req.path.rfind("/v1/responses/", 0) == 0 &&
+            if (it == kRoutes.end() && req.path.rfind("/v1/responses/", 0) == 0 &&
                 req.path.size() > id_at && req.path.find('/', id_at) == std::string::npos) {
               res.set_header("Allow", "GET, DELETE");
               throw ApiError(405,
                              req.method + " is not allowed on " + req.path + " (use GET or DELETE)",
                              "invalid_request_error", "", "method_not_allowed");
             }
-            if (it != allowed.end()) {
+            if (it != kRoutes.end()) {
               res.set_header("Allow", it->second);
               throw ApiError(
                   405, req.method + " is not allowed on " + req.path + " (use " + it->second + ")",

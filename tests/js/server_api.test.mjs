@@ -387,6 +387,29 @@ describe("errors are OpenAI error objects with the right status", () => {
     await assert.rejects(client.delete("/models"), isStatus(OpenAI.APIError, 405));
   });
 
+  test("each route counts under its own path, its variable part named; a wrong method is 405",
+    async () => {
+      const mcp = await fetch(`${server.url}/mcp`, {
+        method: "POST",
+        headers: { ...auth, "Content-Type": "application/json",
+          Accept: "application/json, text/event-stream" },
+        body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "ping" }),
+      });
+      assert.equal(mcp.status, 200, await mcp.text());
+      assert.equal((await fetch(`${server.url}/`)).status, 200);
+      assert.equal((await fetch(`${server.url}/web/chat.js`)).status, 200);
+      const put = await fetch(`${server.url}/mcp`, { method: "PUT", headers: auth });
+      assert.equal(put.status, 405);
+      assert.equal(put.headers.get("allow"), "POST");
+      assert.equal((await fetch(`${server.url}/no/such/route`, { headers: auth })).status, 404);
+      const m = await metrics(server.url, auth);
+      for (const [endpoint, status] of [["/mcp", 200], ["/", 200], ["/web/{file}", 200],
+        ["/mcp", 405], ["other", 404]]) {
+        const line = `torchtpu_requests_total{endpoint="${endpoint}",status="${status}"}`;
+        assert.ok(m.split("\n").some((l) => l.startsWith(`${line} `)), `${line} in:\n${m}`);
+      }
+    });
+
   test("the server keeps serving after every error", async () => {
     const r = await chat({ messages, max_tokens: 3 });
     assert.equal(r.object, "chat.completion");
