@@ -1,10 +1,12 @@
 #include "engine/state_file.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <vector>
 
 #include "common/errors.h"
+#include "common/fnv1a.h"
 #include "io/aten_view.h"
 #include "io/safetensors.h"
 
@@ -12,7 +14,7 @@ namespace torchtpu {
 namespace {
 
 constexpr const char* kFormat = "torchtpu-cpp prefix state";
-constexpr const char* kVersion = "1";
+constexpr const char* kVersion = "2";
 
 std::string ring_tensor(const char* kind, size_t ring, const char* part) {
   return std::string(kind) + "." + std::to_string(ring) + "." + part;
@@ -23,6 +25,21 @@ std::string shape_text(at::ScalarType dtype, at::IntArrayRef shape) {
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
 }
+
+// The digest of a file's tensors: each one's name and bytes, in the order of their names (the
+// order SafetensorsFile::tensors() gives). A file whose bytes changed after it was written, on
+// the disk or by another program, no longer matches the digest its metadata holds.
+class ContentDigest {
+ public:
+  void add(const std::string& name, const uint8_t* bytes, size_t n) {
+    hash_ = fnv1a(hash_, reinterpret_cast<const uint8_t*>(name.c_str()), name.size() + 1);
+    hash_ = fnv1a_wide(hash_, bytes, n);
+  }
+  std::string hex() const { return digest_hex(hash_); }
+
+ private:
+  uint64_t hash_ = kFnvOffset;
+};
 
 }  // namespace
 
@@ -39,10 +56,21 @@ int64_t write_prefix_state(const std::string& path, const PrefixState& state,
     tensors.push_back(to_write(ring_tensor("sliding", j, "v"), state.sliding_v[j]));
     tensors.push_back(to_write(ring_tensor("sliding", j, "kpos"), state.sliding_kpos[j]));
   }
+  std::vector<const TensorToWrite*> by_name;
+  for (const auto& t : tensors) by_name.push_back(&t);
+  std::sort(by_name.begin(), by_name.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  ContentDigest digest;
+  for (const auto* t : by_name) digest.add(t->name, t->bytes.data(), t->bytes.size());
   // Written beside it and renamed over it, so a reader finds the old file or the new one whole.
+  // A file left where the partial one goes is removed first, a symbolic link as a link: the
+  // write never goes through it to whatever it names.
   const std::string partial = path + ".partial";
+  std::filesystem::remove(partial);
   write_safetensors(partial, tensors,
-                    {{"format", kFormat}, {"version", kVersion}, {"weights", weights_id}});
+                    {{"format", kFormat},
+                     {"version", kVersion},
+                     {"weights", weights_id},
+                     {"digest", digest.hex()}});
   std::filesystem::rename(partial, path);
   return static_cast<int64_t>(std::filesystem::file_size(path));
 }
@@ -67,6 +95,13 @@ PrefixState read_prefix_state(const std::string& path, const std::string& weight
                       "); this engine's weights are " + weights_id);
   }
   const auto& tensors = file.tensors();
+  ContentDigest digest;
+  for (const auto& [name, view] : tensors) digest.add(name, view.data, view.nbytes);
+  if (meta("digest") != digest.hex()) {
+    throw FormatError(path + "'s bytes do not match the digest written with them (" +
+                      meta("digest") + ", read " + digest.hex() +
+                      "): the file changed after it was saved");
+  }
   const auto& device = rings.all().front().k.device();
   // The tensor `name`, which must be `dtype` of `shape`, as a copy on the rings' device.
   const auto take = [&](const std::string& name, at::ScalarType dtype,

@@ -6,10 +6,10 @@
 #include "engine/prefix_cache.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
@@ -311,7 +311,15 @@ TEST(SlotState, AStateReadFromAFileGivesAnotherEngineWhatReadingItsTokensGives) 
     through(batch, tokens_of(20, 13), 3);  // row 0 is free again: the next sequence takes it
     const auto first = through(batch, first_prompt, 10);
     second_prompt = first_prompt + first.result.tokens + tokens_of(6, 14);
+    // A link where the partial file goes is replaced, not written through.
+    const auto target = file.string() + ".target";
+    std::filesystem::remove(file.string() + ".partial");
+    std::ofstream(target) << "kept";
+    std::filesystem::create_symlink(target, file.string() + ".partial");
     const SlotOutcome saved = batch.save_slot(0, file.string());
+    EXPECT_EQ(std::filesystem::file_size(target), 4u);
+    EXPECT_FALSE(std::filesystem::exists(file.string() + ".partial"));
+    std::filesystem::remove(target);
     EXPECT_EQ(saved.tokens, 37 + 9);
     EXPECT_EQ(saved.bytes, static_cast<int64_t>(std::filesystem::file_size(file)));
   }
@@ -371,6 +379,28 @@ TEST(SlotState, AFileOfOtherWeightsRingsOrContextIsAFormatErrorSayingSo) {
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("is not a prefix state file"), std::string::npos);
   }
+  // A byte of a ring's KV changed after the save (a disk's error, another program): the
+  // header, shapes and weights still match, the digest does not.
+  const auto flipped = file + ".flipped";
+  std::filesystem::copy_file(file, flipped);
+  {
+    std::fstream f(flipped, std::ios::in | std::ios::out | std::ios::binary);
+    // Half way in: past the small header, inside the rings' KV.
+    const auto middle = static_cast<std::streamoff>(std::filesystem::file_size(flipped) / 2);
+    f.seekg(middle);
+    const char byte = static_cast<char>(f.get() ^ 0x10);
+    f.seekp(middle);
+    f.put(byte);
+  }
+  try {
+    batch.restore_slot(0, flipped);
+    ADD_FAILURE() << "restored a file whose bytes changed";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("bytes do not match the digest written with them"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(batch.stats().cache.states, 0);
   // Cut short on the way: the header no longer fits the file.
   const auto cut = file + ".cut";
   std::filesystem::copy_file(file, cut);
@@ -388,6 +418,7 @@ TEST(SlotState, AFileOfOtherWeightsRingsOrContextIsAFormatErrorSayingSo) {
   EXPECT_EQ(small.stats().cache.states, 0);
   std::filesystem::remove(file);
   std::filesystem::remove(cut);
+  std::filesystem::remove(flipped);
 }
 
 TEST(SlotState, EraseForgetsTheRowsStateAndActionsOnNothingAreValueErrors) {
