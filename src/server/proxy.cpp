@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -45,6 +46,33 @@ std::string normalize_url(std::string url) {
   if (url.ends_with("/v1")) url.resize(url.size() - 3);
   if (!url.empty() && url.find("://") == std::string::npos) url = "http://" + url;
   return url;
+}
+
+// `text` as the upstream's origin (normalize_url), or empty unless it is http://HOST[:PORT][/PATH]
+// with a host name or address, digits for the port and nothing a URL cannot hold: what
+// --upstream and the upstream command's last line must be.
+std::string upstream_origin(const std::string& text) {
+  const std::string url = normalize_url(text);
+  const std::string scheme = "http://";
+  if (!url.starts_with(scheme)) return "";
+  const auto in = [](const std::string& s, const char* allowed) {
+    return !s.empty() && s.find_first_not_of(allowed) == std::string::npos;
+  };
+  const size_t slash = url.find('/', scheme.size());
+  const std::string authority = url.substr(scheme.size(), slash - scheme.size());
+  const std::string path = slash == std::string::npos ? "" : url.substr(slash);
+  constexpr const char* kName = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_";
+  // An IPv6 address is bracketed, so its colons are not the port's.
+  const size_t colon = authority.find(':', authority.starts_with("[") ? authority.find(']') : 0);
+  const std::string host = authority.substr(0, colon);
+  const bool host_ok =
+      host.starts_with("[")
+          ? host.ends_with("]") && in(host.substr(1, host.size() - 2), "0123456789abcdefABCDEF:.")
+          : in(host, kName);
+  const bool port_ok = colon == std::string::npos || in(authority.substr(colon + 1), "0123456789");
+  const bool path_ok =
+      std::all_of(path.begin(), path.end(), [](unsigned char c) { return c > ' ' && c < 0x7f; });
+  return host_ok && port_ok && path_ok ? url : "";
 }
 
 // What `command` (run by /bin/sh in a process group of its own) printed on stdout, and how it
@@ -166,17 +194,22 @@ class Upstream {
       size_t end = output.find('\n', start);
       if (end == std::string::npos) end = output.size();
       const std::string candidate = normalize_url(output.substr(start, end - start));
-      if (!candidate.empty()) line = candidate;
+      if (!candidate.empty()) line = output.substr(start, end - start);
       start = end + 1;
     }
-    if (!run.what.empty() || line.empty()) {
+    const std::string url = upstream_origin(line);
+    if (!run.what.empty() || url.empty()) {
+      const std::string shown = line.size() > 200 ? line.substr(0, 200) + "…" : line;
       last_error_ = "the upstream command '" + command_ + "' " +
-                    (run.what.empty() ? "printed no URL" : run.what);
+                    (!run.what.empty() ? run.what
+                     : line.empty()    ? "printed no URL"
+                                       : "printed " + dump(ojson(shown)) +
+                                          " on its last line, not an http:// URL");
       throw std::runtime_error(last_error_);
     }
     last_error_.clear();
-    if (line != url_) std::cerr << "torchtpu-cpp proxy: upstream is " << line << "\n";
-    url_ = line;
+    if (url != url_) std::cerr << "torchtpu-cpp proxy: upstream is " << url << "\n";
+    url_ = url;
   }
 
   std::string fixed_;
@@ -605,7 +638,7 @@ int run_proxy(const ProxyOptions& options) {
         "--upstream-api-key needs --api-key: without a key of its own the proxy would hand the "
         "upstream's key to anyone who reaches it");
   }
-  if (!options.upstream.empty() && normalize_url(options.upstream).rfind("http://", 0) != 0) {
+  if (!options.upstream.empty() && upstream_origin(options.upstream).empty()) {
     throw ValueError("--upstream must be an http:// URL, got '" + options.upstream + "'");
   }
   Proxy proxy(options);

@@ -191,6 +191,7 @@ test("an upstream command that fails, or hangs, is named with what became of it"
     ["echo oops; exit 3", "exited with status 3"],
     ["kill -9 $$", "was killed by signal 9"],
     ["true", "printed no URL"],
+    ["echo 'no server is up yet'", 'printed "no server is up yet" on its last line, not an http:// URL'],
     ["sleep 100", "ran past 1 s and was killed"],
   ]) {
     const failing = startProxy(["--upstream-cmd", command, "--upstream-cmd-timeout", "1"]);

@@ -281,6 +281,17 @@ describe("the proxy", () => {
     await neverListens;
   });
 
+  test("refuses an --upstream that is no http:// URL with a host", async () => {
+    for (const upstream of ["ftp://127.0.0.1:1", "http://", "http://a b"]) {
+      const p = startProxy(["--upstream", upstream]);
+      const neverListens = assert.rejects(p.url, /proxy exited/);
+      assert.equal(await p.exited, 2, upstream);
+      assert.ok(p.stderr().includes(`--upstream must be an http:// URL, got '${upstream}'`),
+        p.stderr());
+      await neverListens;
+    }
+  });
+
   test("refuses an upstream key without a key of its own", async () => {
     const p = startProxy(["--upstream", upstreamUrl, "--upstream-api-key", KEY]);
     const neverListens = assert.rejects(p.url, /proxy exited/);
