@@ -29,6 +29,7 @@ const BatchOptions& checked(const BatchOptions& options) {
   if (options.rows < 1) {
     throw ValueError("a batch needs at least 1 row, got " + std::to_string(options.rows));
   }
+  check_cache_block(options.cache_block);
   return options;
 }
 

@@ -6,16 +6,20 @@
 
 namespace torchtpu {
 
+void check_cache_block(int64_t block) {
+  if (block < 1) {
+    throw ValueError("the prefix cache block must be at least 1 position, got " +
+                     std::to_string(block));
+  }
+}
+
 PrefixCache::PrefixCache(int64_t budget_bytes, int64_t block)
     : budget_(budget_bytes), block_(block) {
   if (budget_bytes < 0) {
     throw ValueError("the prefix cache budget must be at least 0 bytes, got " +
                      std::to_string(budget_bytes));
   }
-  if (block < 1) {
-    throw ValueError("the prefix cache block must be at least 1 position, got " +
-                     std::to_string(block));
-  }
+  check_cache_block(block);
 }
 
 int64_t PrefixCache::held_bytes() const {

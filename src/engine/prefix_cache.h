@@ -41,6 +41,10 @@ struct PrefixState {
   std::vector<at::Tensor> sliding_kpos;          // per sliding ring: [slots]
 };
 
+// ValueError unless `block`, the positions of a prefix cache block, is at least 1 (checked with
+// every batch's options, whether or not its cache is on).
+void check_cache_block(int64_t block);
+
 class PrefixCache {
  public:
   // budget_bytes: the most it holds (a state larger than that alone is not saved); block: the

@@ -280,8 +280,9 @@ def test_a_second_turn_reuses_the_first_from_the_prefix_cache(engine):
     assert cache["states"] >= 2 and cache["bytes"] > 0
     with pytest.raises(ValueError, match="cache_mb"):
         engine.batch(cache_mb=-1)
-    with pytest.raises(ValueError, match="block"):
-        engine.batch(cache_mb=1, cache_block=0)
+    for cache_mb in (1, 0):  # whether or not the cache is on
+        with pytest.raises(ValueError, match="block must be at least 1 position, got 0"):
+            engine.batch(cache_mb=cache_mb, cache_block=0)
 
 
 def test_a_slots_state_in_a_file_gives_another_engine_the_next_turn(engine, tiny, tmp_path):
