@@ -2,8 +2,15 @@
 
 namespace torchtpu {
 
+nlohmann::json layout_report(const Layout& layout) {
+  return {{"full_rings", layout.full_rings},
+          {"sliding_rings", layout.sliding_rings},
+          {"shared_layers", layout.shared_layers},
+          {"context", layout.context},
+          {"row_bytes", layout.row_bytes}};
+}
+
 nlohmann::json engine_report(const Engine& engine) {
-  const auto layout = engine.layout();
   nlohmann::json storage = nlohmann::json::array();
   for (const auto& s : engine.storage()) {
     storage.push_back(
@@ -11,12 +18,7 @@ nlohmann::json engine_report(const Engine& engine) {
   }
   nlohmann::json lora = nlohmann::json::array();
   for (const auto& a : engine.adapters()) lora.push_back(lora_report(a));
-  return {{"layout",
-           {{"full_rings", layout.full_rings},
-            {"sliding_rings", layout.sliding_rings},
-            {"shared_layers", layout.shared_layers},
-            {"context", layout.context},
-            {"row_bytes", layout.row_bytes}}},
+  return {{"layout", layout_report(engine.layout())},
           {"storage", storage},
           {"device", engine.options().device.str()},
           {"dtype", dtype_name(engine.options().dtype)},

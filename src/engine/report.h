@@ -9,6 +9,8 @@
 namespace torchtpu {
 
 nlohmann::json engine_report(const Engine& engine);
+// The KV rings' layout: full_rings, sliding_rings, shared_layers, context, row_bytes.
+nlohmann::json layout_report(const Layout& layout);
 // One loaded LoRA adapter: name, path, its load-time scale, r, lora_alpha, use_rslora,
 // base_model and the modules it adapts.
 nlohmann::json lora_report(const LoraReport& adapter);

@@ -341,6 +341,12 @@ void Scheduler::run_batch(Engine& engine) {
   std::map<int64_t, Entry> running;  // by the batch's id
   // The prefix cache while the engine sleeps (sleep_preserve_cache).
   std::optional<PrefixCache> kept;
+  // A batch that goes (for a sleep, or after a failed step) leaves its counters to ended_, where
+  // the next one's count on from.
+  const auto end_batch = [&] {
+    add_counters(ended_, batch->stats());
+    batch.reset();
+  };
   while (true) {
     std::vector<Entry> admitted, dropped;
     std::set<int64_t> cancels;
@@ -356,8 +362,7 @@ void Scheduler::run_batch(Engine& engine) {
     if (taken == Taken::kIdleTooLong && !engine.asleep()) {
       // The batch's rings go with the weights.
       if (options_.sleep_preserve_cache) kept = batch->take_cache();
-      add_counters(ended_, batch->stats());
-      batch.reset();
+      end_batch();
       sleep(engine);
     }
     if (taken == Taken::kIdleTooLong) continue;
@@ -400,8 +405,7 @@ void Scheduler::run_batch(Engine& engine) {
         error = std::current_exception();
         for (auto& [id, entry] : running) failed.push_back(std::move(entry));
         running.clear();
-        add_counters(ended_, batch->stats());
-        batch.reset();
+        end_batch();
         batch.emplace(engine, options_.batch);
       }
     }

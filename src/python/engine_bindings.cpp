@@ -448,14 +448,9 @@ py::dict stats_dict(const BatchStats& stats) {
   return d;
 }
 
-py::dict layout_dict(const Layout& layout) {
-  py::dict d;
-  d["full_rings"] = layout.full_rings;
-  d["sliding_rings"] = layout.sliding_rings;
-  d["shared_layers"] = layout.shared_layers;
-  d["context"] = layout.context;
-  d["row_bytes"] = layout.row_bytes;
-  return d;
+// A report (engine/report.h) as the dicts and lists Python's json module makes of it.
+py::object from_json(const nlohmann::json& report) {
+  return py::module_::import("json").attr("loads")(report.dump());
 }
 
 }  // namespace
@@ -516,8 +511,7 @@ void bind_engine(py::module_& m) {
                        py::handle like, int64_t context, py::handle device, py::handle dtype,
                        int64_t prefill_chunk, int64_t threads, const std::string& int4,
                        const std::optional<std::string>& quantize, int64_t int4_activation_bits,
-                       bool no_vision, bool no_audio,
-                       const std::optional<std::string>& draft_model,
+                       bool no_vision, bool no_audio, const std::optional<std::string>& draft_model,
                        const std::vector<std::string>& lora, int64_t max_lora) {
              EngineOptions options =
                  engine_options(model_dir, emb4_dir, like, context, device, dtype, prefill_chunk,
@@ -540,12 +534,11 @@ void bind_engine(py::module_& m) {
            py::arg("lora") = std::vector<std::string>{},
            py::arg("max_lora") = EngineSettings{}.max_lora)
       .def("layout",
-           [](PyEngine& self) { return layout_dict(self.begin("Engine.layout").layout()); })
-      .def("report",
            [](PyEngine& self) {
-             const std::string text = engine_report(self.begin("Engine.report")).dump();
-             return py::module_::import("json").attr("loads")(text);
+             return from_json(layout_report(self.begin("Engine.layout").layout()));
            })
+      .def("report",
+           [](PyEngine& self) { return from_json(engine_report(self.begin("Engine.report"))); })
       .def_property_readonly(
           "vocab_size",
           [](PyEngine& self) { return self.begin("Engine.vocab_size").config().vocab_size; })
@@ -695,7 +688,8 @@ void bind_engine(py::module_& m) {
           },
           py::kw_only(), py::arg("images") = py::list(), py::arg("audio") = py::list(),
           py::arg("image_tokens") = 280,
-          "Images (encoded bytes or RGB uint8 [3, H, W]) and audio clips (WAV or MP3 bytes or mono float "
+          "Images (encoded bytes or RGB uint8 [3, H, W]) and audio clips (WAV or MP3 bytes or mono "
+          "float "
           "samples at the checkpoint's sampling rate) preprocessed for this checkpoint, images "
           "first: the `media` of decode and logits. ValueError naming a missing or disabled tower "
           "and bad inputs.")
