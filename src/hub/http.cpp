@@ -161,6 +161,11 @@ HttpResponse HttpClient::request(const std::string& first_url, int64_t offset,
   bool send_token = !token_.empty();
   std::string url = first_url;
   for (int hop = 0; hop <= kMaxRedirects; ++hop) {
+    if (!url.starts_with("http://") && !url.starts_with("https://")) {
+      throw TransportError(
+          url + " is not an http(s) URL" + (hop > 0 ? " (a redirect from " + first_url + ")" : ""),
+          0);
+    }
     if (url_origin(url) != origin) send_token = false;
 
     curl_easy_reset(curl_);  // keeps the connection cache
@@ -185,6 +190,15 @@ HttpResponse HttpClient::request(const std::string& first_url, int64_t offset,
     curl_easy_setopt(curl_, CURLOPT_CONNECTTIMEOUT, kConnectTimeoutS);
     curl_easy_setopt(curl_, CURLOPT_LOW_SPEED_LIMIT, 1L);
     curl_easy_setopt(curl_, CURLOPT_LOW_SPEED_TIME, kStallTimeoutS);
+    curl_easy_setopt(curl_, CURLOPT_PROTOCOLS_STR, "http,https");
+    if (deadline_) {
+      // Rounded up, so that a transfer curl ends for its time ends past the deadline.
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+                            *deadline_ - std::chrono::steady_clock::now())
+                            .count();
+      if (left <= 0) throw TransportError("the deadline passed before " + url + " was asked", 0);
+      curl_easy_setopt(curl_, CURLOPT_TIMEOUT_MS, static_cast<long>(left));
+    }
     curl_easy_setopt(curl_, CURLOPT_ERRORBUFFER, curl_error);
     curl_easy_setopt(curl_, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(curl_, CURLOPT_HEADERDATA, &t);

@@ -1,11 +1,15 @@
 // A small HTTP client over libcurl for the Hub: GET with redirects followed here rather than by
 // curl, so that the Authorization header is dropped as soon as a redirect leaves the origin the
-// request started on (the Hub sends large files to a CDN with a signed URL).
+// request started on (the Hub sends large files to a CDN with a signed URL). It speaks http and
+// https only: a URL, or a redirect, to any other scheme (file, gopher, ftp...) is a
+// TransportError before anything is sent.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -59,12 +63,17 @@ class HttpClient {
   HttpResponse stream(const std::string& url, int64_t offset, const OnStart& on_start,
                       const Sink& sink);
 
+  // Every later request, redirects included, ends by `deadline`: past it the transfer stops with
+  // a TransportError, whether or not bytes are arriving (without one only a stall ends it).
+  void set_deadline(std::chrono::steady_clock::time_point deadline) { deadline_ = deadline; }
+
  private:
   HttpResponse request(const std::string& url, int64_t offset, const OnStart* on_start,
                        const Sink* sink);
 
   std::string user_agent_;
   std::string token_;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
   CURL* curl_ = nullptr;
 };
 

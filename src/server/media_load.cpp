@@ -41,9 +41,9 @@ const char* noun(MediaKind kind) {
   return kind == MediaKind::kImage ? "an image" : "an audio clip";
 }
 
-// GET within the limits: only http(s), at most max_image_bytes, within url_timeout_s once the
-// body flows (connecting and stalls have the HTTP client's own timeouts). `mime` becomes the
-// reply's Content-Type without parameters, which must name an image type this server reads.
+// GET within the limits: only http(s), redirects included (the HTTP client's rule), at most
+// max_image_bytes, within url_timeout_s in all (connecting, waiting and the body). `mime` becomes
+// the reply's Content-Type without parameters, which must name an image type this server reads.
 std::string fetch(const std::string& url, const std::string& param, const MediaLimits& limits,
                   std::string& mime) {
   const auto deadline = std::chrono::steady_clock::now() +
@@ -55,27 +55,24 @@ std::string fetch(const std::string& url, const std::string& param, const MediaL
   };
   std::string body;
   hub::HttpResponse reply;
+  const auto too_slow = [&] {
+    return refuse("it took longer than --media-url-timeout " + ojson(limits.url_timeout_s).dump() +
+                  " s");
+  };
   try {
     hub::HttpClient client("torchtpu-cpp", "");
-    reply = client.stream(
-        url, 0,
-        [&](const hub::HttpResponse& start) {
-          if (!start.url.starts_with("http://") && !start.url.starts_with("https://")) {
-            throw refuse("redirected to " + start.url + ", which is not http(s)");
-          }
-        },
-        [&](const char* data, size_t n) {
+    client.set_deadline(deadline);
+    reply =
+        client.stream(url, 0, {}, [&](const char* data, size_t n) {
           if (static_cast<int64_t>(body.size() + n) > limits.max_image_bytes) {
             throw refuse("the image is larger than --max-image-bytes " +
                          std::to_string(limits.max_image_bytes));
           }
-          if (std::chrono::steady_clock::now() > deadline) {
-            throw refuse("it took longer than --media-url-timeout " +
-                         ojson(limits.url_timeout_s).dump() + " s");
-          }
+          if (std::chrono::steady_clock::now() > deadline) throw too_slow();
           body.append(data, n);
         });
   } catch (const hub::TransportError& e) {
+    if (std::chrono::steady_clock::now() >= deadline) throw too_slow();
     throw refuse(e.what());
   }
   if (reply.status < 200 || reply.status >= 300) {

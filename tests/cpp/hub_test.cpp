@@ -391,6 +391,20 @@ TEST(HubHttp, OriginsQuotingAndRedirectTargets) {
   EXPECT_EQ(url_quote("sub dir/a+b.json", true), "sub%20dir/a%2Bb.json");
 }
 
+// Only http and https are spoken: another scheme is refused before anything is opened or sent
+// (js_media checks a redirect to one, through a real server).
+TEST(HubHttp, OtherSchemesAreRefusedUnopened) {
+  HttpClient http("torchtpu-cpp-test", "");
+  for (const char* url : {"file:///etc/hostname", "gopher://127.0.0.1:9/_x", "ftp://127.0.0.1/"}) {
+    try {
+      http.get(url);
+      ADD_FAILURE() << url << " was fetched";
+    } catch (const TransportError& e) {
+      EXPECT_EQ(std::string(e.what()), std::string(url) + " is not an http(s) URL");
+    }
+  }
+}
+
 TEST(HubOffline, ServesACompleteCachedSnapshotWithoutNetwork) {
   fs::path dir = temp_dir("offline");
   const std::string commit(40, 'e');

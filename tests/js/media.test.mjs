@@ -209,12 +209,25 @@ describe("media on a checkpoint with vision and audio encoders", () => {
   let mmClient;
   let images;  // a local HTTP server for --allow-media-urls
   let imagesUrl;
+  const asked = [];  // the paths it was asked for
+  const hanging = [];  // responses it never answers
 
   before(async () => {
     // The demo checkpoint the first server wrote lends its text model, tokenizer and template.
     dir = makeMultimodalCheckpoint();
     images = http.createServer((req, res) => {
-      if (req.url === "/dot.png") {
+      asked.push(req.url);
+      const port = images.address().port;
+      if (req.url === "/to-file.png") {
+        res.writeHead(302, { location: "file:///etc/hostname" }).end();
+      } else if (req.url === "/to-gopher.png") {
+        // What a gopher request would send to this server: a GET it would log.
+        res.writeHead(302, {
+          location: `gopher://127.0.0.1:${port}/_GET%20/gopher-was-here%20HTTP/1.0%0d%0a%0d%0a`,
+        }).end();
+      } else if (req.url === "/hang.png") {
+        hanging.push(res);  // accepted, never answered
+      } else if (req.url === "/dot.png") {
         res.writeHead(200, { "content-type": "image/png" }).end(Buffer.from(PNG, "base64"));
       } else if (req.url === "/page.html") {
         res.writeHead(200, { "content-type": "text/html; charset=utf-8" }).end("<p>hi</p>");
@@ -226,12 +239,14 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     });
     await new Promise((resolve) => images.listen(0, "127.0.0.1", resolve));
     imagesUrl = `http://127.0.0.1:${images.address().port}`;
-    mm = await startServer(["--model", dir, "--model-id", "tiny-multimodal", "--allow-media-urls"]);
+    mm = await startServer(["--model", dir, "--model-id", "tiny-multimodal", "--allow-media-urls",
+      "--media-url-timeout", "3"]);
     mmClient = new OpenAI({ baseURL: mm.baseURL, apiKey: "unused", maxRetries: 0 });
   });
 
   after(async () => {
     await mm?.stop();
+    for (const res of hanging) res.destroy();
     images?.close();
     if (dir) fs.rmSync(dir, { recursive: true, force: true });
   });
@@ -487,5 +502,19 @@ describe("media on a checkpoint with vision and audio encoders", () => {
       assert.equal(err.param, "messages[0].content[1].image_url.url");
       assert.equal(err.message, prefix + why);
     }
+    // A redirect off http(s) is refused before anything goes where it points.
+    for (const [name, scheme] of [["to-file.png", "file:"], ["to-gopher.png", "gopher:"]]) {
+      const err = await chatErrorFrom(mmClient, "tiny-multimodal", url(name));
+      assert.equal(err.status, 400, name);
+      assert.ok(err.message.startsWith(`${prefix}${scheme}//`), err.message);
+      assert.ok(err.message.endsWith(` is not an http(s) URL (a redirect from ${imagesUrl}/${name})`),
+        err.message);
+    }
+    assert.ok(!asked.some((p) => p.includes("gopher-was-here")), asked.join(", "));
+    // A host that accepts and answers nothing is given up at --media-url-timeout.
+    const start = Date.now();
+    const slow = await chatErrorFrom(mmClient, "tiny-multimodal", url("hang.png"));
+    assert.equal(slow.message, prefix + "it took longer than --media-url-timeout 3.0 s");
+    assert.ok(Date.now() - start < 15_000, `${Date.now() - start} ms`);
   });
 });
