@@ -44,8 +44,13 @@ void SequenceOutput::forbid(const at::Tensor& forbidden) const {
 bool SequenceOutput::take(const int64_t* tokens, int64_t count) {
   std::vector<int64_t> batch;
   bool stopped = false;
+  const auto in = [](const std::vector<int64_t>& ids, int64_t id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
   for (int64_t i = 0; i < count; ++i) {
-    if (!ignore_eos_ && std::find(stops_.begin(), stops_.end(), tokens[i]) != stops_.end()) {
+    // A grammar's end token ends the sequence whatever its stop ids and ignore_eos say.
+    if ((!ignore_eos_ && in(stops_, tokens[i])) ||
+        (constraint_ && in(constraint_->end_ids(), tokens[i]))) {
       result_.stop_id = tokens[i];
       stopped = true;
       break;

@@ -88,6 +88,9 @@ class Constraint {
   void commit(int64_t token);
   // True once the grammar can take no more text: the only token allowed is an end token.
   bool complete() const;
+  // The tokens that end the output (GrammarVocabulary's): a sequence must stop at each, since the
+  // grammar takes none of them as text.
+  const std::vector<int64_t>& end_ids() const { return vocabulary_->end_ids(); }
 
  private:
   enum class Phase { kMayThink, kThinking, kGrammar };

@@ -711,12 +711,15 @@ class Server {
   std::vector<bool> special_;         // hidden from completions
   std::set<int64_t> parser_markers_;  // special tokens the output parser reads
   // Constrained decoding over the tokenizer's vocabulary, built by the first constrained request
-  // (about 2 s for 262,144 tokens, which servers that never constrain should not pay at load); the
-  // end tokens it offers, end of turn first; and the special tokens of Gemma 4's tool calls and
-  // thinking block that its grammars name (none for a tokenizer without them).
+  // (about 2 s for 262,144 tokens, which servers that never constrain should not pay at load);
+  // and the special tokens of Gemma 4's tool calls and thinking block that its grammars name
+  // (none for a tokenizer without them).
   mutable std::once_flag grammar_vocabulary_once_;
   mutable std::shared_ptr<const GrammarVocabulary> grammar_vocabulary_;
-  std::vector<int64_t> grammar_end_ids_;
+  // The tokens that end every reply: the checkpoint's eos ids and Gemma 4's end of turn (first:
+  // the token a complete grammar offers), which ends a turn even where the checkpoint's eos
+  // list leaves it out.
+  std::vector<int64_t> reply_end_ids_;
   std::optional<ToolCallTokens> tool_call_tokens_;
   std::optional<ThinkingMarkers> thinking_markers_;
   ChatTemplate::Caps template_caps_;
@@ -779,7 +782,7 @@ void Server::load() {
     if (auto id = tokenizer_->token_to_id(marker)) parser_markers_.insert(*id);
   }
   {
-    grammar_end_ids_ = grammar_end_ids(*tokenizer_, engine_->config().eos_token_ids);
+    reply_end_ids_ = grammar_end_ids(*tokenizer_, engine_->config().eos_token_ids);
     const auto open = tokenizer_->token_to_id("<|tool_call>");
     const auto close = tokenizer_->token_to_id("<tool_call|>");
     const auto quote = tokenizer_->token_to_id("<|\"|>");
@@ -1488,8 +1491,7 @@ std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, b
   }
   try {
     std::call_once(grammar_vocabulary_once_, [&] {
-      grammar_vocabulary_ =
-          std::make_shared<const GrammarVocabulary>(*tokenizer_, grammar_end_ids_);
+      grammar_vocabulary_ = std::make_shared<const GrammarVocabulary>(*tokenizer_, reply_end_ids_);
     });
     return std::make_shared<Constraint>(grammar_vocabulary_, *grammar, thinking,
                                         parser_prefix.starts_with(kChannelOpen));
@@ -1623,6 +1625,7 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
   job->decode.row = r.id_slot;
   job->decode.lora = lora_for(r);
   job->decode.ignore_eos = r.ignore_eos;
+  job->decode.stop_ids = reply_end_ids_;
   job->decode.constraint = constraint_for(r, chat, job->parser_prefix);
   if (const int64_t thinking = r.thinking_budget.value_or(options_.reasoning_budget);
       thinking >= 0 && thinking_markers_) {

@@ -517,4 +517,22 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     assert.equal(slow.message, prefix + "it took longer than --media-url-timeout 3.0 s");
     assert.ok(Date.now() - start < 15_000, `${Date.now() - start} ms`);
   });
+
+  test("a checkpoint whose eos ids leave out <turn|>: it still ends a reply, constrained or not",
+    async () => {
+      const ask = { model: "tiny-multimodal", messages: [{ role: "user", content: "Pick one." }] };
+      for (const seed of [0, 1, 2]) {
+        const picked = await mmClient.chat.completions.create({
+          ...ask, max_tokens: 30, temperature: 1, seed,
+          response_format: { type: "json_schema", json_schema: { name: "s", schema: { enum: ["a", "b"] } } },
+        });
+        assert.equal(picked.choices[0].finish_reason, "stop", `seed ${seed}`);
+        assert.ok(["a", "b"].includes(JSON.parse(picked.choices[0].message.content)));
+      }
+      const ended = await mmClient.chat.completions.create({
+        ...ask, max_tokens: 5, logit_bias: { 106: 100 },
+      });
+      assert.equal(ended.choices[0].finish_reason, "stop");
+      assert.equal(ended.usage.completion_tokens, 0);
+    });
 });
