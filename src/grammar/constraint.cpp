@@ -157,6 +157,15 @@ Constraint::Constraint(std::shared_ptr<const GrammarVocabulary> vocabulary, cons
     throw ValueError(message);
   }
   words_.assign(llg_matcher_get_mask_byte_size(matcher_) / sizeof(uint32_t), 0);
+  // A grammar can compile and still admit no first token (a $ref cycle that holds no value):
+  // refused here, as the caller's error, rather than failing the first step.
+  if (llg_matcher_compute_mask_into(matcher_, words_.data(), words_.size() * sizeof(uint32_t)) !=
+      0) {
+    std::string message = llg_matcher_get_error(matcher_);
+    message = message.substr(0, message.find('\n'));  // without llguidance's dump of its state
+    llg_free_matcher(matcher_);
+    throw ValueError("the grammar admits no first token (llguidance: " + message + ")");
+  }
   if (thinking_) phase_ = thinking_open ? Phase::kThinking : Phase::kMayThink;
 }
 

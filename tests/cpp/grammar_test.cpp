@@ -184,5 +184,18 @@ TEST(Constraint, GrammarsLlguidanceRefusesAreValueErrorsWithItsReason) {
             std::string::npos);
 }
 
+// A schema that compiles but admits no value (a $ref cycle with nothing between its steps) is
+// refused when the constraint is made, without llguidance's dump of its state, not at the first
+// step.
+TEST(Constraint, AGrammarWithNoFirstTokenIsAValueErrorWhenMade) {
+  for (const char* cycle : {R"({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}})",
+                            R"({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"},
+                                                               "b": {"$ref": "#/$defs/a"}}})"}) {
+    const std::string error = error_of(schema(cycle));
+    EXPECT_EQ(error.rfind("the grammar admits no first token (llguidance: ", 0), 0) << error;
+    EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+  }
+}
+
 }  // namespace
 }  // namespace torchtpu

@@ -297,6 +297,22 @@ describe("errors name the field", () => {
     );
   });
 
+  test("a schema that admits no value (a $ref cycle) is a 400, streamed or not", async () => {
+    const cycle = { $ref: "#/$defs/a", $defs: { a: { $ref: "#/$defs/b" }, b: { $ref: "#/$defs/a" } } };
+    for (const stream of [false, true]) {
+      await assert.rejects(
+        client.chat.completions.create({
+          model: MODEL, messages: ask("Hi"), max_tokens: 4, stream,
+          response_format: { type: "json_schema", json_schema: { name: "x", schema: cycle } },
+        }),
+        (e) =>
+          e instanceof OpenAI.BadRequestError && e.param === "response_format.json_schema.schema" &&
+          /cannot be enforced: the grammar admits no first token/.test(e.message) &&
+          !e.message.includes("\n"),
+      );
+    }
+  });
+
   test("a forced call whose parameters use an unsupported keyword is a 400 naming its path", async () => {
     const tools = [{
       type: "function",
