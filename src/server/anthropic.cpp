@@ -379,7 +379,7 @@ ojson anthropic_error_body(const ApiError& error) {
 
 MessagesRenderer::MessagesRenderer(std::string model, int64_t prompt_tokens,
                                    const MessagesRequest& request)
-    : one_call_(request.one_call), omit_thinking_(request.omit_thinking) {
+    : omit_thinking_(request.omit_thinking) {
   message_ = {{"id", new_completion_id("msg_")},
               {"type", "message"},
               {"role", "assistant"},
@@ -443,9 +443,6 @@ std::string MessagesRenderer::add(const OutputDelta& delta) {
     block_delta({{"type", "text_delta"}, {"text", delta.content}});
   }
   for (const auto& call : delta.tool_calls) {
-    // disable_parallel_tool_use: the first call is the answer, later ones are dropped.
-    if (one_call_ && calls_ > 0) break;
-    ++calls_;
     out += close();
     const size_t index = message_["content"].size();
     ojson block = {{"type", "tool_use"},

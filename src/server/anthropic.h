@@ -46,9 +46,7 @@ class MessagesRenderer : public Renderer {
   std::string close();
 
   ojson message_;
-  bool one_call_;
   bool omit_thinking_;
-  int64_t calls_ = 0;
   Open open_ = Open::kNone;
   std::string text_;  // of the open block
 };

@@ -538,6 +538,10 @@ GenerationRequest parse_chat_request(const ojson& body) {
   }
   parse_reasoning(body, r);
   parse_tool_choice(body, r);
+  if (const ojson* p = field(body, "parallel_tool_calls")) {
+    if (!p->is_boolean()) throw wrong_type("parallel_tool_calls", "a boolean", *p);
+    r.parallel_tool_calls = p->get<bool>();
+  }
   return r;
 }
 

@@ -169,7 +169,8 @@ struct GenerationRequest {
   // allowed in tool_choice_function.
   std::string tool_choice = "auto";
   std::string tool_choice_function;
-  // false: a forced call is exactly one call (Responses' parallel_tool_calls).
+  // false (parallel_tool_calls; Messages' disable_parallel_tool_use): a forced call is exactly
+  // one call, and an answer keeps only its first call.
   bool parallel_tool_calls = true;
   // response_format json_object or json_schema: the grammar the output must follow
   // (server/structured.h); none for text.

@@ -529,7 +529,6 @@ ResponsesRenderer::ResponsesRenderer(std::string model, const ResponsesRequest& 
                                      ResponseStore* store)
     : conversation_(request.conversation),
       store_(request.store ? store : nullptr),
-      one_call_(request.one_call),
       sealed_reasoning_(request.sealed_reasoning),
       namespaced_(request.namespaced) {
   response_ = {
@@ -669,9 +668,6 @@ std::string ResponsesRenderer::add(const OutputDelta& delta) {
                                                 {"logprobs", std::move(logprobs)}});
   }
   for (const auto& call : delta.tool_calls) {
-    // parallel_tool_calls false: the first call is the answer, later ones are dropped.
-    if (one_call_ && calls_ > 0) break;
-    ++calls_;
     out += close();
     const size_t index = response_["output"].size();
     const std::string id = new_completion_id("fc_");

@@ -86,11 +86,9 @@ class ResponsesRenderer : public Renderer {
   ojson response_;
   ojson conversation_;
   ResponseStore* store_;
-  bool one_call_;
   bool sealed_reasoning_;
   std::set<std::string> namespaced_;
   int64_t sequence_ = 0;
-  int64_t calls_ = 0;
   Open open_ = Open::kNone;
   std::string item_id_;  // of the open item
   std::string text_;     // of the open item

@@ -281,6 +281,7 @@ struct Job {
   // Tool calls are accepted only for this function ("" any), and not at all when false.
   bool accept_calls = true;
   std::string only_function;
+  bool one_call = false;  // parallel_tool_calls false: the first call is kept, later ones dropped
   int64_t top_logprobs = -1;                   // -1: no logprobs
   // Completions' echo: the prompt's text, which the answer's text starts with.
   std::optional<std::string> echo;
@@ -337,6 +338,7 @@ struct Job {
     job->parser_prefix = parser_prefix;
     job->accept_calls = accept_calls;
     job->only_function = only_function;
+    job->one_call = one_call;
     job->top_logprobs = top_logprobs;
     job->echo = echo;
     job->generates = generates;
@@ -379,6 +381,7 @@ class JobOutput {
     for (auto& call : parsed.tool_calls) {
       const bool allowed =
           job.accept_calls && (job.only_function.empty() || call.name == job.only_function);
+      if (allowed && job.one_call && called) continue;
       if (allowed) {
         delta.tool_calls.push_back(std::move(call));
         called = true;
@@ -1638,6 +1641,7 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
   job->parse_output = chat;
   job->accept_calls = r.tool_choice != "none";
   job->only_function = r.tool_choice_function;
+  job->one_call = !r.parallel_tool_calls;
   if (r.logprobs) job->top_logprobs = r.top_logprobs;
   if (r.echo) {
     std::vector<int64_t> shown;  // the prompt as completions show text: special tokens left out

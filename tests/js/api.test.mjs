@@ -125,6 +125,22 @@ describe("tool calls", () => {
     assert.equal(second.choices[0].message.tool_calls, undefined);
   });
 
+  test("parallel_tool_calls false keeps the first call only, whole or streamed", async () => {
+    const request = { model: MODEL, messages: ask("Two calls"), tools: TOOLS };
+    const both = await client.chat.completions.create(request);
+    assert.deepEqual(both.choices[0].message.tool_calls.map((c) => c.function.name),
+      ["get_time", "get_weather"]);
+    const one = await client.chat.completions.create({ ...request, parallel_tool_calls: false });
+    assert.deepEqual(one.choices[0].message.tool_calls.map((c) => c.function.name), ["get_time"]);
+    assert.equal(one.choices[0].finish_reason, "tool_calls");
+    assert.equal(one.choices[0].message.content, null);
+    const streamed = accumulate(await collect(await client.chat.completions.create({
+      ...request, parallel_tool_calls: false, stream: true,
+    })));
+    assert.deepEqual(streamed.calls.map((c) => c.name), ["get_time"]);
+    assert.equal(streamed.finish, "tool_calls");
+  });
+
   test("round trip, streamed: tool-call deltas, finish tool_calls, no markup in content", async () => {
     const first = accumulate(await collect(await client.chat.completions.create({
       model: MODEL, messages: ask("Weather in Paris?"), tools: TOOLS, stream: true,

@@ -236,6 +236,29 @@ describe("forced tool calls", () => {
     }
   });
 
+  test("parallel_tool_calls false: one call, whole or streamed; not a boolean: a 400", async () => {
+    const request = {
+      model: MODEL, messages: ask("Do something."), tools: TOOLS, tool_choice: "required",
+      parallel_tool_calls: false, temperature: 1.0, logit_bias: forcedCallBias, max_tokens: 200,
+    };
+    for (let seed = 0; seed < 5; ++seed) {
+      const reply = await client.chat.completions.create({ ...request, seed });
+      checkCalls(reply, TOOLS.map((t) => t.function.name), `seed ${seed}`);
+      assert.equal(reply.choices[0].message.tool_calls.length, 1, `seed ${seed}`);
+      assert.equal(reply.choices[0].finish_reason, "tool_calls");
+    }
+    const stream = await client.chat.completions.create({ ...request, seed: 1, stream: true });
+    const indices = new Set();
+    for await (const chunk of stream) {
+      for (const t of chunk.choices[0]?.delta?.tool_calls ?? []) indices.add(t.index);
+    }
+    assert.deepEqual([...indices], [0]);
+    await assert.rejects(
+      client.chat.completions.create({ ...request, parallel_tool_calls: "yes" }),
+      (e) => e instanceof OpenAI.BadRequestError && e.param === "parallel_tool_calls",
+    );
+  });
+
   test("streamed forced calls arrive whole and valid", async () => {
     const stream = await client.chat.completions.create({
       model: MODEL, messages: ask("Weather?"), tools: TOOLS,
