@@ -581,6 +581,10 @@ class Server {
   // The request's media read, checked and preprocessed for the engine; ApiError 400 naming the
   // part's field for anything wrong.
   std::vector<Media> read_media(const std::vector<MediaSource>& sources) const;
+  // A rendered prompt's ids with each media part's marker expanded into its soft tokens.
+  // ValueError when the text holds a marker with no part of its kind to fill it (a message that
+  // writes <|image|>), rather than the engine's count of positions.
+  std::vector<int64_t> with_media(std::vector<int64_t> ids, const std::vector<Media>& media) const;
   // Builds the jobs of a generation request, one per choice of `n` (choice 0 and its siblings),
   // its prompt checked against the context (ApiError naming `prompt_param`), sharing `box` when
   // given (the other prompts' jobs of one request).
@@ -1535,6 +1539,26 @@ std::vector<Media> Server::read_media(const std::vector<MediaSource>& sources) c
   return media;
 }
 
+std::vector<int64_t> Server::with_media(std::vector<int64_t> ids,
+                                        const std::vector<Media>& media) const {
+  const ModelConfig& config = engine_->config();
+  for (const auto& [kind, token] : {std::pair{MediaKind::kImage, config.image_token_id},
+                                    std::pair{MediaKind::kAudio, config.audio_token_id}}) {
+    if (token < 0) continue;
+    const auto markers = std::count(ids.begin(), ids.end(), token);
+    const auto parts = std::count_if(media.begin(), media.end(),
+                                     [kind = kind](const Media& m) { return m.kind == kind; });
+    if (markers > parts) {
+      const std::string marker = tokenizer_->id_to_token(token);
+      const char* part = kind == MediaKind::kImage ? "image" : "audio";
+      throw ValueError("the text holds " + marker + ", which marks an " + part + " part; " +
+                       "a message cannot write it as text (" + std::to_string(markers) +
+                       " in the prompt, " + std::to_string(parts) + " " + part + " parts)");
+    }
+  }
+  return media.empty() ? ids : expand_media_placeholders(ids, media, config);
+}
+
 void Server::check_room(int64_t sequences, const std::string& param,
                         const std::string& what) const {
   const int64_t room = options_.parallel + options_.max_queue;
@@ -1607,9 +1631,7 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
       const bool has_bos = bos >= 0 && r.prompt.rfind(tokenizer_->decode({bos}), 0) == 0;
       job->prompt = tokenizer_->encode(r.prompt, /*add_special_tokens=*/!has_bos);
     }
-    if (!job->media.empty()) {
-      job->prompt = expand_media_placeholders(job->prompt, job->media, engine_->config());
-    }
+    job->prompt = with_media(std::move(job->prompt), job->media);
     engine_->check_prompt(job->prompt, job->media);
   } catch (const ValueError& e) {
     const bool too_long = static_cast<int64_t>(job->prompt.size()) > options_.engine.context;
@@ -2027,8 +2049,9 @@ void Server::handle_count_tokens(const httplib::Request& req, httplib::Response&
   std::string prefix;
   std::vector<int64_t> ids;
   try {
-    ids = tokenizer_->encode(render_chat(r.generation, prefix), /*add_special_tokens=*/false);
-    if (!media.empty()) ids = expand_media_placeholders(ids, media, engine_->config());
+    ids = with_media(tokenizer_->encode(render_chat(r.generation, prefix),
+                                        /*add_special_tokens=*/false),
+                     media);
   } catch (const ValueError& e) {
     throw ApiError(400, e.what(), "invalid_request_error", "messages", "invalid_value");
   }

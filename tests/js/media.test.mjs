@@ -518,6 +518,22 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     assert.ok(Date.now() - start < 15_000, `${Date.now() - start} ms`);
   });
 
+  test("a message whose text writes a media marker is a 400 that says so", async () => {
+    for (const [text, words] of [
+      ["What is <|image|>?", "the text holds <|image|>, which marks an image part; a message " +
+        "cannot write it as text (1 in the prompt, 0 image parts)"],
+      ["Hear <|audio|>", "the text holds <|audio|>, which marks an audio part; a message " +
+        "cannot write it as text (1 in the prompt, 0 audio parts)"],
+    ]) {
+      const err = await mmClient.chat.completions
+        .create({ model: "tiny-multimodal", max_tokens: 2, messages: [{ role: "user", content: text }] })
+        .then(() => assert.fail("expected an error"), (e) => e);
+      assert.equal(err.status, 400, text);
+      assert.equal(err.param, "messages");
+      assert.equal(err.message, `400 ${words}`);
+    }
+  });
+
   test("a checkpoint whose eos ids leave out <turn|>: it still ends a reply, constrained or not",
     async () => {
       const ask = { model: "tiny-multimodal", messages: [{ role: "user", content: "Pick one." }] };
