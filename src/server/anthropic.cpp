@@ -33,7 +33,9 @@ std::string text_of(const ojson& content, const std::string& param) {
     const std::string& type = required_string(block, "type", p);
     if (type != "text") {
       throw unsupported(p + ".type",
-                        "must be \"text\": this server reads text only, got \"" + type + "\"");
+                        "must be \"text\": this field holds text only (images and audio go in a "
+                        "user message's own content), got \"" +
+                            type + "\"");
     }
     text += required_string(block, "text", p);
   }

@@ -20,8 +20,8 @@ std::string content_text(const ojson& content, const std::string& param) {
     const std::string& type = required_string(part, "type", p);
     if (type != "input_text" && type != "output_text") {
       throw unsupported(p + ".type",
-                        "must be \"input_text\" or \"output_text\": this server reads "
-                        "text only, got \"" +
+                        "must be \"input_text\" or \"output_text\": this field holds text "
+                        "only (images and audio go in a user message's own content), got \"" +
                             type + "\"");
     }
     text += required_string(part, "text", p);

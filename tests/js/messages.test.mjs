@@ -397,6 +397,20 @@ describe("errors", () => {
     });
   }
 
+  test("an image in a tool result says where images go", async () => {
+    const image = { type: "image", source: { type: "base64", media_type: "image/png", data: "AAAA" } };
+    await assert.rejects(
+      create({ messages: [...ask("Look."),
+        { role: "assistant", content: [{ type: "tool_use", id: "toolu_9", name: "get_weather",
+          input: { city: "Oslo" } }] },
+        { role: "user", content: [{ type: "tool_result", tool_use_id: "toolu_9",
+          content: [{ type: "text", text: "shot" }, image] }] }] }),
+      (e) => e instanceof Anthropic.BadRequestError &&
+        e.error.error.message === "'messages.2.content.0.content.1.type' must be \"text\": this " +
+          "field holds text only (images and audio go in a user message's own content), got \"image\"",
+    );
+  });
+
   test("count_tokens validates the same fields, and needs no max_tokens", async () => {
     await assert.rejects(
       client.messages.countTokens({ model: MODEL, messages: [{ role: "robot", content: "x" }] }),
