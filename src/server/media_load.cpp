@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 
 #include "common/base64.h"
@@ -21,8 +23,13 @@ constexpr const char* kImageTypes[] = {"image/png", "image/jpeg", "image/webp"};
 constexpr const char* kAudioTypes[] = {"audio/wav",      "audio/x-wav", "audio/wave",
                                        "audio/vnd.wave", "audio/mpeg",  "audio/mp3"};
 
+// Media types are case-insensitive (RFC 6838): IMAGE/PNG is image/png. image/jpg is no
+// registered type, but many clients send it for JPEG.
 template <size_t N>
-bool one_of(const std::string& s, const char* const (&list)[N]) {
+bool one_of(const std::string& type, const char* const (&list)[N]) {
+  std::string s = type;
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (s == "image/jpg") s = "image/jpeg";
   for (const char* x : list) {
     if (s == x) return true;
   }
@@ -129,13 +136,17 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
                                             "\"; this server reads " +
                                             (image ? listed(kImageTypes) : listed(kAudioTypes)));
       }
+      // MIME's base64 breaks its lines (RFC 2045), and clients pass it on so: spaces and line
+      // breaks are not data.
+      std::string data = s.base64;
+      std::erase_if(data, [](char c) { return c == '\n' || c == '\r' || c == ' ' || c == '\t'; });
       // Base64 takes 4 characters for 3 bytes: refuse an oversized item before decoding it.
-      if (static_cast<int64_t>(s.base64.size() / 4 * 3) > max_bytes + 2) {
+      if (static_cast<int64_t>(data.size() / 4 * 3) > max_bytes + 2) {
         throw invalid(s.param, std::string("holds ") + noun(s.kind) + " of about " +
-                                   std::to_string(s.base64.size() / 4 * 3) + " bytes, more than " +
+                                   std::to_string(data.size() / 4 * 3) + " bytes, more than " +
                                    flag + " " + std::to_string(max_bytes));
       }
-      auto bytes = decode_base64(s.base64);
+      auto bytes = decode_base64(data);
       if (!bytes) throw invalid(s.param, "is not valid base64");
       part.bytes = std::move(*bytes);
     }

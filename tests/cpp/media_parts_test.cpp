@@ -199,6 +199,20 @@ TEST(LoadMedia, ReadsDataUrlsIntoBytesAndTheDefaultBudget) {
   EXPECT_EQ(audio[0].bytes, wav);
 }
 
+// As peers read them: a media type in any case (RFC 6838), image/jpg for JPEG, and base64 with
+// MIME's line breaks (RFC 2045) give the bytes the plain data: URL gives.
+TEST(LoadMedia, MediaTypesInAnyCaseJpgAndBrokenLinesOfBase64AreRead) {
+  const std::string png = load_media({image_from_url(kPngUrl, "u", 0)}, {}, kBoth)[0].bytes;
+  std::string broken = kPngBase64;
+  for (size_t at = 76; at < broken.size(); at += 78) broken.insert(at, "\r\n");
+  for (const std::string& url :
+       {"data:IMAGE/PNG;base64," + std::string(kPngBase64),
+        "data:image/jpg;base64," + std::string(kPngBase64), "data:image/png;base64," + broken}) {
+    const auto parts = load_media({image_from_url(url, "u", 0)}, {}, kBoth);
+    EXPECT_EQ(parts[0].bytes, png) << url;
+  }
+}
+
 TEST(LoadMedia, RefusesEachBadItemNamingTheFieldAndTheLimit) {
   auto message = [](const std::vector<MediaSource>& sources, const MediaLimits& limits = {},
                     const Modalities& modalities = kBoth) {
