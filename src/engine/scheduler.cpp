@@ -90,12 +90,12 @@ std::vector<int64_t> Scheduler::submit(std::vector<Submission> submissions) {
     // The rows free now take the first of those waiting; what is left over waits for a row.
     const int64_t free_rows = std::max<int64_t>(0, stats_.batch.rows - stats_.running);
     if (waiting + count > options_.max_queue + free_rows) {
-      const std::string queue = std::to_string(waiting) +
-                                " requests are waiting for the engine (max_queue " +
-                                std::to_string(options_.max_queue) + ")";
-      if (count == 1) throw QueueFull(queue);
-      throw QueueFull("the request's " + std::to_string(count) + " sequences do not fit: " +
-                      queue + " and " + std::to_string(free_rows) + " rows are free");
+      const std::string queue = std::to_string(waiting) + " sequences wait for a row already, " +
+                                std::to_string(free_rows) + " rows are free and max_queue is " +
+                                std::to_string(options_.max_queue);
+      throw QueueFull(count == 1 ? queue
+                                 : "the request's " + std::to_string(count) +
+                                       " sequences do not fit: " + queue);
     }
     for (auto& submission : submissions) {
       tickets.push_back(next_ticket_++);

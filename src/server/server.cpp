@@ -1015,7 +1015,7 @@ void Server::enqueue(const Choices& jobs) {
     for (size_t i = 0; i < jobs.size(); ++i) jobs[i]->ticket = tickets[i];
   } catch (const QueueFull& e) {
     throw ApiError(429,
-                   std::string("the server is busy: ") + e.what() + " (--max-queue); retry later",
+                   std::string("the server is busy: ") + e.what() + "; retry later (--max-queue)",
                    "rate_limit_error", "", "queue_full");
   }
 }

@@ -184,7 +184,7 @@ TEST(Scheduler, RefusesBeyondMaxQueueAndCancelsWhatWaits) {
     scheduler.submit(recording(prompt_of(5, 3), options_of(4, false, 0), refused, never));
     FAIL() << "a third submission was queued";
   } catch (const QueueFull& e) {
-    EXPECT_STREQ(e.what(), "2 requests are waiting for the engine (max_queue 2)");
+    EXPECT_STREQ(e.what(), "2 sequences wait for a row already, 0 rows are free and max_queue is 2");
   }
   scheduler.cancel(first);
   {
@@ -224,8 +224,8 @@ TEST(Scheduler, TakesARequestsSequencesAllOrNone) {
     FAIL() << "two sequences were queued beside a queue of one";
   } catch (const QueueFull& e) {
     EXPECT_STREQ(e.what(),
-                 "the request's 2 sequences do not fit: 0 requests are waiting for the engine "
-                 "(max_queue 1) and 0 rows are free");
+                 "the request's 2 sequences do not fit: 0 sequences wait for a row already, 0 "
+                 "rows are free and max_queue is 1");
   }
   EXPECT_EQ(scheduler.stats().waiting, 0);
   Running running(scheduler, engine);
