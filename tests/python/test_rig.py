@@ -152,17 +152,22 @@ def test_create_requests_flex_start_queued_resource_with_the_rendered_script(clo
     # The commit the script names (HEAD may have moved on since, other work goes on in this tree).
     head = re.search(r"^RIG_REVISION=([0-9a-f]{12})$", script, re.M).group(1)
     git("merge-base", "--is-ancestor", head, "HEAD")
-    left_out = ("bench/", "docs/", "scripts/", "tests/", "rig/")
+    left_out = ("bench/", "docs/", "scripts/", "tests/", "rig/", "deploy/")
+    test_data = ("data/gemma4/rendered_examples", "data/gemma4/chat_template.")
     expected = []
     for entry in git("ls-tree", "-r", "-z", "HEAD").decode().split("\0"):
         meta, _, path = entry.partition("\t")
-        if meta.split(" ")[0] in ("100644", "100755") and not path.startswith(left_out):
+        kept = not path.startswith(left_out) and (
+            not path.startswith(test_data) or path == "data/gemma4/chat_template.jinja"
+        )
+        if meta.split(" ")[0] in ("100644", "100755") and kept:
             expected.append(path)
     expected.sort()
     packed = payload_of(call["files"])
     assert sorted(packed) == expected
     assert all(packed[p] == git("show", f"{head}:{p}") for p in expected)
     assert "pyproject.toml" in packed and "CMakeLists.txt" in packed
+    assert "data/gemma4/chat_template.jinja" in packed  # the build embeds it
 
     with_defaults = bash_values(script, ["TORCH_PIP_SPEC", "PYTHON_VERSION", "SERVE_CONTEXT"])
     assert with_defaults == {
