@@ -201,16 +201,16 @@ TEST(MessagesRenderer, StopSequenceAndToolUseBecomeTheirStopReasons) {
   const auto delta = ojson::parse(sse.substr(at, sse.find("\n\n", at) - at));
   EXPECT_EQ(delta["usage"], text.body()["usage"]);
 
-  // disable_parallel_tool_use: the first call is the answer.
-  MessagesRequest one_call;
-  one_call.one_call = true;
-  MessagesRenderer calls("m", 4, one_call);
+  // Each call it is given is a tool_use block (disable_parallel_tool_use's first call only is
+  // the server's job output rule, which js_messages checks).
+  MessagesRenderer calls("m", 4, MessagesRequest{});
   calls.start();
   calls.add({"", "", {ToolCall{"f", {{"x", 1}}}, ToolCall{"g", nlohmann::json::object()}}});
   calls.finish({"tool_calls", "", 4, 9, 0});
   EXPECT_EQ(calls.body()["stop_reason"], "tool_use");
-  ASSERT_EQ(calls.body()["content"].size(), 1u);
+  ASSERT_EQ(calls.body()["content"].size(), 2u);
   EXPECT_EQ(calls.body()["content"][0]["input"], ojson::parse(R"({"x": 1})"));
+  EXPECT_EQ(calls.body()["content"][1]["name"], "g");
 }
 
 TEST(MessagesRequest, AdaptiveThinkingIsOnAndDisplayOmittedKeepsTheTextBack) {

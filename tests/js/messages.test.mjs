@@ -397,6 +397,13 @@ describe("errors", () => {
     });
   }
 
+  test("disable_parallel_tool_use keeps the first call only", async () => {
+    const names = async (choice) => (await create({ messages: ask("Two calls"), tools: TOOLS,
+      ...(choice ? { tool_choice: choice } : {}) })).content.map((b) => b.name);
+    assert.deepEqual(await names(), ["get_time", "get_weather"]);
+    assert.deepEqual(await names({ type: "auto", disable_parallel_tool_use: true }), ["get_time"]);
+  });
+
   test("an image in a tool result says where images go", async () => {
     const image = { type: "image", source: { type: "base64", media_type: "image/png", data: "AAAA" } };
     await assert.rejects(
