@@ -689,10 +689,9 @@ void bind_engine(py::module_& m) {
           py::kw_only(), py::arg("images") = py::list(), py::arg("audio") = py::list(),
           py::arg("image_tokens") = 280,
           "Images (encoded bytes or RGB uint8 [3, H, W]) and audio clips (WAV or MP3 bytes or mono "
-          "float "
-          "samples at the checkpoint's sampling rate) preprocessed for this checkpoint, images "
-          "first: the `media` of decode and logits. ValueError naming a missing or disabled tower "
-          "and bad inputs.")
+          "float samples at the checkpoint's sampling rate) preprocessed for this checkpoint, "
+          "images first: the `media` of decode and logits. ValueError naming a missing or "
+          "disabled tower and bad inputs.")
       .def(
           "expand_media",
           [](PyEngine& self, py::handle ids, const std::vector<Media>& media) {
