@@ -193,8 +193,8 @@ class Upstream {
     while (start < output.size()) {
       size_t end = output.find('\n', start);
       if (end == std::string::npos) end = output.size();
-      const std::string candidate = normalize_url(output.substr(start, end - start));
-      if (!candidate.empty()) line = output.substr(start, end - start);
+      const std::string text = output.substr(start, end - start);
+      if (!normalize_url(text).empty()) line = text;  // the last line that is not blank
       start = end + 1;
     }
     const std::string url = upstream_origin(line);
