@@ -511,11 +511,10 @@ describe("media on a checkpoint with vision and audio encoders", () => {
         err.message);
     }
     assert.ok(!asked.some((p) => p.includes("gopher-was-here")), asked.join(", "));
-    // A host that accepts and answers nothing is given up at --media-url-timeout.
-    const start = Date.now();
+    // A host that accepts and answers nothing is given up at --media-url-timeout, not at the
+    // HTTP client's 30 s stall limit, whose message would be curl's.
     const slow = await chatErrorFrom(mmClient, "tiny-multimodal", url("hang.png"));
     assert.equal(slow.message, prefix + "it took longer than --media-url-timeout 3.0 s");
-    assert.ok(Date.now() - start < 15_000, `${Date.now() - start} ms`);
   });
 
   test("a message whose text writes a media marker is a 400 that says so", async () => {
