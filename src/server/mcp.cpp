@@ -353,11 +353,11 @@ GenerationArgs parse_generation_args(const ojson& args) {
       if (!value.is_string()) throw ToolError("'" + key + "' must be a string");
       (key == "prompt" ? g.prompt : g.system) = value.get<std::string>();
     } else if (key == "max_tokens" || key == "seed") {
+      if (const auto overflow = int64_overflow(value, key); !overflow.empty()) {
+        throw ToolError(overflow);
+      }
       if (!value.is_number_integer()) throw ToolError("'" + key + "' must be an integer");
       if (key == "max_tokens") {
-        if (const auto overflow = int64_overflow(value, key); !overflow.empty()) {
-          throw ToolError(overflow);
-        }
         g.max_tokens = value.get<int64_t>();
         if (g.max_tokens < 1) {
           throw ToolError("'max_tokens' must be at least 1, got " + std::to_string(g.max_tokens));

@@ -77,10 +77,10 @@ std::optional<double> get_number(const ojson& body, const char* name, double lo,
 std::optional<int64_t> get_int(const ojson& body, const char* name) {
   const ojson* v = field(body, name);
   if (!v) return std::nullopt;
-  if (!v->is_number_integer()) throw wrong_type(name, "an integer", *v);
   if (const auto overflow = int64_overflow(*v, name); !overflow.empty()) {
     throw ApiError(400, overflow, "invalid_request_error", name, "invalid_value");
   }
+  if (!v->is_number_integer()) throw wrong_type(name, "an integer", *v);
   return v->get<int64_t>();
 }
 

@@ -517,14 +517,25 @@ describe("sampling parameters", () => {
           (e) => e instanceof OpenAI.BadRequestError && e.error.message === message,
           message);
       }
-      // Past int64 (JSON.stringify writes no such number): the value as sent, not wrapped.
-      const res = await fetch(`${server.baseURL}/chat/completions`, {
-        method: "POST", headers: { "content-type": "application/json" },
-        body: '{"messages":[{"role":"user","content":"hi"}],"max_tokens":9223372036854775808}',
-      });
-      assert.equal(res.status, 400);
-      assert.equal((await res.json()).error.message,
-        "'max_tokens' must be at most 9223372036854775807, got 9223372036854775808");
+      // Past int64 (JSON.stringify writes no such number): the value as sent, not wrapped. Past
+      // 2^64 and below -2^63 the parser holds the integer as a float, which is what it quotes.
+      for (const [field, message] of [
+        ['"max_tokens":9223372036854775808',
+          "'max_tokens' must be at most 9223372036854775807, got 9223372036854775808"],
+        ['"seed":18446744073709551616',
+          "'seed' must be at most 9223372036854775807, got 1.8446744073709552e+19"],
+        ['"seed":-9223372036854775809',
+          "'seed' must be at least -9223372036854775808, got -9.223372036854776e+18"],
+      ]) {
+        const res = await fetch(`${server.baseURL}/chat/completions`, {
+          method: "POST", headers: { "content-type": "application/json" },
+          body: `{"messages":[{"role":"user","content":"hi"}],${field}}`,
+        });
+        assert.equal(res.status, 400);
+        const { error } = await res.json();
+        assert.equal(error.message, message);
+        assert.equal(error.param, field.slice(1, field.indexOf('"', 1)));
+      }
     });
 
   test("a logit_bias of 100 forces its token; a seed reproduces sampled text", async () => {

@@ -491,12 +491,17 @@ describe("Streamable HTTP details", () => {
     assert.match(objectId.error.message, /id must be a string or an integer, got an object/);
   });
 
-  test("a max_tokens past int64 is refused as sent, not wrapped", async () => {
+  test("a max_tokens or seed past int64 is refused as sent, not wrapped", async () => {
     const res = await post('{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"ask",' +
       '"arguments":{"prompt":"hi","max_tokens":9223372036854775808}}}');
     const { result } = await res.json();
     assert.equal(result.isError, true);
     assert.match(result.content[0].text,
       /'max_tokens' must be at most 9223372036854775807, got 9223372036854775808/);
+    const seed = await (await post('{"jsonrpc":"2.0","id":7,"method":"tools/call","params":' +
+      '{"name":"ask","arguments":{"prompt":"hi","seed":18446744073709551616}}}')).json();
+    assert.equal(seed.result.isError, true);
+    assert.match(seed.result.content[0].text,
+      /'seed' must be at most 9223372036854775807, got 1.8446744073709552e\+19/);
   });
 });
