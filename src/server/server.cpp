@@ -34,6 +34,7 @@
 #include "engine/report.h"
 #include "engine/scheduler.h"
 #include "grammar/constraint.h"
+#include "io/config.h"
 #include "server/anthropic.h"
 #include "server/auth.h"
 #include "server/connection.h"
@@ -3042,6 +3043,12 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   }
   check_media_limits(options.media);
   options.draft.validate();
+  // A directory that is not there is named now, before the "serving" line; the checkpoints'
+  // contents are checked as they load, behind /health's 503.
+  for (const std::string* dir :
+       {&options.model_dir, &options.engine.emb4_dir, &options.engine.draft_model}) {
+    if (!dir->empty() && !hub::looks_like_repo_id(*dir)) check_checkpoint_dir(*dir);
+  }
   if (!options.slot_save_path.empty()) {
     std::error_code error;
     std::filesystem::create_directories(options.slot_save_path, error);

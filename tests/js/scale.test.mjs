@@ -47,14 +47,16 @@ async function post(url, path, body, headers = auth) {
   return { status: res.status, body: await res.json() };
 }
 
-// `torchtpu-cpp serve ARGS`, which must exit at once: {code, stderr}.
+// `torchtpu-cpp serve ARGS`, which must exit at once: {code, stdout, stderr}.
 function refused(args) {
   return new Promise((resolve) => {
     const port = args.includes("--port") ? [] : ["--port", "0"];
     const child = spawn(cliPath(), ["serve", ...port, ...args], { stdio: "pipe" });
+    let stdout = "";
     let stderr = "";
+    child.stdout.on("data", (d) => (stdout += d));
     child.stderr.on("data", (d) => (stderr += d));
-    child.on("exit", (code) => resolve({ code, stderr }));
+    child.on("exit", (code) => resolve({ code, stdout, stderr }));
   });
 }
 
@@ -439,6 +441,16 @@ describe("bad values of the new flags", () => {
       const { code, stderr } = await refused(args);
       assert.equal(code, 2, `${args.join(" ")}: ${stderr}`);
       assert.equal(stderr.trim(), message, args.join(" "));
+    }
+  });
+
+  test("a checkpoint directory that is not there is named before the serving line", async () => {
+    const missing = "/nonexistent/checkpoint";
+    for (const flag of ["--model", "--emb4", "--draft-model"]) {
+      const { code, stdout, stderr } = await refused([flag, missing]);
+      assert.equal(code, 1, `${flag}: ${stderr}`);
+      assert.equal(stderr.trim(), `error: checkpoint directory ${missing} does not exist`, flag);
+      assert.equal(stdout, "", flag);
     }
   });
 });
