@@ -113,6 +113,11 @@ ojson chat_messages(const ojson& messages, std::vector<std::string>& image_param
     // Ollama reads roles in any case.
     for (char& c : role) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     const std::string text = optional_string(m, "content", p + ".content");
+    // Ollama takes images on any message; Gemma 4 reads them in user turns only, as chat does.
+    if (const ojson* images = field(m, "images");
+        images && role != "user" && !(images->is_array() && images->empty())) {
+      throw invalid(p + ".images", "belong to user messages, not " + role + " ones");
+    }
     ojson turn = {{"role", role}};
     if (role == "assistant") {
       turn["content"] = text;
