@@ -166,16 +166,19 @@ Constraint::Constraint(std::shared_ptr<const GrammarVocabulary> vocabulary, cons
     llg_free_matcher(matcher_);
     throw ValueError("the grammar admits no first token (llguidance: " + message + ")");
   }
+  mask_current_ = true;
   if (thinking_) phase_ = thinking_open ? Phase::kThinking : Phase::kMayThink;
 }
 
 Constraint::~Constraint() { llg_free_matcher(matcher_); }
 
 void Constraint::compute_grammar_mask() {
+  if (mask_current_) return;
   if (llg_matcher_compute_mask_into(matcher_, words_.data(), words_.size() * sizeof(uint32_t)) !=
       0) {
     throw std::logic_error(std::string("llguidance: ") + llg_matcher_get_error(matcher_));
   }
+  mask_current_ = true;
 }
 
 const std::vector<uint32_t>& Constraint::allowed() {
@@ -187,6 +190,7 @@ const std::vector<uint32_t>& Constraint::allowed() {
     case Phase::kMayThink:
       compute_grammar_mask();
       set(thinking_->open, true);
+      mask_current_ = false;
       break;
     case Phase::kThinking:
       // Free text, but the output may not end before the thinking block closes: an answer that
@@ -196,6 +200,7 @@ const std::vector<uint32_t>& Constraint::allowed() {
         set(id, false);
       }
       for (int64_t id : vocabulary_->end_ids()) set(id, false);
+      mask_current_ = false;
       break;
     case Phase::kGrammar: compute_grammar_mask(); break;
   }
@@ -250,6 +255,7 @@ void Constraint::commit(int64_t token) {
       return;
     case Phase::kGrammar: break;
   }
+  mask_current_ = false;
   if (llg_matcher_consume_token(matcher_, static_cast<uint32_t>(token)) != 0) {
     throw std::logic_error("llguidance: token " + std::to_string(token) +
                            " is not allowed here: " + llg_matcher_get_error(matcher_));

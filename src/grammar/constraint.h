@@ -101,6 +101,9 @@ class Constraint {
   Phase phase_ = Phase::kGrammar;
   LlgMatcher* matcher_ = nullptr;
   std::vector<uint32_t> words_;
+  // words_ is the grammar's mask for the matcher's state as it stands, as the constructor leaves
+  // it: the first step reuses it rather than asking llguidance again.
+  bool mask_current_ = false;
 };
 
 }  // namespace torchtpu
