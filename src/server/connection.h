@@ -9,6 +9,7 @@
 
 #include <httplib.h>
 
+#include <cctype>
 #include <string>
 
 namespace torchtpu::server {
@@ -38,18 +39,42 @@ inline std::string describe(httplib::Error error) {
   }
 }
 
-// Registers `handler` for POST requests to `pattern`, as http.Post does but for one thing:
-// cpp-httplib 0.11 reads the body of a POST with neither Content-Length nor Transfer-Encoding
-// until the connection closes, where RFC 9112 (6.3) says it has none, so `curl -X POST URL` (the
-// calls llama.cpp and vLLM document for /slots, /sleep, /wake_up) waited out the read timeout for
-// a 400. Here the body is read only when the request says it has one: whole, or a form's parts
-// into `files` as the library reads them. A body the library refuses (past the payload limit, cut
-// short) leaves its status, 413 or 400, for the error handler.
+// The request's Content-Encoding when it is one other than identity, which handle_post refuses
+// with 415 unread; empty otherwise.
+inline std::string refused_content_coding(const httplib::Request& req) {
+  std::string coding = req.get_header_value("Content-Encoding");
+  for (char& c : coding) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return coding == "identity" ? "" : coding;
+}
+
+// What a 415 of handle_post's says, naming the coding sent.
+inline std::string content_coding_refusal(const httplib::Request& req) {
+  return "the request body is sent with Content-Encoding '" +
+         req.get_header_value("Content-Encoding") +
+         "': this server reads request bodies uncompressed only";
+}
+
+// Registers `handler` for POST requests to `pattern`, as http.Post does but for two things:
+// - cpp-httplib 0.11 reads the body of a POST with neither Content-Length nor Transfer-Encoding
+//   until the connection closes, where RFC 9112 (6.3) says it has none, so `curl -X POST URL`
+//   (the calls llama.cpp and vLLM document for /slots, /sleep, /wake_up) waited out the read
+//   timeout for a 400. Here the body is read only when the request says it has one: whole, or a
+//   form's parts into `files` as the library reads them.
+// - The library inflates a gzip or deflate body with no bound on what it inflates to (the payload
+//   limit counts the bytes sent: 400 KB of gzip took a server past 15 GB), so a body with any
+//   Content-Encoding but identity is left unread with status 415, as vLLM and llama-server
+//   decode none either.
+// A body the library refuses (past the payload limit, cut short) leaves its status, 413 or 400,
+// for the error handler, as the 415 does.
 inline void handle_post(httplib::Server& http, const std::string& pattern,
                         httplib::Server::Handler handler) {
   http.Post(pattern,
             [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
                                            const httplib::ContentReader& read) {
+              if (!refused_content_coding(req).empty()) {
+                res.status = 415;
+                return;
+              }
               httplib::Request whole = req;
               if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
                 bool ok = false;

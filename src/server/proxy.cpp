@@ -602,6 +602,16 @@ int Proxy::run() {
   http.Patch(everything, forward);
   http.Delete(everything, forward);
   http.Options(everything, forward);
+  // handle_post's 415 (a compressed body, left unread) still needs its words.
+  http.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+        if (res.status != 415 || !res.body.empty()) {
+          return httplib::Server::HandlerResponse::Unhandled;
+        }
+        send_error(res, 415, content_coding_refusal(req), "unsupported_content_encoding",
+                   "invalid_request_error");
+        return httplib::Server::HandlerResponse::Handled;
+      }));
 
   const int port = bind_listener(http, options_.host, options_.port);
   if (port < 0) {

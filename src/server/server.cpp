@@ -2864,6 +2864,10 @@ void Server::set_up_routes(httplib::Server& http) {
             throw ApiError(404, "unknown route " + req.method + " " + req.path,
                            "invalid_request_error", "", "not_found");
           }
+          if (res.status == 415) {
+            throw ApiError(415, content_coding_refusal(req), "invalid_request_error", "",
+                           "unsupported_content_encoding");
+          }
           // cpp-httplib 0.11 answers these before any handler and says no more than the status.
           if (res.status == 414) {
             throw ApiError(414,

@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import http from "node:http";
 import net from "node:net";
 import os from "node:os";
+import zlib from "node:zlib";
 import { after, before, describe, test } from "node:test";
 import { closedPort, startProxy, startServer } from "./server_helpers.mjs";
 
@@ -162,6 +163,34 @@ describe("the server", () => {
     assert.equal(own.status, 200);
   });
 
+  test("a compressed body is refused unread: a gzip bomb inflates nothing", async () => {
+    // 64 MiB of one letter in 64 KB of gzip: past --max-body-bytes (8 MiB) once inflated, which
+    // the library does with no bound on what it inflates to.
+    const bomb = zlib.gzipSync(Buffer.alloc(64 << 20, "a"));
+    const refusal = (coding) =>
+      `the request body is sent with Content-Encoding '${coding}': this server reads request ` +
+      "bodies uncompressed only";
+    const cases = [
+      ["/v1/chat/completions", "gzip", (b) => b.error.message],
+      ["/v1/messages", "gzip", (b) => b.type === "error" && b.error.type ===
+        "invalid_request_error" && b.error.message],
+      ["/api/chat", "deflate", (b) => b.error],
+      ["/mcp", "br", (b) => b.error.message],
+    ];
+    for (const [path, coding, message] of cases) {
+      const res = await fetch(`${server.url}${path}`, {
+        method: "POST", body: bomb,
+        headers: { "Content-Type": "application/json", "Content-Encoding": coding,
+          Authorization: `Bearer ${KEY}` },
+      });
+      assert.equal(res.status, 415, path);
+      assert.equal(message(await res.json()), refusal(coding), path);
+    }
+    const plain = await call(server.url, ["POST", "/v1/chat/completions", chat],
+      { Authorization: `Bearer ${KEY}`, "Content-Encoding": "identity" });
+    assert.equal(plain.status, 200);
+  });
+
   test("only the probes, /metrics and the chat page (no secrets) answer without the key", async () => {
     for (const path of ["/health", "/livez", "/metrics", "/", "/web/chat.js", "/web/chat.css"]) {
       assert.equal((await fetch(`${server.url}${path}`)).status, 200, path);
@@ -261,6 +290,17 @@ describe("the proxy", () => {
     const open = await proxy([]);
     const passed = await call(open, ["GET", "/v1/models"], { "x-api-key": KEY });
     assert.deepEqual(await passed.json(), { authorization: null, apiKey: KEY });
+  });
+
+  test("refuses a compressed body unread, as the server does", async () => {
+    const url = await proxy([]);
+    const res = await fetch(`${url}/v1/chat/completions`, {
+      method: "POST", body: zlib.gzipSync(Buffer.alloc(16 << 20, "a")),
+      headers: { "Content-Type": "application/json", "Content-Encoding": "gzip" },
+    });
+    assert.equal(res.status, 415);
+    assert.equal((await res.json()).error.message, "the request body is sent with " +
+      "Content-Encoding 'gzip': this server reads request bodies uncompressed only");
   });
 
   test("an upstream nothing listens on is a 502 that says so in words", async () => {
