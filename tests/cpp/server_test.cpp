@@ -88,6 +88,48 @@ TEST(ParseBody, KeepsTheClientsKeyOrder) {
   EXPECT_EQ(body.begin().key(), "z");
 }
 
+// parse_json builds its values from parse events rather than through ordered_json::parse (whose
+// key lookups made n keys cost n^2): the value must be ordered_json::parse's, every kind of value,
+// repeated keys (first place, last value) and failures included.
+TEST(ParseBody, GivesWhatOrderedJsonParseGives) {
+  for (const std::string text :
+       {R"({"z":1,"a":[true,false,null,{"k":"v","j":{}}],"n":-5,"u":18446744073709551615,)"
+        R"("f":1.5e3,"s":"\u00e9\n","e":[],"o":{}})",
+        R"({"a":1,"b":2,"a":3})", R"({"x":{"y":[1,{"y":2,"y":[3]}]},"x":[4]})",
+        R"([1,[2,[3,{"a":[{}]}]]])", R"("text")", "17", "null", R"(  {"a" : 1 }  )"}) {
+    const ojson expected = ojson::parse(text);
+    const ojson got = parse_json(text);
+    EXPECT_EQ(got, expected) << text;
+    EXPECT_EQ(got.dump(), expected.dump()) << text;  // the same order of keys
+  }
+  for (const std::string text : {R"({"a":1,})", R"({"a":1} x)", R"({"a")", "[1,2", "", "nan",
+                                 R"({"a":"\ud800"})", "1e400"}) {
+    std::string expected;
+    try {
+      ojson::parse(text);
+    } catch (const ojson::exception& e) {
+      expected = e.what();
+    }
+    std::string got;
+    try {
+      parse_json(text);
+    } catch (const ojson::exception& e) {
+      got = e.what();
+    }
+    EXPECT_FALSE(expected.empty()) << text;
+    EXPECT_EQ(got, expected) << text;
+  }
+  // Many keys: every one kept, in order, the repeated one once with its last value.
+  std::string many = "{";
+  for (int i = 0; i < 100000; ++i)
+    many += "\"" + std::to_string(i) + "\":" + std::to_string(i) + ",";
+  many += "\"7\":-1}";
+  const ojson body = parse_json(many);
+  ASSERT_EQ(body.size(), 100000u);
+  EXPECT_EQ(body["7"], -1);
+  EXPECT_EQ(std::next(body.begin(), 99999).key(), "99999");
+}
+
 TEST(ChatRequest, ReadsTheOpenAIFields) {
   auto r = parse_chat_request(chat(R"(,"max_tokens":7,"stop":["a","bc"],"stream":true,
       "stream_options":{"include_usage":true},"temperature":0.5,"top_p":1,"top_k":4,"seed":3,
