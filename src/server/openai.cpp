@@ -1,6 +1,7 @@
 #include "server/openai.h"
 
 #include <random>
+#include <set>
 
 #include "server/media_parts.h"
 #include "server/structured.h"
@@ -24,6 +25,16 @@ ApiError unsupported(const std::string& param, const std::string& why) {
 
 ApiError invalid(const std::string& param, const std::string& why) {
   return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param, "invalid_value");
+}
+
+void check_reasoning_effort(const ojson& effort, const std::string& param) {
+  static const std::set<std::string> efforts = {"none",   "minimal", "low",
+                                                "medium", "high",    "xhigh"};
+  if (!effort.is_string() || efforts.count(effort.get<std::string>()) == 0) {
+    throw invalid(
+        param, "must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\", got " +
+                   effort.dump());
+  }
 }
 
 std::vector<std::string> nonempty_strings(const ojson& list,
@@ -325,7 +336,7 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
 void parse_reasoning(const ojson& body, GenerationRequest& r) {
   const ojson* effort = field(body, "reasoning_effort");
   if (!effort) return;
-  if (!effort->is_string()) throw wrong_type("reasoning_effort", "a string", *effort);
+  check_reasoning_effort(*effort, "reasoning_effort");
   if (r.template_kwargs.contains("enable_thinking")) return;
   r.template_kwargs["enable_thinking"] = *effort != "none";
 }

@@ -66,6 +66,9 @@ ApiError missing(const std::string& param);
 // invalid_value (a value outside the field's rules).
 ApiError unsupported(const std::string& param, const std::string& why);
 ApiError invalid(const std::string& param, const std::string& why);
+// 400 naming `param` unless `effort` is one of OpenAI's reasoning efforts ("none", "minimal",
+// "low", "medium", "high", "xhigh"): a typo of "none" must not turn thinking on.
+void check_reasoning_effort(const ojson& effort, const std::string& param);
 // "param[i]": how OpenAI's formats (and Ollama's) name an array's element in errors.
 inline std::string at_index(const std::string& param, size_t i) {
   return param + "[" + std::to_string(i) + "]";

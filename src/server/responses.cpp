@@ -448,14 +448,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   if (reasoning) {
     if (!reasoning->is_object()) throw wrong_type("reasoning", "an object", *reasoning);
     if (const ojson* e = field(*reasoning, "effort")) {
-      static const std::set<std::string> efforts = {"none",   "minimal", "low",
-                                                    "medium", "high",    "xhigh"};
-      if (!e->is_string() || !efforts.count(e->get<std::string>())) {
-        throw invalid("reasoning.effort",
-                      "must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\", "
-                      "got " +
-                          e->dump());
-      }
+      check_reasoning_effort(*e, "reasoning.effort");
       effort = *e;
       chat["reasoning_effort"] = *e;
     }

@@ -251,6 +251,15 @@ describe("thinking", () => {
       model: MODEL, messages: ask("What is 2+2?"), chat_template_kwargs: { enable_thinking: true },
     });
     assert.equal(kwargs.usage.prompt_tokens, r.usage.prompt_tokens);
+    // A typo of "none" does not turn thinking on: OpenAI's efforts or a 400.
+    for (const effort of ["nonee", "bogus", 1]) {
+      await assert.rejects(
+        client.chat.completions.create({ model: MODEL, messages: ask("Hi"), reasoning_effort: effort }),
+        (e) => e instanceof OpenAI.BadRequestError && e.error.param === "reasoning_effort" &&
+          e.error.message === "'reasoning_effort' must be \"none\", \"minimal\", \"low\", " +
+            `"medium", "high" or "xhigh", got ${JSON.stringify(effort)}`,
+        String(effort));
+    }
   });
 
   test("streamed reasoning arrives as reasoning_content deltas, never in content", async () => {
