@@ -64,6 +64,18 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// A prompt past the context: the 400 context_length_exceeded of the OpenAI routes (which LiteLLM
+// and LangChain key on), with the counts for a route that words it its own way.
+struct PromptTooLong : ApiError {
+  PromptTooLong(const std::string& message, const std::string& param, int64_t tokens,
+                int64_t context)
+      : ApiError(400, message, "invalid_request_error", param, "context_length_exceeded"),
+        tokens(tokens),
+        context(context) {}
+  int64_t tokens;
+  int64_t context;
+};
+
 // Every route of a fixed path and the methods it answers: a request's metrics label, and the 405
 // (with Allow) of another method on it.
 const std::map<std::string, std::string> kRoutes = {{"/", "GET"},
@@ -1635,9 +1647,11 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
     job->prompt = with_media(std::move(job->prompt), job->media);
     engine_->check_prompt(job->prompt, job->media);
   } catch (const ValueError& e) {
-    const bool too_long = static_cast<int64_t>(job->prompt.size()) > options_.engine.context;
-    throw ApiError(400, e.what(), "invalid_request_error", prompt_param,
-                   too_long ? "context_length_exceeded" : "invalid_value");
+    const auto tokens = static_cast<int64_t>(job->prompt.size());
+    if (tokens > options_.engine.context) {
+      throw PromptTooLong(e.what(), prompt_param, tokens, options_.engine.context);
+    }
+    throw ApiError(400, e.what(), "invalid_request_error", prompt_param, "invalid_value");
   }
   job->decode.max_new = r.max_tokens.value_or(options_.engine.context);
   if (job->decode.max_new == 0) {
@@ -1806,6 +1820,12 @@ void Server::handle_messages(const httplib::Request& req, httplib::Response& res
   std::shared_ptr<Job> job;
   try {
     job = start_jobs(req, r.generation, true, "messages").front();
+  } catch (const PromptTooLong& e) {
+    // Anthropic's words, which Claude Code recognizes to compact the conversation.
+    throw ApiError(400,
+                   "prompt is too long: " + std::to_string(e.tokens) + " tokens > " +
+                       std::to_string(e.context) + " maximum",
+                   e.type, e.param, e.code);
   } catch (const ApiError& e) {
     throw as_messages_error(e);  // an output_config.format schema the grammar cannot enforce
   }

@@ -425,6 +425,21 @@ describe("errors", () => {
     );
   });
 
+  test("a prompt past the context is too long in Anthropic's words (Claude Code compacts on them)",
+    async () => {
+      const messages = ask("word ".repeat(3000));
+      const { input_tokens } = await client.messages.countTokens({ model: MODEL, messages });
+      assert.ok(input_tokens > 2048);
+      for (const stream of [false, true]) {
+        await assert.rejects(
+          client.messages.create({ model: MODEL, max_tokens: 5, messages, stream }),
+          (e) => e instanceof Anthropic.BadRequestError &&
+            e.error.error.type === "invalid_request_error" &&
+            e.error.error.message === `prompt is too long: ${input_tokens} tokens > 2048 maximum`,
+          `stream: ${stream}`);
+      }
+    });
+
   test("another model's name is a 404 not_found_error", async () => {
     await assert.rejects(
       client.messages.create({ model: "claude-opus-4", max_tokens: 5, messages: ask("hi") }),
