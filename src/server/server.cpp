@@ -580,6 +580,9 @@ class Server {
       bool needs_engine, ErrorShape shape = ErrorShape::kOpenAI);
   // Throws ApiError 403 for what browser_refusal refuses, 401 without the API key.
   void authorize(const httplib::Request& req) const;
+  // Throws what a request no handler takes gets: 405 (with Allow) for another method on a route,
+  // 404 for an unknown route, either after authorize (a client without the key learns no names).
+  void refuse_unrouted(const httplib::Request& req, httplib::Response& res) const;
   // Counts the request as active, or throws 503 once shutdown has begun.
   std::shared_ptr<Active> admit();
   // The chat prompt: the template's rendering, then for tool_choice "required" or a named
@@ -2557,6 +2560,27 @@ std::string Server::endpoint_label(const std::string& path) const {
   return "other";
 }
 
+void Server::refuse_unrouted(const httplib::Request& req, httplib::Response& res) const {
+  if (req.path != "/health" && req.path != "/livez") authorize(req);
+  auto it = kRoutes.find(req.path);
+  if (it == kRoutes.end() && req.path.rfind("/v1/models/", 0) == 0) it = kRoutes.find("/v1/models");
+  // /v1/responses/{id}: one more path segment, no further slash.
+  const size_t id_at = std::string("/v1/responses/").size();
+  if (it == kRoutes.end() && req.path.rfind("/v1/responses/", 0) == 0 && req.path.size() > id_at &&
+      req.path.find('/', id_at) == std::string::npos) {
+    res.set_header("Allow", "GET, DELETE");
+    throw ApiError(405, req.method + " is not allowed on " + req.path + " (use GET or DELETE)",
+                   "invalid_request_error", "", "method_not_allowed");
+  }
+  if (it != kRoutes.end()) {
+    res.set_header("Allow", it->second);
+    throw ApiError(405, req.method + " is not allowed on " + req.path + " (use " + it->second + ")",
+                   "invalid_request_error", "", "method_not_allowed");
+  }
+  throw ApiError(404, "unknown route " + req.method + " " + req.path, "invalid_request_error", "",
+                 "not_found");
+}
+
 void Server::authorize(const httplib::Request& req) const {
   const std::string refusal = browser_refusal(req, is_loopback(options_.host));
   if (!refusal.empty()) throw ApiError(403, refusal, "invalid_request_error", "", "forbidden");
@@ -2849,6 +2873,24 @@ void Server::set_up_routes(httplib::Server& http) {
   add_mcp_routes(
       http, [this](httplib::Server::Handler h) { return guarded(h, false); }, mcp_files_);
 
+  // Another method on a fixed route is refused before anything reads a body: cpp-httplib reads
+  // a POST's first (`curl -X POST /v1/models`, with no length, was a 400 "malformed request").
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const auto it = kRoutes.find(req.path);
+    if (it == kRoutes.end()) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string allowed = ", " + it->second + ", ";
+    const std::string method = req.method == "HEAD" ? "GET" : req.method;  // httplib's HEAD
+    if (allowed.find(", " + method + ", ") != std::string::npos) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    try {
+      refuse_unrouted(req, res);
+    } catch (const ApiError& e) {
+      send_error(res, e, error_shape(req.path));
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  });
+
   // Everything that reaches here without a body: unknown routes, wrong methods, bodies too large.
   http.set_error_handler(httplib::Server::HandlerWithResponse(
       [this](const httplib::Request& req, httplib::Response& res) {
@@ -2860,30 +2902,7 @@ void Server::set_up_routes(httplib::Server& http) {
                                std::to_string(options_.max_body_bytes) + " bytes",
                            "invalid_request_error", "", "request_too_large");
           }
-          if (res.status == 404) {
-            if (req.path != "/health" && req.path != "/livez") authorize(req);
-            auto it = kRoutes.find(req.path);
-            if (it == kRoutes.end() && req.path.rfind("/v1/models/", 0) == 0) {
-              it = kRoutes.find("/v1/models");
-            }
-            // /v1/responses/{id}: one more path segment, no further slash.
-            const size_t id_at = std::string("/v1/responses/").size();
-            if (it == kRoutes.end() && req.path.rfind("/v1/responses/", 0) == 0 &&
-                req.path.size() > id_at && req.path.find('/', id_at) == std::string::npos) {
-              res.set_header("Allow", "GET, DELETE");
-              throw ApiError(405,
-                             req.method + " is not allowed on " + req.path + " (use GET or DELETE)",
-                             "invalid_request_error", "", "method_not_allowed");
-            }
-            if (it != kRoutes.end()) {
-              res.set_header("Allow", it->second);
-              throw ApiError(
-                  405, req.method + " is not allowed on " + req.path + " (use " + it->second + ")",
-                  "invalid_request_error", "", "method_not_allowed");
-            }
-            throw ApiError(404, "unknown route " + req.method + " " + req.path,
-                           "invalid_request_error", "", "not_found");
-          }
+          if (res.status == 404) refuse_unrouted(req, res);
           if (res.status == 415) {
             throw ApiError(415, content_coding_refusal(req), "invalid_request_error", "",
                            "unsupported_content_encoding");

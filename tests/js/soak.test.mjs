@@ -303,6 +303,10 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
         ["POST /wake_up HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"], 0),
       noBodyChat: rawExchange(server.url,
         ["POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"], 0),
+      // The same on a route that takes GET only: its 405, not the library's 400 of a body it
+      // cannot read.
+      noBodyModels: rawExchange(server.url,
+        ["POST /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"], 0),
     };
     // Meanwhile the engine serves everyone else at once: none of the above holds it.
     let probes = 0;
@@ -335,6 +339,8 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
     assert.deepEqual([r.deepJson.status, r.deepJson.body.error.code], [400, "json_too_deep"]);
     assert.equal(r.noBodyWake.status, 200);
     assert.deepEqual([r.noBodyChat.status, r.noBodyChat.body.error.code], [400, "invalid_json"]);
+    assert.deepEqual([r.noBodyModels.status, r.noBodyModels.body.error.message],
+      [405, "POST is not allowed on /v1/models (use GET)"]);
     assert.equal(r.deepMcp.status, 400);
     assert.match(r.deepMcp.body.error.message, /deeper than 64 levels/);
     assert.ok(probes >= 2, `only ${probes} requests were served beside the slow clients`);
