@@ -1,3 +1,4 @@
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -85,10 +86,11 @@ void add_generate_command(CLI::App& app) {
     bool json = false, ignore_eos = false, chat = false, think = false;
     SamplingParams sampling;
     Drafting draft;
-    uint64_t seed = 0;
+    int64_t seed = 0;
   };
   auto a = std::make_shared<Args>();
-  auto* cmd = app.add_subcommand("generate", "Read a prompt and decode greedily");
+  auto* cmd =
+      app.add_subcommand("generate", "Read a prompt and decode it (greedily unless --temperature)");
   a->engine.add_to(*cmd);
   auto* ids = cmd->add_option("--ids", a->ids, "Prompt token ids, comma-separated");
   auto* prompt = cmd->add_option("--prompt", a->prompt, "Prompt text (needs tokenizer.json)");
@@ -107,7 +109,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--image-tokens", a->image_tokens,
                   "Soft tokens per image: 70 | 140 | 280 | 560 | 1120")
       ->needs(image);
-  cmd->add_option("--max-new", a->max_new, "Tokens to generate");
+  cmd->add_option("--max-new", a->max_new, "Tokens to generate")->capture_default_str();
   cmd->add_option("--read-every", a->read_every, "Decode steps between host reads");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Decode exactly --max-new tokens");
   auto* draft_max = add_draft_flags(*cmd, a->draft);
@@ -118,7 +120,21 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--repetition-penalty", a->sampling.repetition_penalty, "1: off");
   cmd->add_option("--presence-penalty", a->sampling.presence_penalty, "0: off");
   cmd->add_option("--frequency-penalty", a->sampling.frequency_penalty, "0: off");
-  auto* seed = cmd->add_option("--seed", a->seed, "Sampling seed (same seed, same tokens)");
+  // An int64 at least 0, as a request's seed: -1 is no "random seed" here, and neither it nor
+  // 2^64 may wrap or clamp to 2^64 - 1.
+  auto* seed =
+      cmd->add_option("--seed", a->seed, "Sampling seed (same seed, same tokens)")
+          ->check(CLI::Validator(
+              [](const std::string& text) -> std::string {
+                int64_t value = 0;
+                const auto [end, error] =
+                    std::from_chars(text.data(), text.data() + text.size(), value);
+                if (error == std::errc() && end == text.data() + text.size() && value >= 0) {
+                  return "";
+                }
+                return "must be an integer from 0 to 9223372036854775807, got " + text;
+              },
+              "SEED"));
   cmd->add_flag("--json", a->json, "Print one JSON object");
   cmd->add_option("--dump-logits", a->dump_logits,
                   "Write prompt_logits [T, V] and step_logits [N, V] (f32) to a safetensors file");
@@ -183,7 +199,7 @@ void add_generate_command(CLI::App& app) {
     decode.ignore_eos = a->ignore_eos;
     decode.sampling = a->sampling;
     decode.draft = a->draft;
-    if (seed->count() > 0) decode.sampling.seed = a->seed;
+    if (seed->count() > 0) decode.sampling.seed = static_cast<uint64_t>(a->seed);
     auto on_tokens = [&](const std::vector<int64_t>& batch) {
       if (a->json) return true;
       for (auto t : batch) {

@@ -231,6 +231,12 @@ def test_generate_refuses_flags_that_would_do_nothing_or_fail_late(cli, tiny, tm
     assert "finish" not in out.stderr  # nothing was decoded
     written = tmp_path / "logits.safetensors"
     assert run("--dump-logits", str(written)).returncode == 0 and written.is_file()
+    # A seed is an int64 at least 0, as a request's: -1 (llama.cpp's "random") and 2^64 were
+    # taken as 2^64 - 1, all three giving the same tokens.
+    for seed in ("-1", str(2**64)):
+        out = run("--temperature", "1", "--seed", seed)
+        assert out.returncode != 0 and "--seed" in out.stderr, (seed, out.stderr)
+    assert run("--temperature", "1", "--seed", str(2**63 - 1)).returncode == 0
 
 
 def test_an_integer_tensor_for_a_weight_is_refused(tiny, tmp_path):
