@@ -16,6 +16,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <iostream>
 #include <sstream>
@@ -662,6 +664,16 @@ TEST(Demo, EmbeddedChatTemplateIsGemma4s) {
   EXPECT_NE(t.find("<|turn>"), std::string::npos);
 }
 
+// A checkpoint directory that passes run()'s look before it listens (it holds a config.json) and
+// that a load refuses: the engine factory's own failure, or the config's, comes after the listener
+// started.
+std::string unloadable_checkpoint() {
+  const auto dir = std::filesystem::path(testing::TempDir()) / "unloadable-checkpoint";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << "{}";
+  return dir.string();
+}
+
 // What the Python host does: run() on a thread of its own, the engine built by a factory, no
 // signal handlers, and request_stop() from elsewhere. Uses the demo checkpoint (XDG_CACHE_HOME is
 // set by tests/cpp/server.cmake so it is generated once per build tree).
@@ -710,7 +722,7 @@ TEST(Run, ServesFromAnyThreadWithTheFactorysEngineOnTheEngineThread) {
 
 TEST(Run, ALoadFailureIsThrownFromRunAfterTheListenerCloses) {
   ServeOptions options;
-  options.model_dir = testing::TempDir() + "/no-such-checkpoint";
+  options.model_dir = unloadable_checkpoint();
   options.port = 0;
   options.install_signal_handlers = false;
   EXPECT_ANY_THROW(run(options));
@@ -740,7 +752,7 @@ TEST(Run, EndsWithTheLoadErrorHoweverLoadFailureStopAndSignalInterleave) {
       const auto delay = std::chrono::microseconds(i / 5 % 8 * 50);
       const std::string error = "no engine, iteration " + std::to_string(i);
       ServeOptions options;
-      options.model_dir = testing::TempDir() + "/no-such-checkpoint";
+      options.model_dir = unloadable_checkpoint();
       options.port = 0;
       options.max_queue = 0;
       options.install_signal_handlers =
@@ -772,7 +784,7 @@ TEST(Run, EndsWithTheLoadErrorHoweverLoadFailureStopAndSignalInterleave) {
 
 TEST(Run, AStopThatComesWhileARunEndsIsNotLeftForTheNextRun) {
   ServeOptions options;
-  options.model_dir = testing::TempDir() + "/no-such-checkpoint";
+  options.model_dir = unloadable_checkpoint();
   options.port = 0;
   options.install_signal_handlers = false;
   // Two stops for this run: one before it starts, then its engine thread's after loading fails.
@@ -785,7 +797,11 @@ TEST(Run, AStopThatComesWhileARunEndsIsNotLeftForTheNextRun) {
                std::runtime_error);
 
   std::promise<int> bound;
-  options.on_listening = [&](int port) { bound.set_value(port); };
+  std::atomic<bool> listened = false;
+  options.on_listening = [&](int port) {
+    listened = true;
+    bound.set_value(port);
+  };
   std::promise<void> fail;
   std::thread host([&, failed = fail.get_future().share()] {
     EXPECT_THROW(run(options,
@@ -794,8 +810,15 @@ TEST(Run, AStopThatComesWhileARunEndsIsNotLeftForTheNextRun) {
                        throw std::runtime_error("no engine");
                      }),
                  std::runtime_error);
+    if (!listened) bound.set_value(0);  // ended before listening: the wait below must not hang
   });
-  httplib::Client client("127.0.0.1", bound.get_future().get());
+  const int port = bound.get_future().get();
+  if (port == 0) {
+    ADD_FAILURE() << "the second run ended before it listened";
+    host.join();
+    return;
+  }
+  httplib::Client client("127.0.0.1", port);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   auto health = client.Get("/health");
   EXPECT_TRUE(health) << "the second run stopped on its own: "
