@@ -140,6 +140,8 @@ void parse_common(const ojson& body, GenerationRequest& r) {
   r.stream = get_bool(body, "stream", false);
   if (const ojson* options = field(body, "stream_options")) {
     if (!options->is_object()) throw wrong_type("stream_options", "an object", *options);
+    // OpenAI's and vLLM's rule: options of a stream with no stream are a client's mistake.
+    if (!r.stream) throw invalid("stream_options", "is only allowed when 'stream' is true");
     if (const ojson* usage = field(*options, "include_usage")) {
       if (!usage->is_boolean()) {
         throw wrong_type("stream_options.include_usage", "a boolean", *usage);

@@ -252,6 +252,11 @@ INSTANTIATE_TEST_SUITE_P(
                 "logit_bias.5"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream_options":[]})",
                 "stream_options"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream_options":{}})",
+                "stream_options"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream":false,)"
+                R"("stream_options":{"include_usage":true}})",
+                "stream_options"},
         BadChat{R"({"messages":[{"role":"wizard","content":"a"}]})", "messages[0].role"},
         BadChat{R"({"messages":[{"role":"user","content":"a"},{"role":"","content":"b"}]})",
                 "messages[1].role"},
