@@ -376,10 +376,9 @@ class JobOutput {
     if (!job.parser_prefix.empty()) parser_.push(job.parser_prefix);
   }
 
-  // The piece `text` adds to the answer; `last` after the final text.
-  Piece route(const Job& job, const std::string& text, bool last,
-              std::vector<TokenLogprob>&& logprobs) {
-    std::string kept = stops.push(text);
+  // The piece `kept`, text the stop sequences let through, adds to the answer; `last` after the
+  // final text.
+  Piece route(const Job& job, std::string kept, bool last, std::vector<TokenLogprob>&& logprobs) {
     if (last && !stops.stopped()) kept += stops.finish();
     Piece delta;
     delta.logprobs = std::move(logprobs);
@@ -419,6 +418,7 @@ class JobOutput {
   StopStrings stops;
   bool started = false;  // the job got a row
   bool called = false;   // a tool call was handed to the client
+  bool in_call = false;  // the output is inside <|tool_call> ... <tool_call|>
   // log_softmax rows of steps whose token has not reached the host yet, oldest first.
   std::deque<at::Tensor> logprob_rows;
   std::vector<TokenLogprob> prompt_logprobs;  // scored, not yet handed over
@@ -957,8 +957,18 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       if (!job->generates) break;
       if (job->forced) id = (*job->forced)[out->position];
       ++out->position;
-      if (!special_[id] || (job->parse_output && parser_markers_.count(id) > 0)) {
-        text += out->detokenizer.push(id);
+      // Stop sequences match the answer's text, never inside a marker ("call" in <|tool_call>)
+      // or a tool call: either would hand the client half of the markup as content.
+      if (!special_[id]) {
+        text += out->stops.push(out->detokenizer.push(id), out->in_call);
+      } else if (job->parse_output && parser_markers_.count(id) > 0) {
+        std::string piece = out->detokenizer.push(id);
+        const std::string& marker = tokenizer_->id_to_token(id);
+        const size_t before = piece.size() - std::min(piece.size(), marker.size());
+        text += out->stops.push(std::string_view(piece).substr(0, before), out->in_call);
+        text += out->stops.push(std::string_view(piece).substr(before), /*opaque=*/true);
+        if (tool_call_tokens_ && id == tool_call_tokens_->open) out->in_call = true;
+        if (tool_call_tokens_ && id == tool_call_tokens_->close) out->in_call = false;
       }
       if (job->top_logprobs < 0) continue;
       const at::Tensor row = std::move(out->logprob_rows.front());
@@ -1012,7 +1022,7 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
     job->stop_sequence = out->stops.matched();
     if (finish != "cancelled") {
       if (!out->stops.stopped()) {
-        deliver(*job, out->route(*job, out->detokenizer.finish(), true, {}));
+        deliver(*job, out->route(*job, out->stops.push(out->detokenizer.finish()), true, {}));
       }
       if (finish == "stop" && out->called) finish = "tool_calls";
     }

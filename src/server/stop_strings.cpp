@@ -6,8 +6,9 @@ namespace torchtpu::server {
 
 StopStrings::StopStrings(std::vector<std::string> stops) : stops_(std::move(stops)) {}
 
-std::string StopStrings::push(std::string_view text) {
+std::string StopStrings::push(std::string_view text, bool opaque) {
   if (stopped_) return {};
+  if (opaque) return finish() + std::string(text);
   held_ += text;
   // The earliest complete stop sequence wins.
   size_t cut = std::string::npos;

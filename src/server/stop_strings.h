@@ -14,8 +14,9 @@ class StopStrings {
   explicit StopStrings(std::vector<std::string> stops);
 
   // The text now safe to send. After a stop sequence completed, stopped() is true and every later
-  // push returns nothing.
-  std::string push(std::string_view text);
+  // push returns nothing. `opaque` text (a special token's, such as <|tool_call>) passes whole
+  // with what was held before it: no stop sequence matches inside it or across it.
+  std::string push(std::string_view text, bool opaque = false);
   // The text held back at the end of the stream (no stop sequence completed).
   std::string finish();
   bool stopped() const { return stopped_; }

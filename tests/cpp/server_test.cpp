@@ -411,6 +411,19 @@ TEST(StopStrings, HoldsBackOnlyWhatCouldStartAStop) {
   EXPECT_EQ(s.push("later"), "");
 }
 
+TEST(StopStrings, OpaqueTextIsNeverMatchedNorMatchedAcross) {
+  StopStrings s({"call", "ab"});
+  EXPECT_EQ(s.push("x a"), "x ");
+  // "a" held could begin "ab"; a marker after it ends that chance and passes whole.
+  EXPECT_EQ(s.push("<|tool_call>", /*opaque=*/true), "a<|tool_call>");
+  EXPECT_EQ(s.push("b call", /*opaque=*/true), "b call");
+  EXPECT_FALSE(s.stopped());
+  EXPECT_EQ(s.push("y cal"), "y ");
+  EXPECT_EQ(s.push("l z"), "");
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.matched(), "call");
+}
+
 TEST(Metrics, RendersPrometheusText) {
   Metrics m;
   m.count_request("/v1/chat/completions", 200);

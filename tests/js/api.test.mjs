@@ -102,6 +102,36 @@ describe("tool calls", () => {
     { role: "tool", tool_call_id: call.id, content: "SUNNY-21C" },
   ];
 
+  test("a stop sequence never matches inside a marker or a tool call", async () => {
+    // "call" is in <|tool_call> and in call:get_weather, "Paris" in the call's arguments: none of
+    // them ends the answer, which stays the whole call, streamed or not.
+    for (const stop of ["call", "Paris", "tool_"]) {
+      for (const stream of [false, true]) {
+        const body = { model: MODEL, messages: ask("Weather in Paris?"), tools: TOOLS, stop };
+        let finish;
+        let content = "";
+        const calls = [];
+        if (stream) {
+          for await (const chunk of await client.chat.completions.create({ ...body, stream })) {
+            const choice = chunk.choices[0];
+            content += choice?.delta?.content ?? "";
+            for (const c of choice?.delta?.tool_calls ?? []) if (c.function?.name) calls.push(c);
+            finish = choice?.finish_reason ?? finish;
+          }
+        } else {
+          const { choices: [choice] } = await client.chat.completions.create(body);
+          content = choice.message.content ?? "";
+          calls.push(...(choice.message.tool_calls ?? []));
+          finish = choice.finish_reason;
+        }
+        const where = `stop ${stop}, stream ${stream}`;
+        assert.equal(content, "", where);
+        assert.deepEqual(calls.map((c) => c.function.name), ["get_weather"], where);
+        assert.equal(finish, "tool_calls", where);
+      }
+    }
+  });
+
   test("round trip, whole answers: call parsed, tool result rendered, final answer", async () => {
     const first = await client.chat.completions.create({
       model: MODEL, messages: ask("Weather in Paris?"), tools: TOOLS,
