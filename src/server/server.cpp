@@ -580,6 +580,10 @@ class Server {
       bool needs_engine, ErrorShape shape = ErrorShape::kOpenAI);
   // Throws ApiError 403 for what browser_refusal refuses, 401 without the API key.
   void authorize(const httplib::Request& req) const;
+  // A browser's CORS preflight: 204 allowing the method and headers it asks for when
+  // browser_refusal lets its page call the server (no key: a preflight never carries one), else
+  // the 403 that page's request would get.
+  void answer_preflight(const httplib::Request& req, httplib::Response& res) const;
   // Throws what a request no handler takes gets: 405 (with Allow) for another method on a route,
   // 404 for an unknown route, either after authorize (a client without the key learns no names).
   void refuse_unrouted(const httplib::Request& req, httplib::Response& res) const;
@@ -2627,6 +2631,22 @@ ErrorShape error_shape(const std::string& path) {
   return path.rfind("/api/", 0) == 0 ? ErrorShape::kOllama : ErrorShape::kOpenAI;
 }
 
+void Server::answer_preflight(const httplib::Request& req, httplib::Response& res) const {
+  const std::string refusal = browser_refusal(req, is_loopback(options_.host));
+  if (!refusal.empty()) {
+    send_error(res, ApiError(403, refusal, "invalid_request_error", "", "forbidden"),
+               error_shape(req.path));
+    return;
+  }
+  res.status = 204;
+  res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE");
+  if (req.has_header("Access-Control-Request-Headers")) {
+    res.set_header("Access-Control-Allow-Headers",
+                   req.get_header_value("Access-Control-Request-Headers"));
+  }
+  res.set_header("Access-Control-Max-Age", "600");
+}
+
 httplib::Server::Handler Server::guarded(
     const std::function<void(const httplib::Request&, httplib::Response&)>& handler,
     bool needs_engine, ErrorShape shape) {
@@ -2886,6 +2906,11 @@ void Server::set_up_routes(httplib::Server& http) {
   // Another method on a fixed route is refused before anything reads a body: cpp-httplib reads
   // a POST's first (`curl -X POST /v1/models`, with no length, was a 400 "malformed request").
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.method == "OPTIONS" && req.has_header("Origin") &&
+        req.has_header("Access-Control-Request-Method")) {
+      answer_preflight(req, res);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const auto it = kRoutes.find(req.path);
     if (it == kRoutes.end()) return httplib::Server::HandlerResponse::Unhandled;
     const std::string allowed = ", " + it->second + ", ";
@@ -2951,6 +2976,14 @@ void Server::set_up_routes(httplib::Server& http) {
         }
         send_error(res, ApiError(500, what, "server_error"), error_shape(req.path));
       });
+  // A page browser_refusal lets call the server may read its answers too (CORS), as Ollama lets
+  // localhost's pages: a development UI on another local port, a browser extension.
+  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (req.has_header("Origin") && browser_refusal(req, is_loopback(options_.host)).empty()) {
+      res.set_header("Access-Control-Allow-Origin", req.get_header_value("Origin"));
+      res.set_header("Vary", "Origin");
+    }
+  });
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     metrics_.count_request(endpoint_label(req.path), res.status);
   });

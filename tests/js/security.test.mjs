@@ -66,7 +66,8 @@ function rawCall(url, method, path, headers, body) {
       let text = "";
       res.setEncoding("utf8");
       res.on("data", (d) => (text += d));
-      res.on("end", () => resolve({ status: res.statusCode, body: JSON.parse(text) }));
+      res.on("end", () => resolve({ status: res.statusCode, headers: res.headers,
+        body: text ? JSON.parse(text) : null }));
     });
     req.on("error", reject);
     req.end(body ? JSON.stringify(body) : undefined);
@@ -161,6 +162,31 @@ describe("the server", () => {
     const own = await rawCall(server.url, "POST", "/v1/chat/completions",
       { ...headers, Origin: `http://127.0.0.1:${port}` }, chat);
     assert.equal(own.status, 200);
+    assert.equal(evil.headers["access-control-allow-origin"], undefined);
+  });
+
+  test("pages it lets call it may read the answers too (CORS); another site's may not", async () => {
+    const preflight = (origin) => rawCall(server.url, "OPTIONS", "/v1/chat/completions", {
+      Origin: origin, "Access-Control-Request-Method": "POST",
+      "Access-Control-Request-Headers": "authorization, content-type",
+    });
+    // A development UI on another local port: allowed without the key, which no preflight carries.
+    const local = await preflight("http://localhost:3000");
+    assert.equal(local.status, 204);
+    assert.equal(local.headers["access-control-allow-origin"], "http://localhost:3000");
+    assert.equal(local.headers["access-control-allow-headers"], "authorization, content-type");
+    assert.match(local.headers["access-control-allow-methods"], /\bPOST\b/);
+    const evil = await preflight("http://evil.example");
+    assert.equal(evil.status, 403);
+    assert.equal(evil.headers["access-control-allow-origin"], undefined);
+    for (const [method, path, body, status] of [["POST", "/v1/chat/completions", chat, 200],
+      ["GET", "/v1/models", undefined, 200], ["POST", "/v1/nothing", chat, 404]]) {
+      const r = await rawCall(server.url, method, path, { Authorization: `Bearer ${KEY}`,
+        "Content-Type": "application/json", Origin: "http://localhost:3000" }, body);
+      assert.equal(r.status, status, path);
+      assert.equal(r.headers["access-control-allow-origin"], "http://localhost:3000", path);
+      assert.equal(r.headers.vary, "Origin", path);
+    }
   });
 
   test("a compressed body is refused unread: a gzip bomb inflates nothing", async () => {
