@@ -547,8 +547,29 @@ GenerationRequest parse_chat_request(const ojson& body) {
   }
   if (const ojson* kwargs = field(body, "chat_template_kwargs")) {
     if (!kwargs->is_object()) throw wrong_type("chat_template_kwargs", "an object", *kwargs);
+    for (const char* key : {"messages", "tools", "documents", "add_generation_prompt"}) {
+      if (kwargs->contains(key)) {
+        throw unsupported(std::string("chat_template_kwargs.") + key,
+                          "is the server's to set from the request, not a template kwarg");
+      }
+    }
     r.template_kwargs = *kwargs;
   }
+  // vLLM's prefill: the reply opens with the text of a final assistant message. Here a final
+  // assistant message is a closed turn, as the Messages route refuses prefill: refused rather
+  // than quietly answered as a new turn.
+  const auto refuse_prefill = [&](const char* name, bool prefill_value) {
+    const ojson* v = field(body, name);
+    if (!v) return;
+    if (!v->is_boolean()) throw wrong_type(name, "a boolean", *v);
+    if (*v == prefill_value) {
+      throw unsupported(name, std::string("may only be ") + (prefill_value ? "false" : "true") +
+                                  ": continuing a final assistant message (prefill) is not "
+                                  "supported; its turn is closed and the reply is a new one");
+    }
+  };
+  refuse_prefill("continue_final_message", true);
+  refuse_prefill("add_generation_prompt", false);
   parse_reasoning(body, r);
   parse_tool_choice(body, r);
   if (const ojson* p = field(body, "parallel_tool_calls")) {

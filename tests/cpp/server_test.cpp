@@ -254,6 +254,13 @@ INSTANTIATE_TEST_SUITE_P(
                 "stream_options"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream_options":{}})",
                 "stream_options"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"continue_final_message":true})",
+                "continue_final_message"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],"add_generation_prompt":false})",
+                "add_generation_prompt"},
+        BadChat{R"({"messages":[{"role":"user","content":"a"}],)"
+                R"("chat_template_kwargs":{"add_generation_prompt":false}})",
+                "chat_template_kwargs.add_generation_prompt"},
         BadChat{R"({"messages":[{"role":"user","content":"a"}],"stream":false,)"
                 R"("stream_options":{"include_usage":true}})",
                 "stream_options"},
