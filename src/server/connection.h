@@ -39,12 +39,12 @@ inline std::string describe(httplib::Error error) {
   }
 }
 
-// The request's Content-Encoding when it is one other than identity, which handle_post refuses
-// with 415 unread; empty otherwise.
-inline std::string refused_content_coding(const httplib::Request& req) {
+// Whether the request's body comes with a Content-Encoding other than identity, which handle_post
+// refuses with 415 unread.
+inline bool has_content_coding(const httplib::Request& req) {
   std::string coding = req.get_header_value("Content-Encoding");
   for (char& c : coding) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return coding == "identity" ? "" : coding;
+  return !coding.empty() && coding != "identity";
 }
 
 // What a 415 of handle_post's says, naming the coding sent.
@@ -71,7 +71,7 @@ inline void handle_post(httplib::Server& http, const std::string& pattern,
   http.Post(pattern,
             [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
                                            const httplib::ContentReader& read) {
-              if (!refused_content_coding(req).empty()) {
+              if (has_content_coding(req)) {
                 res.status = 415;
                 return;
               }

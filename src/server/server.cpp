@@ -418,6 +418,8 @@ class JobOutput {
   StopStrings stops;
   bool started = false;  // the job got a row
   bool called = false;   // a tool call was handed to the client
+  // `text` of the output as the stop sequences let it through: never matched inside a tool call.
+  std::string through_stops(std::string_view text) { return stops.push(text, in_call); }
   bool in_call = false;  // the output is inside <|tool_call> ... <tool_call|>
   // log_softmax rows of steps whose token has not reached the host yet, oldest first.
   std::deque<at::Tensor> logprob_rows;
@@ -578,7 +580,10 @@ class Server {
   httplib::Server::Handler guarded(
       const std::function<void(const httplib::Request&, httplib::Response&)>& handler,
       bool needs_engine, ErrorShape shape = ErrorShape::kOpenAI);
-  // Throws ApiError 403 for what browser_refusal refuses, 401 without the API key.
+  // Throws ApiError 403 for a request browser_refusal refuses (a page of another site, a Host
+  // other than localhost's on loopback).
+  void check_page(const httplib::Request& req) const;
+  // Throws as check_page does, and 401 without the API key.
   void authorize(const httplib::Request& req) const;
   // A browser's CORS preflight: 204 allowing the method and headers it asks for when
   // browser_refusal lets its page call the server (no key: a preflight never carries one), else
@@ -964,12 +969,12 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       // Stop sequences match the answer's text, never inside a marker ("call" in <|tool_call>)
       // or a tool call: either would hand the client half of the markup as content.
       if (!special_[id]) {
-        text += out->stops.push(out->detokenizer.push(id), out->in_call);
+        text += out->through_stops(out->detokenizer.push(id));
       } else if (job->parse_output && parser_markers_.count(id) > 0) {
         std::string piece = out->detokenizer.push(id);
         const std::string& marker = tokenizer_->id_to_token(id);
         const size_t before = piece.size() - std::min(piece.size(), marker.size());
-        text += out->stops.push(std::string_view(piece).substr(0, before), out->in_call);
+        text += out->through_stops(std::string_view(piece).substr(0, before));
         text += out->stops.push(std::string_view(piece).substr(before), /*opaque=*/true);
         if (tool_call_tokens_ && id == tool_call_tokens_->open) out->in_call = true;
         if (tool_call_tokens_ && id == tool_call_tokens_->close) out->in_call = false;
@@ -1026,7 +1031,7 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
     job->stop_sequence = out->stops.matched();
     if (finish != "cancelled") {
       if (!out->stops.stopped()) {
-        deliver(*job, out->route(*job, out->stops.push(out->detokenizer.finish()), true, {}));
+        deliver(*job, out->route(*job, out->through_stops(out->detokenizer.finish()), true, {}));
       }
       if (finish == "stop" && out->called) finish = "tool_calls";
     }
@@ -2595,9 +2600,13 @@ void Server::refuse_unrouted(const httplib::Request& req, httplib::Response& res
                  "not_found");
 }
 
-void Server::authorize(const httplib::Request& req) const {
+void Server::check_page(const httplib::Request& req) const {
   const std::string refusal = browser_refusal(req, is_loopback(options_.host));
   if (!refusal.empty()) throw ApiError(403, refusal, "invalid_request_error", "", "forbidden");
+}
+
+void Server::authorize(const httplib::Request& req) const {
+  check_page(req);
   if (options_.api_key.empty()) return;
   // Routers and Prometheus scrape without credentials (docs/SCALING.md); --metrics-auth asks for
   // the key here too.
@@ -2632,10 +2641,10 @@ ErrorShape error_shape(const std::string& path) {
 }
 
 void Server::answer_preflight(const httplib::Request& req, httplib::Response& res) const {
-  const std::string refusal = browser_refusal(req, is_loopback(options_.host));
-  if (!refusal.empty()) {
-    send_error(res, ApiError(403, refusal, "invalid_request_error", "", "forbidden"),
-               error_shape(req.path));
+  try {
+    check_page(req);
+  } catch (const ApiError& e) {
+    send_error(res, e, error_shape(req.path));
     return;
   }
   res.status = 204;
