@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 
+#include "common/ascii.h"
+
 namespace torchtpu::hub {
 namespace {
 
@@ -16,11 +18,6 @@ constexpr size_t kMaxKeptBody = 1 << 20;  // of an error reply; enough for any m
 constexpr long kConnectTimeoutS = 10;
 // A transfer that moves less than a byte per second for this long counts as broken.
 constexpr long kStallTimeoutS = 30;
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
 
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r\n");
@@ -68,7 +65,7 @@ size_t on_header(char* data, size_t size, size_t n, void* user) {
   }
   size_t colon = line.find(':');
   if (colon != std::string::npos) {
-    t->reply.headers[lower(trim(line.substr(0, colon)))] = trim(line.substr(colon + 1));
+    t->reply.headers[ascii_lower(trim(line.substr(0, colon)))] = trim(line.substr(colon + 1));
   }
   return size * n;
 }
@@ -103,14 +100,14 @@ void global_init() {
 }  // namespace
 
 std::string HttpResponse::header(const std::string& name) const {
-  auto it = headers.find(lower(name));
+  auto it = headers.find(ascii_lower(name));
   return it == headers.end() ? "" : it->second;
 }
 
 std::string url_origin(const std::string& url) {
   CurlUrl u;
   if (curl_url_set(u.h, CURLUPART_URL, url.c_str(), 0) != CURLUE_OK) return "";
-  return lower(u.get(CURLUPART_SCHEME)) + "://" + lower(u.get(CURLUPART_HOST)) + ":" +
+  return ascii_lower(u.get(CURLUPART_SCHEME)) + "://" + ascii_lower(u.get(CURLUPART_HOST)) + ":" +
          u.get(CURLUPART_PORT, CURLU_DEFAULT_PORT);
 }
 

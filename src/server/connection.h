@@ -9,8 +9,11 @@
 
 #include <httplib.h>
 
-#include <cctype>
+#include <chrono>
+#include <optional>
 #include <string>
+
+#include "common/ascii.h"
 
 namespace torchtpu::server {
 
@@ -42,8 +45,7 @@ inline std::string describe(httplib::Error error) {
 // Whether the request's body comes with a Content-Encoding other than identity, which handle_post
 // refuses with 415 unread.
 inline bool has_content_coding(const httplib::Request& req) {
-  std::string coding = req.get_header_value("Content-Encoding");
-  for (char& c : coding) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const std::string coding = ascii_lower(req.get_header_value("Content-Encoding"));
   return !coding.empty() && coding != "identity";
 }
 

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <chrono>
 
+#include "common/ascii.h"
 #include "common/base64.h"
 #include "common/errors.h"
 #include "hub/http.h"
@@ -27,8 +28,7 @@ constexpr const char* kAudioTypes[] = {"audio/wav",      "audio/x-wav", "audio/w
 // registered type, but many clients send it for JPEG.
 template <size_t N>
 bool one_of(const std::string& type, const char* const (&list)[N]) {
-  std::string s = type;
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::string s = ascii_lower(type);
   if (s == "image/jpg") s = "image/jpeg";
   for (const char* x : list) {
     if (s == x) return true;

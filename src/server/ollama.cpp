@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "common/ascii.h"
 #include "common/base64.h"
 #include "media/kinds.h"
 
@@ -109,9 +110,8 @@ ojson chat_messages(const ojson& messages, std::vector<std::string>& image_param
     const ojson& m = messages[i];
     const std::string p = at_index("messages", i);
     if (!m.is_object()) throw wrong_type(p, "an object", m);
-    std::string role = required_string(m, "role", p);
     // Ollama reads roles in any case.
-    for (char& c : role) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const std::string role = ascii_lower(required_string(m, "role", p));
     const std::string text = optional_string(m, "content", p + ".content");
     // Ollama takes images on any message; Gemma 4 reads them in user turns only, as chat does.
     if (const ojson* images = field(m, "images");

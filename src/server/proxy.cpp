@@ -25,6 +25,7 @@
 #include <set>
 #include <thread>
 
+#include "common/ascii.h"
 #include "common/errors.h"
 #include "server/auth.h"
 #include "server/connection.h"
@@ -251,15 +252,9 @@ const std::set<std::string> kHopHeaders = {
     "te",      "upgrade",        "accept-encoding", "proxy-authorization", "proxy-connection",
     "trailer", "content-type"};
 
-std::string lowercase(const std::string& name) {
-  std::string lower;
-  for (char c : name) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return lower;
-}
+bool is_hop_header(const std::string& name) { return kHopHeaders.count(ascii_lower(name)) > 0; }
 
-bool is_hop_header(const std::string& name) { return kHopHeaders.count(lowercase(name)) > 0; }
-
-bool is_header(const std::string& name, const char* lower) { return lowercase(name) == lower; }
+bool is_header(const std::string& name, const char* lower) { return ascii_lower(name) == lower; }
 
 // httplib reads a multipart/form-data body into `files` and leaves `body` empty (an upload to
 // /v1/audio/transcriptions): the form is written again, each part's name, filename, type and
