@@ -368,8 +368,10 @@ ojson anthropic_error_body(const ApiError& error) {
   switch (error.status) {
     case 400:
     case 405:
+    case 408:
     case 414:
-    case 415: type = "invalid_request_error"; break;
+    case 415:
+    case 431: type = "invalid_request_error"; break;
     case 401: type = "authentication_error"; break;
     case 403: type = "permission_error"; break;
     case 404: type = "not_found_error"; break;

@@ -6,8 +6,10 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "common/errors.h"
@@ -15,17 +17,216 @@
 namespace torchtpu::server {
 namespace {
 
-bool address_is(const sockaddr_storage& addr, socklen_t len, const std::string& host, int port) {
+// The numeric address and port of `addr`, as cpp-httplib writes them into a request.
+bool numeric_address(const sockaddr_storage& addr, socklen_t len, std::string& ip, int& port) {
   char name[NI_MAXHOST];
   char service[NI_MAXSERV];
   if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, name, sizeof(name), service,
                   sizeof(service), NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
     return false;
   }
-  return host == name && port == std::atoi(service);
+  ip = name;
+  port = std::atoi(service);
+  return true;
 }
 
+bool address_is(const sockaddr_storage& addr, socklen_t len, const std::string& host, int port) {
+  std::string ip;
+  int at = 0;
+  return numeric_address(addr, len, ip, at) && ip == host && at == port;
+}
+
+using Clock = std::chrono::steady_clock;
+
+thread_local std::optional<HeadRefusal> t_refusal;
+
+// How long a connection whose head could not be read is read and dropped after its answer.
+constexpr std::chrono::seconds kLingerAfterUnreadHead{2};
+
+// Whether `events` come on `fd` within `timeout` (a negative timeout: at once or not at all).
+bool wait_for(int fd, short events, std::chrono::milliseconds timeout) {
+  pollfd p{fd, events, 0};
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+    const int n = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+    if (n > 0) return true;
+    if (n == 0 || errno != EINTR) return false;
+  }
+}
+
+// "20 s", or "600 ms" where the time is not whole seconds.
+std::string duration_words(std::chrono::milliseconds time) {
+  return time.count() % 1000 == 0 ? std::to_string(time.count() / 1000) + " s"
+                                  : std::to_string(time.count()) + " ms";
+}
+
+// `get` is getpeername or getsockname.
+void address_of(int (*get)(int, sockaddr*, socklen_t*), int fd, std::string& ip, int& port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  if (get(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) numeric_address(addr, len, ip, port);
+}
+
+// A connection's bytes, as httplib's SocketStream gives them, with the head of each request
+// bounded (HttpServer). httplib reads a head a byte at a time, the request line first, then
+// header lines up to an empty one ("\r\n"); the body in larger reads.
+class HeadBoundStream final : public httplib::Stream {
+ public:
+  HeadBoundStream(int fd, HeadLimits limits, std::chrono::milliseconds read_timeout,
+                  std::chrono::milliseconds write_timeout)
+      : fd_(fd), limits_(limits), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+
+  // Waits up to `idle` for the next request's first byte, and starts reading its head.
+  bool next_request(std::chrono::milliseconds idle) {
+    t_refusal.reset();
+    if (off_ == size_ && !wait_for(fd_, POLLIN, idle)) return false;
+    in_head_ = true;
+    head_bytes_ = 0;
+    lines_ = 0;
+    line_bytes_ = 0;
+    ending_ = 0;
+    deadline_ = Clock::now() + limits_.max_time;
+    return true;
+  }
+
+  bool is_readable() const override { return off_ < size_ || wait_for(fd_, POLLIN, read_timeout_); }
+  bool is_writable() const override {
+    return wait_for(fd_, POLLOUT, write_timeout_) && !peer_closed(fd_);
+  }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (t_refusal) return cut_off(ptr, size);
+    if (off_ == size_) {
+      // In the head, the wait ends at the read timeout or the head's deadline, whichever is
+      // first; an end at the deadline refuses the head.
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now());
+      const bool deadline_first = in_head_ && left <= read_timeout_;
+      if (!wait_for(fd_, POLLIN, deadline_first ? left : read_timeout_)) {
+        if (deadline_first) {
+          t_refusal = HeadRefusal{408, "request_timeout",
+                                  "the request's head (its request line and headers) did not "
+                                  "arrive within " +
+                                      duration_words(limits_.max_time)};
+          return cut_off(ptr, size);
+        }
+        return -1;
+      }
+      ssize_t n = 0;
+      do {
+        n = ::recv(fd_, buffer_, sizeof(buffer_), 0);
+      } while (n < 0 && errno == EINTR);
+      if (n <= 0) return n;
+      off_ = 0;
+      size_ = static_cast<size_t>(n);
+    }
+    size_t n = std::min(size, size_ - off_);
+    if (in_head_) {
+      for (size_t i = 0; i < n; ++i) {
+        if (++head_bytes_ > limits_.max_bytes) {
+          t_refusal = HeadRefusal{431, "request_header_fields_too_large",
+                                  "the request's head (its request line and headers) is larger "
+                                  "than " +
+                                      std::to_string(limits_.max_bytes) + " bytes"};
+          return cut_off(ptr, size);
+        }
+        const char byte = buffer_[off_ + i];
+        if (byte != '\n') {
+          ++line_bytes_;
+          last_ = byte;
+        } else if (lines_ > 0 && line_bytes_ == 1 && last_ == '\r') {
+          in_head_ = false;
+          n = i + 1;
+          break;
+        } else {
+          ++lines_;
+          line_bytes_ = 0;
+        }
+      }
+    }
+    std::memcpy(ptr, buffer_ + off_, n);
+    off_ += n;
+    return static_cast<ssize_t>(n);
+  }
+
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    ssize_t n = 0;
+    do {
+      n = ::send(fd_, ptr, size, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    return n;
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    address_of(getpeername, fd_, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    address_of(getsockname, fd_, ip, port);
+  }
+  socket_t socket() const override { return fd_; }
+
+ private:
+  // What a refused head reads from here on: nothing, but for a request line cut off, which gets
+  // its line end, so that the library finishes reading it and answers (its header lines then
+  // fail to come): it answers nothing for a request line it never finished.
+  ssize_t cut_off(char* ptr, size_t size) {
+    if (lines_ > 0 || ending_ == 2 || size == 0) return -1;
+    *ptr = "\r\n"[ending_++];
+    return 1;
+  }
+
+  int fd_;
+  HeadLimits limits_;
+  std::chrono::milliseconds read_timeout_, write_timeout_;
+  char buffer_[4096];
+  size_t off_ = 0, size_ = 0;
+  bool in_head_ = false;
+  size_t head_bytes_ = 0, lines_ = 0, line_bytes_ = 0;
+  char last_ = 0;
+  int ending_ = 0;
+  Clock::time_point deadline_;
+};
+
 }  // namespace
+
+std::optional<HeadRefusal> head_refusal() { return t_refusal; }
+
+bool HttpServer::process_and_close_socket(socket_t sock) {
+  using std::chrono::milliseconds, std::chrono::seconds, std::chrono::microseconds;
+  const auto timeout = [](time_t s, time_t us) {
+    return std::chrono::duration_cast<milliseconds>(seconds(s) + microseconds(us));
+  };
+  HeadBoundStream stream(sock, limits_, timeout(read_timeout_sec_, read_timeout_usec_),
+                         timeout(write_timeout_sec_, write_timeout_usec_));
+  bool ok = false;
+  for (size_t left = keep_alive_max_count_; svr_sock_ != INVALID_SOCKET && left > 0 &&
+                                            stream.next_request(seconds(keep_alive_timeout_sec_));
+       --left) {
+    bool closed = false, parsed = false;
+    // The library calls this once it has read and parsed the request's head, before routing.
+    ok =
+        process_request(stream, left == 1, closed, [&parsed](httplib::Request&) { parsed = true; });
+    if (!ok || closed) break;
+    if (!parsed) {
+      // A head the library could not read (refused here, malformed, a request line too long)
+      // leaves no telling where the next request starts: the connection ends with the answer.
+      // Closing with the client's bytes unread would reset it, and a reset can drop the answer
+      // before the client reads it, so this side is ended first and what still comes is read
+      // and dropped until the client closes too, for a few seconds at most.
+      ::shutdown(sock, SHUT_WR);
+      const auto until = Clock::now() + kLingerAfterUnreadHead;
+      char drop[4096];
+      while (wait_for(sock, POLLIN, std::chrono::ceil<milliseconds>(until - Clock::now())) &&
+             ::recv(sock, drop, sizeof(drop), 0) > 0) {
+      }
+      break;
+    }
+  }
+  ::shutdown(sock, SHUT_RDWR);
+  ::close(sock);
+  return ok;
+}
 
 int find_connection_socket(const std::string& local_addr, int local_port,
                            const std::string& remote_addr, int remote_port) {

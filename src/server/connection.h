@@ -103,6 +103,43 @@ inline void handle_post(httplib::Server& http, const std::string& pattern,
             });
 }
 
+// A request head's bounds (see HttpServer): its bytes, the request line and header lines with
+// their line ends, and the time from its first byte to its last.
+struct HeadLimits {
+  size_t max_bytes = 64 * 1024;
+  std::chrono::milliseconds max_time{20'000};
+};
+
+// Why the head of the request being answered on this thread was refused, if it was: what an
+// error handler of an HttpServer answers instead of the status the library gives (400, or 414
+// for a request line cut off past its limit).
+struct HeadRefusal {
+  int status;        // 431: too large; 408: too slow
+  std::string code;  // request_header_fields_too_large, request_timeout
+  std::string message;
+};
+std::optional<HeadRefusal> head_refusal();
+
+// cpp-httplib 0.11 reads a request's head with no bound on its size or on the time it takes: a
+// line is buffered whole before its length is checked (a request line or header line of
+// gigabytes is kept in memory), header lines are not counted, and a client sending a byte every
+// few seconds holds an HTTP thread for as long as it likes (each read waits 5 s at most, nothing
+// bounds them all). An HttpServer reads every connection through a stream that bounds the head
+// by `limits`: past them, head_refusal() names why and the library is left to answer through the
+// error handler. The body is read as the library reads it (the payload limit bounds it, each read
+// waits 5 s at most). One stream serves a connection's requests in turn, so bytes of a pipelined
+// request read with the one before are kept for it; after a head that could not be read
+// (refused, malformed, a request line too long) the connection is closed with the answer.
+class HttpServer : public httplib::Server {
+ public:
+  explicit HttpServer(HeadLimits limits = {}) : limits_(limits) {}
+
+ private:
+  bool process_and_close_socket(socket_t sock) override;
+
+  HeadLimits limits_;
+};
+
 // ValueError unless `port` is a TCP port or 0 (a larger one would wrap to another port).
 void check_port(int port);
 

@@ -564,7 +564,7 @@ int Proxy::run() {
   ignore.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ignore, &old_pipe);
 
-  httplib::Server http;
+  HttpServer http;
   http.new_task_queue = [] { return new httplib::ThreadPool(64); };
   http.set_tcp_nodelay(true);
   http.set_keep_alive_timeout(2);
@@ -597,16 +597,21 @@ int Proxy::run() {
   http.Patch(everything, forward);
   http.Delete(everything, forward);
   http.Options(everything, forward);
-  // handle_post's 415 (a compressed body, left unread) still needs its words.
-  http.set_error_handler(
-      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
-        if (res.status != 415 || !res.body.empty()) {
-          return httplib::Server::HandlerResponse::Unhandled;
-        }
-        send_error(res, 415, content_coding_refusal(req), "unsupported_content_encoding",
-                   "invalid_request_error");
-        return httplib::Server::HandlerResponse::Handled;
-      }));
+  // handle_post's 415 (a compressed body, left unread) and a refused head still need their words.
+  http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                 httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (const auto refusal = head_refusal()) {
+      res.set_header("Connection", "close");
+      send_error(res, refusal->status, refusal->message, refusal->code, "invalid_request_error");
+    } else if (res.status == 415) {
+      send_error(res, 415, content_coding_refusal(req), "unsupported_content_encoding",
+                 "invalid_request_error");
+    } else {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    return httplib::Server::HandlerResponse::Handled;
+  }));
 
   const int port = bind_listener(http, options_.host, options_.port);
   if (port < 0) {

@@ -2940,6 +2940,11 @@ void Server::set_up_routes(httplib::Server& http) {
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         try {
+          if (const auto refusal = head_refusal()) {
+            res.set_header("Connection", "close");
+            throw ApiError(refusal->status, refusal->message, "invalid_request_error", "",
+                           refusal->code);
+          }
           if (res.status == 413) {
             throw ApiError(413,
                            "the request body is larger than the server's limit of " +
@@ -3000,7 +3005,7 @@ void Server::set_up_routes(httplib::Server& http) {
 
 int Server::run() {
   SignalHandlers signals(options_.install_signal_handlers);
-  httplib::Server http;
+  HttpServer http;
   // A thread for every request decoding or waiting, and some for the quick routes.
   const size_t threads =
       static_cast<size_t>(std::max(0, options_.max_queue) + options_.parallel) + 8;

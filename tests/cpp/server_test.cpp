@@ -683,6 +683,151 @@ TEST(Connection, BindListenerRefusesAPortAnotherServerListensOn) {
   EXPECT_EQ(bind_listener(second, "127.0.0.1", port), -1);
 }
 
+// An HttpServer on a free loopback port with small head limits: GET /echo answers the peer's
+// address as the request has it, POST /echo the body; refused heads get head_refusal()'s status
+// and code.
+struct BoundedServer {
+  HttpServer http{HeadLimits{4096, std::chrono::milliseconds(600)}};
+  std::thread listener;
+  int port = 0;
+  BoundedServer() {
+    http.Get("/echo", [](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(req.remote_addr + ":" + std::to_string(req.remote_port), "text/plain");
+    });
+    handle_post(http, "/echo", [](const httplib::Request& req, httplib::Response& res) {
+      res.set_content(req.body, "text/plain");
+    });
+    http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
+      if (const auto refusal = head_refusal()) {
+        res.status = refusal->status;
+        res.set_content(refusal->code + ": " + refusal->message, "text/plain");
+      }
+    });
+    port = bind_listener(http, "127.0.0.1", 0);
+    listener = std::thread([this] { http.listen_after_bind(); });
+    while (!http.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~BoundedServer() {
+    http.stop();
+    listener.join();
+  }
+
+  // A connection to the server; `local_port` is its client end's.
+  int connect_client(int* local_port = nullptr) const {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    if (local_port) {
+      socklen_t len = sizeof(addr);
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+      *local_port = ntohs(addr.sin_port);
+    }
+    return fd;
+  }
+};
+
+void send_all(int fd, const std::string& bytes) {
+  ASSERT_EQ(send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+}
+
+// What the server sends on `fd` until it closes the connection (10 s at most, then a failure).
+std::string read_until_closed(int fd) {
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) > 0) {
+      char buffer[4096];
+      const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+      if (n <= 0) break;
+      got.append(buffer, static_cast<size_t>(n));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "the connection stayed open; got so far: " << got.substr(0, 200);
+      break;
+    }
+  }
+  close(fd);
+  return got;
+}
+
+TEST(HttpServer, AHeadPastItsBytesIsA431AndTheConnectionCloses) {
+  BoundedServer server;
+  std::string headers;
+  for (int i = 0; i < 8; ++i)
+    headers += "X-Filler-" + std::to_string(i) + ": " + std::string(600, 'a') + "\r\n";
+  int fd = server.connect_client();
+  send_all(fd, "GET /echo HTTP/1.1\r\nHost: x\r\n" + headers + "\r\n");
+  std::string got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 431 ", 0), 0u) << got;
+  EXPECT_NE(got.find("request_header_fields_too_large: the request's head (its request line and "
+                     "headers) is larger than 4096 bytes"),
+            std::string::npos)
+      << got;
+
+  // One header line that never ends, and a request line that never ends: answered once the limit
+  // is passed, without waiting for the rest.
+  for (const std::string& start :
+       {std::string("GET /echo HTTP/1.1\r\nX-Long: "), std::string("GET /")}) {
+    fd = server.connect_client();
+    send_all(fd, start + std::string(100'000, 'b'));
+    got = read_until_closed(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 431 ", 0), 0u) << start << ": " << got.substr(0, 200);
+  }
+}
+
+TEST(HttpServer, AHeadSlowerThanItsTimeIsA408) {
+  BoundedServer server;
+  // Every piece comes well within the library's 5 s read timeout; the head as a whole does not.
+  for (const std::string& start : {std::string("GET /echo HTTP/1.1\r\n"), std::string("GE")}) {
+    const int fd = server.connect_client();
+    send_all(fd, start);
+    for (int i = 0; i < 6; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      send(fd, start.size() > 2 ? "X-Slow: 1\r\n" : "T", start.size() > 2 ? 11 : 1, MSG_NOSIGNAL);
+    }
+    const std::string got = read_until_closed(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 408 ", 0), 0u) << start << ": " << got.substr(0, 200);
+    EXPECT_NE(got.find("request_timeout: the request's head (its request line and headers) did "
+                       "not arrive within 600 ms"),
+              std::string::npos)
+        << got;
+  }
+}
+
+// After a head the library cannot read, where the next request starts is unknown: the rest is
+// not read as requests (each a 400 of its own before), and the connection closes.
+TEST(HttpServer, AMalformedHeadIsAnsweredOnceAndItsConnectionClosed) {
+  BoundedServer server;
+  const int fd = server.connect_client();
+  send_all(fd, "NOT-HTTP\r\nHost: x\r\n\r\nGET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 400 ", 0), 0u) << got;
+  EXPECT_EQ(got.find("HTTP/1.1", 1), std::string::npos) << got;
+}
+
+TEST(HttpServer, HeadsWithinTheLimitsAreServedPipelinedRequestsAndBodiesIncluded) {
+  BoundedServer server;
+  int local_port = 0;
+  const int fd = server.connect_client(&local_port);
+  // A head just under the limit, a body, and a second request in the same write as the first:
+  // the bytes read past one request's end are the next one's.
+  std::string head = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nX-Pad: ";
+  head += std::string(4096 - head.size() - 4, 'p') + "\r\n\r\n";
+  ASSERT_EQ(head.size(), 4096u);
+  send_all(fd, head + "hello" + "GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string got = read_until_closed(fd);
+  const auto first = got.find("HTTP/1.1 200 "), second = got.find("HTTP/1.1 200 ", first + 1);
+  ASSERT_EQ(first, 0u) << got;
+  ASSERT_NE(second, std::string::npos) << got;
+  EXPECT_NE(got.substr(0, second).find("\r\n\r\nhello"), std::string::npos) << got;
+  EXPECT_NE(got.substr(second).find("127.0.0.1:" + std::to_string(local_port)), std::string::npos)
+      << got;
+}
+
 TEST(Demo, EmbeddedChatTemplateIsGemma4s) {
   const std::string t = gemma4_chat_template();
   EXPECT_EQ(t.size(), 18569u);  // data/gemma4/SOURCES.md: the published file's length

@@ -290,6 +290,13 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
       stalledHeaders: rawExchange(server.url, [wire.slice(0, 40)], 0),
       longHeaderLine: rawExchange(server.url,
         [post("/v1/chat/completions", chat, `X-Long: ${"a".repeat(9000)}\r\n`)], 0),
+      // More header lines than a head may hold (64 KiB), and one line that never ends: a 431,
+      // once the limit is passed, however little of a line is left.
+      manyHeaderLines: rawExchange(server.url, [post("/v1/chat/completions", chat,
+        Array.from({ length: 80 }, (_, i) => `X-Filler-${i}: ${"a".repeat(1000)}\r\n`).join(""))],
+      0),
+      endlessHeaderLine: rawExchange(server.url,
+        [`GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: ${"a".repeat(1 << 20)}`], 0),
       longTarget: rawExchange(server.url,
         [post(`/v1/chat/completions?${"a".repeat(9000)}`, chat)], 0),
       bodyOverLimit: rawExchange(server.url, [post("/v1/chat/completions", `{"x":"${
@@ -334,6 +341,11 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
     assert.deepEqual([r.longHeaderLine.status, r.longHeaderLine.body.error.code],
       [400, "malformed_request"]);
     assert.deepEqual([r.longTarget.status, r.longTarget.body.error.code], [414, "uri_too_long"]);
+    for (const fault of [r.manyHeaderLines, r.endlessHeaderLine]) {
+      assert.deepEqual([fault.status, fault.body.error.code], [431, "request_header_fields_too_large"]);
+      assert.equal(fault.body.error.message,
+        "the request's head (its request line and headers) is larger than 65536 bytes");
+    }
     assert.deepEqual([r.bodyOverLimit.status, r.bodyOverLimit.body.error.code],
       [413, "request_too_large"]);
     assert.deepEqual([r.deepJson.status, r.deepJson.body.error.code], [400, "json_too_deep"]);
