@@ -1,5 +1,6 @@
 #include "server/structured.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <vector>
@@ -257,6 +258,21 @@ class ToolGrammarWriter {
   std::map<std::string, std::string> after_brace_;
 };
 
+// OpenAI's rule for a json_schema format's name: 1 to 64 of a-z, A-Z, 0-9, '_' and '-'.
+void check_format_name(const std::string& name, const std::string& param) {
+  const bool allowed =
+      !name.empty() && name.size() <= 64 && std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+               c == '_' || c == '-';
+      });
+  if (!allowed) {
+    throw ApiError(
+        400,
+        "'" + param + "' must be 1 to 64 letters, digits, '_' or '-', got " + ojson(name).dump(),
+        "invalid_request_error", param, "invalid_value");
+  }
+}
+
 }  // namespace
 
 std::optional<Grammar> parse_response_format(const ojson& body) {
@@ -289,6 +305,7 @@ std::optional<Grammar> parse_response_format(const ojson& body) {
     const std::string p = "response_format.json_schema." + key;
     if (key == "name" || key == "description") {
       if (!value.is_string()) throw wrong_type(p, "a string", value);
+      if (key == "name") check_format_name(value.get<std::string>(), p);
     } else if (key == "strict") {
       if (!value.is_boolean() && !value.is_null()) throw wrong_type(p, "a boolean", value);
     } else if (key != "schema") {

@@ -151,5 +151,30 @@ TEST(ResponseFormat, MalformedFieldsAre400sNamingThem) {
             "response_format.json_schema.extra");
 }
 
+// OpenAI holds a format's name to 1-64 of [a-zA-Z0-9_-]; the Responses route's text.format.name
+// comes here too.
+TEST(ResponseFormat, ANameOutsideOpenAIsPatternIsA400) {
+  for (const std::string& name :
+       std::vector<std::string>{"", "with space", "dot.ted", "caf\u00e9", std::string(65, 'a')}) {
+    try {
+      parse_response_format(
+          {{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", name}}}}}});
+      ADD_FAILURE() << "accepted " << name;
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, "response_format.json_schema.name");
+      EXPECT_EQ(std::string(e.what()),
+                "'response_format.json_schema.name' must be 1 to 64 letters, digits, '_' or '-', "
+                "got " +
+                    ojson(name).dump());
+    }
+  }
+  for (const std::string& name :
+       std::vector<std::string>{"a", "Output_2-b", std::string(64, 'z')}) {
+    EXPECT_NO_THROW(parse_response_format(
+        {{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", name}}}}}}));
+  }
+}
+
 }  // namespace
 }  // namespace torchtpu::server
