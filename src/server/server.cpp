@@ -291,9 +291,9 @@ struct Job {
   // Text already in the prompt that the output continues (tool_choice "required" or a named
   // function prefill the call's opening), fed to the parser first.
   std::string parser_prefix;
-  // Tool calls are accepted only for this function ("" any), and not at all when false.
-  bool accept_calls = true;
-  std::string only_function;
+  // The functions a tool call may name: the request's tools (the one tool_choice names, when it
+  // names one; none for tool_choice "none"). A call to any other is handed back as text.
+  std::set<std::string> callable;
   bool one_call = false;  // parallel_tool_calls false: the first call is kept, later ones dropped
   int64_t top_logprobs = -1;                   // -1: no logprobs
   // Completions' echo: the prompt's text, which the answer's text starts with.
@@ -349,8 +349,7 @@ struct Job {
     job->stop = stop;
     job->parse_output = parse_output;
     job->parser_prefix = parser_prefix;
-    job->accept_calls = accept_calls;
-    job->only_function = only_function;
+    job->callable = callable;
     job->one_call = one_call;
     job->top_logprobs = top_logprobs;
     job->echo = echo;
@@ -391,8 +390,7 @@ class JobOutput {
     delta.content = std::move(parsed.content);
     delta.reasoning = std::move(parsed.reasoning);
     for (auto& call : parsed.tool_calls) {
-      const bool allowed =
-          job.accept_calls && (job.only_function.empty() || call.name == job.only_function);
+      const bool allowed = job.callable.count(call.name) > 0;
       if (allowed && job.one_call && called) continue;
       if (allowed) {
         delta.tool_calls.push_back(std::move(call));
@@ -400,8 +398,9 @@ class JobOutput {
         continue;
       }
       refuse(delta, "<|tool_call>call:" + call.name + call.arguments.dump() + "<tool_call|>",
-             "the model called '" + call.name + "', which tool_choice does not allow; the " +
-                 "call is returned as text.");
+             "the model called '" + call.name +
+                 "', which is not among the functions this request lets it call (its tools, "
+                 "as tool_choice allows them); the call is returned as text.");
     }
     const std::string unparsed = parser_.raw_unparsed();
     if (unparsed.size() > unparsed_seen_) {
@@ -1698,8 +1697,13 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
       sampling_params(r.sampling, generation_defaults_, engine_->config().vocab_size);
   job->stop = r.stop;
   job->parse_output = chat;
-  job->accept_calls = r.tool_choice != "none";
-  job->only_function = r.tool_choice_function;
+  if (r.tool_choice != "none" && r.tools.is_array()) {
+    for (const auto& tool : r.tools) {
+      const ojson* function = tool.is_object() ? field(tool, "function") : nullptr;
+      const ojson* name = function && function->is_object() ? field(*function, "name") : nullptr;
+      if (name && name->is_string()) job->callable.insert(name->get<std::string>());
+    }
+  }
   job->one_call = !r.parallel_tool_calls;
   if (r.logprobs) job->top_logprobs = r.top_logprobs;
   if (r.echo) {

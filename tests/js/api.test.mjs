@@ -224,6 +224,30 @@ describe("tool calls", () => {
     assert.equal(typeof none.choices[0].warning, "string");
   });
 
+  test("a call to a function the request does not declare comes back as text", async () => {
+    // The forced output calls get_weather: with no tools, and with only get_time declared.
+    for (const tools of [undefined, TOOLS.filter((t) => t.function.name !== "get_weather")]) {
+      for (const stream of [false, true]) {
+        const request = { model: MODEL, messages: ask("Weather in Paris?"), tools, stream };
+        let content, warning, finish, calls;
+        if (stream) {
+          const a = accumulate(await collect(await client.chat.completions.create(request)));
+          [content, warning, finish, calls] = [a.content, a.warnings.join(" "), a.finish, a.calls];
+        } else {
+          const c = (await client.chat.completions.create(request)).choices[0];
+          [content, warning, finish] = [c.message.content, c.warning, c.finish_reason];
+          calls = c.message.tool_calls ?? [];
+        }
+        const label = `tools ${tools ? "without get_weather" : "absent"}, stream ${stream}`;
+        assert.deepEqual(calls, [], label);
+        assert.equal(finish, "stop", label);
+        assert.equal(content,
+          `<|tool_call>call:get_weather{"city":"Paris","unit":"celsius"}<tool_call|>`, label);
+        assert.match(warning, /called 'get_weather', which is not among the functions/, label);
+      }
+    }
+  });
+
   test("a tool_choice naming an unknown function is a 400 naming the field", async () => {
     await assert.rejects(
       client.chat.completions.create({
