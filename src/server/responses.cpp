@@ -1,5 +1,7 @@
 #include "server/responses.h"
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <set>
 #include <tuple>
@@ -348,6 +350,26 @@ int64_t unix_seconds() {
 
 ojson or_null(const ojson* v) { return v ? *v : ojson(nullptr); }
 
+// An input item (already checked by Conversation) as input_items lists it: a message in its full
+// form (type, content as parts) and every item with an id, its own or a new one.
+ojson input_item(const ojson& given) {
+  ojson item = given;
+  if (!item.contains("type")) item["type"] = "message";
+  if (item["type"] == "message" && item["content"].is_string()) {
+    const bool assistant = item["role"] == "assistant";
+    item["content"] = ojson::array(
+        {{{"type", assistant ? "output_text" : "input_text"}, {"text", item["content"]}}});
+  }
+  if (!item.contains("id")) {
+    const std::string& type = item["type"].get_ref<const std::string&>();
+    item["id"] = new_completion_id(type == "message"         ? "msg_"
+                                   : type == "function_call" ? "fc_"
+                                   : type == "reasoning"     ? "rs_"
+                                                             : "fco_");
+  }
+  return item;
+}
+
 }  // namespace
 
 ApiError as_responses_error(const ApiError& error) {
@@ -388,11 +410,58 @@ bool ResponseStore::erase(const std::string& id) {
   return true;
 }
 
+ojson input_items_page(const ojson& items, const std::multimap<std::string, std::string>& query) {
+  int64_t limit = 20;
+  bool ascending = false;
+  std::string after;
+  for (const auto& [key, value] : query) {
+    if (key == "limit") {
+      int64_t n = 0;
+      const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (error != std::errc() || end != value.data() + value.size() || n < 1 || n > 100) {
+        throw invalid("limit", "must be an integer from 1 to 100, got \"" + value + "\"");
+      }
+      limit = n;
+    } else if (key == "order") {
+      if (value != "asc" && value != "desc") {
+        throw invalid("order", "must be \"asc\" or \"desc\", got \"" + value + "\"");
+      }
+      ascending = value == "asc";
+    } else if (key == "after") {
+      after = value;
+    } else {
+      throw unsupported(key, "is not a parameter of this list (limit, order and after are)");
+    }
+  }
+  std::vector<const ojson*> ordered;
+  for (const auto& item : items) ordered.push_back(&item);
+  if (!ascending) std::reverse(ordered.begin(), ordered.end());
+  size_t from = 0;
+  if (!after.empty()) {
+    while (from < ordered.size() && (*ordered[from])["id"] != after) ++from;
+    if (from == ordered.size()) {
+      throw invalid("after", "names no input item of this response: \"" + after + "\"");
+    }
+    ++from;
+  }
+  ojson data = ojson::array();
+  for (size_t i = from; i < ordered.size() && static_cast<int64_t>(data.size()) < limit; ++i) {
+    data.push_back(*ordered[i]);
+  }
+  const bool more = from + data.size() < ordered.size();
+  return {{"object", "list"},
+          {"data", data},
+          {"first_id", data.empty() ? ojson(nullptr) : data.front()["id"]},
+          {"last_id", data.empty() ? ojson(nullptr) : data.back()["id"]},
+          {"has_more", more}};
+}
+
 ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store) {
   ResponsesRequest out;
   refuse_unsupported(body);
 
   ojson earlier = ojson::array();
+  out.input_items = ojson::array();
   const ojson* previous = field(body, "previous_response_id");
   if (previous) {
     if (!previous->is_string()) throw wrong_type("previous_response_id", "a string", *previous);
@@ -407,16 +476,21 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
                      "previous_response_not_found");
     }
     earlier = std::move(stored->conversation);
+    out.input_items = std::move(stored->input_items);
+    for (const auto& item : stored->response["output"]) out.input_items.push_back(item);
   }
   Conversation conversation(std::move(earlier));
   const ojson* input = field(body, "input");
   if (!input) throw missing("input");
   if (input->is_string()) {
-    conversation.add_item({{"role", "user"}, {"content", *input}}, "input");
+    const ojson item = {{"role", "user"}, {"content", *input}};
+    conversation.add_item(item, "input");
+    out.input_items.push_back(input_item(item));
   } else if (input->is_array()) {
     if (input->empty()) throw invalid("input", "must hold at least one item");
     for (size_t i = 0; i < input->size(); ++i) {
       conversation.add_item((*input)[i], at_index("input", i));
+      out.input_items.push_back(input_item((*input)[i]));
     }
   } else {
     throw wrong_type("input", "a string or an array of items", *input);
@@ -521,6 +595,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
 ResponsesRenderer::ResponsesRenderer(std::string model, const ResponsesRequest& request,
                                      ResponseStore* store)
     : conversation_(request.conversation),
+      input_items_(request.input_items),
       store_(request.store ? store : nullptr),
       sealed_reasoning_(request.sealed_reasoning),
       namespaced_(request.namespaced) {
@@ -707,7 +782,8 @@ std::string ResponsesRenderer::finish(const GenerationOutcome& outcome) {
   if (store_) {
     ojson conversation = conversation_;
     conversation.push_back(assistant_);
-    store_->put(response_["id"].get<std::string>(), {response_, std::move(conversation)});
+    store_->put(response_["id"].get<std::string>(),
+                {response_, std::move(conversation), input_items_});
   }
   return out;
 }

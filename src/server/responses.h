@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <list>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -20,6 +21,9 @@ namespace torchtpu::server {
 struct StoredResponse {
   ojson response;      // the response object, as GET /v1/responses/{id} returns it
   ojson conversation;  // chat messages: the earlier turns, this input and this output
+  // Responses items: the earlier responses' input and output items, then this input's, each
+  // with an id (GET /v1/responses/{id}/input_items).
+  ojson input_items;
 };
 
 // The responses kept for `store: true` (the default): the last `capacity` by use, in memory only.
@@ -48,6 +52,7 @@ struct ResponsesRequest {
   // The chat messages of this turn without `instructions` (which apply to one response only):
   // what a later previous_response_id continues.
   ojson conversation;
+  ojson input_items;  // as StoredResponse's
   bool store = true;
   bool one_call = false;          // parallel_tool_calls: false keeps the first call only
   bool sealed_reasoning = false;  // include: ["reasoning.encrypted_content"]
@@ -61,6 +66,12 @@ struct ResponsesRequest {
 // ApiError 400 naming the field ("input[2].call_id") for anything malformed or unsupported, 404
 // for a previous_response_id the store does not hold.
 ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store);
+
+// One page of a stored response's input items, as GET /v1/responses/{id}/input_items lists them:
+// `query` holds limit (1-100, 20 when absent), order ("desc", the default, or "asc") and after
+// (the id of the item the page starts after). ApiError 400 naming the parameter for anything
+// else, or a value out of range.
+ojson input_items_page(const ojson& items, const std::multimap<std::string, std::string>& query);
 
 // An error about a chat field that a Responses field became, renamed to that field
 // ("response_format.json_schema.schema" is "text.format.schema"); others as they are.
@@ -85,6 +96,7 @@ class ResponsesRenderer : public Renderer {
 
   ojson response_;
   ojson conversation_;
+  ojson input_items_;
   ResponseStore* store_;
   bool sealed_reasoning_;
   std::set<std::string> namespaced_;

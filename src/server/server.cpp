@@ -95,6 +95,7 @@ const std::map<std::string, std::string> kRoutes = {{"/", "GET"},
                                                     {"/detokenize", "POST"},
                                                     {"/apply-template", "POST"},
                                                     {"/v1/responses", "POST"},
+                                                    {"/v1/responses/input_tokens", "POST"},
                                                     {"/v1/messages", "POST"},
                                                     {"/v1/messages/count_tokens", "POST"},
                                                     {"/v1/audio/transcriptions", "POST"},
@@ -625,7 +626,12 @@ class Server {
   void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_responses(const httplib::Request& req, httplib::Response& res);
   void handle_messages(const httplib::Request& req, httplib::Response& res);
+  // The tokens of the prompt `r` renders to, media's soft tokens included (a 400 naming `param`
+  // for a prompt that cannot be rendered).
+  int64_t prompt_tokens(const GenerationRequest& r, const std::string& param);
+  // Anthropic's POST /v1/messages/count_tokens and OpenAI's POST /v1/responses/input_tokens.
   void handle_count_tokens(const httplib::Request& req, httplib::Response& res);
+  void handle_input_tokens(const httplib::Request& req, httplib::Response& res);
   // Ollama's POST /api/chat (`chat`) and POST /api/generate.
   void handle_ollama(const httplib::Request& req, httplib::Response& res, bool chat);
   // What Ollama's /api/tags, /api/show and /api/ps say of the model or of the adapter `id`.
@@ -2087,22 +2093,32 @@ void Server::handle_transcription(const httplib::Request& req, httplib::Response
   }
 }
 
+int64_t Server::prompt_tokens(const GenerationRequest& r, const std::string& param) {
+  check_model(r.model);
+  // Images count as the soft tokens the model reads for them, so they are read and preprocessed
+  // as for a generation: the count is the prompt's usage.input_tokens.
+  const auto media = read_media(r.media);
+  std::string prefix;
+  try {
+    return static_cast<int64_t>(
+        with_media(tokenizer_->encode(render_chat(r, prefix), /*add_special_tokens=*/false), media)
+            .size());
+  } catch (const ValueError& e) {
+    throw ApiError(400, e.what(), "invalid_request_error", param, "invalid_value");
+  }
+}
+
 void Server::handle_count_tokens(const httplib::Request& req, httplib::Response& res) {
   const MessagesRequest r = parse_messages_request(parse_body(req.body), /*for_count=*/true);
-  check_model(r.generation.model);
-  // Images count as the soft tokens the model reads for them, so they are read and preprocessed
-  // as for /v1/messages: the count is the prompt's usage.input_tokens.
-  const auto media = read_media(r.generation.media);
-  std::string prefix;
-  std::vector<int64_t> ids;
-  try {
-    ids = with_media(tokenizer_->encode(render_chat(r.generation, prefix),
-                                        /*add_special_tokens=*/false),
-                     media);
-  } catch (const ValueError& e) {
-    throw ApiError(400, e.what(), "invalid_request_error", "messages", "invalid_value");
-  }
-  res.set_content(dump({{"input_tokens", ids.size()}}), "application/json");
+  res.set_content(dump({{"input_tokens", prompt_tokens(r.generation, "messages")}}),
+                  "application/json");
+}
+
+void Server::handle_input_tokens(const httplib::Request& req, httplib::Response& res) {
+  const ResponsesRequest r = parse_responses_request(parse_body(req.body), responses_);
+  res.set_content(dump({{"object", "response.input_tokens"},
+                        {"input_tokens", prompt_tokens(r.generation, "input")}}),
+                  "application/json");
 }
 
 std::vector<LoraReport> Server::adapters() const {
@@ -2584,13 +2600,13 @@ std::string Server::endpoint_label(const std::string& path) const {
 }
 
 void Server::refuse_unrouted(const httplib::Request& req, httplib::Response& res) const {
-  if (req.path != "/health" && req.path != "/livez") authorize(req);
+  if (req.path != "/health" && req.path != "/livez" && req.path != "/ping") authorize(req);
   auto it = kRoutes.find(req.path);
   if (it == kRoutes.end() && req.path.rfind("/v1/models/", 0) == 0) it = kRoutes.find("/v1/models");
-  // /v1/responses/{id}: one more path segment, no further slash.
-  const size_t id_at = std::string("/v1/responses/").size();
-  if (it == kRoutes.end() && req.path.rfind("/v1/responses/", 0) == 0 && req.path.size() > id_at &&
-      req.path.find('/', id_at) == std::string::npos) {
+  // /v1/responses/{id}: one more path segment, a response id, no further slash.
+  const std::string ids = "/v1/responses/resp_";
+  if (it == kRoutes.end() && req.path.rfind(ids, 0) == 0 && req.path.size() > ids.size() &&
+      req.path.find('/', ids.size()) == std::string::npos) {
     res.set_header("Allow", "GET, DELETE");
     throw ApiError(405, req.method + " is not allowed on " + req.path + " (use GET or DELETE)",
                    "invalid_request_error", "", "method_not_allowed");
@@ -2818,6 +2834,19 @@ void Server::set_up_routes(httplib::Server& http) {
                  res.set_content(dump(stored->response), "application/json");
                },
                false));
+  http.Get(R"(/v1/responses/([^/]+)/input_items)",
+           guarded(
+               [this, not_stored](const httplib::Request& req, httplib::Response& res) {
+                 auto stored = responses_.get(req.matches[1]);
+                 if (!stored) throw not_stored(req.matches[1]);
+                 res.set_content(dump(input_items_page(stored->input_items, req.params)),
+                                 "application/json");
+               },
+               false));
+  handle_post(http, "/v1/responses/input_tokens",
+              guarded([this](const httplib::Request& req,
+                             httplib::Response& res) { handle_input_tokens(req, res); },
+                      false));
   http.Delete(R"(/v1/responses/([^/]+))",
               guarded(
                   [this, not_stored](const httplib::Request& req, httplib::Response& res) {

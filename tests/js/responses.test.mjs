@@ -225,9 +225,56 @@ describe("whole answers", () => {
     const post = await fetch(`${server.baseURL}/responses/${r.id}`, { method: "POST", body: "{}" });
     assert.equal(post.status, 405);
     assert.equal(post.headers.get("allow"), "GET, DELETE");
-    const deeper = await fetch(`${server.baseURL}/responses/${r.id}/input_items`);
+    await assert.rejects(client.responses.inputItems.list(r.id),
+      (e) => e instanceof OpenAI.NotFoundError);
+    const deeper = await fetch(`${server.baseURL}/responses/${r.id}/cancel`, { method: "POST" });
     assert.equal(deeper.status, 404);
     assert.match((await deeper.json()).error.message, /unknown route/);
+    // A path that is no response id is no route either: not a 405 that suggests GET.
+    const compact = await fetch(`${server.baseURL}/responses/compact`, { method: "POST", body: "{}" });
+    assert.equal(compact.status, 404);
+  });
+
+  test("input_items lists the chain's items with ids, newest first, a page at a time", async () => {
+    const first = await client.responses.create({ model: MODEL, input: "Weather in Paris?", tools: TOOLS });
+    const call = first.output[0];
+    const second = await client.responses.create({
+      model: MODEL, tools: TOOLS, previous_response_id: first.id,
+      input: [{ type: "function_call_output", call_id: call.call_id, output: "SUNNY-21C" }],
+    });
+    // The first input, the first output (the call), the second input.
+    const all = await client.responses.inputItems.list(second.id, { order: "asc" });
+    assert.deepEqual(all.data.map((i) => i.type), ["message", "function_call", "function_call_output"]);
+    assert.deepEqual(all.data[0].content, [{ type: "input_text", text: "Weather in Paris?" }]);
+    assert.equal(all.data[0].role, "user");
+    assert.deepEqual(all.data[1], call);
+    assert.equal(all.data[2].call_id, call.call_id);
+    assert.equal(new Set(all.data.map((i) => i.id)).size, 3);
+    assert.equal(all.has_more, false);
+    // The default order is newest first; pages of one follow `after` to the end.
+    const ids = [];
+    for await (const item of client.responses.inputItems.list(second.id, { limit: 1 })) ids.push(item.id);
+    assert.deepEqual(ids, all.data.map((i) => i.id).reverse());
+    const page = await (await fetch(`${server.baseURL}/responses/${second.id}/input_items?limit=2`)).json();
+    assert.deepEqual([page.object, page.data.length, page.has_more, page.first_id, page.last_id],
+      ["list", 2, true, ids[0], ids[1]]);
+    // The first response's items are its own input only.
+    const own = await client.responses.inputItems.list(first.id);
+    assert.deepEqual(own.data.map((i) => i.type), ["message"]);
+    for (const [query, param] of [["limit=0", "limit"], ["limit=101", "limit"], ["order=up", "order"],
+      ["after=nope", "after"], ["before=x", "before"]]) {
+      const r = await fetch(`${server.baseURL}/responses/${second.id}/input_items?${query}`);
+      assert.equal(r.status, 400, query);
+      assert.equal((await r.json()).error.param, param, query);
+    }
+  });
+
+  test("input_tokens counts the tokens a response to the same request reads", async () => {
+    const request = { model: MODEL, input: "Weather in Paris?", tools: TOOLS, instructions: "Be brief." };
+    const counted = await client.responses.inputTokens.count(request);
+    assert.equal(counted.object, "response.input_tokens");
+    const r = await client.responses.create({ ...request, store: false });
+    assert.equal(counted.input_tokens, r.usage.input_tokens);
   });
 
   test("max_output_tokens cuts the answer: status incomplete, reason max_output_tokens", async () => {
