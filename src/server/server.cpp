@@ -81,6 +81,8 @@ struct PromptTooLong : ApiError {
 const std::map<std::string, std::string> kRoutes = {{"/", "GET"},
                                                     {"/health", "GET"},
                                                     {"/livez", "GET"},
+                                                    {"/ping", "GET, POST"},
+                                                    {"/version", "GET"},
                                                     {"/metrics", "GET"},
                                                     {"/v1/models", "GET"},
                                                     {"/v1/engine", "GET"},
@@ -2708,7 +2710,8 @@ httplib::Server::Handler Server::guarded(
 void Server::set_up_routes(httplib::Server& http) {
   // Readiness: 200 only while the engine takes requests and no stop has been asked, so a
   // router or Kubernetes sends traffic elsewhere from the first moment of a drain.
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  // /ping is vLLM's name for the same answer (SageMaker's health check, GET or POST).
+  const auto health = [this](const httplib::Request&, httplib::Response& res) {
     const State state = state_;
     const char* status = state == State::kReady       ? "ok"
                          : state == State::kLoading   ? "loading"
@@ -2718,7 +2721,16 @@ void Server::set_up_routes(httplib::Server& http) {
                                                       : "failed";
     res.status = state == State::kReady ? 200 : 503;
     res.set_content(dump({{"status", status}}), "application/json");
-  });
+  };
+  http.Get("/health", health);
+  http.Get("/ping", health);
+  handle_post(http, "/ping", health);
+  http.Get("/version",
+           guarded(
+               [](const httplib::Request&, httplib::Response& res) {
+                 res.set_content(dump({{"version", TORCHTPU_VERSION}}), "application/json");
+               },
+               false));
   // Liveness: 200 while the process serves HTTP and its engine has not failed, loading and
   // draining included, so a liveness probe restarts neither a slow load nor a drain.
   http.Get("/livez", [this](const httplib::Request&, httplib::Response& res) {

@@ -43,11 +43,20 @@ describe("models, engine, health", () => {
     assert.equal((await client.models.retrieve(MODEL)).id, MODEL);
   });
 
-  test("/health, /livez and /metrics answer without the key, everything else needs it", async () => {
+  test("/health, /ping, /livez and /metrics answer without the key, everything else needs it", async () => {
     assert.equal((await fetch(`${server.url}/health`)).status, 200);
+    // vLLM's /ping (SageMaker's health check) answers as /health, to GET and POST.
+    for (const method of ["GET", "POST"]) {
+      const ping = await fetch(`${server.url}/ping`, { method });
+      assert.deepEqual([ping.status, await ping.json()], [200, { status: "ok" }], method);
+    }
     assert.equal((await fetch(`${server.url}/livez`)).status, 200);
     assert.equal((await fetch(`${server.url}/metrics`)).status, 200);
     assert.equal((await fetch(`${server.url}/v1/engine`)).status, 401);
+    assert.equal((await fetch(`${server.url}/version`)).status, 401);
+    const version = await (await fetch(`${server.url}/version`, { headers: auth })).json();
+    const engine = await (await fetch(`${server.url}/v1/engine`, { headers: auth })).json();
+    assert.equal(version.version, engine.build.version);
     await assert.rejects(
       new OpenAI({ apiKey: "wrong", baseURL: server.baseURL, maxRetries: 0 }).models.list(),
       (e) => e instanceof OpenAI.AuthenticationError && e.status === 401,
