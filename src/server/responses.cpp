@@ -7,6 +7,8 @@
 #include <tuple>
 #include <utility>
 
+#include "common/utf8.h"
+
 namespace torchtpu::server {
 namespace {
 
@@ -350,6 +352,24 @@ int64_t unix_seconds() {
 
 ojson or_null(const ojson* v) { return v ? *v : ojson(nullptr); }
 
+// OpenAI's bounds on metadata: at most 16 pairs, keys of at most 64 characters, string values of
+// at most 512.
+void check_metadata(const ojson& metadata) {
+  if (!metadata.is_object()) throw wrong_type("metadata", "an object", metadata);
+  if (metadata.size() > 16) {
+    throw invalid("metadata", "may hold at most 16 pairs, got " + std::to_string(metadata.size()));
+  }
+  for (const auto& [key, value] : metadata.items()) {
+    if (utf8_characters(key) > 64) {
+      throw invalid("metadata", "keys may be at most 64 characters long, got \"" + key + "\"");
+    }
+    if (!value.is_string()) throw wrong_type("metadata." + key, "a string", value);
+    if (utf8_characters(value.get_ref<const std::string&>()) > 512) {
+      throw invalid("metadata." + key, "may be at most 512 characters long");
+    }
+  }
+}
+
 // An input item (already checked by Conversation) as input_items lists it: a message in its full
 // form (type, content as parts) and every item with an id, its own or a new one.
 ojson input_item(const ojson& given) {
@@ -539,7 +559,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
     out.store = s->get<bool>();
   }
   const ojson* metadata = field(body, "metadata");
-  if (metadata && !metadata->is_object()) throw wrong_type("metadata", "an object", *metadata);
+  if (metadata) check_metadata(*metadata);
   bool logprobs = false;
   if (const ojson* include = field(body, "include")) {
     for (const auto& item : *include) {

@@ -30,6 +30,7 @@
 #include "build_info.h"
 #include "common/errors.h"
 #include "common/fnv1a.h"
+#include "common/utf8.h"
 #include "engine/logprobs.h"
 #include "engine/report.h"
 #include "engine/scheduler.h"
@@ -1128,13 +1129,6 @@ ojson token_entry(const Tokenizer& tokenizer, int64_t id, double logprob) {
           {"bytes", std::vector<uint8_t>(bytes.begin(), bytes.end())}};
 }
 
-// The UTF-8 characters `bytes` starts (its bytes that are not continuation bytes): a character
-// split across tokens counts once, at its first byte.
-size_t characters_started(const std::string& bytes) {
-  return std::count_if(bytes.begin(), bytes.end(),
-                       [](char c) { return (static_cast<uint8_t>(c) & 0xC0) != 0x80; });
-}
-
 ojson Server::chat_logprobs_json(const std::vector<TokenLogprob>& entries) const {
   ojson content = ojson::array();
   for (const auto& e : entries) {
@@ -1160,7 +1154,7 @@ ojson Server::completion_logprobs_json(const Job& job, const Piece& piece, bool 
     out["tokens"].push_back(text);
     // In characters of `text`, as OpenAI and vLLM count them.
     out["text_offset"].push_back(offset);
-    offset += special_[token] ? 0 : characters_started(tokenizer_->token_bytes(token));
+    offset += special_[token] ? 0 : utf8_characters(tokenizer_->token_bytes(token));
     if (!e) {
       out["token_logprobs"].push_back(nullptr);
       out["top_logprobs"].push_back(nullptr);

@@ -269,6 +269,14 @@ describe("whole answers", () => {
     }
   });
 
+  test("metadata at OpenAI's bounds, counted in characters, is kept and echoed", async () => {
+    const metadata = Object.fromEntries(Array.from({ length: 16 },
+      (_, i) => [`${i}`.padEnd(64, "é"), "é".repeat(512)]));
+    const r = await client.responses.create({ model: MODEL, input: "Say hello", metadata });
+    assert.deepEqual(r.metadata, metadata);
+    assert.deepEqual((await client.responses.retrieve(r.id)).metadata, metadata);
+  });
+
   test("input_tokens counts the tokens a response to the same request reads", async () => {
     const request = { model: MODEL, input: "Weather in Paris?", tools: TOOLS, instructions: "Be brief." };
     const counted = await client.responses.inputTokens.count(request);
@@ -578,6 +586,13 @@ describe("errors", () => {
     [{ input: "hi", text: { format: { type: "json_schema", name: "x" } } }, "text.format.schema"],
     [{ input: "hi", text: { format: { type: "json_schema", name: "x", schema: 5 } } }, "text.format.schema"],
     [{ input: "hi", text: { format: { type: "json_schema", name: 5, schema: {} } } }, "text.format.name"],
+    [{ input: "hi", text: { format: { type: "json_schema", name: "a b", schema: {} } } }, "text.format.name"],
+    // OpenAI's bounds on metadata: 16 pairs, keys of 64 characters, string values of 512.
+    [{ input: "hi", metadata: Object.fromEntries(Array.from({ length: 17 }, (_, i) => [`k${i}`, "v"])) },
+      "metadata"],
+    [{ input: "hi", metadata: { ["é".repeat(65)]: "v" } }, "metadata"],
+    [{ input: "hi", metadata: { k: 5 } }, "metadata.k"],
+    [{ input: "hi", metadata: { k: "é".repeat(513) } }, "metadata.k"],
     [{ input: "hi", include: ["file_search_call.results"] }, "include[0]"],
     [{ input: "hi", top_logprobs: 21 }, "top_logprobs"],
     [{ input: "hi", truncation: "auto" }, "truncation"],
