@@ -134,6 +134,10 @@ ojson chat_messages(const ojson& messages,
       } else if (type == "thinking" && role == "assistant") {
         turn["reasoning_content"] =
             turn.value("reasoning_content", "") + required_string(block, "thinking", b);
+      } else if (type == "redacted_thinking" && role == "assistant") {
+        // A thought Anthropic's API returned encrypted: nothing this model can read, so it is
+        // dropped, as a thinking block's signature is (a conversation begun there goes on here).
+        required_string(block, "data", b);
       } else if (type == "tool_result" && role == "user") {
         const std::string& id = required_string(block, "tool_use_id", b);
         if (!tool_use_ids.count(id)) {
@@ -148,16 +152,16 @@ ojson chat_messages(const ojson& messages,
         // The template has no error flag: the model reads it in the result's text.
         if (is_error && *is_error == true) text = "Error: " + text;
         out.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", std::move(text)}});
-      } else if (type == "tool_use" || type == "thinking" || type == "tool_result" ||
-                 type == "image") {
+      } else if (type == "tool_use" || type == "thinking" || type == "redacted_thinking" ||
+                 type == "tool_result" || type == "image") {
         throw invalid(b + ".type",
                       "\"" + type + "\" blocks belong to " +
                           (type == "tool_result" || type == "image" ? "user" : "assistant") +
                           " messages, not " + role + " ones");
       } else {
         throw unsupported(b + ".type",
-                          "must be \"text\", \"image\", \"tool_use\", \"tool_result\" or "
-                          "\"thinking\", got \"" +
+                          "must be \"text\", \"image\", \"tool_use\", \"tool_result\", "
+                          "\"thinking\" or \"redacted_thinking\", got \"" +
                               type + "\"");
       }
     }

@@ -383,6 +383,10 @@ describe("errors", () => {
     [{ lora: [{ id: 0, scale: 1 }] }, "lora"],
     [{ tools: TOOLS, tool_choice: { type: "any" }, max_tokens: 2000, thinking: { type: "enabled", budget_tokens: 1024 } },
       "thinking"],
+    [{ messages: [{ role: "user", content: [{ type: "redacted_thinking", data: "x" }] }] },
+      "messages.0.content.0.type"],
+    [{ messages: [{ role: "assistant", content: [{ type: "redacted_thinking" }] }, ...ask("hi")] },
+      "messages.0.content.0.data"],
   ];
   for (const [fields, param] of bad) {
     test(`${JSON.stringify(fields)} is a 400 invalid_request_error naming ${param}`, async () => {
@@ -397,8 +401,17 @@ describe("errors", () => {
     });
   }
 
+  test("a redacted_thinking block in an assistant turn (a conversation begun on Anthropic's API) is dropped", async () => {
+    const turns = (blocks) => [...ask("Weather in Paris?"), { role: "assistant", content: blocks }, ...ask("hi")];
+    const plain = await client.messages.countTokens({ model: MODEL, messages: turns([{ type: "text", text: "Sure." }]) });
+    const redacted = await client.messages.countTokens({ model: MODEL, messages: turns([
+      { type: "redacted_thinking", data: "EmwKAhgBEgy3va3pzix/LafPsn4a" }, { type: "text", text: "Sure." }]) });
+    assert.equal(redacted.input_tokens, plain.input_tokens);
+  });
+
   test("disable_parallel_tool_use keeps the first call only", async () => {
-    const names = async (choice) => (await create({ messages: ask("Two calls"), tools: TOOLS,
+    const tools = [...TOOLS, { name: "get_time", description: "The time", input_schema: { type: "object" } }];
+    const names = async (choice) => (await create({ messages: ask("Two calls"), tools,
       ...(choice ? { tool_choice: choice } : {}) })).content.map((b) => b.name);
     assert.deepEqual(await names(), ["get_time", "get_weather"]);
     assert.deepEqual(await names({ type: "auto", disable_parallel_tool_use: true }), ["get_time"]);
