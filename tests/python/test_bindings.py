@@ -989,16 +989,32 @@ def test_the_type_stubs_name_every_parameter_of_the_bindings():
         assert _binding_parameters(binding) == declared, name
         checked.append(name)
 
+    declared = set()  # public names the stub gives the package and its classes
     for node in ast.parse(stub.read_text()).body:
         if isinstance(node, ast.FunctionDef):
             check(tt, node, node.name)
-        elif isinstance(node, ast.ClassDef) and hasattr(tt, node.name):
+            declared.add(node.name)
+        elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            # A class the stub declares is one the package exports (not only the extension).
+            assert hasattr(tt, node.name), f"the stub declares {node.name}; the package lacks it"
+            declared.add(node.name)
             for f in node.body:
-                if isinstance(f, ast.FunctionDef) and "property" not in map(
-                    ast.unparse, f.decorator_list
-                ):
-                    check(getattr(tt, node.name), f, node.name + "." + f.name)
+                if isinstance(f, ast.FunctionDef):
+                    declared.add(node.name + "." + f.name)
+                    if "property" not in map(ast.unparse, f.decorator_list):
+                        check(getattr(tt, node.name), f, node.name + "." + f.name)
     assert {"Engine.decode", "Batch.submit", "Batch.decode_many", "Engine.__init__"} <= set(checked)
+    # The other way: everything the package exports, and every public method and property of
+    # its classes, is in the stub.
+    exported = set()
+    for name in tt.__all__:
+        value = getattr(tt, name)
+        if callable(value) or isinstance(value, type):
+            exported.add(name)
+        if isinstance(value, type):
+            exported |= {f"{name}.{m}" for m in vars(value) if not m.startswith("_")}
+    missing = sorted(exported - declared)
+    assert not missing, f"exported but not in __init__.pyi: {missing}"
 
 
 def test_decode_follows_a_grammar(cli, tmp_path, test_tokenizer_dir):

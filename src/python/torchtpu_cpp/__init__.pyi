@@ -157,9 +157,19 @@ class Batch:
         Engine.decode gives that prompt alone. on_tokens(index, tokens); falsy cancels one."""
     def step(self) -> list[int]:
         """One scheduler step; the ids that finished (their results wait in result())."""
-    def cancel(self, id: int) -> None: ...
+    def cancel(self, id: int) -> None:
+        """Ends a queued or running sequence at the next step (finish 'cancelled'): its result
+        waits for that step() to report the id. ValueError for an id that is neither."""
     def result(self, id: int) -> DecodeResult:
         """A finished sequence's result, handed over once."""
+    def save_slot(self, row: int, path: str) -> dict[str, int]:
+        """Writes the prefix cache state that row `row`'s last sequence left (or the last one
+        restored into it) to `path` (llama-server's slot save): {'tokens', 'bytes'}."""
+    def restore_slot(self, row: int, path: str) -> dict[str, int]:
+        """Reads a state save_slot wrote (any engine on the same weights) as row `row`'s:
+        {'tokens', 'bytes'}."""
+    def erase_slot(self, row: int) -> int:
+        """Forgets row `row`'s state in the prefix cache; the tokens it held (0: none)."""
     @property
     def idle(self) -> bool: ...
     def stats(self) -> _BatchStats: ...
@@ -371,6 +381,10 @@ def render_chat(
 ) -> str: ...
 def matmul_sum(x: torch.Tensor) -> torch.Tensor:
     """(x @ x.T).sum() by ATen in C++: a 0-d tensor on x's device."""
+
+def download(repo_id: str) -> str:
+    """Downloads what the engine reads of a Hub repository (`org/name[@revision]`) into
+    huggingface_hub's cache, or finds it there; the snapshot directory."""
 
 def make_tiny(out: str, *, preset: str = "tiny", seed: int = 0, dtype: str = "f32") -> None:
     """A Gemma 4 checkpoint with random weights in `out` (preset "tiny" or "e2b"), as make-tiny."""
