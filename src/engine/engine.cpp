@@ -748,6 +748,14 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
         "ignore_eos cannot be combined with a constraint: the grammar decides where "
         "the output ends");
   }
+  for (size_t i = 0; i < options.stop_ids.size(); ++i) {
+    const int64_t id = options.stop_ids[i];
+    if (id < 0 || id >= config().vocab_size) {
+      throw ValueError("stop id " + std::to_string(id) + " at position " + std::to_string(i) +
+                       " is outside the vocabulary [0, " + std::to_string(config().vocab_size) +
+                       ")");
+    }
+  }
   if (const auto& budget = options.thinking_budget) {
     if (budget->tokens < 0) {
       throw ValueError("thinking_budget must be at least 0, got " +

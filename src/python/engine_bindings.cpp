@@ -269,6 +269,11 @@ DecodeOptions decode_options(PyEngine& self, const std::string& method, const De
   s.frequency_penalty = args.frequency_penalty;
   s.logit_bias = args.logit_bias;
   s.seed = args.seed;
+  if (!args.grammar_kind && !args.grammar.empty()) {
+    throw ValueError(
+        "grammar is read as grammar_kind says (json_schema, regex, lark, "
+        "json_object): give grammar_kind too");
+  }
   if (args.grammar_kind) {
     self.begin(method, /*exclusive=*/true);
     auto vocabulary = [&] {
@@ -292,6 +297,19 @@ DecodeOptions decode_options(PyEngine& self, const std::string& method, const De
   return options;
 }
 
+// A decode's seed: None, or an int from 0 to 2^64 - 1 (ValueError naming the range otherwise,
+// where pybind's own conversion would answer a TypeError listing the whole signature).
+std::optional<uint64_t> to_seed(py::handle seed) {
+  if (seed.is_none()) return std::nullopt;
+  if (PyLong_Check(seed.ptr()) && !PyBool_Check(seed.ptr())) {
+    const unsigned long long value = PyLong_AsUnsignedLongLong(seed.ptr());
+    if (!PyErr_Occurred()) return value;
+    PyErr_Clear();
+  }
+  throw ValueError("seed must be None or an int from 0 to 2**64 - 1, got " +
+                   std::string(py::repr(seed)));
+}
+
 // Binds `f(self, first, on_tokens, DecodeArgs)` as method `name` taking `first` (named by
 // `first_name`) and then DecodeArgs' fields as arguments: every method that decodes takes the
 // same names and defaults.
@@ -302,16 +320,16 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
       [f](typename Class::type& self, py::handle first, int64_t max_new, py::object stop,
           int64_t read_every, py::handle on_tokens, double temperature, int64_t top_k, double top_p,
           double min_p, double repetition_penalty, double presence_penalty,
-          double frequency_penalty, const std::map<int64_t, double>& logit_bias,
-          std::optional<uint64_t> seed, std::optional<std::string> grammar_kind,
-          const std::string& grammar, std::optional<int64_t> thinking_budget,
-          const std::string& thinking_budget_message, const std::vector<Media>& media,
-          int64_t draft_max, int64_t draft_ngram_min, int64_t draft_ngram_max,
-          bool draft_always, std::optional<std::map<std::string, double>> lora) {
+          double frequency_penalty, const std::map<int64_t, double>& logit_bias, py::handle seed,
+          std::optional<std::string> grammar_kind, const std::string& grammar,
+          std::optional<int64_t> thinking_budget, const std::string& thinking_budget_message,
+          const std::vector<Media>& media, int64_t draft_max, int64_t draft_ngram_min,
+          int64_t draft_ngram_max, bool draft_always,
+          std::optional<std::map<std::string, double>> lora) {
         return f(self, first, on_tokens,
                  DecodeArgs{max_new, std::move(stop), read_every, temperature, top_k, top_p, min_p,
                             repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
-                            seed, std::move(grammar_kind), grammar, thinking_budget,
+                            to_seed(seed), std::move(grammar_kind), grammar, thinking_budget,
                             thinking_budget_message, media,
                             Drafting{draft_max, draft_ngram_min, draft_ngram_max, draft_always},
                             std::move(lora)});
@@ -718,8 +736,10 @@ void bind_engine(py::module_& m) {
           "batch",
           [](py::object self, int64_t rows, int64_t step_tokens, double cache_mb,
              int64_t cache_block, int64_t pass_rows) {
-            if (!(cache_mb >= 0)) {
-              throw ValueError("cache_mb must be at least 0, got " + std::to_string(cache_mb));
+            // Below 2^43 MiB, so that its bytes fit an int64 (NaN and inf fail too).
+            if (!(cache_mb >= 0 && cache_mb < 8796093022208.0)) {
+              throw ValueError("cache_mb must be a number of MiB from 0 to below 2^43, got " +
+                               std::string(py::str(py::float_(cache_mb))));
             }
             const auto cache_bytes = static_cast<int64_t>(cache_mb * (1 << 20));
             return std::make_unique<PyBatch>(

@@ -72,6 +72,15 @@ def _prompt(n, seed=1, vocab=512):
             ["draft_ngram_min", "draft_ngram_max", "got 3 and 2"],
         ),
         (lambda e: e.batch(rows=2).submit([2, 5], 4, draft_max=-1), ["draft_max", "-1"]),
+        (lambda e: e.decode([2, 5], 4, stop=[1, -5]), ["stop id -5", "position 1", "vocabulary"]),
+        (lambda e: e.decode([2, 5], 4, stop=[512]), ["stop id 512", "vocabulary [0, 512)"]),
+        (lambda e: e.decode([2, 5], 4, grammar="[0-9]+"), ["grammar", "grammar_kind"]),
+        (lambda e: e.decode([2, 5], 4, seed=-1), ["seed", "2**64 - 1", "-1"]),
+        (lambda e: e.decode([2, 5], 4, seed=2**64), ["seed", str(2**64)]),
+        (lambda e: e.decode([2, 5], 4, seed=1.0), ["seed", "1.0"]),
+        (lambda e: e.batch(rows=2).submit([2, 5], 4, seed=True), ["seed", "True"]),
+        (lambda e: e.batch(cache_mb=float("inf")), ["cache_mb", "inf"]),
+        (lambda e: e.batch(cache_mb=1e30), ["cache_mb", "1e+30"]),
     ],
 )
 def test_bad_input_is_value_error(engine, call, words):
