@@ -674,7 +674,7 @@ std::string ResponsesRenderer::open(Open kind) {
   return out;
 }
 
-std::string ResponsesRenderer::close() {
+std::string ResponsesRenderer::close(const char* status) {
   if (open_ == Open::kNone) return "";
   const size_t index = response_["output"].size();
   const bool reasoning = open_ == Open::kReasoning;
@@ -700,7 +700,7 @@ std::string ResponsesRenderer::close() {
             {"text", text_}};
     item = {{"id", item_id_},
             {"type", "message"},
-            {"status", "completed"},
+            {"status", status},
             {"role", "assistant"},
             {"content", ojson::array({part})}};
     out += event("response.output_text.done",
@@ -789,8 +789,9 @@ std::string ResponsesRenderer::add(const OutputDelta& delta) {
 }
 
 std::string ResponsesRenderer::finish(const GenerationOutcome& outcome) {
-  std::string out = close();
   const bool cut = outcome.finish == "length";
+  // A message cut off by max_output_tokens is incomplete, as OpenAI marks it.
+  std::string out = close(cut ? "incomplete" : "completed");
   response_["status"] = cut ? "incomplete" : "completed";
   if (cut) response_["incomplete_details"] = {{"reason", "max_output_tokens"}};
   response_["usage"] = {{"input_tokens", outcome.prompt_tokens},

@@ -92,7 +92,8 @@ class ResponsesRenderer : public Renderer {
   enum class Open { kNone, kReasoning, kMessage };
   std::string event(const std::string& type, ojson data);
   std::string open(Open kind);
-  std::string close();
+  // Ends the open item; `status` is a message item's.
+  std::string close(const char* status = "completed");
 
   ojson response_;
   ojson conversation_;

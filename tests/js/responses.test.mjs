@@ -291,6 +291,11 @@ describe("whole answers", () => {
     assert.deepEqual(r.incomplete_details, { reason: "max_output_tokens" });
     assert.equal(r.usage.output_tokens, 2);
     assert.equal(r.max_output_tokens, 2);
+    // The message it cut is incomplete too; one that ended by itself is completed.
+    assert.deepEqual(r.output.map((i) => [i.type, i.status]), [["message", "incomplete"]]);
+    const whole = await client.responses.create({ model: MODEL, input: "Say hello" });
+    assert.equal(whole.status, "completed");
+    assert.equal(whole.output.at(-1).status, "completed");
   });
 
   test("parallel_tool_calls false keeps the first call only", async () => {
@@ -507,6 +512,8 @@ describe("streaming", () => {
     assert.equal(final.status, "incomplete");
     assert.deepEqual(final.incomplete_details, { reason: "max_output_tokens" });
     assert.equal(final.usage.output_tokens, 2);
+    const done = events.filter((e) => e.type === "response.output_item.done");
+    assert.deepEqual(done.map((e) => e.item.status), ["incomplete"]);
   });
 
   test("create({stream: true}): every SSE event's name is its data's type", async () => {
