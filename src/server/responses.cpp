@@ -352,6 +352,13 @@ int64_t unix_seconds() {
 
 ojson or_null(const ojson* v) { return v ? *v : ojson(nullptr); }
 
+// body.text.`name`, or null when either is absent (chat_response_format checks that text is an
+// object).
+const ojson* text_field(const ojson& body, const char* name) {
+  const ojson* text = field(body, "text");
+  return text && text->is_object() ? field(*text, name) : nullptr;
+}
+
 // OpenAI's bounds on metadata: at most 16 pairs, keys of at most 64 characters, string values of
 // at most 512.
 void check_metadata(const ojson& metadata) {
@@ -594,21 +601,47 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   }
   out.generation.parallel_tool_calls = !out.one_call;
   const ojson* choice = field(body, "tool_choice");
+  // Fields that change nothing here and that the response repeats, checked as OpenAI checks them.
+  const auto one_of = [&](const ojson* v, const std::string& p,
+                          std::initializer_list<const char*> allowed) {
+    if (!v || v->is_null()) return;
+    for (const char* a : allowed) {
+      if (*v == a) return;
+    }
+    std::string names;
+    for (const char* a : allowed) names += (names.empty() ? "\"" : ", \"") + std::string(a) + "\"";
+    throw invalid(p, "must be one of " + names + ", got " + v->dump());
+  };
+  const ojson* verbosity = text_field(body, "verbosity");
+  one_of(verbosity, "text.verbosity", {"low", "medium", "high"});
+  const ojson* summary = reasoning ? field(*reasoning, "summary") : nullptr;
+  one_of(summary, "reasoning.summary", {"auto", "concise", "detailed"});
+  one_of(field(body, "service_tier"), "service_tier",
+         {"auto", "default", "flex", "scale", "priority"});
+  for (const char* name : {"user", "safety_identifier", "prompt_cache_key"}) {
+    const ojson* v = field(body, name);
+    if (v && !v->is_string() && !v->is_null()) throw wrong_type(name, "a string", *v);
+  }
   out.echo = {{"instructions", or_null(instructions)},
               {"max_output_tokens", or_null(field(body, "max_output_tokens"))},
               {"metadata", metadata ? *metadata : ojson::object()},
               {"parallel_tool_calls", !out.one_call},
               {"previous_response_id", or_null(previous)},
-              {"reasoning", {{"effort", effort}, {"summary", nullptr}}},
+              {"prompt_cache_key", or_null(field(body, "prompt_cache_key"))},
+              {"reasoning", {{"effort", effort}, {"summary", or_null(summary)}}},
+              {"safety_identifier", or_null(field(body, "safety_identifier"))},
+              {"service_tier", "default"},
               {"store", out.store},
               {"temperature", or_null(field(body, "temperature"))},
               {"text",
                {{"format", response_format.is_null() ? ojson{{"type", "text"}}
-                                                     : (*field(body, "text"))["format"]}}},
+                                                     : (*field(body, "text"))["format"]},
+                {"verbosity", verbosity && !verbosity->is_null() ? *verbosity : ojson("medium")}}},
               {"tool_choice", choice ? *choice : ojson("auto")},
               {"tools", field(body, "tools") ? *field(body, "tools") : ojson::array()},
               {"top_p", or_null(field(body, "top_p"))},
-              {"truncation", "disabled"}};
+              {"truncation", "disabled"},
+              {"user", or_null(field(body, "user"))}};
   return out;
 }
 
@@ -620,9 +653,9 @@ ResponsesRenderer::ResponsesRenderer(std::string model, const ResponsesRequest& 
       sealed_reasoning_(request.sealed_reasoning),
       namespaced_(request.namespaced) {
   response_ = {
-      {"id", new_completion_id("resp_")}, {"object", "response"}, {"created_at", unix_seconds()},
-      {"status", "in_progress"},          {"background", false},  {"error", nullptr},
-      {"incomplete_details", nullptr}};
+      {"id", new_completion_id("resp_")}, {"object", "response"},   {"created_at", unix_seconds()},
+      {"status", "in_progress"},          {"background", false},    {"error", nullptr},
+      {"incomplete_details", nullptr},    {"completed_at", nullptr}};
   for (const auto& [key, value] : request.echo.items()) {
     response_[key] = value;
   }
@@ -793,6 +826,7 @@ std::string ResponsesRenderer::finish(const GenerationOutcome& outcome) {
   // A message cut off by max_output_tokens is incomplete, as OpenAI marks it.
   std::string out = close(cut ? "incomplete" : "completed");
   response_["status"] = cut ? "incomplete" : "completed";
+  response_["completed_at"] = cut ? ojson(nullptr) : ojson(unix_seconds());
   if (cut) response_["incomplete_details"] = {{"reason", "max_output_tokens"}};
   response_["usage"] = {{"input_tokens", outcome.prompt_tokens},
                         {"input_tokens_details", {{"cached_tokens", outcome.cached_tokens}}},

@@ -81,6 +81,19 @@ describe("whole answers", () => {
     assert.equal(u.total_tokens, u.input_tokens + u.output_tokens);
     assert.equal(u.input_tokens_details.cached_tokens, 0);
     assert.equal(u.output_tokens_details.reasoning_tokens, 0);
+    assert.ok(r.completed_at >= r.created_at);
+  });
+
+  test("fields that change nothing here are checked and echoed, as OpenAI echoes them", async () => {
+    const fields = { user: "u-1", safety_identifier: "s-1", prompt_cache_key: "k-1" };
+    const r = await client.responses.create({ model: MODEL, input: "Say hello", ...fields,
+      service_tier: "auto", text: { verbosity: "low" }, reasoning: { summary: "auto" } });
+    for (const [key, value] of Object.entries(fields)) assert.equal(r[key], value, key);
+    assert.equal(r.service_tier, "default");
+    assert.deepEqual(r.text, { format: { type: "text" }, verbosity: "low" });
+    assert.equal(r.reasoning.summary, "auto");
+    const plain = await client.responses.create({ model: MODEL, input: "Say hello" });
+    assert.deepEqual([plain.user, plain.text.verbosity, plain.reasoning.summary], [null, "medium", null]);
   });
 
   test("built-in tools, which Codex sends with every request, are not offered; a namespace's functions are", async () => {
@@ -600,6 +613,10 @@ describe("errors", () => {
     [{ input: "hi", metadata: { ["é".repeat(65)]: "v" } }, "metadata"],
     [{ input: "hi", metadata: { k: 5 } }, "metadata.k"],
     [{ input: "hi", metadata: { k: "é".repeat(513) } }, "metadata.k"],
+    [{ input: "hi", text: { verbosity: "bogus" } }, "text.verbosity"],
+    [{ input: "hi", reasoning: { summary: "long" } }, "reasoning.summary"],
+    [{ input: "hi", service_tier: "gold" }, "service_tier"],
+    [{ input: "hi", user: 5 }, "user"],
     [{ input: "hi", include: ["file_search_call.results"] }, "include[0]"],
     [{ input: "hi", top_logprobs: 21 }, "top_logprobs"],
     [{ input: "hi", truncation: "auto" }, "truncation"],
