@@ -400,7 +400,12 @@ MessagesRenderer::MessagesRenderer(std::string model, int64_t prompt_tokens,
                {{"input_tokens", prompt_tokens},
                 {"cache_creation_input_tokens", 0},
                 {"cache_read_input_tokens", 0},
-                {"output_tokens", 0}}}};
+                {"output_tokens", 0},
+                // Fields the SDK's Usage type holds (nullable): no cache writes are billed here
+                // and no server tools run; every request is served at the one tier there is.
+                {"cache_creation", nullptr},
+                {"server_tool_use", nullptr},
+                {"service_tier", "standard"}}}};
 }
 
 std::string MessagesRenderer::start() {

@@ -2310,10 +2310,14 @@ void Server::check_runtime_lora() const {
 }
 
 ojson Server::model_json(const std::string& name) const {
+  // OpenAI's fields and Anthropic's side by side, so that either SDK reads the listing whole.
   ojson out = {{"id", name},
                {"object", "model"},
                {"created", created_},
-               {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"}};
+               {"owned_by", demo_ ? "torchtpu-cpp (demo, random weights)" : "torchtpu-cpp"},
+               {"type", "model"},
+               {"display_name", name},
+               {"created_at", rfc3339(std::chrono::system_clock::from_time_t(created_))}};
   // An adapter is a model of its own to clients (vLLM's listing): root its directory, parent
   // the base model.
   for (const auto& a : adapters()) {
@@ -2746,7 +2750,13 @@ void Server::set_up_routes(httplib::Server& http) {
                    data.push_back(model_json(name));
                  }
                  for (const auto& a : adapters()) data.push_back(model_json(a.spec.name));
-                 res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
+                 // Anthropic's page fields beside OpenAI's list: every model on one page.
+                 res.set_content(dump({{"object", "list"},
+                                       {"data", data},
+                                       {"has_more", false},
+                                       {"first_id", data.front()["id"]},
+                                       {"last_id", data.back()["id"]}}),
+                                 "application/json");
                },
                false));
   http.Get(R"(/v1/models/(.+))", guarded(

@@ -57,6 +57,20 @@ describe("whole answers", () => {
     assert.ok(m.usage.output_tokens >= 5);
     const counted = await client.messages.countTokens({ model: MODEL, messages: ask("Say hello") });
     assert.equal(m.usage.input_tokens, counted.input_tokens);
+    // The nullable fields of the SDK's Usage type are there.
+    assert.deepEqual([m.usage.cache_creation, m.usage.server_tool_use, m.usage.service_tier],
+      [null, null, "standard"]);
+  });
+
+  test("models.list() and retrieve() get Anthropic's fields beside OpenAI's", async () => {
+    const page = await client.models.list();
+    assert.deepEqual(page.data.map((m) => [m.id, m.type, m.display_name]), [[MODEL, "model", MODEL]]);
+    assert.ok(!Number.isNaN(Date.parse(page.data[0].created_at)));
+    const raw = await (await fetch(`${server.url}/v1/models`, { headers: { "x-api-key": KEY } })).json();
+    assert.deepEqual([raw.object, raw.has_more, raw.first_id, raw.last_id], ["list", false, MODEL, MODEL]);
+    const one = await client.models.retrieve(MODEL);
+    assert.deepEqual([one.type, one.display_name, one.created_at], ["model", MODEL, page.data[0].created_at]);
+    assert.equal(Date.parse(one.created_at) / 1000, raw.data[0].created);
   });
 
   test("count_tokens counts the prompt transformers renders: system, tools, thinking", async () => {
