@@ -112,11 +112,14 @@ class HeadBoundStream final : public httplib::Stream {
         }
         return -1;
       }
+      // A body read as large as the buffer goes straight to the caller, as httplib's own stream
+      // reads it; only the head, a byte at a time, needs the buffer.
+      const bool direct = !in_head_ && size >= sizeof(buffer_);
       ssize_t n = 0;
       do {
-        n = ::recv(fd_, buffer_, sizeof(buffer_), 0);
+        n = ::recv(fd_, direct ? ptr : buffer_, direct ? size : sizeof(buffer_), 0);
       } while (n < 0 && errno == EINTR);
-      if (n <= 0) return n;
+      if (n <= 0 || direct) return n;
       off_ = 0;
       size_ = static_cast<size_t>(n);
     }
