@@ -39,6 +39,7 @@ bool address_is(const sockaddr_storage& addr, socklen_t len, const std::string& 
 using Clock = std::chrono::steady_clock;
 
 thread_local std::optional<HeadRefusal> t_refusal;
+thread_local bool t_end_after_answer = false;
 
 // How long a connection whose head could not be read is read and dropped after its answer.
 constexpr std::chrono::seconds kLingerAfterUnreadHead{2};
@@ -80,6 +81,7 @@ class HeadBoundStream final : public httplib::Stream {
   // Waits up to `idle` for the next request's first byte, and starts reading its head.
   bool next_request(std::chrono::milliseconds idle) {
     t_refusal.reset();
+    t_end_after_answer = false;
     if (off_ == size_ && !wait_for(fd_, POLLIN, idle)) return false;
     in_head_ = true;
     head_bytes_ = 0;
@@ -91,8 +93,14 @@ class HeadBoundStream final : public httplib::Stream {
   }
 
   bool is_readable() const override { return off_ < size_ || wait_for(fd_, POLLIN, read_timeout_); }
+  // The peer is gone once a read would end the stream: bytes it sent that wait unread, here or
+  // in the socket, with its side closed after them, count as a peer still there to answer.
   bool is_writable() const override {
-    return wait_for(fd_, POLLOUT, write_timeout_) && !peer_closed(fd_);
+    if (!wait_for(fd_, POLLOUT, write_timeout_)) return false;
+    if (off_ < size_) return true;
+    char byte;
+    const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
   }
 
   ssize_t read(char* ptr, size_t size) override {
@@ -195,6 +203,8 @@ class HeadBoundStream final : public httplib::Stream {
 
 std::optional<HeadRefusal> head_refusal() { return t_refusal; }
 
+void end_connection_after_answer() { t_end_after_answer = true; }
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
   using std::chrono::milliseconds, std::chrono::seconds, std::chrono::microseconds;
   const auto timeout = [](time_t s, time_t us) {
@@ -211,9 +221,10 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     ok =
         process_request(stream, left == 1, closed, [&parsed](httplib::Request&) { parsed = true; });
     if (!ok || closed) break;
-    if (!parsed) {
-      // A head the library could not read (refused here, malformed, a request line too long)
-      // leaves no telling where the next request starts: the connection ends with the answer.
+    if (!parsed || t_end_after_answer) {
+      // A head the library could not read (refused here, malformed, a request line too long),
+      // or a body left unread, leaves no telling where the next request starts: the connection
+      // ends with the answer.
       // Closing with the client's bytes unread would reset it, and a reset can drop the answer
       // before the client reads it, so this side is ended first and what still comes is read
       // and dropped until the client closes too, for a few seconds at most.

@@ -42,6 +42,11 @@ inline std::string describe(httplib::Error error) {
   }
 }
 
+// Called by a handler of an HttpServer that answers without reading a body the request has (a
+// 415, a 413): where the next request on the connection starts is then unknown, so the answer
+// ends the connection, as after a head that could not be read.
+void end_connection_after_answer();
+
 // Whether the request's body comes with a Content-Encoding other than identity, which handle_post
 // refuses with 415 unread.
 inline bool has_content_coding(const httplib::Request& req) {
@@ -75,6 +80,7 @@ inline void handle_post(httplib::Server& http, const std::string& pattern,
                                            const httplib::ContentReader& read) {
               if (has_content_coding(req)) {
                 res.status = 415;
+                end_connection_after_answer();
                 return;
               }
               httplib::Request whole = req;
@@ -120,6 +126,7 @@ struct HeadRefusal {
 };
 std::optional<HeadRefusal> head_refusal();
 
+
 // cpp-httplib 0.11 reads a request's head with no bound on its size or on the time it takes: a
 // line is buffered whole before its length is checked (a request line or header line of
 // gigabytes is kept in memory), header lines are not counted, and a client sending a byte every
@@ -129,7 +136,8 @@ std::optional<HeadRefusal> head_refusal();
 // error handler. The body is read as the library reads it (the payload limit bounds it, each read
 // waits 5 s at most). One stream serves a connection's requests in turn, so bytes of a pipelined
 // request read with the one before are kept for it; after a head that could not be read
-// (refused, malformed, a request line too long) the connection is closed with the answer.
+// (refused, malformed, a request line too long), or a body left unread, the connection is closed
+// with the answer.
 class HttpServer : public httplib::Server {
  public:
   explicit HttpServer(HeadLimits limits = {}) : limits_(limits) {}

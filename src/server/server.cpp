@@ -2995,6 +2995,7 @@ void Server::set_up_routes(httplib::Server& http) {
                            refusal->code);
           }
           if (res.status == 413) {
+            end_connection_after_answer();
             throw ApiError(413,
                            "the request body is larger than the server's limit of " +
                                std::to_string(options_.max_body_bytes) + " bytes",

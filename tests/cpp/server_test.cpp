@@ -809,6 +809,23 @@ TEST(HttpServer, AMalformedHeadIsAnsweredOnceAndItsConnectionClosed) {
   EXPECT_EQ(got.find("HTTP/1.1", 1), std::string::npos) << got;
 }
 
+// A body left unread (refused for its Content-Encoding) leaves no telling where the next request
+// starts: its bytes are not read as one, and the answer ends the connection. A client that closed
+// its side after sending is still answered (HTTP/1.0 tools, `nc -N`).
+TEST(HttpServer, ABodyLeftUnreadEndsTheConnectionWithItsAnswer) {
+  BoundedServer server;
+  for (const bool half_close : {false, true}) {
+    const int fd = server.connect_client();
+    send_all(fd,
+             "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Encoding: gzip\r\n"
+             "Content-Length: 5\r\n\r\nhelloGET /echo HTTP/1.1\r\nHost: x\r\n\r\n");
+    if (half_close) ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+    const std::string got = read_until_closed(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 415 ", 0), 0u) << got;
+    EXPECT_EQ(got.find("HTTP/1.1", 1), std::string::npos) << got;
+  }
+}
+
 TEST(HttpServer, HeadsWithinTheLimitsAreServedPipelinedRequestsAndBodiesIncluded) {
   BoundedServer server;
   int local_port = 0;
