@@ -27,14 +27,21 @@ ApiError invalid(const std::string& param, const std::string& why) {
   return ApiError(400, "'" + param + "' " + why, "invalid_request_error", param, "invalid_value");
 }
 
-void check_reasoning_effort(const ojson& effort, const std::string& param) {
-  static const std::set<std::string> efforts = {"none",   "minimal", "low",
-                                                "medium", "high",    "xhigh"};
-  if (!effort.is_string() || efforts.count(effort.get<std::string>()) == 0) {
-    throw invalid(
-        param, "must be \"none\", \"minimal\", \"low\", \"medium\", \"high\" or \"xhigh\", got " +
-                   effort.dump());
+void check_one_of(const ojson& value, const std::string& param,
+                  std::initializer_list<const char*> allowed) {
+  std::string names;
+  size_t i = 0;
+  for (const char* name : allowed) {
+    if (value.is_string() && value == name) return;
+    names += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ");
+    names += "\"" + std::string(name) + "\"";
+    ++i;
   }
+  throw invalid(param, "must be " + names + ", got " + value.dump());
+}
+
+void check_reasoning_effort(const ojson& effort, const std::string& param) {
+  check_one_of(effort, param, {"none", "minimal", "low", "medium", "high", "xhigh"});
 }
 
 std::vector<std::string> nonempty_strings(const ojson& list,
@@ -318,10 +325,9 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
   }
   if (r.tool_choice == "function") {
     ojson kept = ojson::array();
+    // parse_chat_request checked every tool's function name before.
     for (const auto& tool : r.tools) {
-      const ojson* f = tool.is_object() ? field(tool, "function") : nullptr;
-      const ojson* n = f && f->is_object() ? field(*f, "name") : nullptr;
-      if (n && *n == r.tool_choice_function) kept.push_back(tool);
+      if (tool.at("function").at("name") == r.tool_choice_function) kept.push_back(tool);
     }
     if (kept.empty()) {
       throw ApiError(400,
@@ -572,6 +578,11 @@ GenerationRequest parse_chat_request(const ojson& body) {
   refuse_prefill("add_generation_prompt", false);
   parse_reasoning(body, r);
   parse_tool_choice(body, r);
+  if (r.tools.is_array()) {
+    for (const auto& tool : r.tools) {
+      r.callable.insert(tool.at("function").at("name").get<std::string>());
+    }
+  }
   if (const ojson* p = field(body, "parallel_tool_calls")) {
     if (!p->is_boolean()) throw wrong_type("parallel_tool_calls", "a boolean", *p);
     r.parallel_tool_calls = p->get<bool>();

@@ -5,9 +5,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -66,6 +68,10 @@ ApiError missing(const std::string& param);
 // invalid_value (a value outside the field's rules).
 ApiError unsupported(const std::string& param, const std::string& why);
 ApiError invalid(const std::string& param, const std::string& why);
+// 400 naming `param` unless `value` is one of the strings `allowed`: "'PARAM' must be "a", "b"
+// or "c", got VALUE".
+void check_one_of(const ojson& value, const std::string& param,
+                  std::initializer_list<const char*> allowed);
 // 400 naming `param` unless `effort` is one of OpenAI's reasoning efforts ("none", "minimal",
 // "low", "medium", "high", "xhigh"): a typo of "none" must not turn thinking on.
 void check_reasoning_effort(const ojson& effort, const std::string& param);
@@ -172,6 +178,9 @@ struct GenerationRequest {
   // allowed in tool_choice_function.
   std::string tool_choice = "auto";
   std::string tool_choice_function;
+  // The functions a tool call may name: `tools` as tool_choice leaves them (the one it names,
+  // when it names one; none for "none"). A call to any other is handed back as text.
+  std::set<std::string> callable;
   // false (parallel_tool_calls; Messages' disable_parallel_tool_use): a forced call is exactly
   // one call, and an answer keeps only its first call.
   bool parallel_tool_calls = true;

@@ -295,9 +295,7 @@ struct Job {
   // Text already in the prompt that the output continues (tool_choice "required" or a named
   // function prefill the call's opening), fed to the parser first.
   std::string parser_prefix;
-  // The functions a tool call may name: the request's tools (the one tool_choice names, when it
-  // names one; none for tool_choice "none"). A call to any other is handed back as text.
-  std::set<std::string> callable;
+  std::set<std::string> callable;  // GenerationRequest's
   bool one_call = false;  // parallel_tool_calls false: the first call is kept, later ones dropped
   int64_t top_logprobs = -1;                   // -1: no logprobs
   // Completions' echo: the prompt's text, which the answer's text starts with.
@@ -1699,13 +1697,7 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
       sampling_params(r.sampling, generation_defaults_, engine_->config().vocab_size);
   job->stop = r.stop;
   job->parse_output = chat;
-  if (r.tool_choice != "none" && r.tools.is_array()) {
-    for (const auto& tool : r.tools) {
-      const ojson* function = tool.is_object() ? field(tool, "function") : nullptr;
-      const ojson* name = function && function->is_object() ? field(*function, "name") : nullptr;
-      if (name && name->is_string()) job->callable.insert(name->get<std::string>());
-    }
-  }
+  job->callable = r.callable;
   job->one_call = !r.parallel_tool_calls;
   if (r.logprobs) job->top_logprobs = r.top_logprobs;
   if (r.echo) {
