@@ -126,7 +126,6 @@ struct HeadRefusal {
 };
 std::optional<HeadRefusal> head_refusal();
 
-
 // cpp-httplib 0.11 reads a request's head with no bound on its size or on the time it takes: a
 // line is buffered whole before its length is checked (a request line or header line of
 // gigabytes is kept in memory), header lines are not counted, and a client sending a byte every

@@ -266,10 +266,7 @@ void check_format_name(const std::string& name, const std::string& param) {
                c == '_' || c == '-';
       });
   if (!allowed) {
-    throw ApiError(
-        400,
-        "'" + param + "' must be 1 to 64 letters, digits, '_' or '-', got " + ojson(name).dump(),
-        "invalid_request_error", param, "invalid_value");
+    throw invalid(param, "must be 1 to 64 letters, digits, '_' or '-', got " + ojson(name).dump());
   }
 }
 
