@@ -39,7 +39,13 @@ bool address_is(const sockaddr_storage& addr, socklen_t len, const std::string& 
 using Clock = std::chrono::steady_clock;
 
 thread_local std::optional<HeadRefusal> t_refusal;
+thread_local bool t_head_parsed = false;
 thread_local bool t_end_after_answer = false;
+
+// Whether the connection of the request answered on this thread ends with the answer: after a
+// head that could not be read (refused here, malformed, a request line too long) or a body left
+// unread, nothing tells where the next request would start.
+bool ends_after_answer() { return !t_head_parsed || t_end_after_answer; }
 
 // How long a connection whose head could not be read is read and dropped after its answer.
 constexpr std::chrono::seconds kLingerAfterUnreadHead{2};
@@ -81,6 +87,7 @@ class HeadBoundStream final : public httplib::Stream {
   // Waits up to `idle` for the next request's first byte, and starts reading its head.
   bool next_request(std::chrono::milliseconds idle) {
     t_refusal.reset();
+    t_head_parsed = false;
     t_end_after_answer = false;
     if (off_ == size_ && !wait_for(fd_, POLLIN, idle)) return false;
     in_head_ = true;
@@ -205,6 +212,22 @@ std::optional<HeadRefusal> head_refusal() { return t_refusal; }
 
 void end_connection_after_answer() { t_end_after_answer = true; }
 
+HttpServer::HttpServer(HeadLimits limits) : limits_(limits) { set_post_routing_handler(nullptr); }
+
+HttpServer& HttpServer::set_post_routing_handler(Handler handler) {
+  post_routing_ = std::move(handler);
+  httplib::Server::set_post_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        if (ends_after_answer()) {
+          res.headers.erase("Keep-Alive");
+          res.headers.erase("Connection");
+          res.set_header("Connection", "close");
+        }
+        if (post_routing_) post_routing_(req, res);
+      });
+  return *this;
+}
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
   using std::chrono::milliseconds, std::chrono::seconds, std::chrono::microseconds;
   const auto timeout = [](time_t s, time_t us) {
@@ -216,15 +239,12 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   for (size_t left = keep_alive_max_count_; svr_sock_ != INVALID_SOCKET && left > 0 &&
                                             stream.next_request(seconds(keep_alive_timeout_sec_));
        --left) {
-    bool closed = false, parsed = false;
+    bool closed = false;
     // The library calls this once it has read and parsed the request's head, before routing.
     ok =
-        process_request(stream, left == 1, closed, [&parsed](httplib::Request&) { parsed = true; });
+        process_request(stream, left == 1, closed, [](httplib::Request&) { t_head_parsed = true; });
     if (!ok || closed) break;
-    if (!parsed || t_end_after_answer) {
-      // A head the library could not read (refused here, malformed, a request line too long),
-      // or a body left unread, leaves no telling where the next request starts: the connection
-      // ends with the answer.
+    if (ends_after_answer()) {
       // Closing with the client's bytes unread would reset it, and a reset can drop the answer
       // before the client reads it, so this side is ended first and what still comes is read
       // and dropped until the client closes too, for a few seconds at most.

@@ -137,14 +137,23 @@ std::optional<HeadRefusal> head_refusal();
 // request read with the one before are kept for it; after a head that could not be read
 // (refused, malformed, a request line too long), or a body left unread, the connection is closed
 // with the answer.
+//
+// An answer that ends its connection says so (`Connection: close`, without the `Keep-Alive` the
+// library adds to every answer of a connection it means to keep), so that a client does not send
+// its next request on a connection about to close.
 class HttpServer : public httplib::Server {
  public:
-  explicit HttpServer(HeadLimits limits = {}) : limits_(limits) {}
+  explicit HttpServer(HeadLimits limits = {});
+
+  // Hides the library's: `handler` runs after the headers of an answer that ends its connection
+  // are set, as the library's runs after its own headers.
+  HttpServer& set_post_routing_handler(Handler handler);
 
  private:
   bool process_and_close_socket(socket_t sock) override;
 
   HeadLimits limits_;
+  Handler post_routing_;
 };
 
 // ValueError unless `port` is a TCP port or 0 (a larger one would wrap to another port).

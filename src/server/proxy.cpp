@@ -602,7 +602,6 @@ int Proxy::run() {
                                                                  httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     if (const auto refusal = head_refusal()) {
-      res.set_header("Connection", "close");
       send_error(res, refusal->status, refusal->message, refusal->code, "invalid_request_error");
     } else if (res.status == 415) {
       send_error(res, 415, content_coding_refusal(req), "unsupported_content_encoding",

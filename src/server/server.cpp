@@ -577,7 +577,7 @@ class Server {
   void finish_job(Job& job, const std::string& finish, std::optional<ApiError> error = {});
 
   // HTTP threads.
-  void set_up_routes(httplib::Server& http);
+  void set_up_routes(HttpServer& http);
   httplib::Server::Handler guarded(
       const std::function<void(const httplib::Request&, httplib::Response&)>& handler,
       bool needs_engine, ErrorShape shape = ErrorShape::kOpenAI);
@@ -2697,7 +2697,7 @@ httplib::Server::Handler Server::guarded(
   };
 }
 
-void Server::set_up_routes(httplib::Server& http) {
+void Server::set_up_routes(HttpServer& http) {
   // Readiness: 200 only while the engine takes requests and no stop has been asked, so a
   // router or Kubernetes sends traffic elsewhere from the first moment of a drain.
   // /ping is vLLM's name for the same answer (SageMaker's health check, GET or POST).
@@ -2982,7 +2982,6 @@ void Server::set_up_routes(httplib::Server& http) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         try {
           if (const auto refusal = head_refusal()) {
-            res.set_header("Connection", "close");
             throw ApiError(refusal->status, refusal->message, "invalid_request_error", "",
                            refusal->code);
           }

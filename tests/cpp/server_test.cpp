@@ -754,6 +754,16 @@ std::string read_until_closed(int fd) {
   return got;
 }
 
+// The header lines of the first answer in `got` (its head, up to the empty line).
+std::string answer_head(const std::string& got) { return got.substr(0, got.find("\r\n\r\n")); }
+
+// An answer that ends its connection says so, and not that it keeps it.
+void expect_says_it_closes(const std::string& got) {
+  const std::string head = answer_head(got);
+  EXPECT_NE(head.find("\r\nConnection: close"), std::string::npos) << head;
+  EXPECT_EQ(head.find("Keep-Alive"), std::string::npos) << head;
+}
+
 TEST(HttpServer, AHeadPastItsBytesIsA431AndTheConnectionCloses) {
   BoundedServer server;
   std::string headers;
@@ -767,6 +777,7 @@ TEST(HttpServer, AHeadPastItsBytesIsA431AndTheConnectionCloses) {
                      "headers) is larger than 4096 bytes"),
             std::string::npos)
       << got;
+  expect_says_it_closes(got);
 
   // One header line that never ends, and a request line that never ends: answered once the limit
   // is passed, without waiting for the rest.
@@ -776,6 +787,7 @@ TEST(HttpServer, AHeadPastItsBytesIsA431AndTheConnectionCloses) {
     send_all(fd, start + std::string(100'000, 'b'));
     got = read_until_closed(fd);
     EXPECT_EQ(got.rfind("HTTP/1.1 431 ", 0), 0u) << start << ": " << got.substr(0, 200);
+    expect_says_it_closes(got);
   }
 }
 
@@ -795,6 +807,7 @@ TEST(HttpServer, AHeadSlowerThanItsTimeIsA408) {
                        "not arrive within 600 ms"),
               std::string::npos)
         << got;
+    expect_says_it_closes(got);
   }
 }
 
@@ -807,6 +820,7 @@ TEST(HttpServer, AMalformedHeadIsAnsweredOnceAndItsConnectionClosed) {
   const std::string got = read_until_closed(fd);
   EXPECT_EQ(got.rfind("HTTP/1.1 400 ", 0), 0u) << got;
   EXPECT_EQ(got.find("HTTP/1.1", 1), std::string::npos) << got;
+  expect_says_it_closes(got);
 }
 
 // A body left unread (refused for its Content-Encoding) leaves no telling where the next request
@@ -823,6 +837,7 @@ TEST(HttpServer, ABodyLeftUnreadEndsTheConnectionWithItsAnswer) {
     const std::string got = read_until_closed(fd);
     EXPECT_EQ(got.rfind("HTTP/1.1 415 ", 0), 0u) << got;
     EXPECT_EQ(got.find("HTTP/1.1", 1), std::string::npos) << got;
+    expect_says_it_closes(got);
   }
 }
 
@@ -840,6 +855,10 @@ TEST(HttpServer, HeadsWithinTheLimitsAreServedPipelinedRequestsAndBodiesIncluded
   const auto first = got.find("HTTP/1.1 200 "), second = got.find("HTTP/1.1 200 ", first + 1);
   ASSERT_EQ(first, 0u) << got;
   ASSERT_NE(second, std::string::npos) << got;
+  // The first answer keeps its connection, and says so; the second, asked to, closes it.
+  EXPECT_EQ(answer_head(got).find("Connection: close"), std::string::npos) << got;
+  EXPECT_NE(answer_head(got).find("Keep-Alive: "), std::string::npos) << got;
+  EXPECT_NE(answer_head(got.substr(second)).find("Connection: close"), std::string::npos) << got;
   EXPECT_NE(got.substr(0, second).find("\r\n\r\nhello"), std::string::npos) << got;
   EXPECT_NE(got.substr(second).find("127.0.0.1:" + std::to_string(local_port)), std::string::npos)
       << got;
