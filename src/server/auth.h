@@ -63,4 +63,33 @@ inline std::string browser_refusal(const httplib::Request& req, bool loopback) {
   return "Origin '" + origin + "' is another site's: only pages of this host may call it";
 }
 
+// A browser's CORS preflight: the OPTIONS request it sends before a request a page may not send
+// unasked (one with a key, or a JSON body).
+inline bool is_preflight(const httplib::Request& req) {
+  return req.method == "OPTIONS" && req.has_header("Origin") &&
+         req.has_header("Access-Control-Request-Method");
+}
+
+// Answers a preflight that browser_refusal lets through: 204 allowing `methods` and the headers it
+// asks for. It carries no key (no preflight does), so none is asked for.
+inline void allow_preflight(const httplib::Request& req, httplib::Response& res,
+                            const char* methods) {
+  res.status = 204;
+  res.set_header("Access-Control-Allow-Methods", methods);
+  if (req.has_header("Access-Control-Request-Headers")) {
+    res.set_header("Access-Control-Allow-Headers",
+                   req.get_header_value("Access-Control-Request-Headers"));
+  }
+  res.set_header("Access-Control-Max-Age", "600");
+}
+
+// A page browser_refusal lets call a server may read its answers too (CORS), as Ollama lets
+// localhost's pages: a development UI on another local port, a browser extension.
+inline void allow_origin(const httplib::Request& req, httplib::Response& res, bool loopback) {
+  if (req.has_header("Origin") && browser_refusal(req, loopback).empty()) {
+    res.set_header("Access-Control-Allow-Origin", req.get_header_value("Origin"));
+    res.set_header("Vary", "Origin");
+  }
+}
+
 }  // namespace torchtpu::server

@@ -301,7 +301,9 @@ std::shared_ptr<Exchange> start_exchange(const std::string& url, const httplib::
   req->method = in.method;
   req->path = in.target.empty() ? in.path : in.target;
   for (const auto& [name, value] : in.headers) {
-    if (is_hop_header(name) ||
+    // A page's Origin is the proxy's to judge (Proxy::page_allowed): the upstream would judge it
+    // against its own address, which no page the proxy serves is on.
+    if (is_hop_header(name) || is_header(name, "origin") ||
         (authorization && (is_header(name, "authorization") || is_header(name, "x-api-key")))) {
       continue;
     }
@@ -361,8 +363,10 @@ class Proxy {
  private:
   void forward(const httplib::Request& req, httplib::Response& res);
   void status(httplib::Response& res);
-  // False, with the error written: 403 for what browser_refusal refuses, 401 when the proxy has a
-  // key and the request does not carry it.
+  // False, with the 403 written, for what browser_refusal refuses.
+  bool page_allowed(const httplib::Request& req, httplib::Response& res) const;
+  // False, with the error written: page_allowed's 403, or 401 when the proxy has a key and the
+  // request does not carry it.
   bool authorized(const httplib::Request& req, httplib::Response& res) const;
   // The Authorization header requests take upstream; nullopt: the client's own.
   std::optional<std::string> upstream_authorization() const;
@@ -379,12 +383,15 @@ void send_error(httplib::Response& res, int status, const std::string& message,
       "application/json");
 }
 
-bool Proxy::authorized(const httplib::Request& req, httplib::Response& res) const {
+bool Proxy::page_allowed(const httplib::Request& req, httplib::Response& res) const {
   const std::string refusal = browser_refusal(req, is_loopback(options_.host));
-  if (!refusal.empty()) {
-    send_error(res, 403, refusal, "forbidden", "invalid_request_error");
-    return false;
-  }
+  if (refusal.empty()) return true;
+  send_error(res, 403, refusal, "forbidden", "invalid_request_error");
+  return false;
+}
+
+bool Proxy::authorized(const httplib::Request& req, httplib::Response& res) const {
+  if (!page_allowed(req, res)) return false;
   if (options_.api_key.empty()) return true;
   // OpenAI clients send the key as a bearer token, Anthropic clients as x-api-key.
   const std::string given = req.get_header_value("Authorization");
@@ -451,7 +458,10 @@ void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
     res.status = x->status;
     for (const auto& [name, value] : x->headers) {
       if (name == "Content-Type" || name == "content-type") content_type = value;
-      if (!is_hop_header(name)) res.set_header(name, value);
+      // The proxy's own CORS headers name the pages it lets read its answers.
+      if (!is_hop_header(name) && !ascii_lower(name).starts_with("access-control-")) {
+        res.set_header(name, value);
+      }
     }
   }
   // Streams (server-sent events, Ollama's newline-delimited JSON) go on as they come; anything
@@ -568,6 +578,16 @@ int Proxy::run() {
   http.new_task_queue = [] { return new httplib::ThreadPool(64); };
   http.set_tcp_nodelay(true);
   http.set_keep_alive_timeout(2);
+  // The pages the proxy serves, or lets call it, talk to the proxy: it answers their preflights
+  // (the upstream would ask for a key no preflight carries) and names them in its answers.
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!is_preflight(req)) return httplib::Server::HandlerResponse::Unhandled;
+    if (page_allowed(req, res)) allow_preflight(req, res, "GET, POST, PUT, PATCH, DELETE");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    allow_origin(req, res, is_loopback(options_.host));
+  });
   add_web_routes(http);
   // The tools call this proxy back with the request's Authorization header, so they pass here too.
   // They read no files: a path in ask's images or audio is refused (docs/API.md, "MCP tools").

@@ -2659,13 +2659,7 @@ void Server::answer_preflight(const httplib::Request& req, httplib::Response& re
     send_error(res, e, error_shape(req.path));
     return;
   }
-  res.status = 204;
-  res.set_header("Access-Control-Allow-Methods", "GET, POST, DELETE");
-  if (req.has_header("Access-Control-Request-Headers")) {
-    res.set_header("Access-Control-Allow-Headers",
-                   req.get_header_value("Access-Control-Request-Headers"));
-  }
-  res.set_header("Access-Control-Max-Age", "600");
+  allow_preflight(req, res, "GET, POST, DELETE");
 }
 
 httplib::Server::Handler Server::guarded(
@@ -2956,8 +2950,7 @@ void Server::set_up_routes(HttpServer& http) {
   // Another method on a fixed route is refused before anything reads a body: cpp-httplib reads
   // a POST's first (`curl -X POST /v1/models`, with no length, was a 400 "malformed request").
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.method == "OPTIONS" && req.has_header("Origin") &&
-        req.has_header("Access-Control-Request-Method")) {
+    if (is_preflight(req)) {
       answer_preflight(req, res);
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -3031,13 +3024,8 @@ void Server::set_up_routes(HttpServer& http) {
         }
         send_error(res, ApiError(500, what, "server_error"), error_shape(req.path));
       });
-  // A page browser_refusal lets call the server may read its answers too (CORS), as Ollama lets
-  // localhost's pages: a development UI on another local port, a browser extension.
   http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.has_header("Origin") && browser_refusal(req, is_loopback(options_.host)).empty()) {
-      res.set_header("Access-Control-Allow-Origin", req.get_header_value("Origin"));
-      res.set_header("Vary", "Origin");
-    }
+    allow_origin(req, res, is_loopback(options_.host));
   });
   http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     metrics_.count_request(endpoint_label(req.path), res.status);

@@ -249,15 +249,17 @@ describe("the server", () => {
 
 describe("the proxy", () => {
   // A stand-in upstream that answers every request with the Authorization header it received (and
-  // the x-api-key header, when it received one).
+  // the x-api-key and Origin headers, when it received them), letting any page read its answers.
   let upstream;
   let upstreamUrl;
   const started = [];
   before(async () => {
     upstream = http.createServer((req, res) => {
       res.setHeader("Content-Type", "application/json");
-      const apiKey = req.headers["x-api-key"];
-      res.end(JSON.stringify({ authorization: req.headers.authorization ?? null, ...(apiKey ? { apiKey } : {}) }));
+      res.setHeader("Access-Control-Allow-Origin", "*");
+      const { "x-api-key": apiKey, origin } = req.headers;
+      res.end(JSON.stringify({ authorization: req.headers.authorization ?? null,
+        ...(apiKey ? { apiKey } : {}), ...(origin ? { origin } : {}) }));
     });
     await new Promise((resolve) => upstream.listen(0, "127.0.0.1", resolve));
     upstreamUrl = `http://127.0.0.1:${upstream.address().port}`;
@@ -316,6 +318,47 @@ describe("the proxy", () => {
     const open = await proxy([]);
     const passed = await call(open, ["GET", "/v1/models"], { "x-api-key": KEY });
     assert.deepEqual(await passed.json(), { authorization: null, apiKey: KEY });
+  });
+
+  test("answers pages' preflights itself and judges their Origin, which goes no further", async () => {
+    const url = await proxy(["--api-key", "sk-proxy", "--upstream-api-key", KEY]);
+    const preflight = (origin) => rawCall(url, "OPTIONS", "/v1/chat/completions", {
+      Origin: origin, "Access-Control-Request-Method": "POST",
+      "Access-Control-Request-Headers": "authorization, content-type",
+    });
+    // No preflight carries a key: answered here, it is not the upstream's 401 (nor the proxy's).
+    const local = await preflight("http://localhost:3000");
+    assert.equal(local.status, 204);
+    assert.equal(local.headers["access-control-allow-origin"], "http://localhost:3000");
+    assert.equal(local.headers["access-control-allow-headers"], "authorization, content-type");
+    assert.match(local.headers["access-control-allow-methods"], /\bPOST\b/);
+    const evil = await preflight("http://evil.example");
+    assert.equal(evil.status, 403);
+    assert.match(evil.body.error.message, /Origin 'http:\/\/evil.example' is another site's/);
+    assert.equal(evil.headers["access-control-allow-origin"], undefined);
+    // The answer names the page once, by the proxy's rule, not the upstream's "*".
+    const res = await rawCall(url, "POST", "/v1/chat/completions", { Authorization: "Bearer sk-proxy",
+      "Content-Type": "application/json", Origin: "http://localhost:3000" }, chat);
+    assert.equal(res.status, 200);
+    assert.deepEqual(res.body, { authorization: `Bearer ${KEY}` });
+    assert.equal(res.headers["access-control-allow-origin"], "http://localhost:3000");
+    assert.equal(res.headers.vary, "Origin");
+  });
+
+  test("a page of the proxy's own host calls through it to a server at another address", async () => {
+    // Bound beyond loopback, the proxy is reached by a name of its own; the server, asked at its
+    // own address, would take that page's Origin for another site's (a 403).
+    const p = startProxy(["--upstream", server.url, "--host", "0.0.0.0", "--api-key", "sk-proxy",
+      "--upstream-api-key", KEY]);
+    started.push(p);
+    const port = new URL((await p.url).replace("0.0.0.0", "127.0.0.1")).port;
+    const page = `http://gemma.lan:${port}`;
+    const res = await rawCall(`http://127.0.0.1:${port}`, "POST", "/v1/chat/completions", {
+      Host: `gemma.lan:${port}`, Origin: page, Authorization: "Bearer sk-proxy",
+      "Content-Type": "application/json" }, chat);
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    assert.equal(res.body.object, "chat.completion");
+    assert.equal(res.headers["access-control-allow-origin"], page);
   });
 
   test("refuses a compressed body unread, as the server does", async () => {
