@@ -19,6 +19,7 @@
 #include "engine/report.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "server/stop_strings.h"
 #include "text/chat_template.h"
 #include "text/detokenizer.h"
 #include "text/tokenizer.h"
@@ -81,7 +82,7 @@ void add_generate_command(CLI::App& app) {
   struct Args {
     EngineFlags engine;
     std::string ids, prompt, system, dump_logits;
-    std::vector<std::string> images, audio;
+    std::vector<std::string> images, audio, stop;
     int64_t max_new = 64, read_every = 1, image_tokens = 280;
     bool json = false, ignore_eos = false, chat = false, think = false;
     SamplingParams sampling;
@@ -112,6 +113,11 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--max-new", a->max_new, "Tokens to generate")->capture_default_str();
   cmd->add_option("--read-every", a->read_every, "Decode steps between host reads");
   cmd->add_flag("--ignore-eos", a->ignore_eos, "Decode exactly --max-new tokens");
+  cmd->add_option("--stop", a->stop,
+                  "Stop once the text holds this string, which is not printed (repeatable)")
+      ->needs(prompt)
+      ->check(CLI::Validator(
+          [](const std::string& text) { return text.empty() ? "must not be empty" : ""; }, "TEXT"));
   auto* draft_max = add_draft_flags(*cmd, a->draft);
   cmd->add_option("--temperature", a->sampling.temperature, "0 (default): greedy");
   cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0: off)");
@@ -191,6 +197,13 @@ void add_generate_command(CLI::App& app) {
     if (!media.empty()) ids = expand_media_placeholders(ids, media, engine.config());
     std::optional<Detokenizer> detokenizer;
     if (tokenizer) detokenizer.emplace(*tokenizer, /*show_special_tokens=*/false);
+    // The text as it is printed: what the stop strings let through.
+    server::StopStrings stops(a->stop);
+    std::string text;
+    const auto show = [&](const std::string& piece) {
+      text += piece;
+      if (!a->json) std::cout << piece << std::flush;
+    };
 
     std::vector<at::Tensor> step_logits;
     DecodeOptions decode;
@@ -201,21 +214,26 @@ void add_generate_command(CLI::App& app) {
     decode.draft = a->draft;
     if (seed->count() > 0) decode.sampling.seed = static_cast<uint64_t>(a->seed);
     auto on_tokens = [&](const std::vector<int64_t>& batch) {
-      if (a->json) return true;
       for (auto t : batch) {
-        if (detokenizer) {
-          std::cout << detokenizer->push(t);
-        } else {
-          std::cout << t << " ";
+        if (!detokenizer) {
+          show(std::to_string(t) + " ");
+          continue;
         }
+        show(stops.push(detokenizer->push(t)));
+        // Tokens of the batch past the stop string are neither shown nor decoded on.
+        if (stops.stopped()) return false;
       }
-      std::cout << std::flush;
       return true;
     };
     auto result = engine.decode(ids, media, decode, on_tokens, [&](const at::Tensor& logits) {
       step_logits.push_back(logits.to(at::kCPU));
     });
-    if (!a->json) std::cout << (detokenizer ? detokenizer->finish() : "") << "\n";
+    if (stops.stopped()) {
+      result.finish = "stop";
+    } else if (detokenizer) {
+      show(stops.push(detokenizer->finish()) + stops.finish());
+    }
+    if (!a->json) std::cout << "\n";
 
     if (!a->dump_logits.empty()) {
       write_safetensors(a->dump_logits, {f32_tensor("prompt_logits", engine.logits(ids, media)),
@@ -227,8 +245,9 @@ void add_generate_command(CLI::App& app) {
     json out = engine_report(engine);
     out["prompt_ids"] = ids;
     out["tokens"] = result.tokens;
-    if (tokenizer) out["text"] = tokenizer->decode(result.tokens, /*skip_special_tokens=*/true);
+    if (tokenizer) out["text"] = text;
     out["finish"] = result.finish;
+    out["stop"] = stops.stopped() ? json(stops.matched()) : json(nullptr);
     out["stop_id"] = result.stop_id ? json(*result.stop_id) : json(nullptr);
     out["prompt_tokens"] = result.prompt_tokens;
     out["read_s"] = result.read_s;

@@ -226,6 +226,39 @@ def test_generate_chat_flags_need_text_and_take_an_empty_prompt(cli, tmp_path, t
     assert json.loads(out.stdout)["prompt_tokens"] > 3
 
 
+def test_generate_stop_ends_the_text_where_a_stop_string_begins(cli, tmp_path, test_tokenizer_dir):
+    """As a request's `stop`: the text before the string's first place, nothing from it on; the
+    tokens up to the one that completed it; a string that never appears changes nothing."""
+    model = cli.make_tiny(tmp_path / "stop", dtype="bf16", tokenizer=test_tokenizer_dir)
+    run = lambda *flags: subprocess.run(
+        [cli.path, "generate", "--model", model, "--prompt", "Hello", "--max-new", "24",
+         "--ignore-eos", *flags], capture_output=True, text=True)
+    out = run("--json")
+    assert out.returncode == 0, out.stderr
+    full = json.loads(out.stdout)
+    text = full["text"]
+    assert len(text) >= 8 and full["stop"] is None, full
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    cut = text.find(stop)
+    out = run("--json", "--stop", "never appears in it", "--stop", stop)
+    assert out.returncode == 0, out.stderr
+    stopped = json.loads(out.stdout)
+    assert (stopped["text"], stopped["finish"], stopped["stop"]) == (text[:cut], "stop", stop)
+    assert stopped["tokens"] == full["tokens"][:len(stopped["tokens"])]
+    assert len(stopped["tokens"]) < len(full["tokens"])
+    printed = run("--stop", stop)
+    assert printed.returncode == 0 and printed.stdout == text[:cut] + "\n", printed
+    assert "finish stop" in printed.stderr, printed.stderr
+    unmatched = json.loads(run("--json", "--stop", "never appears in it").stdout)
+    assert (unmatched["text"], unmatched["finish"]) == (text, full["finish"])
+
+    out = run("--stop", "")
+    assert out.returncode != 0 and "--stop: must not be empty" in out.stderr, out.stderr
+    out = subprocess.run([cli.path, "generate", "--model", model, "--ids", "2", "--stop", "x"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "--stop requires --prompt" in out.stderr, out.stderr
+
+
 def test_generate_refuses_flags_that_would_do_nothing_or_fail_late(cli, tiny, tmp_path):
     """--image-tokens without an image would be ignored; a --dump-logits path in a directory that
     does not exist would fail only after the load and the decode."""
