@@ -428,12 +428,21 @@ std::string MessagesRenderer::open(Open kind) {
 std::string MessagesRenderer::close() {
   if (open_ == Open::kNone) return "";
   const size_t index = message_["content"].size();
+  // Anthropic ends a thinking block with its signature, which clients keep to send the block
+  // back; this server signs nothing, so it is empty, as in the whole answer.
+  std::string out;
+  if (open_ == Open::kThinking) {
+    out = sse_event("content_block_delta",
+                    {{"type", "content_block_delta"},
+                     {"index", index},
+                     {"delta", {{"type", "signature_delta"}, {"signature", ""}}}});
+  }
   message_["content"].push_back(
       open_ == Open::kThinking ? ojson{{"type", "thinking"}, {"thinking", text_}, {"signature", ""}}
                                : ojson{{"type", "text"}, {"text", text_}});
   open_ = Open::kNone;
   text_.clear();
-  return sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
+  return out + sse_event("content_block_stop", {{"type", "content_block_stop"}, {"index", index}});
 }
 
 std::string MessagesRenderer::add(const OutputDelta& delta) {

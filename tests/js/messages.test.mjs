@@ -270,6 +270,7 @@ describe("streaming", () => {
       "message_start",
       "content_block_start",
       "delta:thinking_delta",
+      "delta:signature_delta",
       "content_block_stop",
       "content_block_start",
       "delta:text_delta",
