@@ -399,7 +399,7 @@ class JobOutput {
         called = true;
         continue;
       }
-      refuse(delta, "<|tool_call>call:" + call.name + call.arguments.dump() + "<tool_call|>",
+      refuse(delta, call.text,
              "the model called '" + call.name +
                  "', which is not among the functions this request lets it call (its tools, "
                  "as tool_choice allows them); the call is returned as text.");

@@ -274,11 +274,13 @@ void OutputParser::step(OutputDelta& out) {
           call_search_ = hit + 1;
           break;
         }
+        std::string text =
+            std::string(kCallOpen) + pending_.substr(0, hit) + std::string(kCallClose);
         if (r.status == Status::kOk) {
+          call.text = std::move(text);
           out.tool_calls.push_back(std::move(call));
         } else {
-          raw_unparsed_ +=
-              std::string(kCallOpen) + pending_.substr(0, hit) + std::string(kCallClose);
+          raw_unparsed_ += text;
         }
         pending_.erase(0, hit + kCallClose.size());
         mode_ = Mode::kContent;

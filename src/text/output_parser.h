@@ -20,6 +20,7 @@ inline constexpr std::string_view kChannelClose = "<channel|>";
 struct ToolCall {
   std::string name;
   nlohmann::ordered_json arguments;  // always an object, keys in the order the model wrote them
+  std::string text;  // the call as the model wrote it, from <|tool_call> to <tool_call|>
 };
 
 // What one push() or finish() added to each part of the output.

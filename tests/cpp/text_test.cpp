@@ -316,6 +316,7 @@ struct Parsed {
   json calls = json::array();
   bool cut_off = false;
   std::string raw_unparsed;
+  std::string call_texts;  // each call's text, joined
 };
 
 // Feeds `text` in pieces of `chunk` bytes (0: all at once).
@@ -327,6 +328,7 @@ Parsed parse(std::string_view text, size_t chunk) {
     out.reasoning += d.reasoning;
     for (const ToolCall& c : d.tool_calls) {
       out.calls.push_back({{"name", c.name}, {"arguments", c.arguments}});
+      out.call_texts += c.text;
     }
   };
   if (chunk == 0) {
@@ -357,6 +359,17 @@ TEST(OutputParser, TextAroundCallsStaysContent) {
   const Parsed p = parse("Sure.<|tool_call>call:f{a:1}<tool_call|>Done.", 1);
   EXPECT_EQ(p.content, "Sure.Done.");
   EXPECT_EQ(p.calls, json::parse(R"([{"name": "f", "arguments": {"a": 1}}])"));
+}
+
+// What a server hands back as text when it cannot take a call: the model's own words.
+TEST(OutputParser, EachCallKeepsItsTextAsTheModelWroteIt) {
+  const std::string first = R"T(<|tool_call>call:f{s:<|"|>a, b<|"|>,n:1.50}<tool_call|>)T";
+  const std::string second = "<|tool_call>call:g{}<tool_call|>";
+  for (size_t chunk : {0, 1, 3}) {
+    const Parsed p = parse(first + "and" + second, chunk);
+    EXPECT_EQ(p.call_texts, first + second) << "chunk " << chunk;
+    EXPECT_EQ(p.content, "and") << "chunk " << chunk;
+  }
 }
 
 TEST(OutputParser, PartialMarkersAreHeldBackAndReleasedAtTheEnd) {
