@@ -74,6 +74,24 @@ function rawCall(url, method, path, headers, body) {
   });
 }
 
+// A browser's preflights to `url`: a development UI on another local port is allowed without the
+// key (no preflight carries one), another site's page is the 403 its request would get.
+async function checkPreflights(url) {
+  const preflight = (origin) => rawCall(url, "OPTIONS", "/v1/chat/completions", {
+    Origin: origin, "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+  });
+  const local = await preflight("http://localhost:3000");
+  assert.equal(local.status, 204);
+  assert.equal(local.headers["access-control-allow-origin"], "http://localhost:3000");
+  assert.equal(local.headers["access-control-allow-headers"], "authorization, content-type");
+  assert.match(local.headers["access-control-allow-methods"], /\bPOST\b/);
+  const evil = await preflight("http://evil.example");
+  assert.equal(evil.status, 403);
+  assert.match(evil.body.error.message, /Origin 'http:\/\/evil.example' is another site's/);
+  assert.equal(evil.headers["access-control-allow-origin"], undefined);
+}
+
 async function call(url, [method, path, body], headers = {}) {
   return fetch(`${url}${path}`, {
     method,
@@ -166,19 +184,7 @@ describe("the server", () => {
   });
 
   test("pages it lets call it may read the answers too (CORS); another site's may not", async () => {
-    const preflight = (origin) => rawCall(server.url, "OPTIONS", "/v1/chat/completions", {
-      Origin: origin, "Access-Control-Request-Method": "POST",
-      "Access-Control-Request-Headers": "authorization, content-type",
-    });
-    // A development UI on another local port: allowed without the key, which no preflight carries.
-    const local = await preflight("http://localhost:3000");
-    assert.equal(local.status, 204);
-    assert.equal(local.headers["access-control-allow-origin"], "http://localhost:3000");
-    assert.equal(local.headers["access-control-allow-headers"], "authorization, content-type");
-    assert.match(local.headers["access-control-allow-methods"], /\bPOST\b/);
-    const evil = await preflight("http://evil.example");
-    assert.equal(evil.status, 403);
-    assert.equal(evil.headers["access-control-allow-origin"], undefined);
+    await checkPreflights(server.url);
     for (const [method, path, body, status] of [["POST", "/v1/chat/completions", chat, 200],
       ["GET", "/v1/models", undefined, 200], ["POST", "/v1/nothing", chat, 404]]) {
       const r = await rawCall(server.url, method, path, { Authorization: `Bearer ${KEY}`,
@@ -322,20 +328,8 @@ describe("the proxy", () => {
 
   test("answers pages' preflights itself and judges their Origin, which goes no further", async () => {
     const url = await proxy(["--api-key", "sk-proxy", "--upstream-api-key", KEY]);
-    const preflight = (origin) => rawCall(url, "OPTIONS", "/v1/chat/completions", {
-      Origin: origin, "Access-Control-Request-Method": "POST",
-      "Access-Control-Request-Headers": "authorization, content-type",
-    });
-    // No preflight carries a key: answered here, it is not the upstream's 401 (nor the proxy's).
-    const local = await preflight("http://localhost:3000");
-    assert.equal(local.status, 204);
-    assert.equal(local.headers["access-control-allow-origin"], "http://localhost:3000");
-    assert.equal(local.headers["access-control-allow-headers"], "authorization, content-type");
-    assert.match(local.headers["access-control-allow-methods"], /\bPOST\b/);
-    const evil = await preflight("http://evil.example");
-    assert.equal(evil.status, 403);
-    assert.match(evil.body.error.message, /Origin 'http:\/\/evil.example' is another site's/);
-    assert.equal(evil.headers["access-control-allow-origin"], undefined);
+    // Answered by the proxy: not the upstream's 401, nor the proxy's own.
+    await checkPreflights(url);
     // The answer names the page once, by the proxy's rule, not the upstream's "*".
     const res = await rawCall(url, "POST", "/v1/chat/completions", { Authorization: "Bearer sk-proxy",
       "Content-Type": "application/json", Origin: "http://localhost:3000" }, chat);
