@@ -205,7 +205,10 @@ void add_generate_command(CLI::App& app) {
       if (!a->json) std::cout << piece << std::flush;
     };
 
+    // Every step's logits only for --dump-logits (a vocabulary's floats a token: a long decode
+    // would hold gigabytes); the first step's for the report's top 5.
     std::vector<at::Tensor> step_logits;
+    at::Tensor first_logits;
     DecodeOptions decode;
     decode.max_new = a->max_new;
     decode.read_every = a->read_every;
@@ -226,7 +229,8 @@ void add_generate_command(CLI::App& app) {
       return true;
     };
     auto result = engine.decode(ids, media, decode, on_tokens, [&](const at::Tensor& logits) {
-      step_logits.push_back(logits.to(at::kCPU));
+      if (!first_logits.defined()) first_logits = logits.to(at::kCPU);
+      if (!a->dump_logits.empty()) step_logits.push_back(logits.to(at::kCPU));
     });
     if (stops.stopped()) {
       result.finish = "stop";
@@ -239,7 +243,7 @@ void add_generate_command(CLI::App& app) {
       write_safetensors(a->dump_logits, {f32_tensor("prompt_logits", engine.logits(ids, media)),
                                          f32_tensor("step_logits", at::stack(step_logits))});
     }
-    auto top = step_logits.front().topk(5);
+    auto top = first_logits.topk(5);
     auto top_ids = std::get<1>(top);
     auto top_values = std::get<0>(top);
     json out = engine_report(engine);

@@ -34,6 +34,13 @@ def tiny(cli, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def chat_tiny(cli, tmp_path_factory, test_tokenizer_dir):
+    """Tiny bf16 weights with the test tokenizer's 262,144 ids: prompts as text, 1 MiB of logits a
+    step."""
+    return cli.make_tiny(tmp_path_factory.mktemp("chat"), dtype="bf16", tokenizer=test_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
 def engine(tiny):
     return tt.Engine(tiny, context=CONTEXT, dtype="float32")
 
@@ -215,23 +222,21 @@ def test_file_errors_cross_as_value_and_file_not_found_errors(tmp_path):
         tt.Tokenizer(str(tmp_path))
 
 
-def test_generate_chat_flags_need_text_and_take_an_empty_prompt(cli, tmp_path, test_tokenizer_dir):
-    model = cli.make_tiny(tmp_path / "chat", dtype="bf16", tokenizer=test_tokenizer_dir)
+def test_generate_chat_flags_need_text_and_take_an_empty_prompt(cli, chat_tiny):
     for flag in (["--chat"], ["--system", "Be brief."], ["--think"]):
-        out = subprocess.run([cli.path, "generate", "--model", model, "--ids", "2", *flag],
+        out = subprocess.run([cli.path, "generate", "--model", chat_tiny, "--ids", "2", *flag],
                              capture_output=True, text=True)
         assert out.returncode != 0 and f"--ids excludes {flag[0]}" in out.stderr, out.stderr
     # An empty user turn is a prompt: the template's turn around it.
-    out = cli("generate", "--model", model, "--prompt", "", "--chat", "--max-new", 2, "--json")
+    out = cli("generate", "--model", chat_tiny, "--prompt", "", "--chat", "--max-new", 2, "--json")
     assert json.loads(out.stdout)["prompt_tokens"] > 3
 
 
-def test_generate_stop_ends_the_text_where_a_stop_string_begins(cli, tmp_path, test_tokenizer_dir):
+def test_generate_stop_ends_the_text_where_a_stop_string_begins(cli, chat_tiny):
     """As a request's `stop`: the text before the string's first place, nothing from it on; the
     tokens up to the one that completed it; a string that never appears changes nothing."""
-    model = cli.make_tiny(tmp_path / "stop", dtype="bf16", tokenizer=test_tokenizer_dir)
     run = lambda *flags: subprocess.run(
-        [cli.path, "generate", "--model", model, "--prompt", "Hello", "--max-new", "24",
+        [cli.path, "generate", "--model", chat_tiny, "--prompt", "Hello", "--max-new", "24",
          "--ignore-eos", *flags], capture_output=True, text=True)
     out = run("--json")
     assert out.returncode == 0, out.stderr
@@ -254,9 +259,20 @@ def test_generate_stop_ends_the_text_where_a_stop_string_begins(cli, tmp_path, t
 
     out = run("--stop", "")
     assert out.returncode != 0 and "--stop: must not be empty" in out.stderr, out.stderr
-    out = subprocess.run([cli.path, "generate", "--model", model, "--ids", "2", "--stop", "x"],
+    out = subprocess.run([cli.path, "generate", "--model", chat_tiny, "--ids", "2", "--stop", "x"],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "--stop requires --prompt" in out.stderr, out.stderr
+
+
+def test_generate_keeps_no_logits_for_the_tokens_it_decodes(cli, chat_tiny):
+    """A step's logits are the vocabulary's floats (1 MiB here): kept for every step, whether or
+    not --dump-logits asked for them, 600 tokens grew the process by 700 MB."""
+    out = cli("generate", "--model", chat_tiny, "--ids", "2", "--max-new", 600, "--ignore-eos",
+              "--json")
+    report = json.loads(out.stdout)
+    assert len(report["tokens"]) == 600
+    grown = report["peak_rss_bytes"] - report["rss_after_load_bytes"]
+    assert grown < 200 * 2**20, f"{grown / 2**20:.0f} MiB"
 
 
 def test_generate_refuses_flags_that_would_do_nothing_or_fail_late(cli, tiny, tmp_path):
