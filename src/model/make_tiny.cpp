@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -217,19 +218,21 @@ TinySpec tiny_preset(const std::string& name) {
   throw ValueError("unknown preset '" + name + "' (expected tiny or e2b)");
 }
 
-void make_tiny(const std::string& out, const TinySpec& spec) {
+namespace {
+
+// make_tiny's files, into `dir`, which exists and is empty.
+void write_tiny(const fs::path& dir, const TinySpec& spec) {
   if (spec.prefix != "model.language_model." && spec.prefix != "model.") {
     throw ValueError("make-tiny: --prefix must be model.language_model. or model., got '" +
                      spec.prefix + "'");
   }
+  if (spec.layer_types.empty()) throw ValueError("make-tiny: a checkpoint needs at least 1 layer");
   if (spec.shared >= static_cast<int64_t>(spec.layer_types.size()) || spec.shared < 0) {
     throw ValueError("make-tiny: --shared " + std::to_string(spec.shared) +
                      " must be below the layer count " + std::to_string(spec.layer_types.size()));
   }
   if (spec.shards < 1) throw ValueError("make-tiny: --shards must be at least 1");
   const Dtype dtype = file_dtype(spec.dtype);
-  fs::create_directories(out);
-  const fs::path dir(out);
   write_text(dir / "config.json", config_json(spec).dump(2) + "\n");
   write_text(dir / "generation_config.json", json{{"bos_token_id", 2},
                                                   {"eos_token_id", {1, 106, 50}},
@@ -242,7 +245,7 @@ void make_tiny(const std::string& out, const TinySpec& spec) {
                                                  "\n");
   // Parse what we wrote through the loader's own validation: a spec the engine would refuse is
   // refused here, before gigabytes are written.
-  load_config(out);
+  load_config(dir.string());
 
   const auto all = recipes(spec);
   int64_t total = 0;
@@ -289,6 +292,32 @@ void make_tiny(const std::string& out, const TinySpec& spec) {
         fs::copy_file(from, dir / name, fs::copy_options::overwrite_existing);
       }
     }
+  }
+}
+
+}  // namespace
+
+void make_tiny(const std::string& out, const TinySpec& spec) {
+  // The files of another checkpoint left beside the new ones (an index naming other shards) would
+  // be read in their place.
+  fs::path target(out);
+  if (!target.has_filename()) target = target.parent_path();
+  std::error_code ec;
+  if (fs::exists(target, ec) && (!fs::is_directory(target, ec) || !fs::is_empty(target, ec))) {
+    throw ValueError("make-tiny: OUT " + out + " exists and is not an empty directory");
+  }
+  // Written beside OUT and moved into place whole: a refused spec or a failed write leaves nothing
+  // that looks like a checkpoint.
+  fs::path staging = target;
+  staging += ".tmp-" + std::to_string(getpid());
+  fs::remove_all(staging, ec);
+  try {
+    fs::create_directories(staging);
+    write_tiny(staging, spec);
+    fs::rename(staging, target);
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
   }
 }
 

@@ -40,7 +40,8 @@ struct TinySpec {
 TinySpec tiny_preset(const std::string& name);
 
 // Writes config.json, generation_config.json, the safetensors file(s) and, if given, tokenizer
-// files into `out` (created if missing).
+// files into `out`, which must be missing or an empty directory (ValueError otherwise). Nothing is
+// left at `out` when the spec is refused or a write fails.
 void make_tiny(const std::string& out, const TinySpec& spec);
 
 }  // namespace torchtpu

@@ -21,8 +21,9 @@ void bind_checkpoints(py::module_& m) {
       },
       py::arg("out"), py::kw_only(), py::arg("preset") = "tiny", py::arg("seed") = 0,
       py::arg("dtype") = "f32",
-      "Writes a Gemma 4 checkpoint with random weights into `out`: preset \"tiny\" (7 layers, "
-      "vocabulary 512) or \"e2b\" (the full E2B shapes); dtype \"f32\", \"bf16\" or \"f16\".");
+      "Writes a Gemma 4 checkpoint with random weights into `out`, a new or empty directory: "
+      "preset \"tiny\" (7 layers, vocabulary 512) or \"e2b\" (the full E2B shapes); dtype "
+      "\"f32\", \"bf16\" or \"f16\".");
   m.def(
       "download",
       [](const std::string& repo_id) {

@@ -297,6 +297,30 @@ def test_generate_refuses_flags_that_would_do_nothing_or_fail_late(cli, tiny, tm
     assert run("--temperature", "1", "--seed", str(2**63 - 1)).returncode == 0
 
 
+def test_make_tiny_writes_a_new_or_empty_directory_whole_or_not_at_all(cli, tmp_path):
+    """Over another checkpoint its index and shards were left and read in place of the new
+    weights; a refused spec left a directory holding only config.json."""
+    out = tmp_path / "sharded"
+    cli.make_tiny(out, seed=1, shards=3)
+    written = sorted(p.name for p in out.iterdir())
+    again = subprocess.run([cli.path, "make-tiny", str(out), "--seed", "2"],
+                           capture_output=True, text=True)
+    assert again.returncode != 0, again.stderr
+    assert f"make-tiny: OUT {out} exists and is not an empty directory" in again.stderr
+    with pytest.raises(ValueError, match="exists and is not an empty directory"):
+        tt.make_tiny(str(out), seed=2)
+    assert sorted(p.name for p in out.iterdir()) == written
+    for flags, message in ((["--window", "0"], "window"), (["--layers", "0"], "at least 1 layer")):
+        refused = subprocess.run([cli.path, "make-tiny", str(tmp_path / "refused"), *flags],
+                                 capture_output=True, text=True)
+        assert refused.returncode != 0 and message in refused.stderr, refused.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sharded"]  # nor anything staged
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cli.make_tiny(empty, seed=2)
+    assert (empty / "config.json").is_file()
+
+
 def test_an_integer_tensor_for_a_weight_is_refused(tiny, tmp_path):
     """Its bits read as numbers would make another model: the loader names the tensor."""
     from safetensors.torch import load_file, save_file

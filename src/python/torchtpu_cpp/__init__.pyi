@@ -387,7 +387,8 @@ def download(repo_id: str) -> str:
     huggingface_hub's cache, or finds it there; the snapshot directory."""
 
 def make_tiny(out: str, *, preset: str = "tiny", seed: int = 0, dtype: str = "f32") -> None:
-    """A Gemma 4 checkpoint with random weights in `out` (preset "tiny" or "e2b"), as make-tiny."""
+    """A Gemma 4 checkpoint with random weights in `out`, a new or empty directory (preset "tiny"
+    or "e2b"), as make-tiny."""
 
 def ramp(n: int, like: torch.Tensor | None = None, dtype: _DType = "bfloat16") -> torch.Tensor:
     """[0, ..., n-1] built in C++ and moved to like's device."""
