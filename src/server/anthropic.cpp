@@ -485,7 +485,9 @@ std::string MessagesRenderer::add(const OutputDelta& delta) {
 std::string MessagesRenderer::finish(const GenerationOutcome& outcome) {
   std::string out = close();
   std::string reason = "end_turn";
-  if (outcome.finish == "length") reason = "max_tokens";
+  if (outcome.finish == "length") {
+    reason = outcome.context_full ? "model_context_window_exceeded" : "max_tokens";
+  }
   if (outcome.finish == "tool_calls") reason = "tool_use";
   if (!outcome.stop_sequence.empty()) reason = "stop_sequence";
   message_["stop_reason"] = reason;

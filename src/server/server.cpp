@@ -1729,7 +1729,10 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
 }
 
 GenerationOutcome Server::outcome(const Choices& jobs, const std::string& reasoning) const {
-  GenerationOutcome out{jobs.back()->finish, jobs.back()->stop_sequence};
+  const Job& last = *jobs.back();
+  GenerationOutcome out{last.finish, last.stop_sequence};
+  out.context_full = last.finish == "length" && last.generates &&
+                     static_cast<int64_t>(last.result.tokens.size()) < last.decode.max_new;
   for (const auto& job : jobs) {
     out.prompt_tokens += job->result.prompt_tokens;
     out.completion_tokens += static_cast<int64_t>(job->result.tokens.size());

@@ -24,6 +24,7 @@ struct GenerationOutcome {
   int64_t cached_tokens = 0;     // of prompt_tokens, those the prefix cache gave
   double read_s = 0;             // reading the prompt, until the first token was known
   double decode_s = 0;           // the steps after it
+  bool context_full = false;     // "length" came from the context's end, not the token budget
 };
 
 // One answer in one wire format. The server calls start() once, add() for each piece of parsed

@@ -468,6 +468,22 @@ describe("errors", () => {
       }
     });
 
+  test("a reply the context ends before max_tokens stops for the context window", async () => {
+    // The forced story is about 900 tokens: past the room the prompt leaves in the context.
+    const messages = ask(`Tell a long story. ${"word ".repeat(1800)}`);
+    const { input_tokens } = await client.messages.countTokens({ model: MODEL, messages });
+    const room = 2048 - input_tokens + 1;
+    assert.ok(room > 0 && room < 500, `input_tokens ${input_tokens}`);
+    for (const stream of [false, true]) {
+      const body = { model: MODEL, max_tokens: 1000, messages };
+      const m = stream ? await client.messages.stream(body).finalMessage() : await client.messages.create(body);
+      assert.equal(m.stop_reason, "model_context_window_exceeded", `stream: ${stream}`);
+      assert.equal(m.usage.output_tokens, room, `stream: ${stream}`);
+    }
+    const capped = await create({ messages, max_tokens: 5 });
+    assert.equal(capped.stop_reason, "max_tokens");
+  });
+
   test("another model's name is a 404 not_found_error", async () => {
     await assert.rejects(
       client.messages.create({ model: "claude-opus-4", max_tokens: 5, messages: ask("hi") }),
