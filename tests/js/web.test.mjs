@@ -223,6 +223,62 @@ test("the JSON output switch asks for a JSON object, and the reply is one", asyn
   await waitForState("done");
 });
 
+test("Enter that ends an input method's composition does not send", async () => {
+  await page.click("#clear");
+  await page.fill("#input", "日本");
+  const press = (init) => page.dispatchEvent("#input", "keydown", { key: "Enter", ...init });
+  // The submit handler empties the input at once: a send would show here.
+  await press({ isComposing: true });
+  await press({ keyCode: 229 });  // Safari's way to say the same
+  assert.equal(await page.inputValue("#input"), "日本");
+  assert.equal(await page.locator(".message").count(), 0);
+  await page.fill("#max-tokens", "4");
+  await press({});
+  assert.equal(await page.inputValue("#input"), "");
+  await waitForState("done");
+});
+
+test("a streamed reply is followed while the log shows its end, and not once the reader scrolls up",
+  async () => {
+    await page.click("#clear");
+    const scroll = () => page.evaluate(() => {
+      const log = document.getElementById("log");
+      return { top: log.scrollTop, bottom: log.scrollHeight - log.clientHeight };
+    });
+    await send("Write a very long story.", 3000);
+    // Followed: the log grows past its height and stays at its end.
+    await page.waitForFunction(() => {
+      const log = document.getElementById("log");
+      return log.scrollHeight > 2 * log.clientHeight;
+    }, null, { timeout: 120_000 });
+    const followed = await scroll();
+    assert.ok(followed.bottom - followed.top < 32, JSON.stringify(followed));
+    // Scrolled up while it streams: left where the reader is.
+    await page.evaluate(() => { document.getElementById("log").scrollTop = 0; });
+    const grown = (await scroll()).bottom;
+    await page.waitForFunction((b) => {
+      const log = document.getElementById("log");
+      return log.scrollHeight - log.clientHeight > b + 200;
+    }, grown, { timeout: 120_000 });
+    assert.equal(await lastReply().getAttribute("data-state"), "streaming");
+    assert.equal((await scroll()).top, 0);
+    await page.click("#stop");
+    await waitForState("stopped");
+    // A new message is shown: the log goes to its end.
+    await send("And another.", 4);
+    await waitForState("done");
+    const sent = await scroll();
+    assert.ok(sent.bottom - sent.top < 32, JSON.stringify(sent));
+  });
+
+test("a conversation past the context says so and points to New chat", async () => {
+  await page.click("#clear");
+  await send("word ".repeat(4200), 4);
+  await waitForState("error");
+  assert.match(await lastReply().locator(".meta").textContent(),
+    /error: .*context.* — the conversation no longer fits the model's context: New chat starts an empty one/);
+});
+
 // A PNG drawn on a canvas in `p`: {url (data:), bytes}.
 async function canvasPng(p, width, height) {
   const url = await p.evaluate(([w, h]) => {

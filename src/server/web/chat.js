@@ -39,6 +39,13 @@ function scrollToEnd() {
   log.scrollTop = log.scrollHeight;
 }
 
+// Whether the log shows its end: a streamed reply is followed only then, so a reader who scrolled
+// up stays where they are.
+function atEnd() {
+  const log = $("log");
+  return log.scrollHeight - log.scrollTop - log.clientHeight < 32;
+}
+
 const dataUrl = (item) => `data:${item.mime};base64,${item.data}`;
 
 // An <img> or <audio controls> of an attachment's data: URL.
@@ -84,6 +91,7 @@ function addMessage(role, text = "", media = []) {
   $("log").append(el);
   const view = { el, body, meta, content: "", reasoning: "" };
   view.show = (delta) => {
+    const follow = atEnd();
     if (delta.reasoning_content) {
       view.reasoning += delta.reasoning_content;
       thinking.hidden = false;
@@ -93,9 +101,10 @@ function addMessage(role, text = "", media = []) {
       view.content += delta.content;
       body.textContent = view.content;
     }
-    scrollToEnd();
+    if (follow) scrollToEnd();
   };
   view.show({ content: text });
+  scrollToEnd();
   return view;
 }
 
@@ -179,8 +188,10 @@ async function send(text, media = []) {
       signal: controller.signal,
     });
     if (!response.ok) {
-      const error = await response.json().catch(() => null);
-      throw new Error(error?.error?.message ?? `HTTP ${response.status}`);
+      const body = await response.json().catch(() => null);
+      const error = new Error(body?.error?.message ?? `HTTP ${response.status}`);
+      error.code = body?.error?.code;
+      throw error;
     }
     for await (const event of events(response)) {
       if (event.error) throw new Error(event.error.message);
@@ -213,8 +224,14 @@ async function send(text, media = []) {
       view.el.dataset.state = "stopped";
     } else {
       view.meta.textContent = `error: ${error.message}`;
+      if (error.code === "context_length_exceeded") {
+        view.meta.textContent += " — the conversation no longer fits the model's context: " +
+          "New chat starts an empty one";
+      }
       view.el.classList.add("error");
       view.el.dataset.state = "error";
+      // The server may have restarted with other settings (a context of another size).
+      loadEngine();
     }
   } finally {
     controller = null;
@@ -575,7 +592,9 @@ document.addEventListener("DOMContentLoaded", () => {
     send(text, media);
   });
   $("input").addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && !event.shiftKey) {
+    // Enter also ends an input method's composition (Japanese, Chinese, Korean): that one is not
+    // a send.
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing && event.keyCode !== 229) {
       event.preventDefault();
       $("composer").requestSubmit();
     }
