@@ -3132,6 +3132,15 @@ EngineOptions resolve_hub_ids(EngineOptions options, const hub::Options& hub) {
 
 int run(const ServeOptions& options, EngineFactory make_engine) {
   check_port(options.port);
+  // The engine refuses a context below 1 as it loads, after the "serving" line.
+  if (options.engine.context < 1) {
+    throw ValueError("--context must be at least 1, got " + std::to_string(options.engine.context));
+  }
+  if (options.max_body_bytes < 1024) {
+    throw ValueError("--max-body-bytes must be at least 1024, got " +
+                     std::to_string(options.max_body_bytes) +
+                     ": below that even a short request's body is refused");
+  }
   if (options.parallel < 1 || options.parallel > 256) {
     throw ValueError("--parallel must be between 1 and 256, got " +
                      std::to_string(options.parallel));

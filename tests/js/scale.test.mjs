@@ -412,6 +412,10 @@ describe("bad values of the new flags", () => {
       // 70000 would bind 70000 - 65536 = 4464.
       [["--port", "70000"], "error: --port must be between 0 (any free port) and 65535, got 70000"],
       [["--port", "-5"], "error: --port must be between 0 (any free port) and 65535, got -5"],
+      // Both used to print the serving line first (the engine refused the context as it loaded).
+      [["--context", "-5"], "error: --context must be at least 1, got -5"],
+      [["--max-body-bytes", "0"], "error: --max-body-bytes must be at least 1024, got 0: below " +
+        "that even a short request's body is refused"],
       [["--parallel", "0"], "error: --parallel must be between 1 and 256, got 0"],
       [["--parallel", "257"], "error: --parallel must be between 1 and 256, got 257"],
       [["--cache-mb", "-1"], "error: --cache-mb must be between 0 and 2^30, got -1"],
@@ -438,9 +442,11 @@ describe("bad values of the new flags", () => {
         "error: draft_ngram_min must be at least 1 and draft_ngram_max at least draft_ngram_min, " +
         "got 0 and 4"],
     ]) {
-      const { code, stderr } = await refused(args);
+      const { code, stdout, stderr } = await refused(args);
       assert.equal(code, 2, `${args.join(" ")}: ${stderr}`);
       assert.equal(stderr.trim(), message, args.join(" "));
+      // The budget message is read with the tokenizer, once the model loads behind the listener.
+      if (!args.includes("--reasoning-budget-message")) assert.equal(stdout, "", args.join(" "));
     }
   });
 
