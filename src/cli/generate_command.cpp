@@ -94,7 +94,8 @@ void add_generate_command(CLI::App& app) {
       app.add_subcommand("generate", "Read a prompt and decode it (greedily unless --temperature)");
   a->engine.add_to(*cmd);
   auto* ids = cmd->add_option("--ids", a->ids, "Prompt token ids, comma-separated");
-  auto* prompt = cmd->add_option("--prompt", a->prompt, "Prompt text (needs tokenizer.json)");
+  auto* prompt = cmd->add_option("--prompt", a->prompt,
+                                 "Prompt text (needs tokenizer.json); - reads it from stdin");
   ids->excludes(prompt);
   // The chat flags render text: with --ids there is none, so they would do nothing.
   cmd->add_flag("--chat", a->chat, "Render --prompt as a user turn with the chat template")
@@ -120,7 +121,14 @@ void add_generate_command(CLI::App& app) {
           [](const std::string& text) { return text.empty() ? "must not be empty" : ""; }, "TEXT"));
   auto* draft_max = add_draft_flags(*cmd, a->draft);
   cmd->add_option("--temperature", a->sampling.temperature, "0 (default): greedy");
-  cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0: off)");
+  // -1 as well as 0, as a request's top_k (vLLM's word for off).
+  cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0 or -1: off)")
+      ->transform(CLI::Validator(
+          [](std::string& text) {
+            if (text == "-1") text = "0";
+            return std::string();
+          },
+          "", "off"));
   cmd->add_option("--top-p", a->sampling.top_p, "Keep the smallest set with this mass (1: off)");
   cmd->add_option("--min-p", a->sampling.min_p, "Drop tokens below min_p x the top probability");
   cmd->add_option("--repetition-penalty", a->sampling.repetition_penalty, "1: off");
@@ -165,6 +173,10 @@ void add_generate_command(CLI::App& app) {
                             "/tokenizer.json; give token ids with --ids instead");
       }
       tokenizer = model_tokenizer(path, engine.config().vocab_size);
+      if (a->prompt == "-") {
+        a->prompt.assign(std::istreambuf_iterator<char>(std::cin),
+                         std::istreambuf_iterator<char>());
+      }
       std::string text = a->prompt;
       if (a->chat || a->think || !a->system.empty()) {
         nlohmann::json messages = nlohmann::json::array();

@@ -49,7 +49,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // Every usage error exits 2, as the checks after parsing do; CLI11 gives each kind of its
+    // own a code (105 for a failed validator). --help exits 0.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const torchtpu::ValueError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 2;

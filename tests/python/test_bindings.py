@@ -264,6 +264,34 @@ def test_generate_stop_ends_the_text_where_a_stop_string_begins(cli, chat_tiny):
     assert out.returncode != 0 and "--stop requires --prompt" in out.stderr, out.stderr
 
 
+def test_generate_reads_a_prompt_from_stdin_and_takes_top_k_minus_one_as_off(cli, chat_tiny):
+    """`--prompt -` is the bytes piped in, as they are; -1 is top_k's "off", as in a request."""
+    run = lambda *flags, stdin=None: subprocess.run(
+        [cli.path, "generate", "--model", chat_tiny, "--max-new", "6", "--json", *flags],
+        input=stdin, capture_output=True, text=True)
+    typed = json.loads(run("--prompt", "Hello there\n").stdout)
+    piped = run("--prompt", "-", stdin="Hello there\n")
+    assert piped.returncode == 0, piped.stderr
+    assert json.loads(piped.stdout)["prompt_ids"] == typed["prompt_ids"]
+    sampled = ("--prompt", "hi", "--temperature", "1", "--seed", "3")
+    off = run(*sampled, "--top-k", "0")
+    minus_one = run(*sampled, "--top-k", "-1")
+    assert minus_one.returncode == 0, minus_one.stderr
+    assert json.loads(minus_one.stdout)["tokens"] == json.loads(off.stdout)["tokens"]
+    refused = run(*sampled, "--top-k", "-2")
+    assert refused.returncode == 2 and "top_k must be >= 0" in refused.stderr, refused.stderr
+
+
+def test_every_usage_error_exits_2(cli, tmp_path):
+    """CLI11's own errors exited with its codes (105 for a directory that is not there, 106 for a
+    file, 109 for an unknown flag) where every other usage error exits 2."""
+    for args in (["quantize", str(tmp_path / "missing"), str(tmp_path / "out")],
+                 ["generate", "--no-such-flag"], ["generate", "--max-new", "many"]):
+        out = subprocess.run([cli.path, *args], capture_output=True, text=True)
+        assert out.returncode == 2, (args, out.returncode, out.stderr)
+    assert subprocess.run([cli.path, "generate", "--help"], capture_output=True).returncode == 0
+
+
 def test_generate_keeps_no_logits_for_the_tokens_it_decodes(cli, chat_tiny):
     """A step's logits are the vocabulary's floats (1 MiB here): kept for every step, whether or
     not --dump-logits asked for them, 600 tokens grew the process by 700 MB."""
