@@ -327,15 +327,18 @@ void Batch::before_sampling(Row& row, int64_t index, const at::Tensor& logits) {
 int64_t Batch::chunk_size(const Row& row, int64_t limit) const {
   const int64_t n = static_cast<int64_t>(row.request->prompt.size());
   int64_t count = std::min({n - row.read, engine_.options().prefill_chunk, limit});
-  // With a prefix cache, a chunk that crosses a multiple of the block, or a point a waiting row
-  // starts from (save_at), ends there, so the state at that point can be saved for prompts that
-  // share only the tokens up to it.
-  const int64_t block = cache_ ? cache_->block() : 0;
-  if (block > 0 && (row.read + count) / block > row.read / block && (row.read + count) % block) {
+  // With a prefix cache, a chunk that crosses a multiple of the block, a point a waiting row
+  // starts from (save_at) or one of the request's reuse points ends there, so the state at that
+  // point can be saved for prompts that share only the tokens up to it.
+  if (!cache_) return count;
+  const int64_t block = cache_->block();
+  if ((row.read + count) / block > row.read / block && (row.read + count) % block) {
     count = (row.read + count) / block * block - row.read;
   }
-  for (const int64_t point : row.save_at) {
-    if (point > row.read && point < row.read + count) count = point - row.read;
+  for (const auto* points : {&row.save_at, &row.request->options.reuse_points}) {
+    for (const int64_t point : *points) {
+      if (point > row.read && point < row.read + count) count = point - row.read;
+    }
   }
   return count;
 }
@@ -431,12 +434,15 @@ void Batch::after_chunk(Row& row, int64_t index, int64_t count, const at::Tensor
   prompt_tokens_ += count;
   row.read += count;
   row.position = row.read;
-  // The prompt's end is a reuse point too: a chat's next turn repeats this prompt, then the reply
-  // as the template renders it, which need not be the tokens the model fed back.
-  const int64_t block = cache_ ? cache_->block() : 0;
-  const bool waited_for =
-      std::find(row.save_at.begin(), row.save_at.end(), row.read) != row.save_at.end();
-  if (block > 0 && (row.read % block == 0 || row.read == n || waited_for)) {
+  // Saved where chunk_size ends chunks, and at the prompt's end, a reuse point too: a chat's next
+  // turn repeats this prompt, then the reply as the template renders it, which need not be the
+  // tokens the model fed back.
+  const auto& reuse = row.request->options.reuse_points;
+  const auto at = [&](const std::vector<int64_t>& points) {
+    return std::find(points.begin(), points.end(), row.read) != points.end();
+  };
+  if (cache_ &&
+      (row.read % cache_->block() == 0 || row.read == n || at(row.save_at) || at(reuse))) {
     const auto& key = row.request->cache_key;
     cache_->save({key.begin(), key.begin() + row.read}, rings_, index);
   }

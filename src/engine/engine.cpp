@@ -748,6 +748,13 @@ void Engine::check_decode(const std::vector<int64_t>& prompt, const DecodeOption
         "ignore_eos cannot be combined with a constraint: the grammar decides where "
         "the output ends");
   }
+  for (const int64_t point : options.reuse_points) {
+    if (point < 1 || point >= static_cast<int64_t>(prompt.size())) {
+      throw ValueError("reuse point " + std::to_string(point) +
+                       " is outside the prompt's positions [1, " + std::to_string(prompt.size()) +
+                       ")");
+    }
+  }
   for (size_t i = 0; i < options.stop_ids.size(); ++i) {
     const int64_t id = options.stop_ids[i];
     if (id < 0 || id >= config().vocab_size) {

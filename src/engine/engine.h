@@ -190,6 +190,11 @@ struct DecodeOptions {
   // A Batch's prefix cache shares states only between sequences of the same salt
   // (prefix_cache_key); "": those without one. Engine::decode keeps no cache.
   std::string cache_salt;
+  // Prompt positions in [1, prompt size) where a Batch's prefix cache saves the state as well as
+  // at its block ends and the prompt's end: where the prompt's turns begin, so that a prompt that
+  // parts from this one there (another conversation after the same system prompt and tools, an
+  // edited last message) starts from it rather than from the block end before it.
+  std::vector<int64_t> reuse_points;
   // The Batch row this sequence runs in (llama-server's id_slot: a client that saves or restores
   // a slot's state names the row its conversation used); it waits for that row while others take
   // the rest. -1: the first free row. Engine::decode has one row and ignores it.

@@ -52,11 +52,13 @@ struct Run {
 };
 
 // One sequence through the batch, with the logits of each of its tokens.
-Run through(Batch& batch, const std::vector<int64_t>& prompt, int64_t max_new) {
+Run through(Batch& batch, const std::vector<int64_t>& prompt, int64_t max_new,
+            std::vector<int64_t> reuse_points = {}) {
   Run run;
-  const int64_t id = batch.submit(prompt, greedy(max_new), {}, [&](const at::Tensor& logits) {
-    run.logits.push_back(logits.clone());
-  });
+  auto options = greedy(max_new);
+  options.reuse_points = std::move(reuse_points);
+  const int64_t id = batch.submit(
+      prompt, options, {}, [&](const at::Tensor& logits) { run.logits.push_back(logits.clone()); });
   while (!batch.idle()) batch.step();
   run.result = batch.take_result(id);
   return run;
@@ -162,6 +164,33 @@ TEST(PrefixCache, PromptsSharingTheirStartReuseItFromTheLastBlockBoundary) {
   const auto run = through(batch, other, 8);
   EXPECT_EQ(run.result.cached_tokens, 32);
   expect_same(run, alone(engine, other, 8));
+}
+
+// DecodeOptions::reuse_points: the state where a turn begins serves a prompt that parts from this
+// one there (another conversation after the same system prompt), where the last block end before
+// it was all there was.
+TEST(PrefixCache, APromptPartingAtAReusePointStartsFromIt) {
+  auto engine = make_engine();
+  Batch batch(engine, {.rows = 2, .cache_bytes = 64 << 20, .cache_block = 16});
+  const auto system = tokens_of(21, 3);
+  const auto first = system + tokens_of(5, 4);
+  expect_same(through(batch, first, 4, {21}), alone(engine, first, 4));
+  const auto other = system + tokens_of(9, 5);
+  const auto run = through(batch, other, 8);
+  EXPECT_EQ(run.result.cached_tokens, 21);
+  expect_same(run, alone(engine, other, 8));
+
+  for (const int64_t point : {0, 30, -1}) {
+    auto options = greedy(2);
+    options.reuse_points = {point};
+    try {
+      batch.submit(other, options);
+      ADD_FAILURE() << "reuse point " << point << " was taken";
+    } catch (const ValueError& e) {
+      EXPECT_EQ(std::string(e.what()), "reuse point " + std::to_string(point) +
+                                           " is outside the prompt's positions [1, 30)");
+    }
+  }
 }
 
 TEST(PrefixCache, EvictionKeepsTheBudgetAndAMissAfterItReadsFromScratch) {
