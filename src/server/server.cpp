@@ -77,6 +77,22 @@ struct PromptTooLong : ApiError {
   int64_t context;
 };
 
+// Where a chat prompt's turns begin that other prompts part from, for the prefix cache: the
+// second turn, after the system prompt and tools that every conversation of a client starts with,
+// and the last turn the client sent, which an edit or another question replaces. The generation
+// prompt's own turn ends the prompt, where a state is saved anyway.
+std::vector<int64_t> turn_reuse_points(const std::vector<int64_t>& prompt, int64_t turn_open) {
+  std::vector<int64_t> starts;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] == turn_open) starts.push_back(static_cast<int64_t>(i));
+  }
+  if (!starts.empty()) starts.pop_back();
+  std::vector<int64_t> points;
+  if (starts.size() >= 2) points.push_back(starts[1]);
+  if (starts.size() >= 3) points.push_back(starts.back());
+  return points;
+}
+
 // Every route of a fixed path and the methods it answers: a request's metrics label, and the 405
 // (with Allow) of another method on it.
 const std::map<std::string, std::string> kRoutes = {{"/", "GET"},
@@ -759,6 +775,7 @@ class Server {
   // list leaves it out.
   std::vector<int64_t> reply_end_ids_;
   std::optional<ToolCallTokens> tool_call_tokens_;
+  std::optional<int64_t> turn_open_;  // <|turn>, which opens each turn of a chat prompt
   std::optional<ThinkingMarkers> thinking_markers_;
   ChatTemplate::Caps template_caps_;
   std::vector<int64_t> reasoning_budget_message_;  // options_.reasoning_budget_message's tokens
@@ -825,6 +842,7 @@ void Server::load() {
     const auto close = tokenizer_->token_to_id("<tool_call|>");
     const auto quote = tokenizer_->token_to_id("<|\"|>");
     if (open && close && quote) tool_call_tokens_ = ToolCallTokens{*open, *close, *quote};
+    turn_open_ = tokenizer_->token_to_id("<|turn>");
     thinking_markers_ = thinking_markers(*tokenizer_);
     reasoning_budget_message_ = tokenizer_->encode(options_.reasoning_budget_message);
     for (const int64_t id : reasoning_budget_message_) {
@@ -1695,6 +1713,7 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
   }
   job->decode.sampling =
       sampling_params(r.sampling, generation_defaults_, engine_->config().vocab_size);
+  if (chat && turn_open_) job->decode.reuse_points = turn_reuse_points(job->prompt, *turn_open_);
   job->stop = r.stop;
   job->parse_output = chat;
   job->callable = r.callable;

@@ -155,6 +155,46 @@ test("the next turn of a chat reuses the previous turn from the prefix cache", a
   assert.equal(engine.scheduler.step_tokens, 128 + 4);
 });
 
+// The tokens of the prompt `messages` render to, before the `fromEnd`-th turn from its end (the
+// generation prompt's own turn is the first): /apply-template's text cut at a <|turn> marker, a
+// special token, so the cut text's tokens are the prompt's.
+async function tokensBeforeTurn(messages, fromEnd) {
+  const post = (route, body) => fetch(`${wide.url}${route}`, { method: "POST",
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) }).then((r) => r.json());
+  const { prompt } = await post("/apply-template", { model: MODEL, messages });
+  const cut = prompt.split("<|turn>").slice(0, -fromEnd).join("<|turn>");
+  return (await post("/tokenize", { content: cut, add_special: false })).tokens.length;
+}
+
+test("a conversation that parts from another at a turn starts from that turn", async () => {
+  const client = new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 });
+  const plain = new OpenAI({ apiKey: "none", baseURL: uncached.baseURL, maxRetries: 0 });
+  const cached = (r) => r.usage.prompt_tokens_details.cached_tokens;
+  // Each answer is the one a server without the cache gives.
+  const ask = async (messages) => {
+    const body = { model: MODEL, messages, max_tokens: 8 };
+    const got = await client.chat.completions.create(body);
+    assert.equal(got.choices[0].message.content,
+      (await plain.chat.completions.create(body)).choices[0].message.content);
+    return got;
+  };
+  // Shorter than a cache block (256 tokens), so no block end inside it was saved.
+  const system = { role: "system", content: "You answer briefly and kindly. ".repeat(12) };
+  const river = [system, { role: "user", content: "Name a river." }];
+  const first = await ask(river);
+  // Another conversation with the same system prompt: all of its turn comes from the cache.
+  const bird = [system, { role: "user", content: "Name a bird." }];
+  const before = await tokensBeforeTurn(bird, 2);
+  assert.ok(before > 40 && before < 256, `${before}`);
+  assert.equal(cached(await ask(bird)), before);
+  // The last message edited: everything before its turn.
+  const history = [...river, { role: "assistant", content: first.choices[0].message.content },
+    { role: "user", content: "And a lake?" }];
+  await ask(history);
+  const edited = [...history.slice(0, -1), { role: "user", content: "And a sea?" }];
+  assert.equal(cached(await ask(edited)), await tokensBeforeTurn(edited, 2));
+});
+
 test("cache_salt: a prompt reuses only what was cached under its own salt", async () => {
   const client = new OpenAI({ apiKey: "none", baseURL: wide.baseURL, maxRetries: 0 });
   // Longer than a cache block (256 tokens): the prompts share the block at its start.
@@ -164,8 +204,9 @@ test("cache_salt: a prompt reuses only what was cached under its own salt", asyn
   const cached = (r) => r.usage.prompt_tokens_details.cached_tokens;
   const first = await ask("Name a river.", "tenant-a");
   assert.equal(cached(first), 0);
-  // The same system prompt under the same salt comes from the cache, up to its last block.
-  assert.equal(cached(await ask("Name a lake.", "tenant-a")), 256);
+  // The same system prompt under the same salt comes from the cache, up to the user's turn.
+  const lake = [system, { role: "user", content: "Name a lake." }];
+  assert.equal(cached(await ask("Name a lake.", "tenant-a")), await tokensBeforeTurn(lake, 2));
   // Under another salt, or none, nothing does; the answers are those of the prompt alone.
   const other = await ask("Name a river.", "tenant-b");
   assert.equal(cached(other), 0);
