@@ -10,42 +10,22 @@
 // build/torchtpu-cpp; no --model: the demo checkpoint) and stops it afterwards.
 // The client rate counts the tokens after the first over the time from the first content chunk
 // to the last; the engine rate is the same count over the engine's decode seconds.
-import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { driverArgs } from "./driver_server.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const { default: OpenAI } = await import(join(here, "../tests/js/node_modules/openai/index.mjs"));
 const { Ollama } = await import(join(here, "../tests/js/node_modules/ollama/dist/index.mjs"));
-const { startServer } = await import(join(here, "../tests/js/server_helpers.mjs"));
 
-const argv = process.argv.slice(2);
-const dash = argv.indexOf("--");
-const serveArgs = dash >= 0 ? argv.slice(dash + 1) : [];
-const own = dash >= 0 ? argv.slice(0, dash) : argv;
-const option = (name, fallback) => {
-  const i = own.indexOf(name);
-  return i >= 0 ? own[i + 1] : fallback;
-};
+const { option, start } = driverArgs(process.argv.slice(2));
 const requests = Number(option("--requests", 5));
 const api = option("--api", "openai");
 if (!["openai", "ollama", "both"].includes(api)) throw new Error(`--api openai|ollama|both, got ${api}`);
 const maxTokens = Number(option("--max-tokens", 100));
 const prompt = "Write a short paragraph about the ocean.";
 
-let server = null;
-let url = option("--url", null);
-if (!url) {
-  process.env.TORCHTPU_CLI ??= join(here, "../build/torchtpu-cpp");
-  if (!existsSync(process.env.TORCHTPU_CLI)) {
-    throw new Error(`no server binary at ${process.env.TORCHTPU_CLI}; set TORCHTPU_CLI or --url`);
-  }
-  // The tests' helper pins the server to one intra-op thread; a benchmark keeps the caller's
-  // OMP_NUM_THREADS, or "0", which the engine reads as "the physical cores".
-  const threads = process.env.OMP_NUM_THREADS ?? "0";
-  server = await startServer(serveArgs, { env: { OMP_NUM_THREADS: threads } });
-  url = server.url;
-}
+const { url, server } = await start();
 const apiKey = process.env.TORCHTPU_API_KEY ?? "none";
 const client = new OpenAI({ apiKey, baseURL: `${url}/v1`, maxRetries: 0 });
 const ollama = new Ollama({ host: url, headers: { Authorization: `Bearer ${apiKey}` } });

@@ -5,40 +5,21 @@
 //
 // Usage: node bench/shared_prefix.mjs [--url http://HOST:PORT] [--system-words 150] [--rounds 3]
 //                                     [-- serve arguments, e.g. --model DIR --emb4 DIR]
-// Without --url it starts `$TORCHTPU_CLI serve --port 0 <serve arguments>` (default
-// build/torchtpu-cpp; no --model: the demo checkpoint) and stops it afterwards. Each round has a
-// system prompt of its own, so no round reuses another's. A request is greedy with max_tokens 1:
-// its time is the time to its first token.
-import { existsSync } from "node:fs";
+// Without --url it starts a server (bench/driver_server.mjs) and stops it afterwards. Each round
+// has a system prompt of its own, so no round reuses another's. A request is greedy with
+// max_tokens 1: its time is the time to its first token.
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
+import { driverArgs } from "./driver_server.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const { default: OpenAI } = await import(join(here, "../tests/js/node_modules/openai/index.mjs"));
-const { startServer } = await import(join(here, "../tests/js/server_helpers.mjs"));
 
-const argv = process.argv.slice(2);
-const dash = argv.indexOf("--");
-const serveArgs = dash >= 0 ? argv.slice(dash + 1) : [];
-const own = dash >= 0 ? argv.slice(0, dash) : argv;
-const option = (name, fallback) => {
-  const i = own.indexOf(name);
-  return i >= 0 ? own[i + 1] : fallback;
-};
+// E2B's first load maps gigabytes: more than the tests' four minutes on a slow disk.
+const { option, start } = driverArgs(process.argv.slice(2), { readyTimeoutMs: 900_000 });
 const systemWords = Number(option("--system-words", 150));
 const rounds = Number(option("--rounds", 3));
-
-let server = null;
-let url = option("--url", null);
-if (!url) {
-  process.env.TORCHTPU_CLI ??= join(here, "../build/torchtpu-cpp");
-  if (!existsSync(process.env.TORCHTPU_CLI)) {
-    throw new Error(`no server binary at ${process.env.TORCHTPU_CLI}; set TORCHTPU_CLI or --url`);
-  }
-  const threads = process.env.OMP_NUM_THREADS ?? "0";
-  server = await startServer(serveArgs, { env: { OMP_NUM_THREADS: threads }, readyTimeoutMs: 900_000 });
-  url = server.url;
-}
+const { url, server } = await start();
 const client = new OpenAI({ apiKey: process.env.TORCHTPU_API_KEY ?? "none", baseURL: `${url}/v1`,
   maxRetries: 0, timeout: 900_000 });
 const model = (await client.models.list()).data[0].id;
