@@ -310,11 +310,13 @@ std::optional<uint64_t> to_seed(py::handle seed) {
                    std::string(py::repr(seed)));
 }
 
-// Binds `f(self, first, on_tokens, DecodeArgs)` as method `name` taking `first` (named by
-// `first_name`) and then DecodeArgs' fields as arguments: every method that decodes takes the
-// same names and defaults.
-template <typename Class, typename F>
-void def_decoding(Class& cls, const char* name, const char* first_name, const char* doc, F f) {
+// Binds `f(self, first, on_tokens, DecodeArgs, extra...)` as method `name` taking `first` (named
+// by `first_name`), DecodeArgs' fields, then keyword arguments of types `Extra` that `extra_args`
+// name: every method that decodes takes the same names and defaults, and a Batch's take the prefix
+// cache's after them (def_batch_decoding).
+template <typename... Extra, typename Class, typename F, typename... ExtraArgs>
+void def_decoding(Class& cls, const char* name, const char* first_name, const char* doc, F f,
+                  ExtraArgs... extra_args) {
   cls.def(
       name,
       [f](typename Class::type& self, py::handle first, int64_t max_new, py::object stop,
@@ -325,14 +327,15 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
           std::optional<int64_t> thinking_budget, const std::string& thinking_budget_message,
           const std::vector<Media>& media, int64_t draft_max, int64_t draft_ngram_min,
           int64_t draft_ngram_max, bool draft_always,
-          std::optional<std::map<std::string, double>> lora) {
+          std::optional<std::map<std::string, double>> lora, Extra... extra) {
         return f(self, first, on_tokens,
                  DecodeArgs{max_new, std::move(stop), read_every, temperature, top_k, top_p, min_p,
                             repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
                             to_seed(seed), std::move(grammar_kind), grammar, thinking_budget,
                             thinking_budget_message, media,
                             Drafting{draft_max, draft_ngram_min, draft_ngram_max, draft_always},
-                            std::move(lora)});
+                            std::move(lora)},
+                 std::move(extra)...);
       },
       doc, py::arg(first_name), py::arg("max_new"), py::arg("stop") = py::make_tuple(1, 106, 50),
       py::arg("read_every") = 1, py::arg("on_tokens") = py::none(), py::kw_only(),
@@ -345,7 +348,46 @@ void def_decoding(Class& cls, const char* name, const char* first_name, const ch
       py::arg("media") = std::vector<Media>{}, py::arg("draft_max") = 0,
       py::arg("draft_ngram_min") = Drafting{}.ngram_min,
       py::arg("draft_ngram_max") = Drafting{}.ngram_max, py::arg("draft_always") = false,
-      py::arg("lora") = py::none());
+      py::arg("lora") = py::none(), std::move(extra_args)...);
+}
+
+// The prefix cache's arguments, which only a Batch's methods take: Engine.decode keeps no cache,
+// and one that took them would ignore them.
+struct CacheArgs {
+  std::string salt;  // "": none
+  std::vector<int64_t> reuse_points;
+};
+
+// cache_salt (None: no salt; ValueError for "", which would read as none) and reuse_points (a
+// sequence of ints; ValueError naming the item that is not) as CacheArgs.
+CacheArgs cache_args(const std::optional<std::string>& cache_salt, py::handle reuse_points) {
+  if (cache_salt && cache_salt->empty()) {
+    throw ValueError("cache_salt must not be empty: leave it out (None) for no salt");
+  }
+  return {cache_salt.value_or(""), to_ids(reuse_points, "reuse_points")};
+}
+
+// ValueError unless every reuse point lies in [1, n) of `prompt` (n its ids; `what` names it), as
+// Engine::check_decode asks, naming the point by its place in reuse_points; `rule` ends the
+// message.
+void check_reuse_points(const CacheArgs& cache, const std::vector<int64_t>& prompt,
+                        const std::string& what, const std::string& rule = "") {
+  const auto n = static_cast<int64_t>(prompt.size());
+  for (size_t i = 0; i < cache.reuse_points.size(); ++i) {
+    const int64_t point = cache.reuse_points[i];
+    if (point < 1 || point >= n) {
+      throw ValueError("reuse_points[" + std::to_string(i) + "] is " + std::to_string(point) +
+                       ", outside the positions [1, " + std::to_string(n) + ") of " + what + " (" +
+                       std::to_string(n) + " ids)" + rule);
+    }
+  }
+}
+
+// `options` with `cache`'s salt and reuse points.
+DecodeOptions with_cache(DecodeOptions options, const CacheArgs& cache) {
+  options.cache_salt = cache.salt;
+  options.reuse_points = cache.reuse_points;
+  return options;
 }
 
 // torchtpu_cpp.Batch: a Batch over the engine's model, owned by the engine's owner thread (every
@@ -439,6 +481,20 @@ class PyBatch {
   std::optional<py::error_already_set> failure_;
   std::unique_ptr<Batch> batch_;
 };
+
+// Binds a Batch method as def_decoding does, with the prefix cache's arguments, keyword-only,
+// after the rest: `f(self, first, on_tokens, DecodeArgs, CacheArgs)`.
+template <typename F>
+void def_batch_decoding(py::class_<PyBatch>& cls, const char* name, const char* first_name,
+                        const char* doc, F f) {
+  def_decoding<std::optional<std::string>, py::handle>(
+      cls, name, first_name, doc,
+      [f](PyBatch& self, py::handle first, py::handle on_tokens, const DecodeArgs& args,
+          const std::optional<std::string>& cache_salt, py::handle reuse_points) {
+        return f(self, first, on_tokens, args, cache_args(cache_salt, reuse_points));
+      },
+      py::arg("cache_salt") = py::none(), py::arg("reuse_points") = py::tuple());
+}
 
 py::dict stats_dict(const BatchStats& stats) {
   py::dict d;
@@ -772,24 +828,34 @@ void bind_engine(py::module_& m) {
                           decode_options(self, "Engine.decode", args), on_tokens, args.media);
       });
 
-  def_decoding(
+  def_batch_decoding(
       batch, "submit", "ids",
       "Queues a sequence with Engine.decode's arguments (read_every is taken as 1: every step "
       "reads each row's token back) and returns its id; on_tokens sees its tokens. ValueError "
-      "for what Engine.decode refuses.",
-      [](PyBatch& self, py::handle ids, py::handle on_tokens, const DecodeArgs& args) {
-        return self.submit("Batch.submit", to_ids(ids, "ids"),
-                           decode_options(self.engine(), "Batch.submit", args), on_tokens,
-                           args.media);
+      "for what Engine.decode refuses. With a prefix cache (Engine.batch's cache_mb): "
+      "cache_salt shares cached states only with sequences of the same salt (vLLM's; None: "
+      "those without one; ValueError for an empty one); reuse_points, positions in [1, len(ids)) "
+      "where prompt chunks end and a state is saved, so that a later prompt that parts from "
+      "this one there starts from it (where a chat's turns begin; ValueError for a point that "
+      "is not an int or lies outside).",
+      [](PyBatch& self, py::handle ids, py::handle on_tokens, const DecodeArgs& args,
+         const CacheArgs& cache) {
+        const auto prompt = to_ids(ids, "ids");
+        check_reuse_points(cache, prompt, "ids");
+        return self.submit("Batch.submit", prompt,
+                           with_cache(decode_options(self.engine(), "Batch.submit", args), cache),
+                           on_tokens, args.media);
       });
-  def_decoding(
+  def_batch_decoding(
       batch, "decode_many", "prompts",
       "Decodes every prompt in `prompts` (a sequence of id sequences) with the same arguments, "
       "together in this batch, and returns their DecodeResults in order: each the result "
       "Engine.decode gives for that prompt alone. on_tokens(index, tokens) sees the tokens of "
-      "prompt `index`; a falsy return cancels that sequence alone. The GIL is released during "
-      "each step.",
-      [](PyBatch& self, py::handle prompts, py::handle on_tokens, const DecodeArgs& args) {
+      "prompt `index`; a falsy return cancels that sequence alone. cache_salt as in submit; "
+      "reuse_points serve every prompt, so each point must lie inside each prompt (ValueError "
+      "naming the first prompt it does not fit). The GIL is released during each step.",
+      [](PyBatch& self, py::handle prompts, py::handle on_tokens, const DecodeArgs& args,
+         const CacheArgs& cache) {
         check_no_media(args, "Batch.decode_many");
         check_callable(on_tokens);
         if (PyUnicode_Check(prompts.ptr()) || !py::isinstance<py::iterable>(prompts)) {
@@ -804,8 +870,11 @@ void bind_engine(py::module_& m) {
         for (py::handle prompt : prompts) {
           const std::string what = "prompts[" + std::to_string(prompt_ids.size()) + "]";
           prompt_ids.push_back(to_ids(prompt, what.c_str()));
+          check_reuse_points(cache, prompt_ids.back(), what,
+                             ": one list serves every prompt, so each point must lie inside each");
         }
-        const DecodeOptions options = decode_options(self.engine(), "Batch.decode_many", args);
+        const DecodeOptions options =
+            with_cache(decode_options(self.engine(), "Batch.decode_many", args), cache);
         const auto partial = py::module_::import("functools").attr("partial");
         std::vector<int64_t> ids;
         std::map<int64_t, DecodeResult> results;

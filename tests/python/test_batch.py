@@ -314,3 +314,120 @@ def test_a_slots_state_in_a_file_gives_another_engine_the_next_turn(engine, tiny
         bf16.batch(cache_mb=16).restore_slot(0, str(path))
     with pytest.raises(ValueError, match="prefix cache is off"):
         engine.batch(rows=1).save_slot(0, str(path))
+
+
+def _run(batch, prompt, max_new, via, **kwargs):
+    """One prompt through `batch` alone, by decode_many or by submit and step."""
+    if via == "decode_many":
+        return batch.decode_many([prompt], max_new, stop=(), **kwargs)[0]
+    seq = batch.submit(prompt, max_new, stop=(), **kwargs)
+    while not batch.idle:
+        batch.step()
+    return batch.result(seq)
+
+
+@pytest.mark.parametrize("via", ["submit", "decode_many"])
+def test_the_prefix_cache_shares_states_only_between_sequences_of_one_salt(engine, via):
+    batch = engine.batch(rows=2, cache_mb=16, cache_block=16)
+    first_prompt = _prompt(37, 10)
+    first = _run(batch, first_prompt, 10, via, cache_salt="alice")
+    assert first.cached_tokens == 0
+    second_prompt = first_prompt + first.tokens + _prompt(6, 11)[1:]
+    alone = engine.decode(second_prompt, 12, stop=()).tokens
+    for salt in ("bob", None):
+        other = _run(batch, second_prompt, 12, via, cache_salt=salt)
+        assert (salt, other.cached_tokens) == (salt, 0)
+        assert other.tokens == alone
+    same = _run(batch, second_prompt, 12, via, cache_salt="alice")
+    # The first prompt and 9 of its reply's 10 tokens (the last was sampled, not fed).
+    assert same.cached_tokens == 37 + 9
+    assert same.tokens == alone
+
+
+@pytest.mark.parametrize("via", ["submit", "decode_many"])
+def test_a_prompt_that_parts_at_a_reuse_point_reuses_everything_before_it(engine, via):
+    """Two conversations after the same 27-token system prompt: with a reuse point at 27 the
+    second starts from the state saved there, without one from the last block end (16)."""
+    shared = _prompt(27, 12)
+    first_prompt = shared + _prompt(14, 13)[1:]
+    second_prompt = shared + _prompt(12, 14)[1:]
+    assert first_prompt[27] != second_prompt[27]
+    alone = engine.decode(second_prompt, 8, stop=()).tokens
+    for points, reused in (((27,), 27), ((), 16)):
+        batch = engine.batch(rows=2, cache_mb=16, cache_block=16)
+        assert _run(batch, first_prompt, 8, via, reuse_points=points).cached_tokens == 0
+        second = _run(batch, second_prompt, 8, via)
+        assert (points, second.cached_tokens) == (points, reused)
+        assert second.tokens == alone
+
+
+def test_decode_many_saves_at_a_reuse_point_that_fits_every_prompt(engine):
+    shared = _prompt(20, 15)
+    prompts = [shared + _prompt(n, seed)[1:] for seed, n in ((16, 9), (17, 4))]
+    batch = engine.batch(rows=2, cache_mb=16, cache_block=16)
+    results = batch.decode_many(prompts, 6, stop=(), reuse_points=[20, 22])
+    for prompt, result in zip(prompts, results):
+        assert result.tokens == engine.decode(prompt, 6, stop=()).tokens
+    later = shared + _prompt(8, 18)[1:]
+    assert _run(batch, later, 6, "submit").cached_tokens == 20
+
+
+@pytest.mark.parametrize(
+    "call,kind,words",
+    [
+        (
+            lambda b: b.submit([2, 5, 6], 4, cache_salt=""),
+            ValueError,
+            ["cache_salt must not be empty: leave it out (None) for no salt"],
+        ),
+        (
+            lambda b: b.decode_many([[2, 5, 6]], 4, cache_salt=""),
+            ValueError,
+            ["cache_salt must not be empty"],
+        ),
+        (
+            lambda b: b.submit([2, 5, 6], 4, reuse_points=[1, "x"]),
+            ValueError,
+            ["reuse_points[1] is 'x' (str)"],
+        ),
+        (
+            lambda b: b.submit([2, 5, 6], 4, reuse_points=2),
+            ValueError,
+            ["reuse_points must be a sequence", "got int"],
+        ),
+        (
+            lambda b: b.submit([2, 5, 6], 4, reuse_points=[0]),
+            ValueError,
+            ["reuse_points[0] is 0, outside the positions [1, 3) of ids (3 ids)"],
+        ),
+        (
+            lambda b: b.submit([2, 5, 6], 4, reuse_points=[1, 3]),
+            ValueError,
+            ["reuse_points[1] is 3, outside the positions [1, 3) of ids (3 ids)"],
+        ),
+        (
+            lambda b: b.decode_many([[2, 5, 6, 7], [2, 5]], 4, reuse_points=[1, 2]),
+            ValueError,
+            [
+                "reuse_points[1] is 2, outside the positions [1, 2) of prompts[1] (2 ids)",
+                "one list serves every prompt, so each point must lie inside each",
+            ],
+        ),
+        (lambda b: b.submit([2, 5, 6], 4, cache_salt=5), TypeError, ["cache_salt"]),
+        (lambda b: b.submit([2, 5, 6], 4, None, 1, None, "s"), TypeError, ["submit()"]),
+    ],
+)
+def test_bad_cache_arguments_are_refused_and_queue_nothing(engine, call, kind, words):
+    batch = engine.batch(rows=2, cache_mb=16, cache_block=16)
+    with pytest.raises(kind) as info:
+        call(batch)
+    assert type(info.value) is kind
+    for word in words:
+        assert word in str(info.value)
+    assert batch.stats()["queued"] == 0 and batch.idle
+
+
+@pytest.mark.parametrize("kwargs", [{"cache_salt": "alice"}, {"reuse_points": [1]}])
+def test_engine_decode_keeps_no_cache_and_takes_no_cache_arguments(engine, kwargs):
+    with pytest.raises(TypeError, match=next(iter(kwargs))):
+        engine.decode([2, 5, 6], 4, **kwargs)
