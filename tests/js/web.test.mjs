@@ -1,12 +1,13 @@
 // The chat page at / of `torchtpu-cpp serve` (demo checkpoint, greedy) in Debian's Chromium,
 // driven by playwright-core: a streamed reply, the conversation carried into the next prompt
 // (seen in the server's prompt token counter), Stop cancelling the decode (the server's cancel
-// counter), the side panel's build, and markup in a reply shown as text. Then images and audio
-// (#19): the attach controls follow /v1/models' modalities (none for the text-only demo), the
-// server's 400 for media shows as the reply's error, and on a tiny checkpoint with both encoders
-// (make_multimodal.py) a canvas-drawn PNG, a recording from Chromium's fake microphone and a WAV
-// file go to the server as OpenAI content parts, show in the conversation and are answered, and
-// wrong files are refused in the page. Last, LoRA adapters: the panel's picker lists a server's
+// counter), the side panel's build, markup in a reply shown as text, and a question that got no
+// reply (an error, or Stop before any text) marked unsent, back in the composer and sent again
+// once. Then images and audio (#19): the attach controls follow /v1/models' modalities (none for
+// the text-only demo), the server's 400 for media shows as the reply's error, and on a tiny
+// checkpoint with both encoders (make_multimodal.py) a canvas-drawn PNG, a recording from
+// Chromium's fake microphone and a WAV file go to the server as OpenAI content parts, show in the
+// conversation and are answered, and wrong files are refused in the page. Last, LoRA adapters: the panel's picker lists a server's
 // adapters (loaded at start and while the page is open), and a reply under one is the server's
 // answer with that adapter named as the model.
 import assert from "node:assert/strict";
@@ -83,6 +84,20 @@ async function waitForState(state) {
     state,
     { timeout: 120_000 },
   );
+}
+
+// One server-sent event of a streamed chat reply, for replies served to the page's own fetch.
+const chunk = (delta, finish = null) => `data: ${JSON.stringify({
+  object: "chat.completion.chunk", choices: [{ index: 0, delta, finish_reason: finish }],
+})}\n\n`;
+
+const lastQuestion = () => page.locator(".message.user").last();
+
+// The messages of the chat request that `act` makes the page send.
+async function sentMessages(act) {
+  const request = page.waitForRequest("**/v1/chat/completions");
+  await act();
+  return JSON.parse((await request).postData()).messages;
 }
 
 async function promptTokens() {
@@ -178,8 +193,6 @@ test("markup in a reply is shown as text, never run", async () => {
   // The demo's random weights cannot be made to say this, so the reply is served to the page's
   // own fetch as the server would stream it.
   const evil = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"><b>bold</b>';
-  const chunk = (delta, finish = null) =>
-    `data: ${JSON.stringify({ object: "chat.completion.chunk", choices: [{ index: 0, delta, finish_reason: finish }] })}\n\n`;
   await page.route("**/v1/chat/completions", (route) =>
     route.fulfill({
       status: 200,
@@ -278,6 +291,131 @@ test("a conversation past the context says so and points to New chat", async () 
   assert.match(await lastReply().locator(".meta").textContent(),
     /error: .*context.* — the conversation no longer fits the model's context: New chat starts an empty one/);
 });
+
+test("a question that got no reply is marked unsent and comes back to the input, to be sent once",
+  async () => {
+    await page.click("#clear");
+    const q1 = "Tell me about the sea.";
+    await send(q1, 4);
+    await waitForState("done");
+    const a1 = await lastReply().locator(".content").textContent();
+
+    // The server's 400 before any reply text: the question is shown as outside the conversation,
+    // and the composer holds it again.
+    const long = "word ".repeat(4200).trim();
+    await send(long, 4);
+    await waitForState("error");
+    assert.match(await lastReply().locator(".meta").textContent(), /^error: .*context/);
+    assert.equal(await lastQuestion().getAttribute("data-state"), "unsent");
+    assert.equal(await lastQuestion().locator(".meta").isVisible(), true);
+    assert.equal(await lastQuestion().locator(".meta").textContent(),
+      "not answered, so not in the conversation; it is back in the message box");
+    assert.equal(await page.inputValue("#input"), long);
+
+    // Edited and sent: the history is the first exchange and the new question.
+    const q2 = "word word word";
+    await page.fill("#input", q2);
+    const second = await sentMessages(() => page.click("#send"));
+    assert.deepEqual(second, [
+      { role: "user", content: q1 }, { role: "assistant", content: a1 },
+      { role: "user", content: q2 },
+    ]);
+    await waitForState("done");
+    const a2 = await lastReply().locator(".content").textContent();
+
+    // A network error, then Send again as it stands: the question goes once.
+    const q3 = "And the sky?";
+    await page.route("**/v1/chat/completions", (route) => route.abort("connectionrefused"),
+      { times: 1 });
+    await send(q3, 4);
+    await waitForState("error");
+    assert.equal(await lastQuestion().getAttribute("data-state"), "unsent");
+    assert.equal(await page.inputValue("#input"), q3);
+    // The log, at its end when the request went out, still shows its end: the error and the note.
+    const rest = await page.evaluate(() => {
+      const log = document.getElementById("log");
+      return log.scrollHeight - log.scrollTop - log.clientHeight;
+    });
+    assert.ok(rest < 32, `${rest} px below the view`);
+    fs.mkdirSync(ARTIFACTS, { recursive: true });
+    await page.screenshot({ path: path.join(ARTIFACTS, "chat_page_unsent.png") });
+    const third = await sentMessages(() => page.click("#send"));
+    assert.deepEqual(third,
+      [...second, { role: "assistant", content: a2 }, { role: "user", content: q3 }]);
+    assert.equal(await page.inputValue("#input"), "");
+    await waitForState("done");
+    const a3 = await lastReply().locator(".content").textContent();
+
+    // And the next exchange alternates on from there.
+    const fourth = await sentMessages(() => send("And the stars?", 4));
+    assert.deepEqual(fourth, [
+      ...third, { role: "assistant", content: a3 }, { role: "user", content: "And the stars?" },
+    ]);
+    await waitForState("done");
+    const questions = await page.$$eval(".message.user", (list) =>
+      list.map((el) => [el.querySelector(".content").textContent, el.dataset.state ?? null]));
+    assert.deepEqual(questions, [
+      [q1, null], [long, "unsent"], [q2, null], [q3, "unsent"], [q3, null],
+      ["And the stars?", null],
+    ]);
+  });
+
+test("a question stopped before any reply text comes back too; text typed meanwhile stays",
+  async () => {
+    // The page's requests get no answer until the test lets them fail.
+    let release;
+    const held = new Promise((resolve) => { release = resolve; });
+    await page.route("**/v1/chat/completions", async (route) => {
+      await held;
+      await route.abort("connectionrefused").catch(() => {});  // the page may have aborted it
+    });
+    try {
+      await page.click("#clear");
+      await send("Wait for it.", 4);
+      await page.click("#stop");
+      await waitForState("stopped");
+      assert.equal(await lastQuestion().getAttribute("data-state"), "unsent");
+      assert.equal(await page.inputValue("#input"), "Wait for it.");
+
+      await send("Another one.", 4);
+      await page.fill("#input", "Something new.");
+      release();
+      await waitForState("error");
+      assert.equal(await lastQuestion().getAttribute("data-state"), "unsent");
+      assert.equal(await lastQuestion().locator(".meta").textContent(),
+        "not answered, so not in the conversation");
+      assert.equal(await page.inputValue("#input"), "Something new.");
+    } finally {
+      release();
+      await page.unroute("**/v1/chat/completions");
+    }
+    // Neither question is in the history.
+    const sent = await sentMessages(() => page.click("#send"));
+    assert.deepEqual(sent, [{ role: "user", content: "Something new." }]);
+    await waitForState("done");
+  });
+
+test("a reply that ends with thinking and no text keeps its question in the conversation",
+  async () => {
+    await page.click("#clear");
+    await page.route("**/v1/chat/completions", (route) =>
+      route.fulfill({
+        status: 200,
+        contentType: "text/event-stream",
+        body: chunk({ role: "assistant", content: "" }) + chunk({ reasoning_content: "Hmm." }) +
+          chunk({}, "length") + "data: [DONE]\n\n",
+      }), { times: 1 });
+    await send("Think hard.", 4);
+    await waitForState("done");
+    assert.equal(await lastQuestion().getAttribute("data-state"), null);
+    assert.equal(await page.inputValue("#input"), "");
+    const sent = await sentMessages(() => send("And say it.", 4));
+    assert.deepEqual(sent, [
+      { role: "user", content: "Think hard." }, { role: "assistant", content: "" },
+      { role: "user", content: "And say it." },
+    ]);
+    await waitForState("done");
+  });
 
 // A PNG drawn on a canvas in `p`: {url (data:), bytes}.
 async function canvasPng(p, width, height) {
@@ -603,6 +741,11 @@ describe("images and audio on a checkpoint with vision and audio encoders", () =
       /^error: 'messages\[0\]\.content\[0\]\.image_url\.url' is not a readable image: /,
     );
     assert.equal(await reply().evaluate((el) => el.classList.contains("error")), true);
+    // The question comes back to the composer with its image, to be changed and sent again.
+    assert.equal(await userTurn().getAttribute("data-state"), "unsent");
+    assert.equal(await mmPage.inputValue("#input"), "What is this?");
+    assert.equal(await mmPage.locator("#attachments .chip.image img").getAttribute("src"),
+      `data:image/png;base64,${broken.toString("base64")}`);
     // Nothing the page showed broke its Content-Security-Policy.
     assert.deepEqual(violations, []);
   });

@@ -1,7 +1,9 @@
 // The chat page of torchtpu-cpp: streams replies from /v1/chat/completions, keeps the
 // conversation, cancels with Stop (aborting the fetch closes the connection, and the server stops
-// the decode), and shows the engine's build and decode rate. Model and server text only ever
-// reaches the page through textContent: nothing it says is parsed as markup.
+// the decode), and shows the engine's build and decode rate. A question that gets no reply text
+// (an error, or Stop before any) leaves the conversation: the log marks it unsent, and it goes
+// back to an empty composer, attachments and all. Model and server text only ever reaches the
+// page through textContent: nothing it says is parsed as markup.
 //
 // When /v1/models says the model reads images or audio, the composer attaches PNG, JPEG and WebP
 // images, WAV and MP3 files and microphone recordings (turned into 16 kHz mono 16-bit WAV here:
@@ -156,7 +158,7 @@ async function send(text, media = []) {
   // Images, then audio, then the text: the order the CLI uses (generate --image … --audio …).
   media = [...media.filter((m) => m.kind === "image"), ...media.filter((m) => m.kind === "audio")];
   conversation.push({ role: "user", content: userContent(text, media) });
-  addMessage("user", text, media);
+  const question = addMessage("user", text, media);
   const view = addMessage("assistant");
   view.el.dataset.state = "streaming";
   const system = $("system").value.trim();
@@ -180,6 +182,7 @@ async function send(text, media = []) {
   let finish = null;
   let timings = null;
   let usage = null;
+  let follow = false;  // whether the log showed its end when the reply ended
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -210,6 +213,7 @@ async function send(text, media = []) {
         timings = event.timings ?? null;
       }
     }
+    follow = atEnd();
     const parts = [`finish ${finish ?? "?"}`];
     if (usage) parts.push(`${usage.prompt_tokens} prompt + ${usage.completion_tokens} completion tokens`);
     if (timings?.decode_tokens_per_second) {
@@ -219,6 +223,7 @@ async function send(text, media = []) {
     view.meta.textContent = parts.join(" · ");
     view.el.dataset.state = "done";
   } catch (error) {
+    follow = atEnd();
     if (error.name === "AbortError") {
       view.meta.textContent = "stopped";
       view.el.dataset.state = "stopped";
@@ -236,14 +241,32 @@ async function send(text, media = []) {
   } finally {
     controller = null;
     setBusy(false);
-    if (view.content) {
+    // A reply that ended keeps its turn even when empty (its thinking took every token), so the
+    // log and the history agree.
+    if (view.content || view.el.dataset.state === "done") {
       conversation.push({ role: "assistant", content: view.content });
     } else {
-      // Nothing came back: the question leaves the conversation, so turns keep alternating.
+      // Failed or stopped before any text: the question leaves the conversation, so turns keep
+      // alternating, and the log says so.
       conversation.pop();
+      unanswered(question, text, media);
     }
+    // The lines added at the end (the meta, the note) are shown to a reader who was following.
+    if (follow) scrollToEnd();
     refreshMetrics();
   }
+}
+
+// Marks a question that got no reply as outside the conversation, and puts it back in the
+// composer to edit and send again, unless something new is being written there.
+function unanswered(question, text, media) {
+  question.el.dataset.state = "unsent";
+  question.meta.textContent = "not answered, so not in the conversation";
+  if ($("input").value.trim() || attachments.length) return;
+  $("input").value = text;
+  attachments.push(...media);
+  renderAttachments();
+  question.meta.textContent += "; it is back in the message box";
 }
 
 // --- Attachments --------------------------------------------------------------------------------
