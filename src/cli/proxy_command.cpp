@@ -24,6 +24,10 @@ void add_proxy_command(CLI::App& app) {
                   "Seconds the upstream command may run before it is killed")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-body-bytes", options->max_body_bytes,
+                  "Largest request body accepted (the proxy holds each whole before forwarding "
+                  "it; raise it with the upstream's)")
+      ->capture_default_str();
   cmd->add_option("--api-key", options->api_key,
                   "The proxy's own key: require 'Authorization: Bearer KEY' on everything but the "
                   "chat page and /health (default: $TORCHTPU_PROXY_API_KEY)");

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -38,14 +39,14 @@ bool address_is(const sockaddr_storage& addr, socklen_t len, const std::string& 
 
 using Clock = std::chrono::steady_clock;
 
-thread_local std::optional<HeadRefusal> t_refusal;
+thread_local std::optional<ReadRefusal> t_refusal;
 thread_local bool t_head_parsed = false;
 thread_local bool t_end_after_answer = false;
 
 // Whether the connection of the request answered on this thread ends with the answer: after a
 // head that could not be read (refused here, malformed, a request line too long) or a body left
-// unread, nothing tells where the next request would start.
-bool ends_after_answer() { return !t_head_parsed || t_end_after_answer; }
+// unread or refused, nothing tells where the next request would start.
+bool ends_after_answer() { return !t_head_parsed || t_end_after_answer || t_refusal; }
 
 // How long a connection whose head could not be read is read and dropped after its answer.
 constexpr std::chrono::seconds kLingerAfterUnreadHead{2};
@@ -75,14 +76,19 @@ void address_of(int (*get)(int, sockaddr*, socklen_t*), int fd, std::string& ip,
   if (get(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) numeric_address(addr, len, ip, port);
 }
 
-// A connection's bytes, as httplib's SocketStream gives them, with the head of each request
-// bounded (HttpServer). httplib reads a head a byte at a time, the request line first, then
-// header lines up to an empty one ("\r\n"); the body in larger reads.
-class HeadBoundStream final : public httplib::Stream {
+// A connection's bytes, as httplib's SocketStream gives them, with each request bounded
+// (HttpServer). httplib reads a head a byte at a time, the request line first, then header lines
+// up to an empty one ("\r\n"); the body in larger reads, from when a handler asks for it.
+class BoundedStream final : public httplib::Stream {
  public:
-  HeadBoundStream(int fd, HeadLimits limits, std::chrono::milliseconds read_timeout,
-                  std::chrono::milliseconds write_timeout)
-      : fd_(fd), limits_(limits), read_timeout_(read_timeout), write_timeout_(write_timeout) {}
+  // `body_max`: the server's payload limit.
+  BoundedStream(int fd, RequestLimits limits, size_t body_max,
+                std::chrono::milliseconds read_timeout, std::chrono::milliseconds write_timeout)
+      : fd_(fd),
+        limits_(limits),
+        body_max_(body_max),
+        read_timeout_(read_timeout),
+        write_timeout_(write_timeout) {}
 
   // Waits up to `idle` for the next request's first byte, and starts reading its head.
   bool next_request(std::chrono::milliseconds idle) {
@@ -95,8 +101,23 @@ class HeadBoundStream final : public httplib::Stream {
     lines_ = 0;
     line_bytes_ = 0;
     ending_ = 0;
-    deadline_ = Clock::now() + limits_.max_time;
+    head_deadline_ = Clock::now() + limits_.head_time;
+    body_start_.reset();
+    body_bytes_ = 0;
     return true;
+  }
+
+  // Called once the library has parsed the head: a body it says is larger than the payload limit
+  // is refused unread (the library would read and drop all of it before its 413).
+  void head_parsed(const httplib::Request& req) {
+    t_head_parsed = true;
+    const std::string length = req.get_header_value("Content-Length");
+    uint64_t declared = 0;
+    const auto [end, error] =
+        std::from_chars(length.data(), length.data() + length.size(), declared);
+    if (error == std::errc{} && end == length.data() + length.size() && declared > body_max_) {
+      t_refusal = too_large();
+    }
   }
 
   bool is_readable() const override { return off_ < size_ || wait_for(fd_, POLLIN, read_timeout_); }
@@ -112,17 +133,16 @@ class HeadBoundStream final : public httplib::Stream {
 
   ssize_t read(char* ptr, size_t size) override {
     if (t_refusal) return cut_off(ptr, size);
+    const bool in_body = !in_head_;
+    if (in_body && !body_start_) body_start_ = Clock::now();
     if (off_ == size_) {
-      // In the head, the wait ends at the read timeout or the head's deadline, whichever is
-      // first; an end at the deadline refuses the head.
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now());
-      const bool deadline_first = in_head_ && left <= read_timeout_;
+      // The wait ends at the read timeout or the deadline, whichever is first; an end at the
+      // deadline refuses the request.
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline() - Clock::now());
+      const bool deadline_first = left <= read_timeout_;
       if (!wait_for(fd_, POLLIN, deadline_first ? left : read_timeout_)) {
         if (deadline_first) {
-          t_refusal = HeadRefusal{408, "request_timeout",
-                                  "the request's head (its request line and headers) did not "
-                                  "arrive within " +
-                                      duration_words(limits_.max_time)};
+          t_refusal = ReadRefusal{408, "request_timeout", too_slow()};
           return cut_off(ptr, size);
         }
         return -1;
@@ -134,18 +154,19 @@ class HeadBoundStream final : public httplib::Stream {
       do {
         n = ::recv(fd_, direct ? ptr : buffer_, direct ? size : sizeof(buffer_), 0);
       } while (n < 0 && errno == EINTR);
-      if (n <= 0 || direct) return n;
+      if (n > 0 && direct) return counted(n);
+      if (n <= 0) return n;
       off_ = 0;
       size_ = static_cast<size_t>(n);
     }
     size_t n = std::min(size, size_ - off_);
     if (in_head_) {
       for (size_t i = 0; i < n; ++i) {
-        if (++head_bytes_ > limits_.max_bytes) {
-          t_refusal = HeadRefusal{431, "request_header_fields_too_large",
+        if (++head_bytes_ > limits_.head_bytes) {
+          t_refusal = ReadRefusal{431, "request_header_fields_too_large",
                                   "the request's head (its request line and headers) is larger "
                                   "than " +
-                                      std::to_string(limits_.max_bytes) + " bytes"};
+                                      std::to_string(limits_.head_bytes) + " bytes"};
           return cut_off(ptr, size);
         }
         const char byte = buffer_[off_ + i];
@@ -164,7 +185,7 @@ class HeadBoundStream final : public httplib::Stream {
     }
     std::memcpy(ptr, buffer_ + off_, n);
     off_ += n;
-    return static_cast<ssize_t>(n);
+    return in_body ? counted(static_cast<ssize_t>(n)) : static_cast<ssize_t>(n);
   }
 
   ssize_t write(const char* ptr, size_t size) override {
@@ -185,6 +206,41 @@ class HeadBoundStream final : public httplib::Stream {
   socket_t socket() const override { return fd_; }
 
  private:
+  // When the bytes being read must have come: the head's deadline, or the body's, which moves
+  // on with every byte it brings.
+  Clock::time_point deadline() const {
+    if (in_head_) return head_deadline_;
+    const auto paid = std::chrono::milliseconds(static_cast<int64_t>(body_bytes_) * 1000 /
+                                                limits_.body_min_bytes_per_s);
+    return *body_start_ + limits_.body_grace + paid;
+  }
+
+  // `n` bytes of the body given to the library, or a refusal once the body passes the payload
+  // limit: cpp-httplib 0.11 bounds only a body with a Content-Length, and kept a chunked one of
+  // any size (its chunks' framing counts here too).
+  ssize_t counted(ssize_t n) {
+    body_bytes_ += static_cast<size_t>(n);
+    if (body_bytes_ <= body_max_) return n;
+    t_refusal = too_large();
+    return -1;
+  }
+
+  ReadRefusal too_large() const {
+    return {413, "request_too_large",
+            "the request body is larger than the server's limit of " + std::to_string(body_max_) +
+                " bytes"};
+  }
+
+  std::string too_slow() const {
+    if (in_head_) {
+      return "the request's head (its request line and headers) did not arrive within " +
+             duration_words(limits_.head_time);
+    }
+    return "the request's body came slower than " + std::to_string(limits_.body_min_bytes_per_s) +
+           " bytes a second after its first " + duration_words(limits_.body_grace) + " (" +
+           std::to_string(body_bytes_) + " bytes had come)";
+  }
+
   // What a refused head reads from here on: nothing, but for a request line cut off, which gets
   // its line end, so that the library finishes reading it and answers (its header lines then
   // fail to come): it answers nothing for a request line it never finished.
@@ -195,7 +251,8 @@ class HeadBoundStream final : public httplib::Stream {
   }
 
   int fd_;
-  HeadLimits limits_;
+  RequestLimits limits_;
+  size_t body_max_;
   std::chrono::milliseconds read_timeout_, write_timeout_;
   char buffer_[4096];
   size_t off_ = 0, size_ = 0;
@@ -203,16 +260,21 @@ class HeadBoundStream final : public httplib::Stream {
   size_t head_bytes_ = 0, lines_ = 0, line_bytes_ = 0;
   char last_ = 0;
   int ending_ = 0;
-  Clock::time_point deadline_;
+  Clock::time_point head_deadline_;
+  // From the first read of the body on: when it started, and the bytes it brought.
+  std::optional<Clock::time_point> body_start_;
+  size_t body_bytes_ = 0;
 };
 
 }  // namespace
 
-std::optional<HeadRefusal> head_refusal() { return t_refusal; }
+std::optional<ReadRefusal> read_refusal() { return t_refusal; }
 
 void end_connection_after_answer() { t_end_after_answer = true; }
 
-HttpServer::HttpServer(HeadLimits limits) : limits_(limits) { set_post_routing_handler(nullptr); }
+HttpServer::HttpServer(RequestLimits limits) : limits_(limits) {
+  set_post_routing_handler(nullptr);
+}
 
 HttpServer& HttpServer::set_post_routing_handler(Handler handler) {
   post_routing_ = std::move(handler);
@@ -233,16 +295,17 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
   const auto timeout = [](time_t s, time_t us) {
     return std::chrono::duration_cast<milliseconds>(seconds(s) + microseconds(us));
   };
-  HeadBoundStream stream(sock, limits_, timeout(read_timeout_sec_, read_timeout_usec_),
-                         timeout(write_timeout_sec_, write_timeout_usec_));
+  BoundedStream stream(sock, limits_, payload_max_length_,
+                       timeout(read_timeout_sec_, read_timeout_usec_),
+                       timeout(write_timeout_sec_, write_timeout_usec_));
   bool ok = false;
   for (size_t left = keep_alive_max_count_; svr_sock_ != INVALID_SOCKET && left > 0 &&
                                             stream.next_request(seconds(keep_alive_timeout_sec_));
        --left) {
     bool closed = false;
     // The library calls this once it has read and parsed the request's head, before routing.
-    ok =
-        process_request(stream, left == 1, closed, [](httplib::Request&) { t_head_parsed = true; });
+    ok = process_request(stream, left == 1, closed,
+                         [&stream](httplib::Request& req) { stream.head_parsed(req); });
     if (!ok || closed) break;
     if (ends_after_answer()) {
       // Closing with the client's bytes unread would reset it, and a reset can drop the answer
@@ -303,6 +366,13 @@ void check_port(int port) {
   if (port < 0 || port > 65535) {
     throw ValueError("--port must be between 0 (any free port) and 65535, got " +
                      std::to_string(port));
+  }
+}
+
+void check_max_body_bytes(int64_t bytes) {
+  if (bytes < 1024) {
+    throw ValueError("--max-body-bytes must be at least 1024, got " + std::to_string(bytes) +
+                     ": below that even a short request's body is refused");
   }
 }
 

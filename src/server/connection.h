@@ -10,6 +10,7 @@
 #include <httplib.h>
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -109,41 +110,47 @@ inline void handle_post(httplib::Server& http, const std::string& pattern,
             });
 }
 
-// A request head's bounds (see HttpServer): its bytes, the request line and header lines with
-// their line ends, and the time from its first byte to its last.
-struct HeadLimits {
-  size_t max_bytes = 64 * 1024;
-  std::chrono::milliseconds max_time{20'000};
+// A request's bounds (see HttpServer). Its head: its bytes, the request line and header lines with
+// their line ends, and the time from its first byte to its last. Its body: once the first
+// `body_grace` of reading it have passed, it must have come at `body_min_bytes_per_s` on average
+// (Apache's mod_reqtimeout: body=20,MinRate=500), so a body of any size may take as long as its
+// bytes need, and no sender holds a thread much longer than that.
+struct RequestLimits {
+  size_t head_bytes = 64 * 1024;
+  std::chrono::milliseconds head_time{20'000};
+  std::chrono::milliseconds body_grace{20'000};
+  int64_t body_min_bytes_per_s = 500;
 };
 
-// Why the head of the request being answered on this thread was refused, if it was: what an
-// error handler of an HttpServer answers instead of the status the library gives (400, or 414
+// Why the request being answered on this thread was refused while it was read, if it was: what
+// an error handler of an HttpServer answers instead of the status the library gives (400, or 414
 // for a request line cut off past its limit).
-struct HeadRefusal {
-  int status;        // 431: too large; 408: too slow
-  std::string code;  // request_header_fields_too_large, request_timeout
+struct ReadRefusal {
+  int status;        // 431: a head too large; 413: a body too large; 408: too slow
+  std::string code;  // request_header_fields_too_large, request_too_large, request_timeout
   std::string message;
 };
-std::optional<HeadRefusal> head_refusal();
+std::optional<ReadRefusal> read_refusal();
 
-// cpp-httplib 0.11 reads a request's head with no bound on its size or on the time it takes: a
-// line is buffered whole before its length is checked (a request line or header line of
+// cpp-httplib 0.11 reads a request with no bound on its head's size or on the time a request
+// takes: a line is buffered whole before its length is checked (a request line or header line of
 // gigabytes is kept in memory), header lines are not counted, and a client sending a byte every
 // few seconds holds an HTTP thread for as long as it likes (each read waits 5 s at most, nothing
-// bounds them all). An HttpServer reads every connection through a stream that bounds the head
-// by `limits`: past them, head_refusal() names why and the library is left to answer through the
-// error handler. The body is read as the library reads it (the payload limit bounds it, each read
-// waits 5 s at most). One stream serves a connection's requests in turn, so bytes of a pipelined
-// request read with the one before are kept for it; after a head that could not be read
-// (refused, malformed, a request line too long), or a body left unread, the connection is closed
-// with the answer.
+// bounds them all), in the head or in the body. An HttpServer reads every connection through a
+// stream that bounds the head and the body's pace by `limits`: past them, read_refusal() names
+// why and the library is left to answer through the error handler. The payload limit bounds the
+// body's size, chunked or not (the library bounds only a Content-Length, and reads all of a body
+// larger than it before answering 413: here it is refused unread). One stream serves a
+// connection's requests in turn, so bytes of a pipelined request read with the one before are
+// kept for it; after a request that could not be read (refused, malformed, a request line too
+// long), or a body left unread, the connection is closed with the answer.
 //
 // An answer that ends its connection says so (`Connection: close`, without the `Keep-Alive` the
 // library adds to every answer of a connection it means to keep), so that a client does not send
 // its next request on a connection about to close.
 class HttpServer : public httplib::Server {
  public:
-  explicit HttpServer(HeadLimits limits = {});
+  explicit HttpServer(RequestLimits limits = {});
 
   // Hides the library's: `handler` runs after the headers of an answer that ends its connection
   // are set, as the library's runs after its own headers.
@@ -152,12 +159,15 @@ class HttpServer : public httplib::Server {
  private:
   bool process_and_close_socket(socket_t sock) override;
 
-  HeadLimits limits_;
+  RequestLimits limits_;
   Handler post_routing_;
 };
 
 // ValueError unless `port` is a TCP port or 0 (a larger one would wrap to another port).
 void check_port(int port);
+
+// ValueError unless `bytes`, a server's largest request body, holds a short request.
+void check_max_body_bytes(int64_t bytes);
 
 // Binds `http` to host:port (port 0: any free port) as bind_to_port / bind_to_any_port do, and
 // returns the port, or -1 if it cannot bind (a port another server listens on included).

@@ -578,6 +578,8 @@ int Proxy::run() {
   http.new_task_queue = [] { return new httplib::ThreadPool(64); };
   http.set_tcp_nodelay(true);
   http.set_keep_alive_timeout(2);
+  // The proxy holds a body whole before it forwards it.
+  http.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
   // The pages the proxy serves, or lets call it, talk to the proxy: it answers their preflights
   // (the upstream would ask for a key no preflight carries) and names them in its answers.
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -617,11 +619,12 @@ int Proxy::run() {
   http.Patch(everything, forward);
   http.Delete(everything, forward);
   http.Options(everything, forward);
-  // handle_post's 415 (a compressed body, left unread) and a refused head still need their words.
+  // handle_post's 415 (a compressed body, left unread) and a refused request still need their
+  // words.
   http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
                                                                  httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    if (const auto refusal = head_refusal()) {
+    if (const auto refusal = read_refusal()) {
       send_error(res, refusal->status, refusal->message, refusal->code, "invalid_request_error");
     } else if (res.status == 415) {
       send_error(res, 415, content_coding_refusal(req), "unsupported_content_encoding",
@@ -659,6 +662,7 @@ int Proxy::run() {
 
 int run_proxy(const ProxyOptions& options) {
   check_port(options.port);
+  check_max_body_bytes(options.max_body_bytes);
   if (options.upstream.empty() == options.upstream_cmd.empty()) {
     throw ValueError("the proxy needs exactly one of --upstream URL and --upstream-cmd CMD");
   }

@@ -6,6 +6,7 @@
 // idempotent or never reached the upstream.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -20,6 +21,9 @@ struct ProxyOptions {
   // one that hangs would hold every request, /health included, that waits for the address.
   int upstream_cmd_timeout_s = 30;
   int upstream_timeout_s = 3600;  // the longest an upstream answer may pause
+  // Larger request bodies get 413 here (serve's default; an upstream with a larger
+  // --max-body-bytes needs this one raised too).
+  int64_t max_body_bytes = 8 << 20;
   // Non-empty: the proxy's own key. Every request but the chat page and /health must carry
   // "Authorization: Bearer KEY", and that header is not passed on.
   std::string api_key;

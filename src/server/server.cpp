@@ -2996,16 +2996,9 @@ void Server::set_up_routes(HttpServer& http) {
       [this](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
         try {
-          if (const auto refusal = head_refusal()) {
+          if (const auto refusal = read_refusal()) {
             throw ApiError(refusal->status, refusal->message, "invalid_request_error", "",
                            refusal->code);
-          }
-          if (res.status == 413) {
-            end_connection_after_answer();
-            throw ApiError(413,
-                           "the request body is larger than the server's limit of " +
-                               std::to_string(options_.max_body_bytes) + " bytes",
-                           "invalid_request_error", "", "request_too_large");
           }
           if (res.status == 404) refuse_unrouted(req, res);
           if (res.status == 415) {
@@ -3155,11 +3148,7 @@ int run(const ServeOptions& options, EngineFactory make_engine) {
   if (options.engine.context < 1) {
     throw ValueError("--context must be at least 1, got " + std::to_string(options.engine.context));
   }
-  if (options.max_body_bytes < 1024) {
-    throw ValueError("--max-body-bytes must be at least 1024, got " +
-                     std::to_string(options.max_body_bytes) +
-                     ": below that even a short request's body is refused");
-  }
+  check_max_body_bytes(options.max_body_bytes);
   if (options.parallel < 1 || options.parallel > 256) {
     throw ValueError("--parallel must be between 1 and 256, got " +
                      std::to_string(options.parallel));

@@ -683,14 +683,16 @@ TEST(Connection, BindListenerRefusesAPortAnotherServerListensOn) {
   EXPECT_EQ(bind_listener(second, "127.0.0.1", port), -1);
 }
 
-// An HttpServer on a free loopback port with small head limits: GET /echo answers the peer's
-// address as the request has it, POST /echo the body; refused heads get head_refusal()'s status
-// and code.
+// An HttpServer on a free loopback port with small limits (a body of 64 KiB at most, after 400 ms
+// coming at 100 bytes a second or more): GET /echo answers the peer's address as the request has
+// it, POST /echo the body; refused requests get read_refusal()'s status and code.
 struct BoundedServer {
-  HttpServer http{HeadLimits{4096, std::chrono::milliseconds(600)}};
+  HttpServer http{
+      RequestLimits{4096, std::chrono::milliseconds(600), std::chrono::milliseconds(400), 100}};
   std::thread listener;
   int port = 0;
   BoundedServer() {
+    http.set_payload_max_length(64 * 1024);
     http.Get("/echo", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content(req.remote_addr + ":" + std::to_string(req.remote_port), "text/plain");
     });
@@ -698,7 +700,7 @@ struct BoundedServer {
       res.set_content(req.body, "text/plain");
     });
     http.set_error_handler([](const httplib::Request&, httplib::Response& res) {
-      if (const auto refusal = head_refusal()) {
+      if (const auto refusal = read_refusal()) {
         res.status = refusal->status;
         res.set_content(refusal->code + ": " + refusal->message, "text/plain");
       }
@@ -839,6 +841,77 @@ TEST(HttpServer, ABodyLeftUnreadEndsTheConnectionWithItsAnswer) {
     EXPECT_EQ(got.find("HTTP/1.1", 1), std::string::npos) << got;
     expect_says_it_closes(got);
   }
+}
+
+// A body may take as long as its bytes need at the limits' pace, but no longer: a byte every few
+// seconds would hold a thread for as long as the sender liked (each read waits 5 s at most).
+TEST(HttpServer, ABodySlowerThanItsPaceIsA408AndOneAtItsPaceIsServed) {
+  BoundedServer server;
+  const std::string head = "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 700\r\n";
+  // 100 bytes every 200 ms: 1.2 s in all, twice the pace asked for, three times the grace.
+  int fd = server.connect_client();
+  send_all(fd, head + "Connection: close\r\n\r\n");
+  for (int i = 0; i < 7; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    send_all(fd, std::string(100, static_cast<char>('a' + i)));
+  }
+  std::string got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got.substr(0, 200);
+  EXPECT_NE(got.find(std::string(100, 'a') + std::string(100, 'b')), std::string::npos);
+
+  // 10 bytes every 200 ms: within the read timeout each time, and refused once the grace and
+  // the bytes' share of time are spent.
+  fd = server.connect_client();
+  send_all(fd, head + "\r\n");
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (send(fd, "0123456789", 10, MSG_NOSIGNAL) != 10) break;
+  }
+  got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 408 ", 0), 0u) << got.substr(0, 200);
+  EXPECT_NE(got.find("request_timeout: the request's body came slower than 100 bytes a second "
+                     "after its first 400 ms ("),
+            std::string::npos)
+      << got;
+  expect_says_it_closes(got);
+}
+
+// cpp-httplib 0.11 kept a chunked body of any size (a 64 MiB one reached a server of 8 MiB),
+// and read all of a body whose Content-Length passed the limit before its 413.
+TEST(HttpServer, ABodyPastThePayloadLimitIsA413WithoutReadingTheRest) {
+  BoundedServer server;
+  // Longer than read_until_closed waits: the answer cannot come from the read timeout.
+  server.http.set_read_timeout(30);
+  int fd = server.connect_client();
+  send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\nsome");
+  std::string got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 413 ", 0), 0u) << got.substr(0, 200);
+  EXPECT_NE(got.find("request_too_large: the request body is larger than the server's limit of "
+                     "65536 bytes"),
+            std::string::npos)
+      << got;
+  expect_says_it_closes(got);
+
+  fd = server.connect_client();
+  send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+  const std::string chunk = "1000\r\n" + std::string(4096, 'c') + "\r\n";
+  for (int i = 0; i < 17; ++i) {
+    if (send(fd, chunk.data(), chunk.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(chunk.size()))
+      break;
+  }
+  got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 413 ", 0), 0u) << got.substr(0, 200);
+  expect_says_it_closes(got);
+
+  // A chunked body within the limit is read whole.
+  fd = server.connect_client();
+  send_all(fd,
+           "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+           "Connection: close\r\n\r\n" +
+               chunk + chunk + "0\r\n\r\n");
+  got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got.substr(0, 200);
+  EXPECT_NE(got.find("\r\n\r\n" + std::string(8192, 'c')), std::string::npos);
 }
 
 TEST(HttpServer, HeadsWithinTheLimitsAreServedPipelinedRequestsAndBodiesIncluded) {

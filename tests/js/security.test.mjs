@@ -366,6 +366,36 @@ describe("the proxy", () => {
       "Content-Encoding 'gzip': this server reads request bodies uncompressed only");
   });
 
+  test("holds no body past its --max-body-bytes, chunked or not, and refuses a limit too small",
+    async () => {
+      const url = await proxy(["--max-body-bytes", "4096"]);
+      const post = (body, init = {}) => fetch(`${url}/v1/chat/completions`,
+        { method: "POST", body, headers: { "Content-Type": "application/json" }, ...init });
+      // A stream of unknown length goes out chunked; the proxy held such a body whole, at any size.
+      const chunked = (bytes) => new ReadableStream({
+        start(controller) {
+          for (let sent = 0; sent < bytes; sent += 1024) controller.enqueue(new Uint8Array(1024));
+          controller.close();
+        },
+      });
+      for (const res of [await post("a".repeat(8192)),
+        await post(chunked(1 << 20), { duplex: "half" })]) {
+        assert.equal(res.status, 413);
+        assert.deepEqual((await res.json()).error, { message: "the request body is larger than " +
+          "the server's limit of 4096 bytes", type: "invalid_request_error", param: null,
+        code: "request_too_large" });
+      }
+      const within = await post(chunked(2048), { duplex: "half" });
+      assert.equal(within.status, 200);
+      assert.deepEqual(await within.json(), { authorization: null });
+
+      const p = startProxy(["--upstream", upstreamUrl, "--max-body-bytes", "100"]);
+      const neverListens = assert.rejects(p.url, /proxy exited/);
+      assert.equal(await p.exited, 2);
+      assert.match(p.stderr(), /--max-body-bytes must be at least 1024, got 100/);
+      await neverListens;
+    });
+
   test("an upstream nothing listens on is a 502 that says so in words", async () => {
     const gone = `http://127.0.0.1:${await closedPort()}`;
     const p = startProxy(["--upstream", gone]);
