@@ -123,8 +123,12 @@ class Batch:
         draft_ngram_max: int = 4,
         draft_always: bool = False,
         lora: dict[str, float] | None = None,
+        cache_salt: str | None = None,
+        reuse_points: _Ids = (),
     ) -> int:
-        """Queues a sequence with Engine.decode's arguments (read_every taken as 1); its id."""
+        """Queues a sequence with Engine.decode's arguments (read_every taken as 1); its id.
+        cache_salt: the prefix cache shares states only under the same salt; reuse_points:
+        positions where the cache saves a state, for later prompts that part from this one there."""
     def decode_many(
         self,
         prompts: Iterable[_Ids],
@@ -152,6 +156,8 @@ class Batch:
         draft_ngram_max: int = 4,
         draft_always: bool = False,
         lora: dict[str, float] | None = None,
+        cache_salt: str | None = None,
+        reuse_points: _Ids = (),
     ) -> list[DecodeResult]:
         """Every prompt decoded together with the same arguments; results in order, each what
         Engine.decode gives that prompt alone. on_tokens(index, tokens); falsy cancels one."""
