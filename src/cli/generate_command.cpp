@@ -228,8 +228,10 @@ void add_generate_command(CLI::App& app) {
     decode.sampling = a->sampling;
     decode.draft = a->draft;
     if (seed->count() > 0) decode.sampling.seed = static_cast<uint64_t>(a->seed);
+    size_t taken = 0;  // the tokens up to a stop string's end, where one ends them
     auto on_tokens = [&](const std::vector<int64_t>& batch) {
       for (auto t : batch) {
+        ++taken;
         if (!detokenizer) {
           show(std::to_string(t) + " ");
           continue;
@@ -245,7 +247,10 @@ void add_generate_command(CLI::App& app) {
       if (!a->dump_logits.empty()) step_logits.push_back(logits.to(at::kCPU));
     });
     if (stops.stopped()) {
+      // A batch of --read-every tokens was decoded past the stop; the answer ends there.
       result.finish = "stop";
+      result.tokens.resize(taken);
+      if (step_logits.size() > taken) step_logits.resize(taken);
     } else if (detokenizer) {
       show(stops.push(detokenizer->finish()) + stops.finish());
     }

@@ -987,7 +987,9 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
     std::string text;
     std::vector<TokenLogprob> logprobs;
     for (int64_t id : batch) {
-      if (!job->generates) break;
+      // A batch (read_every above 1, accepted drafts) may go on past a stop string's end: the
+      // answer, its logprobs and its usage end there.
+      if (!job->generates || out->stops.stopped()) break;
       if (job->forced) id = (*job->forced)[out->position];
       ++out->position;
       // Stop sequences match the answer's text, never inside a marker ("call" in <|tool_call>)
@@ -1034,6 +1036,7 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       return;
     }
     auto& r = job->result = std::move(result);
+    if (out->stops.stopped()) r.tokens.resize(std::min(r.tokens.size(), out->position));
     if (!job->generates) {
       r.tokens.clear();
       r.finish = "length";

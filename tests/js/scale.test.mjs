@@ -307,6 +307,32 @@ describe("one sequence at a time (--read-every above 1)", () => {
       await server.stop();
     }
   });
+
+  test("a stop string ends the answer, its logprobs and its usage where it ends, mid-batch",
+    async () => {
+      const [batched, single] = await Promise.all([
+        startServer(["--parallel", "1", "--read-every", "4", "--threads", "1"]),
+        startServer(["--threads", "1"])]);
+      try {
+        const ask = (url, extra) => post(url, "/v1/completions", { prompt: "Once upon a time",
+          max_tokens: 24, ignore_eos: true, logprobs: 1, ...extra },
+        { "Content-Type": "application/json" });
+        const full = (await ask(single.url, {})).body.choices[0].logprobs.tokens;
+        // A stop string that the 6th token completes: batches of 4 after the first token end
+        // after the 5th and the 9th. It must first appear where the 5th token begins.
+        const stop = full[4] + full[5];
+        assert.equal(full.join("").indexOf(stop), full.slice(0, 4).join("").length, stop);
+        const [a, b] = await Promise.all([batched, single].map((s) => ask(s.url, { stop })));
+        for (const r of [a, b]) assert.equal(r.status, 200, JSON.stringify(r.body));
+        assert.equal(b.body.usage.completion_tokens, 6);
+        assert.equal(a.body.usage.completion_tokens, 6);
+        assert.equal(a.body.choices[0].text, full.slice(0, 4).join(""));
+        assert.deepEqual(a.body.choices[0].logprobs.tokens, b.body.choices[0].logprobs.tokens);
+        assert.equal(a.body.choices[0].finish_reason, "stop");
+      } finally {
+        await Promise.all([batched.stop(), single.stop()]);
+      }
+    });
 });
 
 describe("an idle replica sleeps (--sleep-idle-seconds)", () => {

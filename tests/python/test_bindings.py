@@ -251,6 +251,11 @@ def test_generate_stop_ends_the_text_where_a_stop_string_begins(cli, chat_tiny):
     assert (stopped["text"], stopped["finish"], stopped["stop"]) == (text[:cut], "stop", stop)
     assert stopped["tokens"] == full["tokens"][:len(stopped["tokens"])]
     assert len(stopped["tokens"]) < len(full["tokens"])
+    # Read back in batches, the tokens past the stop are decoded but not the answer's. Batches of
+    # 3, 5 and 7 cannot all end where the stop string does.
+    for every in ("3", "5", "7"):
+        batched = json.loads(run("--json", "--read-every", every, "--stop", stop).stdout)
+        assert (batched["text"], batched["tokens"]) == (stopped["text"], stopped["tokens"]), every
     printed = run("--stop", stop)
     assert printed.returncode == 0 and printed.stdout == text[:cut] + "\n", printed
     assert "finish stop" in printed.stderr, printed.stderr
