@@ -91,6 +91,13 @@ export function makeLoraAdapters() {
   return { first: path.join(dir, "first"), second: path.join(dir, "second"), expected };
 }
 
+// Why the CLI could not be started (missing, not executable, being linked): a child that never
+// started emits "error" and never "exit", and a test waiting on its exit alone would end with
+// "Promise resolution is still pending" and no reason.
+function cannotRun(error) {
+  return `cannot run ${cliPath()}: ${error.message}`;
+}
+
 // Resolves to {url, baseURL, child, stop()} once the server answers /health with 200.
 export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_000 } = {}) {
   const child = spawn(cliPath(), ["serve", "--port", "0", ...args], {
@@ -106,7 +113,10 @@ export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_00
   });
   let stderr = "";
   child.stderr.on("data", (d) => (stderr += d));
-  const exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
+  const exited = new Promise((resolve) => {
+    child.on("exit", (code, signal) => resolve({ code, signal }));
+    child.on("error", (error) => resolve({ code: null, signal: null, error }));
+  });
   const url = await new Promise((resolve, reject) => {
     let out = "";
     child.stdout.on("data", (d) => {
@@ -114,7 +124,8 @@ export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_00
       const m = out.match(/serving \S+ on (http:\/\/\S+)/);
       if (m) resolve(m[1]);
     });
-    exited.then(({ code }) => reject(new Error(`server exited with ${code} before listening:\n${stderr}`)));
+    exited.then(({ code, error }) => reject(new Error(error ? cannotRun(error)
+      : `server exited with ${code} before listening:\n${stderr}`)));
   });
   const deadline = Date.now() + readyTimeoutMs;
   for (;;) {
@@ -137,7 +148,6 @@ export async function startServer(args = [], { env = {}, readyTimeoutMs = 240_00
   };
 }
 
-// `torchtpu-cpp proxy --port 0 ARGS`: {child, url (a promise), exited (its code), stderr()}.
 // A port nothing listens on: bound, then closed.
 export async function closedPort() {
   const s = net.createServer();
@@ -147,6 +157,7 @@ export async function closedPort() {
   return port;
 }
 
+// `torchtpu-cpp proxy --port 0 ARGS`: {child, url (a promise), exited (its code), stderr()}.
 export function startProxy(args) {
   const port = args.includes("--port") ? [] : ["--port", "0"];
   const child = spawn(cliPath(), ["proxy", ...port, ...args], {
@@ -154,7 +165,14 @@ export function startProxy(args) {
   });
   let stderr = "";
   child.stderr.on("data", (d) => (stderr += d));
-  const exited = new Promise((resolve) => child.on("exit", (code) => resolve(code)));
+  let error = null;
+  const exited = new Promise((resolve) => {
+    child.on("exit", (code) => resolve(code));
+    child.on("error", (e) => {
+      error = e;
+      resolve(null);
+    });
+  });
   const url = new Promise((resolve, reject) => {
     let out = "";
     child.stdout.on("data", (d) => {
@@ -162,7 +180,8 @@ export function startProxy(args) {
       const m = out.match(/proxy on (http:\/\/\S+) for/);
       if (m) resolve(m[1]);
     });
-    exited.then((code) => reject(new Error(`proxy exited with ${code}:\n${stderr}`)));
+    exited.then((code) => reject(new Error(error ? cannotRun(error)
+      : `proxy exited with ${code}:\n${stderr}`)));
   });
   return { child, url, exited, stderr: () => stderr };
 }
