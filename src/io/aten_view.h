@@ -10,6 +10,7 @@
 
 #include "common/errors.h"
 #include "common/shape.h"
+#include "io/implied_shapes.h"
 #include "io/safetensors.h"
 
 namespace torchtpu {
@@ -63,14 +64,26 @@ inline void expect_shape(const TensorView& view, const std::vector<int64_t>& sha
   }
 }
 
-// expect_shape, and floating-point values: a model weight, which an integer tensor's bits would
-// only pass for.
-inline void expect_weight(const TensorView& view, const std::vector<int64_t>& shape) {
-  expect_shape(view, shape);
+// FormatError unless `view` holds floating-point values: a model weight, which an integer
+// tensor's bits would only pass for.
+inline void expect_floating(const TensorView& view) {
   if (!at::isFloatingType(scalar_type(view.dtype))) {
     throw FormatError("tensor " + view.name + " in " + view.file + " has dtype " +
                       dtype_name(view.dtype) + ", not a floating-point one (F32, BF16, F16)");
   }
+}
+
+// expect_shape and expect_floating.
+inline void expect_weight(const TensorView& view, const std::vector<int64_t>& shape) {
+  expect_shape(view, shape);
+  expect_floating(view);
+}
+
+// expect_weight against the shape config.json implies (io/implied_shapes.h), naming the fields
+// the tensor contradicts.
+inline void expect_weight(const TensorView& view, const ImpliedTensor& implied) {
+  expect_implied_shape(view, implied);
+  expect_floating(view);
 }
 
 // A CPU tensor over the view's bytes. Aliases the mapping (read-only: never write to it) when the

@@ -418,6 +418,17 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
       *field = root.contains(key) && root[key].is_null() ? -1 : top.integer(key, *field);
     }
   }
+  c.text_fields = prefix;
+  for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "num_key_value_heads", "head_dim",
+                          "hidden_size_per_layer_input", "vocab_size_per_layer_input"}) {
+    if (!f.has(key)) c.defaulted_fields.push_back(f.name(key));
+  }
+  if (assistant) {
+    for (const char* key : {"backbone_hidden_size", "num_centroids"}) {
+      if (!top.has(key)) c.defaulted_fields.push_back(key);
+    }
+  }
   c.vocab_size = f.positive("vocab_size", 262144);
   c.hidden_size = f.positive("hidden_size", 2304);
   c.intermediate_size = f.positive("intermediate_size", 9216);
@@ -579,6 +590,7 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
     }
   } else {
     const int64_t global_head_dim = f.positive("global_head_dim", 512);
+    if (!f.has("global_head_dim")) c.defaulted_fields.push_back(f.name("global_head_dim"));
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       if (c.layer_types[l] == LayerType::kFull) head_dims[l] = global_head_dim;
     }

@@ -133,6 +133,11 @@ struct ModelConfig {
   // An assistant's: its text_config is the rest of this struct, every layer of which reads the
   // target's K/V (num_kv_shared_layers = num_hidden_layers, no per-layer inputs).
   std::optional<AssistantConfig> assistant;
+  // Where config.json holds the text fields ("text_config." or ""), and the fields that size
+  // tensors which it leaves out, read as transformers' defaults ("text_config.hidden_size"): a
+  // shape check names a size's field as a user finds it, or says it is not there.
+  std::string text_fields;
+  std::vector<std::string> defaulted_fields;
 
   // Derived, from the research note §1 / §2.5.
   int64_t first_shared_layer() const { return num_hidden_layers - num_kv_shared_layers; }

@@ -10,7 +10,6 @@
 
 #include "common/errors.h"
 #include "common/memory.h"
-#include "common/shape.h"
 #include "io/aten_view.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -151,22 +150,23 @@ Linear Gemma4::int4_linear(const PackedInt4& packed) const {
 }
 
 Linear Gemma4::linear_weight(const Checkpoint& ckpt, const std::string& module,
-                             const std::vector<int64_t>& shape) {
+                             const ImpliedTensor& implied) {
   const auto& o = options_;
+  const auto shape = implied.shape();
   if (has_packed(ckpt, module)) {
     auto packed =
         read_packed(ckpt, module, config_.quantization ? &*config_.quantization : nullptr);
     if (packed.out != shape[0] || packed.in != shape[1]) {
       throw FormatError("tensor " + module + ".weight_shape in " + ckpt.dir() + " is [" +
                         std::to_string(packed.out) + ", " + std::to_string(packed.in) +
-                        "] but config.json implies " + shape_str(shape));
+                        "] but config.json implies " + implied.against({packed.out, packed.in}));
     }
     auto linear = int4_linear(packed);
     if (!aliases_mapping(linear)) release_packed(ckpt, module);
     return linear;
   }
   const auto& view = ckpt.get(module + ".weight");
-  expect_weight(view, shape);
+  expect_weight(view, implied);
   if (o.quantize_int4 && o.int4 != Int4Weights::kDequantized) {
     if (shape[1] % 32 != 0) {
       throw ValueError("--quantize int4 needs input widths that are multiples of 32; " + module +
@@ -183,13 +183,14 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
   const auto& c = config_;
   const auto& o = options_;
   const std::string p = ckpt.prefix();
-  const int64_t H = c.hidden_size;
   const int64_t L = c.num_hidden_layers;
   const int64_t P = c.hidden_size_per_layer_input;
+  // Every shape checked below is the one this table gives.
+  const auto implied = implied_tensors(c, p);
 
-  auto norm = [&](const std::string& name, int64_t dim) {
+  auto norm = [&](const std::string& name) {
     const auto& view = ckpt.get(p + name);
-    expect_weight(view, {dim});
+    expect_weight(view, implied.at(p + name));
     // Rounded through the compute dtype first, as a model cast to that dtype holds it.
     return host_tensor(view).to(o.dtype).to(at::kFloat).to(o.device);
   };
@@ -202,13 +203,9 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
   for (int64_t l = 0; l < L; ++l) {
     auto& w = layers_[l];
     const std::string lp = p + "layers." + std::to_string(l) + ".";
-    const int64_t d = c.layer_head_dim(l);
-    const int64_t F = c.mlp_width(l);
-    const int64_t q_out = c.num_attention_heads * d;
-    const int64_t kv_out = c.num_key_value_heads * d;
-    auto lin = [&](const std::string& module, std::vector<int64_t> shape) {
+    auto lin = [&](const std::string& module) {
       linears_packed = linears_packed || has_packed(ckpt, lp + module);
-      auto t = linear_weight(ckpt, lp + module, shape);
+      auto t = linear_weight(ckpt, lp + module, implied.at(lp + module + ".weight"));
       linear_bytes += t.nbytes();
       if (t.int4) {
         int4_format = t.int4->describe();
@@ -216,34 +213,34 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
       }
       return t;
     };
-    w.input_layernorm = norm("layers." + std::to_string(l) + ".input_layernorm.weight", H);
+    w.input_layernorm = norm("layers." + std::to_string(l) + ".input_layernorm.weight");
     w.post_attention_layernorm =
-        norm("layers." + std::to_string(l) + ".post_attention_layernorm.weight", H);
+        norm("layers." + std::to_string(l) + ".post_attention_layernorm.weight");
     w.pre_feedforward_layernorm =
-        norm("layers." + std::to_string(l) + ".pre_feedforward_layernorm.weight", H);
+        norm("layers." + std::to_string(l) + ".pre_feedforward_layernorm.weight");
     w.post_feedforward_layernorm =
-        norm("layers." + std::to_string(l) + ".post_feedforward_layernorm.weight", H);
-    std::vector<Linear> qkv{lin("self_attn.q_proj", {q_out, H})};
-    w.q_norm = norm("layers." + std::to_string(l) + ".self_attn.q_norm.weight", d);
+        norm("layers." + std::to_string(l) + ".post_feedforward_layernorm.weight");
+    std::vector<Linear> qkv{lin("self_attn.q_proj")};
+    w.q_norm = norm("layers." + std::to_string(l) + ".self_attn.q_norm.weight");
     // Shared layers read their source's K/V; their own k/v/k_norm, present in the published
     // checkpoint and absent from re-saved ones, are dead weights (research note §5.9).
     if (!c.is_shared(l)) {
-      qkv.push_back(lin("self_attn.k_proj", {kv_out, H}));
-      qkv.push_back(lin("self_attn.v_proj", {kv_out, H}));
-      w.k_norm = norm("layers." + std::to_string(l) + ".self_attn.k_norm.weight", d);
+      qkv.push_back(lin("self_attn.k_proj"));
+      qkv.push_back(lin("self_attn.v_proj"));
+      w.k_norm = norm("layers." + std::to_string(l) + ".self_attn.k_norm.weight");
     }
     w.qkv = LinearGroup::of(std::move(qkv));
-    w.o_proj = lin("self_attn.o_proj", {H, q_out});
-    w.gate_up = LinearGroup::of({lin("mlp.gate_proj", {F, H}), lin("mlp.up_proj", {F, H})});
-    w.down_proj = lin("mlp.down_proj", {H, F});
+    w.o_proj = lin("self_attn.o_proj");
+    w.gate_up = LinearGroup::of({lin("mlp.gate_proj"), lin("mlp.up_proj")});
+    w.down_proj = lin("mlp.down_proj");
     if (P > 0) {
-      w.per_layer_input_gate = lin("per_layer_input_gate", {P, H});
-      w.per_layer_projection = lin("per_layer_projection", {H, P});
+      w.per_layer_input_gate = lin("per_layer_input_gate");
+      w.per_layer_projection = lin("per_layer_projection");
       w.post_per_layer_input_norm =
-          norm("layers." + std::to_string(l) + ".post_per_layer_input_norm.weight", H);
+          norm("layers." + std::to_string(l) + ".post_per_layer_input_norm.weight");
     }
     const auto& scalar = ckpt.get(lp + "layer_scalar");
-    expect_weight(scalar, {1});
+    expect_weight(scalar, implied.at(lp + "layer_scalar"));
     w.layer_scalar = host_tensor(scalar).to(o.device, o.dtype);
     release_free_heap();
   }
@@ -256,25 +253,29 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
   }
   storage_.push_back({"linears", linear_format, where_label(o.device, aliased), linear_bytes});
 
-  final_norm_ = norm("norm.weight", H);
+  final_norm_ = norm("norm.weight");
   if (P > 0) {
-    per_layer_model_projection_ = linear_weight(ckpt, p + "per_layer_model_projection", {L * P, H});
-    per_layer_projection_norm_ = norm("per_layer_projection_norm.weight", P);
+    per_layer_model_projection_ =
+        linear_weight(ckpt, p + "per_layer_model_projection",
+                      implied.at(p + "per_layer_model_projection.weight"));
+    per_layer_projection_norm_ = norm("per_layer_projection_norm.weight");
   }
 
   // Vocabulary tables: the emb4 twin's int4 tables win over the main checkpoint's.
-  auto table = [&](const std::string& name, int64_t rows, int64_t width,
+  auto table = [&](const std::string& name,
                    const std::string& family) -> std::optional<VocabTable> {
+    // Named as the main checkpoint names it: the emb4 twin's prefix may be another.
+    const ImpliedTensor& expected = implied.at((name == "lm_head" ? "" : p) + name + ".weight");
     for (const Checkpoint* source : {emb4, &ckpt}) {
       if (!source) continue;
       const std::string module = (name == "lm_head" ? "" : source->prefix()) + name;
       if (has_packed(*source, module)) {
         auto packed = read_packed(*source, module, nullptr);
-        if (packed.out != rows || packed.in != width) {
+        if (std::vector<int64_t>{packed.out, packed.in} != expected.shape()) {
           throw FormatError("int4 table " + module + " in " + source->dir() + " is [" +
                             std::to_string(packed.out) + ", " + std::to_string(packed.in) +
-                            "] but config.json implies [" + std::to_string(rows) + ", " +
-                            std::to_string(width) + "]");
+                            "] but config.json implies " +
+                            expected.against({packed.out, packed.in}));
         }
         if (!o.device.is_cpu()) {
           packed = packed.to(o.device);
@@ -287,7 +288,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
         return VocabTable::int4(std::move(packed), o.dtype);
       }
       if (const auto* view = source->find(module + ".weight")) {
-        expect_weight(*view, {rows, width});
+        expect_weight(*view, expected);
         auto t = load_dense(*view, o.device, o.dtype);
         storage_.push_back(
             {family, dtype_label(o.dtype),
@@ -298,12 +299,11 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
     }
     return std::nullopt;
   };
-  auto embed = table("embed_tokens", c.vocab_size, H, "embed_tokens");
+  auto embed = table("embed_tokens", "embed_tokens");
   if (!embed) ckpt.get(p + "embed_tokens.weight");  // throws the precise "no tensor" error
   embed_tokens_ = std::move(*embed);
   if (P > 0) {
-    auto ple = table("embed_tokens_per_layer", c.vocab_size_per_layer_input, L * P,
-                     "embed_tokens_per_layer");
+    auto ple = table("embed_tokens_per_layer", "embed_tokens_per_layer");
     if (!ple) ckpt.get(p + "embed_tokens_per_layer.weight");
     embed_tokens_per_layer_ = std::move(*ple);
   }
@@ -312,7 +312,7 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
   // options_.int4 asks for) and a dense one is quantized like the emb4 twin's with
   // quantize_int4. The packed pages of a head that was copied leave the resident set (a tied int4
   // embed_tokens faults back only the rows its lookups touch).
-  auto head = table("lm_head", c.vocab_size, H, "lm_head");
+  auto head = table("lm_head", "lm_head");
   if (!head && !c.tie_word_embeddings) {
     throw FormatError("checkpoint " + ckpt.dir() +
                       " has no lm_head.weight and config.json sets tie_word_embeddings false");
@@ -342,13 +342,14 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
 
   if (c.assistant) {
     const auto& a = *c.assistant;
-    pre_projection_ = linear_weight(ckpt, "pre_projection", {H, 2 * a.backbone_hidden_size});
-    post_projection_ = linear_weight(ckpt, "post_projection", {a.backbone_hidden_size, H});
+    pre_projection_ = linear_weight(ckpt, "pre_projection", implied.at("pre_projection.weight"));
+    post_projection_ = linear_weight(ckpt, "post_projection", implied.at("post_projection.weight"));
     head_rows_ = head ? *head : embed_tokens_;
     if (a.use_ordered_embeddings) {
-      centroids_ = linear_weight(ckpt, "masked_embedding.centroids", {a.num_centroids, H});
+      centroids_ = linear_weight(ckpt, "masked_embedding.centroids",
+                                 implied.at("masked_embedding.centroids.weight"));
       const auto& view = ckpt.get("masked_embedding.token_ordering");
-      expect_shape(view, {c.vocab_size});
+      expect_implied_shape(view, implied.at("masked_embedding.token_ordering"));
       const auto ordering = host_tensor(view).to(at::kLong);
       if (ordering.numel() > 0 &&
           (ordering.min().item<int64_t>() < 0 || ordering.max().item<int64_t>() >= c.vocab_size)) {

@@ -12,6 +12,7 @@
 
 #include "io/checkpoint.h"
 #include "io/config.h"
+#include "io/implied_shapes.h"
 #include "model/lora.h"
 #include "model/rings.h"
 #include "ops/dense_linear.h"
@@ -206,7 +207,7 @@ class Gemma4 {
   at::Tensor after_attention(int64_t l, const at::Tensor& h, const at::Tensor& attn,
                              const LoraPass& lora) const;
   Linear linear_weight(const Checkpoint& ckpt, const std::string& module,
-                       const std::vector<int64_t>& shape);
+                       const ImpliedTensor& implied);
   // The form options_.int4 asks for of an int4 weight on the host.
   Linear int4_linear(const PackedInt4& packed) const;
   void load(const Checkpoint& ckpt, const Checkpoint* emb4);
