@@ -18,6 +18,8 @@
 #include "common/errors.h"
 #include "io/aten_view.h"
 #include "io/checkpoint.h"
+#include "io/config.h"
+#include "io/implied_shapes.h"
 #include "io/safetensors.h"
 
 namespace torchtpu {
@@ -475,9 +477,10 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
   if (!fs::is_regular_file(config_path)) {
     throw NotFoundError("checkpoint " + in_dir + " has no config.json");
   }
+  const std::string config_text = read_text(config_path);
   ordered_json config;
   try {
-    config = ordered_json::parse(read_text(config_path));
+    config = ordered_json::parse(config_text);
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(config_path.string() + ": invalid JSON: " + e.what());
   }
@@ -488,6 +491,7 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
                      " is already quantized (config.json has a "
                      "quantization_config); quantize reads dense bf16/f16/f32 checkpoints");
   }
+  const ModelConfig model_config = parse_config_json(config_text, config_path.string());
   const bool emb4 = !options.emb4_dir.empty();
   if (emb4) {
     const fs::path a = fs::weakly_canonical(out_dir), b = fs::weakly_canonical(options.emb4_dir);
@@ -571,7 +575,9 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
     shards.back().items.push_back(std::move(item));
   }
 
-  // Every weight's groups are checked before anything is written.
+  // Before anything is written: the shapes config.json implies, by the loader's own table (a
+  // checkpoint the engine would refuse is refused here), then every weight's groups.
+  check_implied_tensors(ckpt, model_config);
   for (const Shard& shard : shards) {
     for (const Item& item : shard.items) {
       const auto& shape = ckpt.get(item.name).shape;

@@ -307,12 +307,14 @@ def test_quantize_reproduces_the_library_bit_for_bit(tmp_path, case):
 
 
 HIDDEN, VOCAB, LAYERS, PLE = 64, 300, 2, 32
+HEADS, KV_HEADS, HEAD_DIM, FF = 8, 1, 20, 96
 TEXT = "model.language_model."
 
 
 def dense_model(directory):
     """A dense Gemma-4-shaped bf16 checkpoint (multimodal names, one vision tensor), with a
-    tokenizer file to copy; shapes small and awkward (out sizes not multiples of 8)."""
+    tokenizer file to copy; shapes small and awkward (k/v_proj's 20 outputs and the vocabulary
+    are not multiples of 8), and every tensor the config implies, as quantize checks."""
     g = torch.Generator().manual_seed(0)
     rand = lambda *shape: (torch.randn(*shape, generator=g) * 0.05).to(torch.bfloat16)
     t = {
@@ -327,15 +329,18 @@ def dense_model(directory):
         p = f"{TEXT}layers.{i}."
         t |= {
             p + "input_layernorm.weight": rand(HIDDEN),
-            p + "self_attn.q_proj.weight": rand(2 * 32, HIDDEN),
-            p + "self_attn.k_proj.weight": rand(32, HIDDEN),
-            p + "self_attn.v_proj.weight": rand(32, HIDDEN),
-            p + "self_attn.o_proj.weight": rand(HIDDEN, 2 * 32),
-            p + "self_attn.q_norm.weight": rand(32),
-            p + "self_attn.k_norm.weight": rand(32),
-            p + "mlp.gate_proj.weight": rand(92, HIDDEN),
-            p + "mlp.up_proj.weight": rand(92, HIDDEN),
-            p + "mlp.down_proj.weight": rand(HIDDEN, 96),
+            p + "post_attention_layernorm.weight": rand(HIDDEN),
+            p + "pre_feedforward_layernorm.weight": rand(HIDDEN),
+            p + "post_feedforward_layernorm.weight": rand(HIDDEN),
+            p + "self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
+            p + "self_attn.q_norm.weight": rand(HEAD_DIM),
+            p + "self_attn.k_norm.weight": rand(HEAD_DIM),
+            p + "mlp.gate_proj.weight": rand(FF, HIDDEN),
+            p + "mlp.up_proj.weight": rand(FF, HIDDEN),
+            p + "mlp.down_proj.weight": rand(HIDDEN, FF),
             p + "per_layer_input_gate.weight": rand(PLE, HIDDEN),
             p + "per_layer_projection.weight": rand(HIDDEN, PLE),
             p + "post_per_layer_input_norm.weight": rand(HIDDEN),
@@ -346,12 +351,12 @@ def dense_model(directory):
         "model_type": "gemma4_text",
         "vocab_size": VOCAB,
         "hidden_size": HIDDEN,
-        "intermediate_size": 92,
+        "intermediate_size": FF,
         "num_hidden_layers": LAYERS,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 32,
-        "global_head_dim": 32,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "global_head_dim": HEAD_DIM,
         "hidden_size_per_layer_input": PLE,
         "vocab_size_per_layer_input": VOCAB,
         "layer_types": ["sliding_attention", "full_attention"],
@@ -574,3 +579,108 @@ def test_quantize_refuses_a_non_empty_output_and_a_quantized_input(tmp_path):
         check=False,
     )
     assert result.returncode != 0 and "already quantized" in result.stderr
+
+
+def refused_quantize(source, out):
+    """quantize's stderr, once it has refused `source` as a FormatError (exit 1)."""
+    result = subprocess.run(
+        [_tool(), "quantize", source, out], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    return result.stderr
+
+
+def set_text_config(directory, **fields):
+    """Sets (or, for None, removes) fields of the checkpoint's text_config."""
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in fields.items():
+        if value is None:
+            del config["text_config"][key]
+        else:
+            config["text_config"][key] = value
+    path.write_text(json.dumps(config))
+
+
+# (text_config fields set, the first tensor that contradicts them, its shape, and what
+# config.json implies, naming the fields behind each contradicted dimension).
+CONTRADICTIONS = {
+    "hidden_size": (
+        {"hidden_size": 72},
+        "embed_tokens.weight",
+        "[300, 64]",
+        "[300, 72] (text_config.hidden_size = 72)",
+    ),
+    "intermediate_size": (
+        {"intermediate_size": 128},
+        "layers.0.mlp.down_proj.weight",
+        "[64, 96]",
+        "[64, 128] (text_config.intermediate_size = 128)",
+    ),
+    "num_attention_heads": (
+        {"num_attention_heads": 4},
+        "layers.0.self_attn.o_proj.weight",
+        "[64, 160]",
+        "[64, 80] (text_config.num_attention_heads * text_config.head_dim = 4 * 20 = 80)",
+    ),
+    "vocab_size": (
+        {"vocab_size": 256},
+        "embed_tokens.weight",
+        "[300, 64]",
+        "[256, 64] (text_config.vocab_size = 256)",
+    ),
+    "num_hidden_layers": (
+        {"num_hidden_layers": 1, "layer_types": ["full_attention"]},
+        "embed_tokens_per_layer.weight",
+        "[300, 64]",
+        "[300, 32] (text_config.num_hidden_layers * text_config.hidden_size_per_layer_input"
+        " = 1 * 32 = 32)",
+    ),
+    "hidden_size_absent": (
+        {"hidden_size": None},
+        "embed_tokens.weight",
+        "[300, 64]",
+        "[300, 2304] (text_config.hidden_size = 2304, transformers' default: config.json does"
+        " not set it)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONTRADICTIONS.values(), ids=CONTRADICTIONS.keys())
+def test_quantize_refuses_a_config_the_tensor_shapes_contradict(tmp_path, case):
+    """The loader's own shape check, before anything is written: OUT is never created."""
+    fields, tensor, shape, implied = case
+    (tmp_path / "in").mkdir()
+    dense_model(tmp_path / "in")
+    set_text_config(tmp_path / "in", **fields)
+    error = refused_quantize(tmp_path / "in", tmp_path / "q")
+    file = tmp_path / "in" / "model.safetensors"
+    assert error == (
+        f"error: tensor {TEXT}{tensor} in {file} has shape {shape} but config.json implies "
+        f"{implied}\n"
+    )
+    assert not (tmp_path / "q").exists()
+
+
+def test_quantize_refuses_a_tensor_the_config_does_not_imply_or_lacks_one_it_does(tmp_path):
+    """A text tensor beyond the config's layers, or one of its layers' tensors missing, is
+    refused by name, and an empty OUT is left empty. (Tensors outside the text model, such as
+    dense_model's vision tower, are their towers' to check: quantize copies them.)"""
+    (tmp_path / "in").mkdir()
+    source = dense_model(tmp_path / "in")
+    file = tmp_path / "in" / "model.safetensors"
+    (tmp_path / "q").mkdir()
+
+    extra = f"{TEXT}layers.2.mlp.up_proj.weight"
+    save_file(source | {extra: torch.zeros(FF, HIDDEN, dtype=torch.bfloat16)}, str(file))
+    assert refused_quantize(tmp_path / "in", tmp_path / "q") == (
+        f"error: checkpoint {tmp_path / 'in'} has tensor {extra} [{FF}, {HIDDEN}] in {file}, "
+        "which config.json does not imply (text_config.num_hidden_layers = 2)\n"
+    )
+    missing = f"{TEXT}layers.1.mlp.up_proj.weight"
+    save_file({k: v for k, v in source.items() if k != missing}, str(file))
+    assert refused_quantize(tmp_path / "in", tmp_path / "q") == (
+        f"error: checkpoint {tmp_path / 'in'} has no tensor {missing}, which config.json "
+        "implies\n"
+    )
+    assert list((tmp_path / "q").iterdir()) == []
