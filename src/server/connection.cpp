@@ -107,28 +107,32 @@ class BoundedStream final : public httplib::Stream {
     return true;
   }
 
-  // Called once the library has parsed the head: a body it says is larger than the payload limit
-  // is refused unread (the library would read and drop all of it before its 413).
-  void head_parsed(const httplib::Request& req) {
+  // Called once the library has parsed the head, before anything is routed: a request whose
+  // body's length is unclear, or larger than the payload limit, is refused unread.
+  void head_parsed(httplib::Request& req) {
     t_head_parsed = true;
-    const std::string length = req.get_header_value("Content-Length");
-    uint64_t declared = 0;
-    const auto [end, error] =
-        std::from_chars(length.data(), length.data() + length.size(), declared);
-    if (error == std::errc{} && end == length.data() + length.size() && declared > body_max_) {
-      t_refusal = too_large();
+    t_refusal = framing_refusal(req);
+    // RFC 9110 (14.2) defines Range for GET alone: the library would cut any answer to it, a
+    // chat completion's JSON included (a 206 of its first bytes).
+    if (req.method != "GET" && req.method != "HEAD") {
+      req.ranges.clear();
+      req.headers.erase("Range");
     }
   }
 
   bool is_readable() const override { return off_ < size_ || wait_for(fd_, POLLIN, read_timeout_); }
-  // The peer is gone once a read would end the stream: bytes it sent that wait unread, here or
-  // in the socket, with its side closed after them, count as a peer still there to answer.
+  // A peer that closed its sending side (socat, `nc -N`, Go's CloseWrite) still reads the answer:
+  // only a connection reset or closed both ways (POLLERR, POLLHUP) ends the writing. A client gone
+  // altogether is found at the first write after its close, which draws the reset.
   bool is_writable() const override {
-    if (!wait_for(fd_, POLLOUT, write_timeout_)) return false;
-    if (off_ < size_) return true;
-    char byte;
-    const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR));
+    pollfd p{fd_, POLLOUT, 0};
+    const auto deadline = Clock::now() + write_timeout_;
+    for (;;) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+      const int n = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count())));
+      if (n > 0) return (p.revents & (POLLERR | POLLHUP | POLLNVAL)) == 0;
+      if (n == 0 || errno != EINTR) return false;
+    }
   }
 
   ssize_t read(char* ptr, size_t size) override {
@@ -171,7 +175,14 @@ class BoundedStream final : public httplib::Stream {
         }
         const char byte = buffer_[off_ + i];
         if (byte != '\n') {
-          ++line_bytes_;
+          // The library reads a header line of at most this many bytes, and calls a longer one
+          // a malformed request (a 400); the request line has its own bound (414).
+          if (++line_bytes_ > CPPHTTPLIB_HEADER_MAX_LENGTH && lines_ > 0) {
+            t_refusal = ReadRefusal{431, "request_header_fields_too_large",
+                                    "a header line of the request is longer than " +
+                                        std::to_string(CPPHTTPLIB_HEADER_MAX_LENGTH) + " bytes"};
+            return cut_off(ptr, size);
+          }
           last_ = byte;
         } else if (lines_ > 0 && line_bytes_ == 1 && last_ == '\r') {
           in_head_ = false;
@@ -225,6 +236,46 @@ class BoundedStream final : public httplib::Stream {
     return -1;
   }
 
+  // Why the body's framing cannot be trusted, if it cannot (RFC 9112, 6.1 and 6.3): a length
+  // that is not one or two that disagree, a coding the library does not read (it would wait for
+  // a body that never ends), or a length beside a coding. Two parties reading such a request
+  // differently is how requests are smuggled past a front proxy.
+  std::optional<ReadRefusal> framing_refusal(const httplib::Request& req) const {
+    const auto malformed = [](const std::string& message) {
+      return ReadRefusal{400, "malformed_request", message};
+    };
+    const auto lengths = req.headers.equal_range("Content-Length");
+    std::optional<uint64_t> length;
+    for (auto it = lengths.first; it != lengths.second; ++it) {
+      const std::string& text = it->second;
+      uint64_t value = 0;
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+      const bool digits =
+          !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+      if (!digits) return malformed("the request's Content-Length '" + text + "' is not a length");
+      if (error == std::errc::result_out_of_range) return too_large();
+      if (length && *length != value) {
+        return malformed("the request has two Content-Length headers that disagree (" +
+                         std::to_string(*length) + " and " + text + ")");
+      }
+      length = value;
+    }
+    if (req.has_header("Transfer-Encoding")) {
+      const std::string coding = ascii_lower(req.get_header_value("Transfer-Encoding"));
+      if (coding != "chunked") {
+        return ReadRefusal{501, "unsupported_transfer_encoding",
+                           "the request body is sent with Transfer-Encoding '" +
+                               req.get_header_value("Transfer-Encoding") +
+                               "': this server reads 'chunked' alone"};
+      }
+      if (length) {
+        return malformed("the request has both Content-Length and Transfer-Encoding: send one");
+      }
+    }
+    if (length && *length > body_max_) return too_large();
+    return std::nullopt;
+  }
+
   ReadRefusal too_large() const {
     return {413, "request_too_large",
             "the request body is larger than the server's limit of " + std::to_string(body_max_) +
@@ -273,7 +324,28 @@ std::optional<ReadRefusal> read_refusal() { return t_refusal; }
 void end_connection_after_answer() { t_end_after_answer = true; }
 
 HttpServer::HttpServer(RequestLimits limits) : limits_(limits) {
+  set_pre_routing_handler(nullptr);
   set_post_routing_handler(nullptr);
+  // A client that waits for "100 Continue" before it sends the body gets the refusal instead.
+  set_expect_100_continue_handler([](const httplib::Request&, httplib::Response& res) {
+    if (t_refusal) res.status = t_refusal->status;
+    return t_refusal ? t_refusal->status : 100;
+  });
+}
+
+HttpServer& HttpServer::set_pre_routing_handler(HandlerWithResponse handler) {
+  pre_routing_ = std::move(handler);
+  httplib::Server::set_pre_routing_handler(
+      [this](const httplib::Request& req, httplib::Response& res) {
+        // A request refused while its head was read reaches no route: the error handler words
+        // the refusal (read_refusal()).
+        if (t_refusal) {
+          res.status = t_refusal->status;
+          return HandlerResponse::Handled;
+        }
+        return pre_routing_ ? pre_routing_(req, res) : HandlerResponse::Unhandled;
+      });
+  return *this;
 }
 
 HttpServer& HttpServer::set_post_routing_handler(Handler handler) {

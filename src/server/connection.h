@@ -126,8 +126,12 @@ struct RequestLimits {
 // an error handler of an HttpServer answers instead of the status the library gives (400, or 414
 // for a request line cut off past its limit).
 struct ReadRefusal {
-  int status;        // 431: a head too large; 413: a body too large; 408: too slow
-  std::string code;  // request_header_fields_too_large, request_too_large, request_timeout
+  // 431: a head too large; 413: a body too large; 408: too slow; 400: a body's framing unclear;
+  // 501: a transfer coding other than chunked
+  int status;
+  // request_header_fields_too_large, request_too_large, request_timeout, malformed_request,
+  // unsupported_transfer_encoding
+  std::string code;
   std::string message;
 };
 std::optional<ReadRefusal> read_refusal();
@@ -152,6 +156,8 @@ class HttpServer : public httplib::Server {
  public:
   explicit HttpServer(RequestLimits limits = {});
 
+  // Hides the library's: `handler` sees only requests that were not refused as they were read.
+  HttpServer& set_pre_routing_handler(HandlerWithResponse handler);
   // Hides the library's: `handler` runs after the headers of an answer that ends its connection
   // are set, as the library's runs after its own headers.
   HttpServer& set_post_routing_handler(Handler handler);
@@ -160,6 +166,7 @@ class HttpServer : public httplib::Server {
   bool process_and_close_socket(socket_t sock) override;
 
   RequestLimits limits_;
+  HandlerWithResponse pre_routing_;
   Handler post_routing_;
 };
 

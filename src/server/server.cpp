@@ -3017,10 +3017,9 @@ void Server::set_up_routes(HttpServer& http) {
           }
           if (res.status == 400) {
             throw ApiError(400,
-                           "malformed HTTP request: a header line longer than " +
-                               std::to_string(CPPHTTPLIB_HEADER_MAX_LENGTH) +
-                               " bytes, a body shorter than its Content-Length, or nothing "
-                               "received for " +
+                           "malformed HTTP request: a request line or header line that does "
+                           "not parse, a body shorter than its Content-Length, or nothing "
+                           "received for " +
                                std::to_string(CPPHTTPLIB_READ_TIMEOUT_SECOND) + " seconds",
                            "invalid_request_error", "", "malformed_request");
           }

@@ -696,6 +696,11 @@ struct BoundedServer {
     http.Get("/echo", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content(req.remote_addr + ":" + std::to_string(req.remote_port), "text/plain");
     });
+    // Answers after the client had time to close its side.
+    http.Get("/slow", [](const httplib::Request&, httplib::Response& res) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      res.set_content("slow", "text/plain");
+    });
     handle_post(http, "/echo", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content(req.body, "text/plain");
     });
@@ -912,6 +917,84 @@ TEST(HttpServer, ABodyPastThePayloadLimitIsA413WithoutReadingTheRest) {
   got = read_until_closed(fd);
   EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got.substr(0, 200);
   EXPECT_NE(got.find("\r\n\r\n" + std::string(8192, 'c')), std::string::npos);
+}
+
+// A client that closes its sending side once its request is out (socat, `nc -N`, Go's
+// CloseWrite) still reads the answer: its end of input is not a client gone.
+TEST(HttpServer, AClientThatClosedItsSendingSideIsAnswered) {
+  BoundedServer server;
+  const int fd = server.connect_client();
+  send_all(fd, "GET /slow HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(shutdown(fd, SHUT_WR), 0);
+  const std::string got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got;
+  EXPECT_NE(got.find("\r\n\r\nslow"), std::string::npos) << got;
+}
+
+// RFC 9112 (6.1, 6.3): a body whose length the server and a proxy in front of it could read
+// differently is refused before any route, and the connection ends with the answer, so the
+// bytes after it are never read as a request (request smuggling).
+TEST(HttpServer, ABodyOfUnclearLengthIsRefusedAndItsConnectionEnded) {
+  BoundedServer server;
+  const std::string next = "GET /echo HTTP/1.1\r\nHost: x\r\n\r\n";
+  const struct {
+    std::string headers, status, answer;
+  } cases[] = {
+      {"Content-Length: 5x\r\n", "400",
+       "malformed_request: the request's Content-Length '5x' is not a length"},
+      {"Content-Length: -1\r\n", "400",
+       "malformed_request: the request's Content-Length '-1' is not a length"},
+      {"Content-Length: 5\r\nContent-Length: 50\r\n", "400",
+       "malformed_request: the request has two Content-Length headers that disagree (5 and 50)"},
+      {"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n", "400",
+       "malformed_request: the request has both Content-Length and Transfer-Encoding: send one"},
+      {"Transfer-Encoding: gzip, chunked\r\n", "501",
+       "unsupported_transfer_encoding: the request body is sent with Transfer-Encoding 'gzip, "
+       "chunked': this server reads 'chunked' alone"},
+      {"Content-Length: 99999999999999999999999\r\n", "413",
+       "request_too_large: the request body is larger than the server's limit of 65536 bytes"},
+  };
+  for (const auto& c : cases) {
+    const int fd = server.connect_client();
+    send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\n" + c.headers + "\r\nhello" + next);
+    const std::string got = read_until_closed(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 " + c.status + " ", 0), 0u) << c.headers << got;
+    EXPECT_NE(got.find(c.answer), std::string::npos) << c.headers << got;
+    EXPECT_EQ(got.find("HTTP/1.1", 1), std::string::npos) << c.headers << got;
+    expect_says_it_closes(got);
+  }
+  // The same length twice is one length.
+  const int fd = server.connect_client();
+  send_all(fd,
+           "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n"
+           "Connection: close\r\n\r\nhello");
+  const std::string got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got;
+}
+
+// Range is GET's (RFC 9110, 14.2): the library cut any answer to it, a POST's JSON included.
+TEST(HttpServer, ARangeOnAPostIsIgnored) {
+  BoundedServer server;
+  const int fd = server.connect_client();
+  send_all(fd,
+           "POST /echo HTTP/1.1\r\nHost: x\r\nRange: bytes=0-1\r\nContent-Length: 5\r\n"
+           "Connection: close\r\n\r\nhello");
+  const std::string got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got;
+  EXPECT_NE(got.find("\r\n\r\nhello"), std::string::npos) << got;
+}
+
+// A client that waits for "100 Continue" before sending a body the server will refuse gets the
+// refusal at once, and sends nothing.
+TEST(HttpServer, AnExpectationOfABodyTooLargeIsAnsweredWithTheRefusal) {
+  BoundedServer server;
+  const int fd = server.connect_client();
+  send_all(fd,
+           "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+           "Content-Length: 1000000\r\n\r\n");
+  const std::string got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 413 ", 0), 0u) << got;
+  EXPECT_EQ(got.find("100 Continue"), std::string::npos) << got;
 }
 
 TEST(HttpServer, HeadsWithinTheLimitsAreServedPipelinedRequestsAndBodiesIncluded) {
