@@ -28,6 +28,7 @@
 #include <utility>
 
 #include "build_info.h"
+#include "common/error_message.h"
 #include "common/errors.h"
 #include "common/fnv1a.h"
 #include "common/utf8.h"
@@ -63,6 +64,14 @@ constexpr const char* kEngineThreadName = "torchtpu-engine";  // at most 15 char
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// A 500 for an exception nothing expected: its message without c10's backtrace, which names the
+// process's load addresses and paths; the whole what() goes to the log for whoever runs it.
+ApiError internal_error(const std::string& context, const std::exception& e,
+                        const std::string& code = "") {
+  std::cerr << "torchtpu-cpp serve: " << context << e.what() << "\n";
+  return ApiError(500, context + error_message(e), "server_error", "", code);
 }
 
 // A prompt past the context: the 400 context_length_exceeded of the OpenAI routes (which LiteLLM
@@ -1025,9 +1034,7 @@ Submission Server::submission(const std::shared_ptr<Job>& job) {
       } catch (const ValueError& e) {
         finish_job(*job, "error", ApiError(400, e.what()));
       } catch (const std::exception& e) {
-        finish_job(*job, "error",
-                   ApiError(500, std::string("the engine failed: ") + e.what(), "server_error", "",
-                            "engine_error"));
+        finish_job(*job, "error", internal_error("the engine failed: ", e, "engine_error"));
       }
       return;
     }
@@ -2711,7 +2718,7 @@ httplib::Server::Handler Server::guarded(
     } catch (const NotFoundError& e) {
       send_error(res, ApiError(404, e.what(), "invalid_request_error", "", "not_found"), shape);
     } catch (const std::exception& e) {
-      send_error(res, ApiError(500, e.what(), "server_error"), shape);
+      send_error(res, internal_error("", e), shape);
     }
   };
 }
@@ -3032,14 +3039,14 @@ void Server::set_up_routes(HttpServer& http) {
       }));
   http.set_exception_handler(
       [](const httplib::Request& req, httplib::Response& res, std::exception_ptr error) {
-        std::string what = "internal error";
+        ApiError failure(500, "internal error", "server_error");
         try {
           std::rethrow_exception(error);
         } catch (const std::exception& e) {
-          what = e.what();
+          failure = internal_error("", e);
         } catch (...) {
         }
-        send_error(res, ApiError(500, what, "server_error"), error_shape(req.path));
+        send_error(res, failure, error_shape(req.path));
       });
   http.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     allow_origin(req, res, is_loopback(options_.host));

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/error_message.h"
 #include "common/errors.h"
 #include "server/connection.h"
 #include "server/demo.h"
@@ -365,6 +366,23 @@ TEST(ErrorBody, IsTheOpenAIShape) {
   EXPECT_EQ(body.dump(), R"({"error":{"message":"no such model","type":"invalid_request_error",)"
                          R"("param":"model","code":"model_not_found"}})");
   EXPECT_TRUE(error_body(ApiError(500, "x", "server_error"))["error"]["param"].is_null());
+}
+
+// A 500's message comes from error_message: a c10 error (an engine check that failed) without
+// the backtrace c10 appends, whose frames name the process's load addresses and library paths.
+TEST(ErrorMessage, IsAC10ErrorsWithoutItsBacktraceAndAnyOtherErrorsWhat) {
+  try {
+    TORCH_CHECK(false, "attention: a query row at position ", 35, " sees no key");
+  } catch (const std::exception& e) {
+    ASSERT_NE(std::string(e.what()).find("Exception raised from"), std::string::npos);
+    EXPECT_EQ(error_message(e), "attention: a query row at position 35 sees no key");
+  }
+  try {
+    TORCH_CHECK_VALUE(false, "a value error");
+  } catch (const std::exception& e) {
+    EXPECT_EQ(error_message(e), "a value error");
+  }
+  EXPECT_EQ(error_message(std::runtime_error("plain")), "plain");
 }
 
 TEST(CompletionId, HasThePrefixAndIsFresh) {
