@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -86,6 +87,21 @@ at::Tensor samples_as_double(const char* data, int64_t frames, int64_t channels,
     out = t.to(at::kDouble) / 8388608.0;
   }
   return out.view({frames, channels});
+}
+
+// ValueError naming the first NaN or infinite value among `samples`, [frames] or [frames,
+// channels], by its frame from 0 ("WAV sample 5 (channel 1)"): one such sample makes every
+// feature frame it falls in NaN, and the audio tower's attention over those frames fails.
+void check_finite(const at::Tensor& samples, const std::string& what) {
+  const auto bad = at::isfinite(samples).logical_not().flatten();
+  if (!bad.any().item<bool>()) return;
+  const int64_t i = bad.to(at::kByte).argmax().item<int64_t>();  // the first, as argmax ties go
+  const double x = samples.flatten()[i].item<double>();
+  const char* kind = std::isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf";
+  const int64_t channels = samples.dim() == 2 ? samples.size(1) : 1;
+  throw ValueError(what + " sample " + std::to_string(i / channels) +
+                   (channels > 1 ? " (channel " + std::to_string(i % channels) + ")" : "") +
+                   " is not finite (" + kind + ")");
 }
 
 // Options that would divide by zero, index out of range or build an empty filter bank.
@@ -184,7 +200,18 @@ Waveform decode_wav(std::string_view bytes, double max_seconds) {
   }
   if (frames == 0) throw ValueError("WAV file holds no audio samples");
   const auto interleaved = samples_as_double(data, frames, channels, format, bits);
-  return {interleaved.mean(1).to(at::kFloat), rate};
+  check_finite(interleaved, "WAV");
+  const auto mono = interleaved.mean(1);
+  // A finite 64-bit sample beyond float32's range would be infinite once narrowed.
+  const auto beyond = mono.abs() > std::numeric_limits<float>::max();
+  if (beyond.any().item<bool>()) {
+    const int64_t i = beyond.to(at::kByte).argmax().item<int64_t>();
+    char value[32];
+    std::snprintf(value, sizeof(value), "%g", mono[i].item<double>());
+    throw ValueError("WAV sample " + std::to_string(i) + " is " + value +
+                     ", beyond the range of float32 samples");
+  }
+  return {mono.to(at::kFloat), rate};
 }
 
 // The whole file is fed to libmpg123 (the decoder libsndfile, and with it soundfile and librosa,
@@ -238,6 +265,7 @@ Waveform decode_mp3(std::string_view bytes, double max_seconds) {
   }
   const int64_t frames = static_cast<int64_t>(interleaved.size()) / channels;
   const auto samples = at::from_blob(interleaved.data(), {frames, channels}, at::kFloat);
+  check_finite(samples, "MP3");
   // Averaged in float64, as decode_wav averages (librosa's to_mono).
   return {samples.to(at::kDouble).mean(1).to(at::kFloat), static_cast<int64_t>(rate)};
 }
@@ -295,6 +323,7 @@ AudioFeatures audio_features(const at::Tensor& samples, const AudioFeatureOption
                      std::string(c10::toString(samples.scalar_type())) + " with " +
                      std::to_string(samples.dim()) + " dimensions");
   }
+  check_finite(samples, "audio");
   const int64_t n = samples.size(0);
   if (n > o.max_samples) {
     throw ValueError("audio clip is " + seconds(static_cast<double>(n) / o.sampling_rate) + " (" +
@@ -356,6 +385,14 @@ AudioFeatures audio_features(const at::Tensor& samples, const AudioFeatureOption
   const auto filters = at::clamp_min(at::minimum(down, up), 0.0);
 
   const auto log_mel = at::log(at::matmul(magnitude, filters) + o.mel_floor).to(at::kFloat);
+  // Finite samples near float32's limit can still overflow the frames once scaled or
+  // pre-emphasised; features that are not finite would fail the tower's attention.
+  if (!at::isfinite(log_mel).all().item<bool>()) {
+    char peak[32];
+    std::snprintf(peak, sizeof(peak), "%g", samples.abs().max().item<double>());
+    throw ValueError(std::string("audio clip is too loud: its log-mel features overflow float32 ") +
+                     "(its largest sample has magnitude " + peak + ")");
+  }
   // A frame is valid when the last sample of its window is a real sample of the clip.
   const auto frame_end = at::arange(frames_n, at::kLong) * hop + (frame_size - 1 - pad_left);
   const auto mask = frame_end < n;

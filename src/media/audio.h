@@ -22,12 +22,13 @@ struct Waveform {
 // WAVE_FORMAT_EXTENSIBLE, any channel count (averaged to mono as librosa's to_mono does). Integer
 // samples are scaled by 2^-(bits-1) (8-bit: (x - 128) / 128), as soundfile reads them.
 // ValueError naming what is wrong: not a WAV file, truncated, unsupported encoding, a clip longer
-// than `max_seconds`.
+// than `max_seconds`, the first NaN or infinite sample (loud finite ones are read as they are).
 Waveform decode_wav(std::string_view bytes, double max_seconds = 30.0);
 
 // MP3 bytes (MPEG-1/2/2.5 audio, layers I-III; ID3 tags skipped) through libmpg123, gapless (the
 // encoder's delay and padding dropped as the LAME tag says), channels averaged to mono.
-// ValueError for data without MPEG audio frames or a clip longer than `max_seconds`.
+// ValueError for data without MPEG audio frames, a clip longer than `max_seconds` or a NaN or
+// infinite sample.
 Waveform decode_mp3(std::string_view bytes, double max_seconds = 30.0);
 
 // decode_wav for bytes starting "RIFF....WAVE", decode_mp3 for an ID3 tag or an MPEG frame sync;
@@ -76,7 +77,8 @@ struct AudioFeatures {
 // Log-mel features of mono samples already at options.sampling_rate, exactly as
 // Gemma4AudioFeatureExtractor computes them for a batch of one (padded to pad_to_multiple_of,
 // semicausal framing, periodic Hann window, |rFFT|, HTK mel filter bank, log(x + mel_floor)).
-// ValueError for a clip too short for one valid frame or longer than max_samples.
+// ValueError for a clip too short for one valid frame, longer than max_samples, or holding a NaN
+// or infinite sample (named by its index).
 AudioFeatures audio_features(const at::Tensor& samples, const AudioFeatureOptions& options = {});
 
 // A decoded clip resampled to options.sampling_rate when it has another rate, then audio_features.

@@ -274,6 +274,56 @@ describe("media on a checkpoint with vision and audio encoders", () => {
     assert.match(clip.message, /^400 'messages\[0\]\.content\[1\]\.input_audio\.data' is not a readable WAV or MP3 file: /);
   });
 
+  test("a float WAV with a NaN or infinite sample is a 400 naming the sample, on chat and speech to text", async () => {
+    // 1 s of IEEE float32 mono at 16 kHz, silent but for `bad` at sample 4321.
+    const floatWav = (bad) => {
+      const b = Buffer.alloc(44 + 16000 * 4);
+      b.write("RIFF", 0);
+      b.writeUInt32LE(36 + 16000 * 4, 4);
+      b.write("WAVEfmt ", 8);
+      b.writeUInt32LE(16, 16);
+      b.writeUInt16LE(3, 20);
+      b.writeUInt16LE(1, 22);
+      b.writeUInt32LE(16000, 24);
+      b.writeUInt32LE(64000, 28);
+      b.writeUInt16LE(4, 32);
+      b.writeUInt16LE(32, 34);
+      b.write("data", 36);
+      b.writeUInt32LE(16000 * 4, 40);
+      b.writeFloatLE(bad, 44 + 4321 * 4);
+      return b;
+    };
+    for (const [bad, shown] of [[NaN, "NaN"], [Infinity, "+Inf"]]) {
+      const clip = await chatErrorFrom(mmClient, "tiny-multimodal", {
+        type: "input_audio",
+        input_audio: { data: floatWav(bad).toString("base64"), format: "wav" },
+      });
+      assert.equal(clip.status, 400);
+      assert.equal(clip.code, "invalid_audio");
+      assert.equal(clip.param, "messages[0].content[1].input_audio.data");
+      assert.equal(clip.message, "400 'messages[0].content[1].input_audio.data' is not a readable " +
+        `WAV or MP3 file: WAV sample 4321 is not finite (${shown})`);
+      const body = new FormData();
+      body.append("model", "tiny-multimodal");
+      body.append("file", new Blob([floatWav(bad)]), "clip.wav");
+      const res = await fetch(`${mm.url}/v1/audio/transcriptions`, { method: "POST", body });
+      assert.equal(res.status, 400);
+      const { error } = await res.json();
+      assert.equal(error.code, "invalid_audio");
+      assert.equal(error.param, "file");
+      assert.equal(error.message,
+        `'file' is not a readable WAV or MP3 file: WAV sample 4321 is not finite (${shown})`);
+    }
+    // Loud but finite samples are read and answered.
+    const loud = await mmClient.chat.completions.create({
+      model: "tiny-multimodal",
+      max_tokens: 2,
+      messages: [{ role: "user", content: [{ type: "input_audio",
+        input_audio: { data: floatWav(1e30).toString("base64"), format: "wav" } }] }],
+    });
+    assert.equal(loud.usage.completion_tokens, 2);
+  });
+
   test("a valid PNG and WAV are answered; the same pair again is read from the prefix cache", async () => {
     const ask = (...parts) =>
       mmClient.chat.completions.create({

@@ -7,6 +7,7 @@ against the analytic signal, and the errors bad inputs get."""
 import io
 import json
 import math
+import re
 import struct
 import types
 import wave
@@ -383,6 +384,67 @@ def test_float_wav_matches_numpy(dtype, extensible):
     np.testing.assert_allclose(
         samples.numpy(), values.astype(np.float64).mean(1), rtol=0, atol=1e-7
     )
+
+
+def _float_wav(values):
+    """IEEE float WAV at 16 kHz of `values` [frames] or [frames, channels]."""
+    channels = 1 if values.ndim == 1 else values.shape[1]
+    return _wav(
+        values.tobytes(),
+        channels=channels,
+        width=values.itemsize,
+        rate=16000,
+        fmt_tag=3,
+    )
+
+
+@pytest.mark.parametrize(
+    "bad,shown", [(math.nan, "NaN"), (math.inf, "+Inf"), (-math.inf, "-Inf")]
+)
+def test_a_sample_that_is_not_finite_is_refused_by_its_index(bad, shown):
+    """One NaN or infinite sample would make every feature frame it falls in NaN (and
+    the tower's attention fail): the first is named, in a WAV file and a tensor."""
+    shown = re.escape(shown)
+    values = np.zeros((1600, 2), "<f4")
+    values[700, 1] = bad
+    values[900, 0] = bad
+    with pytest.raises(
+        ValueError,
+        match=rf"^WAV sample 700 \(channel 1\) is not finite \({shown}\)$",
+    ):
+        torchtpu_cpp.decode_audio(_float_wav(values))
+    with pytest.raises(
+        ValueError, match=rf"^WAV sample 700 is not finite \({shown}\)$"
+    ):
+        torchtpu_cpp.audio_features(_float_wav(values[:, 1].astype("<f8")))
+    samples = torch.zeros(16000)
+    samples[1234] = bad
+    with pytest.raises(
+        ValueError, match=rf"^audio sample 1234 is not finite \({shown}\)$"
+    ):
+        torchtpu_cpp.audio_features(samples)
+
+
+def test_loud_but_finite_samples_are_read():
+    values = np.zeros(1600, "<f4")
+    values[700] = 1e30
+    samples, _ = torchtpu_cpp.decode_audio(_float_wav(values))
+    assert samples[700] == np.float32(1e30)
+    assert torch.isfinite(torchtpu_cpp.audio_features(samples)["features"]).all()
+    # Pre-emphasis of samples near float32's limit overflows: refused, not handed on.
+    peaks = torch.full((16000,), 3e38)
+    peaks[1::2] = -3e38
+    with pytest.raises(
+        ValueError, match=r"^audio clip is too loud: its log-mel features overflow"
+    ):
+        torchtpu_cpp.audio_features(peaks, preemphasis=0.97)
+    # A 64-bit sample past float32's range would be infinite once narrowed: refused.
+    wide = np.zeros(1600, "<f8")
+    wide[800] = -1e39
+    with pytest.raises(
+        ValueError, match=r"^WAV sample 800 is -1e\+39, beyond the range of float32"
+    ):
+        torchtpu_cpp.decode_audio(_float_wav(wide))
 
 
 def test_resampling_matches_the_analytic_signal():

@@ -447,6 +447,14 @@ def test_an_asleep_engine_checks_media_and_answers_them_once_awake(checkpoint, m
 # Errors -------------------------------------------------------------------------------
 
 
+def test_media_refuses_a_clip_with_a_sample_that_is_not_finite(checkpoint):
+    engine = torchtpu_cpp.Engine(checkpoint, dtype="float32", context=256)
+    clip = torch.zeros(16000)
+    clip[5] = float("nan")
+    with pytest.raises(ValueError, match=r"^audio sample 5 is not finite \(NaN\)"):
+        engine.media(audio=[clip])
+
+
 def test_media_for_a_checkpoint_without_the_tower(tmp_path, media_files):
     path = make_checkpoint(tmp_path / "text", seed=42, vision=False, audio=False)
     engine = torchtpu_cpp.Engine(path, dtype="float32", context=256)
