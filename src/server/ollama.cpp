@@ -497,14 +497,6 @@ std::string ollama_name(const std::string& id) {
   return tagged ? id : id + ":latest";
 }
 
-std::string server_model_name(const std::string& name) {
-  const std::string latest = ":latest";
-  if (name.size() > latest.size() && name.ends_with(latest)) {
-    return name.substr(0, name.size() - latest.size());
-  }
-  return name;
-}
-
 namespace {
 
 ojson details(const OllamaModel& m) {

@@ -66,8 +66,6 @@ std::string rfc3339(std::chrono::system_clock::time_point t);
 
 // The name Ollama shows for one of the server's model ids: with ":latest" when it has no tag.
 std::string ollama_name(const std::string& id);
-// The server's id for a name a client sends: without a trailing ":latest".
-std::string server_model_name(const std::string& name);
 
 // What /api/tags, /api/show and /api/ps say about the model or one of its LoRA adapters.
 struct OllamaModel {

@@ -106,7 +106,7 @@ std::optional<int64_t> get_int(const ojson& body, const char* name) {
 void parse_common(const ojson& body, GenerationRequest& r) {
   if (const ojson* model = field(body, "model")) {
     if (!model->is_string()) throw wrong_type("model", "a string", *model);
-    r.model = model->get<std::string>();
+    r.model = server_model_name(model->get<std::string>());
   }
   for (const char* name : {"max_completion_tokens", "max_tokens"}) {
     if (auto n = get_int(body, name)) {
@@ -470,6 +470,14 @@ ojson parse_body_value(const std::string& text) {
                    "invalid_request_error", "", "json_too_deep");
   }
   return body;
+}
+
+std::string server_model_name(const std::string& name) {
+  const std::string latest = ":latest";
+  if (name.size() > latest.size() && name.ends_with(latest)) {
+    return name.substr(0, name.size() - latest.size());
+  }
+  return name;
 }
 
 GenerationRequest parse_chat_request(const ojson& body) {

@@ -193,6 +193,10 @@ struct GenerationRequest {
 // developer, user, assistant or tool is malformed, and so is a tool without a string
 // function.name; reasoning_effort other than "none" sets template_kwargs.enable_thinking unless
 // chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps only it.
+// The server's id for a model name a client sends: without a trailing ":latest", the tag Ollama
+// gives an untagged name, which Ollama's clients send on every route (its own /v1 included).
+std::string server_model_name(const std::string& name);
+
 GenerationRequest parse_chat_request(const ojson& body);
 GenerationRequest parse_completion_request(const ojson& body);
 

@@ -2635,7 +2635,13 @@ void Server::refuse_unrouted(const httplib::Request& req, httplib::Response& res
     throw ApiError(405, req.method + " is not allowed on " + req.path + " (use GET or DELETE)",
                    "invalid_request_error", "", "method_not_allowed");
   }
-  if (it != kRoutes.end()) {
+  // A method the route takes reached here with a path it does not ("/v1/models/", an empty id):
+  // the path is what is wrong.
+  const auto allows = [&](const std::string& methods) {
+    const std::string list = ", " + methods + ", ";
+    return list.find(", " + req.method + ", ") != std::string::npos;
+  };
+  if (it != kRoutes.end() && !allows(it->second)) {
     res.set_header("Allow", it->second);
     throw ApiError(405, req.method + " is not allowed on " + req.path + " (use " + it->second + ")",
                    "invalid_request_error", "", "method_not_allowed");
@@ -2779,7 +2785,7 @@ void Server::set_up_routes(HttpServer& http) {
                false));
   http.Get(R"(/v1/models/(.+))", guarded(
                                      [this](const httplib::Request& req, httplib::Response& res) {
-                                       const std::string name = req.matches[1];
+                                       const std::string name = server_model_name(req.matches[1]);
                                        check_model(name);
                                        res.set_content(dump(model_json(name)), "application/json");
                                      },

@@ -372,6 +372,23 @@ describe("errors are OpenAI error objects with the right status", () => {
     );
   });
 
+  test("the model's Ollama name (NAME:latest) is the model on every route, as on Ollama's /v1",
+    async () => {
+      const latest = `${MODEL}:latest`;
+      const answer = await client.chat.completions.create({ model: latest, messages, max_tokens: 2 });
+      assert.equal(answer.model, MODEL);
+      assert.equal((await client.models.retrieve(latest)).id, MODEL);
+      const headers = { Authorization: `Bearer ${KEY}`, "Content-Type": "application/json" };
+      const res = await fetch(`${server.url}/v1/messages`, { method: "POST", headers,
+        body: JSON.stringify({ model: latest, max_tokens: 2, messages }) });
+      assert.equal(res.status, 200, await res.clone().text());
+      assert.equal((await res.json()).model, MODEL);
+      // An empty id is a path that names nothing, not a method the route refuses.
+      const empty = await fetch(`${server.url}/v1/models/`, { headers });
+      assert.equal(empty.status, 404);
+      assert.equal((await empty.json()).error.message, "unknown route GET /v1/models/");
+    });
+
   test("body over the limit: 413", async () => {
     await assert.rejects(
       chat({ messages: [{ role: "user", content: "x".repeat(BODY_LIMIT + 10) }] }),
