@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <csetjmp>
+#include <cstdint>
 #include <cstdio>  // before jpeglib.h, which uses FILE
 #include <cstring>
 #include <string>
@@ -285,6 +286,35 @@ at::Tensor decode_webp(std::string_view bytes, const ImageLimits& limits) {
   return hwc.permute({2, 0, 1}).contiguous();
 }
 
+// jpeg_read_header alone: the frame's size without decoding a scan. False when it does not parse.
+bool jpeg_header_size(std::string_view bytes, Failure* failure, JDIMENSION* width,
+                      JDIMENSION* height) {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.base);
+  err.base.error_exit = jpeg_fail;
+  err.base.emit_message = jpeg_message;
+  err.failure = failure;
+  jpeg_create_decompress(&cinfo);
+  if (setjmp(failure->jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return false;
+  }
+  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
+               static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&cinfo, TRUE);
+  *width = cinfo.image_width;
+  *height = cinfo.image_height;
+  jpeg_destroy_decompress(&cinfo);
+  return true;
+}
+
+uint32_t big_endian_u32(std::string_view bytes, size_t at) {
+  uint32_t v = 0;
+  for (size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(bytes[at + i]);
+  return v;
+}
+
 bool starts_with(std::string_view bytes, std::string_view prefix) {
   return bytes.size() >= prefix.size() && bytes.substr(0, prefix.size()) == prefix;
 }
@@ -312,6 +342,33 @@ at::Tensor decode_image(std::string_view bytes, const ImageLimits& limits) {
   }
   C10_THROW_ERROR(ValueError,
                   "unrecognized image format (first bytes " + head + "): send JPEG, PNG or WebP");
+}
+
+std::pair<int64_t, int64_t> image_size(std::string_view bytes) {
+  const std::string_view type = sniff_media_type(MediaKind::kImage, bytes);
+  if (type == "image/png") {
+    // The signature, then IHDR's length and name, then its width and height (PNG spec 11.2.2),
+    // each at most 2^31 - 1.
+    if (bytes.size() < 24 || bytes.substr(12, 4) != "IHDR") return {0, 0};
+    const uint32_t width = big_endian_u32(bytes, 16), height = big_endian_u32(bytes, 20);
+    if (width > INT32_MAX || height > INT32_MAX) return {0, 0};
+    return {width, height};
+  }
+  if (type == "image/jpeg") {
+    Failure failure;
+    JDIMENSION width = 0, height = 0;
+    if (!jpeg_header_size(bytes, &failure, &width, &height)) return {0, 0};
+    return {width, height};
+  }
+  if (type == "image/webp") {
+    WebPBitstreamFeatures features;
+    if (WebPGetFeatures(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), &features) !=
+        VP8_STATUS_OK) {
+      return {0, 0};
+    }
+    return {features.width, features.height};
+  }
+  return {0, 0};
 }
 
 std::pair<int64_t, int64_t> aspect_ratio_preserving_size(int64_t height, int64_t width,

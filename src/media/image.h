@@ -28,6 +28,11 @@ struct ImageLimits {
 // truncated data, or an image over the limits, naming the format and what is wrong.
 at::Tensor decode_image(std::string_view bytes, const ImageLimits& limits = {});
 
+// The (width, height) a JPEG, PNG or WebP header declares, which decode_image's result has, read
+// without decoding a pixel, so that a caller can budget the memory a decode will take. {0, 0} when
+// the header does not parse (decode_image then says what is wrong).
+std::pair<int64_t, int64_t> image_size(std::string_view bytes);
+
 struct ImageProcessorOptions {
   int64_t patch_size = 16;
   int64_t pooling_kernel_size = 3;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <utility>
 
 #include "common/ascii.h"
 #include "common/base64.h"
@@ -103,10 +104,72 @@ ApiError unreadable(const MediaSource& s, const std::string& why) {
                   "invalid_request_error", s.param, image ? "invalid_image" : "invalid_audio");
 }
 
+// decode_image, then preprocess_image, within a lease for the image's pixels: the full-size
+// pixels (3 bytes each, a transient copy as many again, and preprocessing's buffers, about 7 in
+// all) are freed before the lease is.
+ImagePatches read_image(const MediaSource& s, const std::string& bytes, int64_t max_bytes,
+                        const ImageProcessorOptions& options, DecodeBudget& budget) {
+  ImageLimits image_limits;
+  image_limits.max_bytes = max_bytes;
+  const auto [width, height] = image_size(bytes);
+  // An image over the limit is refused before its pixels are allocated: it holds nothing.
+  const int64_t pixels = width * height <= image_limits.max_pixels ? width * height : 0;
+  const DecodeBudget::Lease lease = budget.acquire(pixels);
+  at::Tensor rgb;
+  try {
+    rgb = decode_image(bytes, image_limits);
+  } catch (const c10::ValueError& e) {
+    throw unreadable(s, e.what_without_backtrace());
+  }
+  try {
+    return preprocess_image(rgb, options);
+  } catch (const c10::ValueError& e) {
+    throw ApiError(400, "'" + s.param + "': " + e.what_without_backtrace(), "invalid_request_error",
+                   s.param, "invalid_value");
+  }
+}
+
 }  // namespace
 
+DecodeBudget::DecodeBudget(int64_t pixels) : capacity_(pixels) {}
+
+DecodeBudget::Lease::Lease(Lease&& other) noexcept
+    : budget_(std::exchange(other.budget_, nullptr)), pixels_(other.pixels_) {}
+
+DecodeBudget::Lease::~Lease() {
+  if (budget_ != nullptr) budget_->release(pixels_);
+}
+
+DecodeBudget::Lease DecodeBudget::acquire(int64_t pixels) {
+  pixels = std::clamp<int64_t>(pixels, 0, capacity_);
+  std::unique_lock lock(mutex_);
+  freed_.wait(lock, [&] { return held_ + pixels <= capacity_; });
+  held_ += pixels;
+  peak_ = std::max(peak_, held_);
+  return Lease(this, pixels);
+}
+
+void DecodeBudget::release(int64_t pixels) {
+  {
+    const std::lock_guard lock(mutex_);
+    held_ -= pixels;
+  }
+  freed_.notify_all();
+}
+
+int64_t DecodeBudget::peak() const {
+  const std::lock_guard lock(mutex_);
+  return peak_;
+}
+
+DecodeBudget& image_decode_budget() {
+  static DecodeBudget budget(2 * ImageLimits{}.max_pixels);
+  return budget;
+}
+
 std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
-                                  const MediaLimits& limits, const Modalities& modalities) {
+                                  const MediaLimits& limits, const Modalities& modalities,
+                                  const ImageOptionsFor& image_options, DecodeBudget& budget) {
   if (static_cast<int64_t>(sources.size()) > limits.max_items) {
     const std::string& param = sources[limits.max_items].param;
     throw ApiError(400,
@@ -171,18 +234,19 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
                                  std::to_string(part.bytes.size()) + " bytes, more than " + flag +
                                  " " + std::to_string(max_bytes));
     }
-    try {
-      if (image) {
-        ImageLimits image_limits;
-        image_limits.max_bytes = max_bytes;
-        part.rgb = decode_image(part.bytes, image_limits);
-      } else {
+    if (image) {
+      ImageProcessorOptions options;
+      options.max_soft_tokens = part.image_tokens;
+      if (image_options) options = image_options(part.image_tokens);
+      part.patches = read_image(s, part.bytes, max_bytes, options, budget);
+    } else {
+      try {
         part.wave = decode_audio(part.bytes);
+      } catch (const c10::ValueError& e) {
+        throw unreadable(s, e.what_without_backtrace());
+      } catch (const ValueError& e) {
+        throw unreadable(s, e.what());
       }
-    } catch (const c10::ValueError& e) {
-      throw unreadable(s, e.what_without_backtrace());
-    } catch (const ValueError& e) {
-      throw unreadable(s, e.what());
     }
     parts.push_back(std::move(part));
   }

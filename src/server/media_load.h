@@ -2,23 +2,70 @@
 // server's limits and what the checkpoint reads, and decoded once, before anything is queued.
 #pragma once
 
-#include <ATen/ATen.h>
-
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "media/audio.h"
+#include "media/image.h"
 #include "server/media_parts.h"
 
 namespace torchtpu::server {
 
+// The decoded pixels that image decodes may hold at once. A tiny file can declare 67 megapixels
+// (a 2.6 KB WebP decodes to 200 MB, and preprocessing needs more), and requests decode before they
+// are queued: a decode waits here until its image fits, so concurrent requests take turns rather
+// than add up.
+class DecodeBudget {
+ public:
+  explicit DecodeBudget(int64_t pixels);
+
+  // Pixels held from acquire() until destroyed.
+  class Lease {
+   public:
+    Lease(Lease&& other) noexcept;
+    Lease& operator=(Lease&&) = delete;
+    ~Lease();
+
+   private:
+    friend class DecodeBudget;
+    Lease(DecodeBudget* budget, int64_t pixels) : budget_(budget), pixels_(pixels) {}
+    DecodeBudget* budget_;
+    int64_t pixels_;
+  };
+
+  // Waits until `pixels` (at most the capacity: a larger image waits for the whole) fit beside
+  // those held. Leases are held one at a time and only while decoding, so every wait ends.
+  Lease acquire(int64_t pixels);
+
+  int64_t capacity() const { return capacity_; }
+  int64_t peak() const;  // the most pixels held at once so far
+
+ private:
+  void release(int64_t pixels);
+
+  const int64_t capacity_;
+  mutable std::mutex mutex_;
+  std::condition_variable freed_;
+  int64_t held_ = 0;
+  int64_t peak_ = 0;
+};
+
+// The process's budget: two images of ImageLimits' largest size (about 1 GB while they decode).
+DecodeBudget& image_decode_budget();
+
+// The preprocessing for an image given its soft-token budget (Engine::image_options).
+using ImageOptionsFor = std::function<ImageProcessorOptions(int64_t max_soft_tokens)>;
+
 // A content part read and checked: its bytes decode (decode_image / decode_audio) within the
-// limits.
+// limits; an image is preprocessed as it is decoded, and its full-size pixels are not kept.
 struct MediaPart {
   MediaKind kind = MediaKind::kImage;
   std::string bytes;
-  at::Tensor rgb;            // images: the decoded pixels, RGB uint8 [3, H, W]
+  ImagePatches patches;      // images: preprocess_image's result
   Waveform wave;             // clips: the decoded samples at the file's rate
   std::string mime;          // image/png | image/jpeg | image/webp | one of the WAV or MP3 types
   int64_t image_tokens = 0;  // images: one of kImageSoftTokenBudgets
@@ -27,9 +74,13 @@ struct MediaPart {
 
 // Reads the sources in order: base64 decoded, http(s) URLs fetched (only with allow_urls), each
 // item checked against the limits, its media type and what the checkpoint reads, and decoded
-// once so that a corrupt file is refused here, before anything is queued. ApiError 400 naming
-// the source's field and the limit or value for anything wrong.
+// once so that a corrupt file is refused here, before anything is queued. Images are decoded and
+// preprocessed (with image_options, ImageProcessorOptions' defaults when empty) one at a time,
+// each within a lease of `budget`. ApiError 400 naming the source's field and the limit or value
+// for anything wrong.
 std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
-                                  const MediaLimits& limits, const Modalities& modalities);
+                                  const MediaLimits& limits, const Modalities& modalities,
+                                  const ImageOptionsFor& image_options = {},
+                                  DecodeBudget& budget = image_decode_budget());
 
 }  // namespace torchtpu::server

@@ -1584,12 +1584,12 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
 
 std::vector<Media> Server::read_media(const std::vector<MediaSource>& sources) const {
   std::vector<Media> media;
-  for (const MediaPart& part : load_media(sources, options_.media, modalities_)) {
+  const auto image_options = [this](int64_t tokens) { return engine_->image_options(tokens); };
+  for (const MediaPart& part : load_media(sources, options_.media, modalities_, image_options)) {
     try {
-      media.push_back(
-          part.kind == MediaKind::kImage
-              ? image_media(preprocess_image(part.rgb, engine_->image_options(part.image_tokens)))
-              : audio_media(audio_features_from_waveform(part.wave, engine_->audio_options())));
+      media.push_back(part.kind == MediaKind::kImage ? image_media(part.patches)
+                                                     : audio_media(audio_features_from_waveform(
+                                                           part.wave, engine_->audio_options())));
     } catch (const ValueError& e) {
       throw ApiError(400, "'" + part.param + "': " + e.what(), "invalid_request_error", part.param,
                      "invalid_value");

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <thread>
+#include <vector>
 
 #include "common/base64.h"
 #include "common/errors.h"
@@ -266,6 +268,42 @@ TEST(LoadMedia, CorruptFilesAreRefusedBeforeAnythingIsQueued) {
   EXPECT_EQ(audio.code, "invalid_audio");
   EXPECT_EQ(std::string(audio.what()).rfind("'a' is not a readable WAV or MP3 file: ", 0), 0u)
       << audio.what();
+}
+
+// Images are preprocessed as they are decoded: what a request keeps is patches, not the decoded
+// pixels, and the budget is held by one image at a time.
+TEST(LoadMedia, KeepsPatchesNotDecodedPixels) {
+  DecodeBudget budget(1);
+  const auto parts = load_media({image_from_url(kPngUrl, "u", 70), image_from_url(kPngUrl, "v", 0)},
+                                {}, kBoth, {}, budget);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[0].patches.soft_tokens, 64);
+  EXPECT_EQ(parts[0].patches.pixels.size(1), 3 * 16 * 16);
+  EXPECT_EQ(parts[1].patches.soft_tokens, 256);
+  EXPECT_EQ(budget.peak(), 1);
+}
+
+// Concurrent requests take turns at decoding: with room for one 1x1 image, eight requests of four
+// images each never hold more than that one pixel, and every image is read.
+TEST(LoadMedia, ConcurrentDecodesStayWithinTheBudget) {
+  DecodeBudget budget(1);
+  std::vector<MediaSource> sources(4, image_from_url(kPngUrl, "u", 70));
+  std::vector<size_t> read(8);
+  std::vector<std::thread> requests;
+  for (size_t i = 0; i < read.size(); ++i) {
+    requests.emplace_back([&, i] { read[i] = load_media(sources, {}, kBoth, {}, budget).size(); });
+  }
+  for (std::thread& t : requests) t.join();
+  EXPECT_EQ(read, std::vector<size_t>(8, 4));
+  EXPECT_EQ(budget.peak(), 1);
+}
+
+// An image larger than the whole budget waits for all of it rather than forever.
+TEST(DecodeBudget, AnImageOverTheCapacityTakesAllOfIt) {
+  DecodeBudget budget(10);
+  { const DecodeBudget::Lease lease = budget.acquire(100); }
+  const DecodeBudget::Lease lease = budget.acquire(10);
+  EXPECT_EQ(budget.peak(), 10);
 }
 
 TEST(ResponsesMedia, InputImageAndInputAudioAreNamedByTheRequestsFields) {

@@ -89,5 +89,24 @@ TEST(DecodeImage, RefusesWhatItCannotRead) {
             "corrupt WebP image: its header does not parse");
 }
 
+// Headers alone, written from each format's specification: the size a decode will allocate is
+// known before any pixel is decoded.
+TEST(ImageSize, ReadsTheSizeFromTheHeaderAlone) {
+  // PNG: signature, then IHDR with width 8192 and height 4096 (and no pixel data).
+  EXPECT_EQ(image_size("\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR\0\0\x20\0\0\0\x10\0\x08\x02\0\0\0"sv),
+            std::make_pair(int64_t{8192}, int64_t{4096}));
+  // JPEG: SOI, a baseline SOF0 of 3000 x 4000 with three components, then SOS.
+  EXPECT_EQ(
+      image_size("\xff\xd8\xff\xc0\0\x11\x08\x0f\xa0\x0b\xb8\x03\x01\x22\0\x02\x11\x01\x03\x11\x01"
+                 "\xff\xda\0\x0c\x03\x01\0\x02\x11\x03\x11\0\x3f\0"sv),
+      std::make_pair(int64_t{3000}, int64_t{4000}));
+  // WebP: a lossless (VP8L) stream of 8192 x 8192: 14 bits each of width - 1 and height - 1.
+  EXPECT_EQ(image_size("RIFF\x1a\0\0\0WEBPVP8L\x0d\0\0\0\x2f\xff\xdf\xff\x07\0\0\0\0\0\0\0\0\0"sv),
+            std::make_pair(int64_t{8192}, int64_t{8192}));
+  EXPECT_EQ(image_size("\x89PNG\r\n\x1a\n\0\0"sv), std::make_pair(int64_t{0}, int64_t{0}));
+  EXPECT_EQ(image_size("\xff\xd8\xff\xe0\0\x10JFIF"sv), std::make_pair(int64_t{0}, int64_t{0}));
+  EXPECT_EQ(image_size("GIF89a....."), std::make_pair(int64_t{0}, int64_t{0}));
+}
+
 }  // namespace
 }  // namespace torchtpu
