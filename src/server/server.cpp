@@ -690,6 +690,8 @@ class Server {
   // The client went away: drop each job that has not ended if it still waits, else let the
   // engine notice.
   void abandon(const Choices& jobs);
+  // abandon() for every job submitted and not ended (a stop asked for twice).
+  void abandon_all();
   void wait_done(Job& job);
   ojson engine_json() const;
   // llama-server's GET /props: what clients written for it read to find the context, the slots,
@@ -800,6 +802,9 @@ class Server {
   std::mutex active_mutex_;
   std::condition_variable active_changed_;
   int64_t active_ = 0;
+  // Every job submitted and not ended, for abandon_all().
+  std::mutex live_mutex_;
+  std::map<const Job*, std::weak_ptr<Job>> live_;
 
   // Requests in flight that apply each adapter (a nonzero scale), by name, waiting for a row and
   // in one.
@@ -915,6 +920,8 @@ void Server::finish_job(Job& job, const std::string& finish, std::optional<ApiEr
     job.done = true;
   }
   job.box->changed.notify_all();
+  std::lock_guard lock(live_mutex_);
+  live_.erase(&job);
 }
 
 // One request's place in Server's LoRA counts: waiting from its submission, running from its
@@ -1079,10 +1086,17 @@ void Server::enqueue(const Choices& jobs) {
     job->queued_at = Clock::now();
     submissions.push_back(submission(job));
   }
+  // Known before they are submitted: one may end before submit() returns.
+  {
+    std::lock_guard lock(live_mutex_);
+    for (const auto& job : jobs) live_[job.get()] = job;
+  }
   try {
     const auto tickets = scheduler_.submit(std::move(submissions));
     for (size_t i = 0; i < jobs.size(); ++i) jobs[i]->ticket = tickets[i];
   } catch (const QueueFull& e) {
+    std::lock_guard lock(live_mutex_);
+    for (const auto& job : jobs) live_.erase(job.get());
     throw ApiError(429,
                    std::string("the server is busy: ") + e.what() + "; retry later (--max-queue)",
                    "rate_limit_error", "", "queue_full");
@@ -1098,6 +1112,17 @@ void Server::abandon(const Choices& jobs) {
     job->cancelled = true;
     scheduler_.cancel(job->ticket);
   }
+}
+
+void Server::abandon_all() {
+  Choices jobs;
+  {
+    std::lock_guard lock(live_mutex_);
+    for (const auto& [key, job] : live_) {
+      if (auto held = job.lock()) jobs.push_back(std::move(held));
+    }
+  }
+  abandon(jobs);
 }
 
 void Server::wait_done(Job& job) {
@@ -3116,8 +3141,24 @@ int Server::run() {
   State draining = State::kDraining;
   state_.compare_exchange_strong(draining, State::kStopping);
   {
+    // One more stop (a second Ctrl-C, as llama-server and uvicorn take it) cancels them: a long
+    // reply would otherwise hold the exit for minutes.
     std::unique_lock lock(active_mutex_);
-    active_changed_.wait(lock, [&] { return active_ == 0; });
+    bool told = false;
+    while (!active_changed_.wait_for(lock, std::chrono::milliseconds(200),
+                                     [&] { return active_ == 0; })) {
+      if (!told) {
+        std::cerr << "torchtpu-cpp serve: stopping: " << active_
+                  << " request(s) still being answered; stop again (Ctrl-C) to cancel them\n";
+        told = true;
+      }
+      lock.unlock();
+      if (wait_for_stop(0)) {
+        std::cerr << "torchtpu-cpp serve: cancelling the requests still being answered\n";
+        abandon_all();
+      }
+      lock.lock();
+    }
   }
   // Connections accepted but not read yet hold requests too (they get their 503 now). Idle
   // keep-alive connections close within the keep-alive timeout and slow senders within the read

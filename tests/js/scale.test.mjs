@@ -293,7 +293,46 @@ describe("the drain", () => {
     assert.deepEqual({ code, signal }, { code: 0, signal: null });
     assert.ok(Date.now() - start < 30_000, "the second signal did not end the grace");
   });
+
+  test("a stop waits for the replies being written and says so; another cancels them",
+    async () => {
+      const server = await startServer(["--context", "8192", "--threads", "1"]);
+      try {
+        await stopTwice(server);
+      } finally {
+        if (server.child.exitCode === null) server.child.kill("SIGKILL");
+      }
+    });
 });
+
+// A long stream, then SIGINT twice: the line that says the server waits, and the cut.
+async function stopTwice(server) {
+  const res = await fetch(`${server.url}/v1/completions`, { method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ prompt: "Hi.", max_tokens: 8000, ignore_eos: true, stream: true }) });
+  assert.equal(res.status, 200);
+  const reader = res.body.getReader();
+  await reader.read();
+  server.child.kill("SIGINT");
+  await eventually(async () => server.stderr().includes("stop again (Ctrl-C) to cancel"),
+    "the stopping line", 10_000);
+  assert.match(server.stderr(),
+    /stopping: 1 request\(s\) still being answered; stop again \(Ctrl-C\) to cancel them/);
+  server.child.kill("SIGINT");
+  // The stream is cut off, as llama-server's second interrupt cuts its own.
+  let text = "";
+  try {
+    for (let chunk; !(chunk = await reader.read()).done;) text += Buffer.from(chunk.value);
+  } catch (error) {
+    assert.equal(error.message, "terminated");
+  }
+  const { code, signal } = await server.exited;
+  assert.deepEqual({ code, signal }, { code: 0, signal: null });
+  assert.match(server.stderr(), /cancelling the requests still being answered/);
+  // Cut short, not decoded to its 8000 tokens.
+  const tokens = text.split("\n").filter((l) => l.startsWith("data: {")).length;
+  assert.ok(tokens > 0 && tokens < 8000, `${tokens} chunks`);
+}
 
 describe("one sequence at a time (--read-every above 1)", () => {
   test("/v1/engine gives no batch options, since there is no batch", async () => {
