@@ -352,7 +352,17 @@ HttpServer& HttpServer::set_post_routing_handler(Handler handler) {
   post_routing_ = std::move(handler);
   httplib::Server::set_post_routing_handler(
       [this](const httplib::Request& req, httplib::Response& res) {
-        if (ends_after_answer()) {
+        // The library keeps an HTTP/1.0 connection only when asked in these words; else it closes
+        // it after the answer, though the answer said Keep-Alive.
+        const bool http10 = req.version == "HTTP/1.0";
+        if (http10 && res.is_chunked_content_provider_) {
+          // HTTP/1.0 has no chunked coding (RFC 9112, 6.1): a stream goes out as it is made,
+          // and the connection's end is the stream's.
+          res.is_chunked_content_provider_ = false;
+          res.headers.erase("Transfer-Encoding");
+          t_end_after_answer = true;
+        }
+        if (ends_after_answer() || (http10 && req.get_header_value("Connection") != "Keep-Alive")) {
           res.headers.erase("Keep-Alive");
           res.headers.erase("Connection");
           res.set_header("Connection", "close");

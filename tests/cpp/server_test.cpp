@@ -714,6 +714,15 @@ struct BoundedServer {
     http.Get("/echo", [](const httplib::Request& req, httplib::Response& res) {
       res.set_content(req.remote_addr + ":" + std::to_string(req.remote_port), "text/plain");
     });
+    // A stream of two pieces.
+    http.Get("/stream", [](const httplib::Request&, httplib::Response& res) {
+      res.set_chunked_content_provider("text/plain", [](size_t offset, httplib::DataSink& sink) {
+        if (offset == 0) return sink.write("first,", 6);
+        sink.write("second", 6);
+        sink.done();
+        return true;
+      });
+    });
     // Answers after the client had time to close its side.
     http.Get("/slow", [](const httplib::Request&, httplib::Response& res) {
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -947,6 +956,30 @@ TEST(HttpServer, AClientThatClosedItsSendingSideIsAnswered) {
   const std::string got = read_until_closed(fd);
   EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got;
   EXPECT_NE(got.find("\r\n\r\nslow"), std::string::npos) << got;
+}
+
+// HTTP/1.0 has no chunked coding (RFC 9112, 6.1): a stream goes to such a client as it is made,
+// its end the connection's, and no answer to it says Keep-Alive unless it asked to be kept.
+TEST(HttpServer, AnHttp10ClientGetsAStreamUnchunkedAndNoKeepAliveItDidNotAskFor) {
+  BoundedServer server;
+  for (const std::string& connection : {std::string(""), std::string("Keep-Alive")}) {
+    int fd = server.connect_client();
+    const std::string asked = connection.empty() ? "" : "Connection: " + connection + "\r\n";
+    send_all(fd, "GET /stream HTTP/1.0\r\nHost: x\r\n" + asked + "\r\n");
+    std::string got = read_until_closed(fd);
+    EXPECT_EQ(got.rfind("HTTP/1.1 200 ", 0), 0u) << got;
+    EXPECT_EQ(answer_head(got).find("Transfer-Encoding"), std::string::npos) << got;
+    EXPECT_NE(got.find("\r\n\r\nfirst,second"), std::string::npos) << got;
+    expect_says_it_closes(got);
+  }
+  const int fd = server.connect_client();
+  send_all(fd, "GET /echo HTTP/1.0\r\nHost: x\r\n\r\n");
+  expect_says_it_closes(read_until_closed(fd));
+  // HTTP/1.1 streams are chunked as before.
+  const int chunked = server.connect_client();
+  send_all(chunked, "GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string got = read_until_closed(chunked);
+  EXPECT_NE(answer_head(got).find("Transfer-Encoding: chunked"), std::string::npos) << got;
 }
 
 // RFC 9112 (6.1, 6.3): a body whose length the server and a proxy in front of it could read
