@@ -13,7 +13,7 @@ import http from "node:http";
 import { after, before, describe, test } from "node:test";
 import { Ollama } from "ollama";
 import OpenAI, { toFile } from "openai";
-import { PNG, makeMultimodalCheckpoint, startServer, wav } from "./server_helpers.mjs";
+import { PNG, makeMultimodalCheckpoint, startServer, wav, wavBuffer } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const PNG_URL = `data:image/png;base64,${PNG}`;
@@ -277,19 +277,7 @@ describe("media on a checkpoint with vision and audio encoders", () => {
   test("a float WAV with a NaN or infinite sample is a 400 naming the sample, on chat and speech to text", async () => {
     // 1 s of IEEE float32 mono at 16 kHz, silent but for `bad` at sample 4321.
     const floatWav = (bad) => {
-      const b = Buffer.alloc(44 + 16000 * 4);
-      b.write("RIFF", 0);
-      b.writeUInt32LE(36 + 16000 * 4, 4);
-      b.write("WAVEfmt ", 8);
-      b.writeUInt32LE(16, 16);
-      b.writeUInt16LE(3, 20);
-      b.writeUInt16LE(1, 22);
-      b.writeUInt32LE(16000, 24);
-      b.writeUInt32LE(64000, 28);
-      b.writeUInt16LE(4, 32);
-      b.writeUInt16LE(32, 34);
-      b.write("data", 36);
-      b.writeUInt32LE(16000 * 4, 40);
+      const b = wavBuffer(16000, { float: true });
       b.writeFloatLE(bad, 44 + 4321 * 4);
       return b;
     };

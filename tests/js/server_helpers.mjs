@@ -39,23 +39,29 @@ export function cacheDir() {
 export const PNG =
   "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
 
-// A WAV file written from the RIFF/WAVE specification, base64: PCM 16-bit mono at 16 kHz,
-// `samples` samples of silence (0.1 s by default).
-export function wav(samples = 1600) {
-  const b = Buffer.alloc(44 + samples * 2);
+// A WAV file written from the RIFF/WAVE specification: mono at 16 kHz, `samples` samples of
+// silence (0.1 s by default), PCM 16-bit or, with `float`, IEEE float32; the samples from byte 44.
+export function wavBuffer(samples = 1600, { float = false } = {}) {
+  const width = float ? 4 : 2;
+  const b = Buffer.alloc(44 + samples * width);
   b.write("RIFF", 0);
-  b.writeUInt32LE(36 + samples * 2, 4);
+  b.writeUInt32LE(36 + samples * width, 4);
   b.write("WAVEfmt ", 8);
   b.writeUInt32LE(16, 16);
-  b.writeUInt16LE(1, 20);
+  b.writeUInt16LE(float ? 3 : 1, 20);
   b.writeUInt16LE(1, 22);
   b.writeUInt32LE(16000, 24);
-  b.writeUInt32LE(32000, 28);
-  b.writeUInt16LE(2, 32);
-  b.writeUInt16LE(16, 34);
+  b.writeUInt32LE(16000 * width, 28);
+  b.writeUInt16LE(width, 32);
+  b.writeUInt16LE(8 * width, 34);
   b.write("data", 36);
-  b.writeUInt32LE(samples * 2, 40);
-  return b.toString("base64");
+  b.writeUInt32LE(samples * width, 40);
+  return b;
+}
+
+// wavBuffer's PCM 16-bit file, base64.
+export function wav(samples = 1600) {
+  return wavBuffer(samples).toString("base64");
 }
 
 // What a script of this folder writes from the demo checkpoint (`script DEMO_DIR OUT_DIR`, with
