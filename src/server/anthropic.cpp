@@ -112,10 +112,30 @@ ojson chat_messages(const ojson& messages,
       const std::string b = at(p + ".content", j);
       if (!block.is_object()) throw wrong_type(b, "an object", block);
       const std::string& type = required_string(block, "type", b);
-      if (type == "text") {
-        turn["content"] = turn["content"].get<std::string>() + required_string(block, "text", b);
-        parts.push_back({{"type", "text"}, {"text", required_string(block, "text", b)}});
+      const auto add_text = [&](const std::string& text) {
+        turn["content"] = turn["content"].get<std::string>() + text;
+        parts.push_back({{"type", "text"}, {"text", text}});
         has_text = true;
+      };
+      if (type == "text") {
+        add_text(required_string(block, "text", b));
+      } else if (type == "document" && role == "user") {
+        // A plain-text document is read as its text, after its title; a PDF or a URL needs a
+        // reader this server does not have.
+        const ojson* source = field(block, "source");
+        if (!source) throw missing(b + ".source");
+        if (!source->is_object()) throw wrong_type(b + ".source", "an object", *source);
+        const std::string& kind = required_string(*source, "type", b + ".source");
+        if (kind != "text") {
+          throw unsupported(
+              b + ".source.type",
+              "must be \"text\": this server reads plain-text documents only, got \"" + kind +
+                  "\"");
+        }
+        const ojson* title = field(block, "title");
+        if (title && !title->is_string()) throw wrong_type(b + ".title", "a string", *title);
+        add_text((title ? title->get<std::string>() + "\n\n" : "") +
+                 required_string(*source, "data", b + ".source"));
       } else if (type == "image" && role == "user") {
         parts.push_back(
             {{"type", "image_url"}, {"image_url", {{"url", image_url(block, b, media_params)}}}});
@@ -153,15 +173,15 @@ ojson chat_messages(const ojson& messages,
         if (is_error && *is_error == true) text = "Error: " + text;
         out.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", std::move(text)}});
       } else if (type == "tool_use" || type == "thinking" || type == "redacted_thinking" ||
-                 type == "tool_result" || type == "image") {
-        throw invalid(b + ".type",
-                      "\"" + type + "\" blocks belong to " +
-                          (type == "tool_result" || type == "image" ? "user" : "assistant") +
-                          " messages, not " + role + " ones");
+                 type == "tool_result" || type == "image" || type == "document") {
+        const bool users = type == "tool_result" || type == "image" || type == "document";
+        throw invalid(b + ".type", "\"" + type + "\" blocks belong to " +
+                                       (users ? "user" : "assistant") + " messages, not " + role +
+                                       " ones");
       } else {
         throw unsupported(b + ".type",
-                          "must be \"text\", \"image\", \"tool_use\", \"tool_result\", "
-                          "\"thinking\" or \"redacted_thinking\", got \"" +
+                          "must be \"text\", \"image\", \"document\", \"tool_use\", "
+                          "\"tool_result\", \"thinking\" or \"redacted_thinking\", got \"" +
                               type + "\"");
       }
     }

@@ -372,6 +372,14 @@ void check_content(ojson& content, const std::string& param, bool null_ok, bool 
       if (!text || !text->is_string()) {
         throw wrong_type(p + ".text", "a string", text ? *text : ojson(nullptr));
       }
+    } else if (type == "refusal" && !user) {
+      // What an OpenAI model said in refusing, stored as its own part beside text: a history
+      // replayed as stored reads it as the text it was.
+      const ojson* refusal = field(part, "refusal");
+      if (!refusal || !refusal->is_string()) {
+        throw wrong_type(p + ".refusal", "a string", refusal ? *refusal : ojson(nullptr));
+      }
+      part = {{"type", "text"}, {"text", *refusal}};
     } else if (type == "image_url") {
       const ojson* image = field(part, "image_url");
       if (!image) throw missing(p + ".image_url");
@@ -385,8 +393,10 @@ void check_content(ojson& content, const std::string& param, bool null_ok, bool 
       media.push_back(audio_from_input_audio(part, p));
       part = {{"type", "audio"}};
     } else {
-      throw unsupported(p + ".type",
-                        "must be \"text\", \"image_url\" or \"input_audio\", got \"" + type + "\"");
+      throw unsupported(p + ".type", std::string("must be ") +
+                                         (user ? "\"text\", \"image_url\" or \"input_audio\""
+                                               : "\"text\" or \"refusal\"") +
+                                         ", got \"" + type + "\"");
     }
   }
 }
@@ -484,6 +494,21 @@ GenerationRequest parse_chat_request(const ojson& body) {
   GenerationRequest r;
   parse_common(body, r);
   parse_chat_logprobs(body, r);
+  // Spoken output (OpenAI's audio models) was answered with text alone, and nothing said so.
+  if (const ojson* modalities = field(body, "modalities")) {
+    if (!modalities->is_array()) throw wrong_type("modalities", "an array", *modalities);
+    for (const auto& m : *modalities) {
+      if (m != "text") {
+        throw unsupported("modalities",
+                          "may hold \"text\" alone: this server answers with text "
+                          "only, got " +
+                              m.dump());
+      }
+    }
+  }
+  if (const ojson* audio = field(body, "audio"); audio && !audio->is_null()) {
+    throw unsupported("audio", "asks for spoken output: this server answers with text only");
+  }
   const ojson* messages = field(body, "messages");
   if (!messages) throw missing("messages");
   if (!messages->is_array()) throw wrong_type("messages", "an array", *messages);
@@ -550,6 +575,13 @@ GenerationRequest parse_chat_request(const ojson& body) {
       const ojson& tool = (*tools)[i];
       const std::string p = "tools[" + std::to_string(i) + "]";
       if (!tool.is_object()) throw wrong_type(p, "an object", tool);
+      if (const ojson* type = field(tool, "type")) {
+        if (!type->is_string()) throw wrong_type(p + ".type", "a string", *type);
+        if (*type != "function") {
+          throw unsupported(p + ".type", "is \"" + type->get<std::string>() +
+                                             "\": this server calls function tools only");
+        }
+      }
       const ojson* function = field(tool, "function");
       if (!function) throw missing(p + ".function");
       if (!function->is_object()) throw wrong_type(p + ".function", "an object", *function);

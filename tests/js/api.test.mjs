@@ -289,6 +289,38 @@ describe("tool calls", () => {
   });
 });
 
+describe("what SDKs send beside the basics", () => {
+  test("an assistant's refusal part is the text it was, as OpenAI stores it", async () => {
+    const render = async (content) => {
+      const res = await fetch(`${server.url}/apply-template`, { method: "POST",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ messages: [...ask("Help?"), { role: "assistant", content },
+          ...ask("Why not?")] }) });
+      assert.equal(res.status, 200);
+      return (await res.json()).prompt;
+    };
+    // The template reads each part as the text parts it holds.
+    assert.equal(await render([{ type: "text", text: "I can't" },
+      { type: "refusal", refusal: "help with that." }]),
+    await render([{ type: "text", text: "I can't" }, { type: "text", text: "help with that." }]));
+  });
+
+  test("custom tools and spoken output are 400s naming the field, not silently text", async () => {
+    const refused = async (extra, param, message) => {
+      await assert.rejects(
+        client.chat.completions.create({ model: MODEL, messages: ask("hi"), ...extra }),
+        (e) => e instanceof OpenAI.BadRequestError && e.param === param &&
+          e.error.message === message);
+    };
+    await refused({ tools: [{ type: "custom", custom: { name: "grep" } }] }, "tools[0].type",
+      "'tools[0].type' is \"custom\": this server calls function tools only");
+    await refused({ modalities: ["text", "audio"] }, "modalities", "'modalities' may hold " +
+      "\"text\" alone: this server answers with text only, got \"audio\"");
+    await refused({ audio: { voice: "alloy", format: "wav" } }, "audio",
+      "'audio' asks for spoken output: this server answers with text only");
+  });
+});
+
 describe("thinking", () => {
   test("reasoning_effort turns thinking on; the thought goes to reasoning_content", async () => {
     const plain = await client.chat.completions.create({ model: MODEL, messages: ask("What is 2+2?") });

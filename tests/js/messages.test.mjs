@@ -62,6 +62,22 @@ describe("whole answers", () => {
       [null, null, "standard"]);
   });
 
+  test("a plain-text document block reads as its title and text; other sources are refused",
+    async () => {
+      const document = { type: "document", title: "Notes", source: { type: "text",
+        media_type: "text/plain", data: "Rivers run to the sea." } };
+      const asText = [{ role: "user", content: [{ type: "text", text: "Notes\n\nRivers run to the sea." },
+        { type: "text", text: "Say hello" }] }];
+      const asDocument = [{ role: "user", content: [document, { type: "text", text: "Say hello" }] }];
+      const count = async (messages) =>
+        (await client.messages.countTokens({ model: MODEL, messages })).input_tokens;
+      assert.equal(await count(asDocument), await count(asText));
+      await assert.rejects(create({ messages: [{ role: "user", content: [{ ...document,
+        source: { type: "base64", media_type: "application/pdf", data: "JVBERi0=" } }] }] }),
+      (e) => e.status === 400 && e.error.error.message === "'messages.0.content.0.source.type' " +
+        "must be \"text\": this server reads plain-text documents only, got \"base64\"");
+    });
+
   test("models.list() and retrieve() get Anthropic's fields beside OpenAI's", async () => {
     const page = await client.models.list();
     assert.deepEqual(page.data.map((m) => [m.id, m.type, m.display_name]), [[MODEL, "model", MODEL]]);
