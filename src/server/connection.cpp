@@ -239,7 +239,8 @@ class BoundedStream final : public httplib::Stream {
   // Why the body's framing cannot be trusted, if it cannot (RFC 9112, 6.1 and 6.3): a length
   // that is not one or two that disagree, a coding the library does not read (it would wait for
   // a body that never ends), or a length beside a coding. Two parties reading such a request
-  // differently is how requests are smuggled past a front proxy.
+  // differently is how requests are smuggled past a front proxy. Then an expectation the server
+  // does not meet, and a body over the limit.
   std::optional<ReadRefusal> framing_refusal(const httplib::Request& req) const {
     const auto malformed = [](const std::string& message) {
       return ReadRefusal{400, "malformed_request", message};
@@ -271,6 +272,13 @@ class BoundedStream final : public httplib::Stream {
       if (length) {
         return malformed("the request has both Content-Length and Transfer-Encoding: send one");
       }
+    }
+    // RFC 9110, 10.1.1: an expectation other than 100-continue is not met (the library would
+    // read the body the client holds back until it, and then the read, timed out).
+    if (req.has_header("Expect") && ascii_lower(req.get_header_value("Expect")) != "100-continue") {
+      return ReadRefusal{417, "expectation_failed",
+                         "the request expects '" + req.get_header_value("Expect") +
+                             "': this server meets only 100-continue"};
     }
     if (length && *length > body_max_) return too_large();
     return std::nullopt;

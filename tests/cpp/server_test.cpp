@@ -1048,6 +1048,17 @@ TEST(HttpServer, AnExpectationOfABodyTooLargeIsAnsweredWithTheRefusal) {
   EXPECT_EQ(got.find("100 Continue"), std::string::npos) << got;
 }
 
+TEST(HttpServer, AnExpectationOtherThanContinueIsA417AtOnce) {
+  BoundedServer server;
+  const int fd = server.connect_client();
+  // The client holds its body back until it is told to send it.
+  send_all(fd, "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 5\r\n\r\n");
+  const std::string got = read_until_closed(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 417 ", 0), 0u) << got;
+  EXPECT_NE(got.find("expects '200-ok'"), std::string::npos) << got;
+  EXPECT_NE(answer_head(got).find("Connection: close"), std::string::npos) << got;
+}
+
 TEST(HttpServer, HeadsWithinTheLimitsAreServedPipelinedRequestsAndBodiesIncluded) {
   BoundedServer server;
   int local_port = 0;
