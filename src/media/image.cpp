@@ -13,6 +13,7 @@
 #include <cstdio>  // before jpeglib.h, which uses FILE
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace torchtpu {
 namespace {
@@ -201,10 +202,25 @@ void jpeg_message(j_common_ptr cinfo, int level) {
 struct JpegRead {
   std::string_view bytes;
   Failure failure;
-  bool cmyk = false;
   bool truncated = false;
   RowBuffer* buffer = nullptr;
+  std::vector<uint8_t> inks;  // a CMYK scan line (here, not in jpeg_decode, which longjmps)
 };
+
+// A CMYK scan line as Pillow opens it and its convert("RGB") makes it RGB, to the bit: each
+// channel (255 - K) - X * (255 - K) / 255, rounded as its MULDIV255, of inks stored inverted.
+// That is Adobe's convention (Photoshop writes CMYK so, and Pillow too), which Pillow assumes of
+// every CMYK JPEG ("CMYK;I"), with Adobe's APP14 marker or without.
+void cmyk_to_rgb(const uint8_t* cmyk, uint8_t* rgb, JDIMENSION width) {
+  for (JDIMENSION x = 0; x < width; ++x, cmyk += 4, rgb += 3) {
+    const auto ink = [&](int i) { return 255 - cmyk[i]; };
+    const int nk = 255 - ink(3);
+    for (int i = 0; i < 3; ++i) {
+      const int t = ink(i) * nk + 128;
+      rgb[i] = static_cast<uint8_t>(std::clamp(nk - (((t >> 8) + t) >> 8), 0, 255));
+    }
+  }
+}
 
 bool jpeg_decode(JpegRead* r) {
   jpeg_decompress_struct cinfo;
@@ -221,12 +237,9 @@ bool jpeg_decode(JpegRead* r) {
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(r->bytes.data()),
                static_cast<unsigned long>(r->bytes.size()));
   jpeg_read_header(&cinfo, TRUE);
-  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-    r->cmyk = true;
-    jpeg_destroy_decompress(&cinfo);
-    return false;
-  }
-  cinfo.out_color_space = JCS_RGB;
+  // libjpeg reads YCCK to CMYK, not to RGB: those come a line at a time through cmyk_to_rgb.
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   jpeg_start_decompress(&cinfo);
   const size_t row_bytes = 3 * static_cast<size_t>(cinfo.output_width);
   uint8_t* rows = allocate_rows(r->buffer, cinfo.output_width, cinfo.output_height, row_bytes);
@@ -234,9 +247,12 @@ bool jpeg_decode(JpegRead* r) {
     jpeg_destroy_decompress(&cinfo);
     return false;
   }
+  r->inks.resize(cmyk ? 4 * static_cast<size_t>(cinfo.output_width) : 0);
   while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = rows + cinfo.output_scanline * row_bytes;
+    uint8_t* rgb = rows + cinfo.output_scanline * row_bytes;
+    JSAMPROW row = cmyk ? r->inks.data() : rgb;
     jpeg_read_scanlines(&cinfo, &row, 1);
+    if (cmyk) cmyk_to_rgb(r->inks.data(), rgb, cinfo.output_width);
   }
   jpeg_finish_decompress(&cinfo);
   r->truncated = err.truncated;
@@ -251,7 +267,6 @@ at::Tensor decode_jpeg(std::string_view bytes, const ImageLimits& limits) {
   r.buffer = &buffer;
   const bool ok = jpeg_decode(&r);
   TORCH_CHECK_VALUE(buffer.error.empty(), buffer.error);
-  TORCH_CHECK_VALUE(!r.cmyk, "CMYK JPEG images are not supported: send an RGB or greyscale one");
   TORCH_CHECK_VALUE(ok, "corrupt JPEG image: ", r.failure.message);
   TORCH_CHECK_VALUE(!r.truncated, "truncated JPEG image: the data ends before the last scan line");
   return buffer.rows.view({buffer.rows.size(0), -1, 3}).permute({2, 0, 1}).contiguous();

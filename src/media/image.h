@@ -21,10 +21,10 @@ struct ImageLimits {
 };
 
 // JPEG, PNG or WebP bytes to RGB uint8 [3, H, W] on the CPU, the pixels transformers' image
-// processors see for the file opened by Pillow: grey and palette images as Pillow's
+// processors see for the file opened by Pillow: grey, palette and CMYK images as Pillow's
 // convert("RGB") makes them, images with transparency (alpha or tRNS) composited onto white as
 // transformers' convert_to_rgb does (no EXIF rotation: the processors do none either).
-// ValueError for an unknown or unsupported format (GIF, CMYK JPEG, animated WebP), corrupt or
+// ValueError for an unknown or unsupported format (GIF, animated WebP), corrupt or
 // truncated data, or an image over the limits, naming the format and what is wrong.
 at::Tensor decode_image(std::string_view bytes, const ImageLimits& limits = {});
 

@@ -175,13 +175,23 @@ def test_corrupt_jpeg_header_is_a_value_error():
         torchtpu_cpp.decode_image(b"\xff\xd8\xff\xe0" + b"\x00" * 30)
 
 
-def test_cmyk_jpeg_is_a_value_error():
-    data = encode(random_image(16, 16, seed=7).convert("CMYK"), "JPEG")
-    with pytest.raises(
-        ValueError,
-        match=r"^CMYK JPEG images are not supported: send an RGB or greyscale one$",
-    ):
-        torchtpu_cpp.decode_image(data)
+@pytest.mark.parametrize("adobe", [True, False])
+def test_cmyk_jpeg_decodes_to_pillows_pixels(adobe):
+    # Pillow writes CMYK with Adobe's APP14 marker and the inks inverted, as Photoshop does,
+    # and reads every CMYK JPEG's inks as inverted, with the marker or without. A random black
+    # channel tests the rounding of its product with each ink.
+    inks = 255 - np.asarray(random_image(29, 17, seed=7))
+    black = np.random.default_rng(8).integers(0, 256, (17, 29, 1), dtype=np.uint8)
+    image = Image.fromarray(np.concatenate([inks, black], -1), "CMYK")
+    data = encode(image, "JPEG", quality=95)
+    if not adobe:
+        app14 = data.index(b"\xff\xee")
+        length = int.from_bytes(data[app14 + 2 : app14 + 4], "big")
+        data = data[:app14] + data[app14 + 2 + length :]
+        assert Image.open(io.BytesIO(data)).info.get("adobe") is None
+    ours = torchtpu_cpp.decode_image(data)
+    assert ours.shape == (3, 17, 29)
+    assert torch.equal(ours, pillow_rgb(data))
 
 
 def test_gif_and_unknown_bytes_are_value_errors():
