@@ -243,9 +243,7 @@ ojson chat_tool_choice(const ojson& choice, const ojson& tools, bool& one_call) 
   if (type == "any") return "required";
   if (type == "tool") {
     const std::string& name = required_string(choice, "name", "tool_choice");
-    bool declared = false;
-    for (const auto& tool : tools) declared = declared || tool["function"]["name"] == name;
-    if (!declared) {
+    if (!declares_function(tools, name)) {
       throw invalid("tool_choice.name", "names the tool '" + name + "', which is not in 'tools'");
     }
     return {{"type", "function"}, {"function", {{"name", name}}}};

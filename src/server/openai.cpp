@@ -1,5 +1,6 @@
 #include "server/openai.h"
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -58,6 +59,11 @@ std::vector<std::string> nonempty_strings(const ojson& list,
 const ojson* field(const ojson& body, const char* name) {
   auto it = body.find(name);
   return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+bool declares_function(const ojson& tools, const std::string& name) {
+  return std::any_of(tools.begin(), tools.end(),
+                     [&](const ojson& tool) { return tool.at("function").at("name") == name; });
 }
 
 const std::string& required_string(const ojson& object, const char* name,
@@ -289,6 +295,44 @@ void parse_completion_logprobs(const ojson& body, GenerationRequest& r) {
   r.top_logprobs = n;
 }
 
+// tool_choice's allowed_tools {"mode": "auto" | "required", "tools": [{"type": "function",
+// "function": {"name"}}, ...]}: the names, each one of `tools`' functions.
+std::set<std::string> allowed_tools(const ojson& choice, const ojson& tools, std::string& mode) {
+  const std::string p = "tool_choice.allowed_tools";
+  const ojson* allowed = field(choice, "allowed_tools");
+  if (!allowed) throw missing(p);
+  if (!allowed->is_object()) throw wrong_type(p, "an object", *allowed);
+  mode = required_string(*allowed, "mode", p);
+  check_one_of(mode, p + ".mode", {"auto", "required"});
+  const ojson* list = field(*allowed, "tools");
+  if (!list) throw missing(p + ".tools");
+  if (!list->is_array() || list->empty()) {
+    throw wrong_type(p + ".tools", "a non-empty array", *list);
+  }
+  std::set<std::string> names;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const ojson& entry = (*list)[i];
+    const std::string q = at_index(p + ".tools", i);
+    if (!entry.is_object()) throw wrong_type(q, "an object", entry);
+    const std::string& type = required_string(entry, "type", q);
+    if (type != "function") {
+      throw unsupported(
+          q + ".type",
+          "must be \"function\" (this server has no custom tools), got \"" + type + "\"");
+    }
+    const ojson* function = field(entry, "function");
+    if (!function) throw missing(q + ".function");
+    if (!function->is_object()) throw wrong_type(q + ".function", "an object", *function);
+    const std::string& name = required_string(*function, "name", q + ".function");
+    if (!declares_function(tools, name)) {
+      throw invalid(q + ".function.name",
+                    "names the function '" + name + "', which is not in 'tools'");
+    }
+    names.insert(name);
+  }
+  return names;
+}
+
 void parse_tool_choice(const ojson& body, GenerationRequest& r) {
   const ojson* choice = field(body, "tool_choice");
   if (!choice) return;
@@ -302,7 +346,28 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
                      "invalid_request_error", "tool_choice", "invalid_value");
     }
     r.tool_choice = c;
-  } else if (choice->is_object()) {
+  } else if (!choice->is_object()) {
+    throw wrong_type("tool_choice", "a string or an object", *choice);
+  } else if (const ojson* type = field(*choice, "type"); type && *type == "allowed_tools") {
+    if (!r.tools.is_array() || r.tools.empty()) {
+      throw invalid("tool_choice", "of type \"allowed_tools\" needs a non-empty 'tools' list");
+    }
+    // Only the allowed functions are offered and callable; "required" makes the answer a call to
+    // one of them, as tool_choice "required" does for all.
+    const std::set<std::string> names = allowed_tools(*choice, r.tools, r.tool_choice);
+    ojson kept = ojson::array();
+    for (const auto& tool : r.tools) {
+      if (names.contains(tool.at("function").at("name").get<std::string>())) kept.push_back(tool);
+    }
+    r.tools = std::move(kept);
+    return;
+  } else if (type && *type != "function") {
+    if (!type->is_string()) throw wrong_type("tool_choice.type", "a string", *type);
+    throw unsupported("tool_choice.type",
+                      "must be \"function\" or \"allowed_tools\" (this server has no custom "
+                      "tools), got " +
+                          type->dump());
+  } else {
     const ojson* function = field(*choice, "function");
     const ojson* name = function && function->is_object() ? field(*function, "name") : nullptr;
     if (!name || !name->is_string()) {
@@ -312,8 +377,6 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
     }
     r.tool_choice = "function";
     r.tool_choice_function = name->get<std::string>();
-  } else {
-    throw wrong_type("tool_choice", "a string or an object", *choice);
   }
   if (r.tool_choice == "none") {
     r.tools = nullptr;

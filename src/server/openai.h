@@ -84,6 +84,9 @@ inline std::string at_index(const std::string& param, size_t i) {
 // empty").
 std::vector<std::string> nonempty_strings(const ojson& list,
                                           const std::function<std::string(size_t)>& element);
+// Whether `tools`, in chat's shape ({"type": "function", "function": {"name", ...}}), declares the
+// function `name`.
+bool declares_function(const ojson& tools, const std::string& name);
 // The member `name` of the object `body` if present and not null, else nullptr.
 const ojson* field(const ojson& body, const char* name);
 // The string member `name` of `object`, named "PARENT.NAME" in the error when it is missing or

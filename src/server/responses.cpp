@@ -93,6 +93,16 @@ std::string namespaced_name(const std::string& space, const std::string& name) {
   return space + "." + name;
 }
 
+// An item's function as the model is offered it: `name`, under `namespace` when it has one (a
+// function_call's, an allowed tool's).
+std::string function_name(const ojson& item, const std::string& p) {
+  const std::string& name = required_string(item, "name", p);
+  const ojson* space = field(item, "namespace");
+  if (!space) return name;
+  if (!space->is_string()) throw wrong_type(p + ".namespace", "a string", *space);
+  return namespaced_name(space->get<std::string>(), name);
+}
+
 // Responses input items as chat messages. The items of one assistant turn (reasoning, message,
 // function_call) merge into one assistant message, as the chat template reads a turn.
 class Conversation {
@@ -115,11 +125,7 @@ class Conversation {
     } else if (kind == "function_call") {
       const std::string& call_id = required_string(item, "call_id", p);
       // A call to a namespace's function names it as the model saw it (chat_tools).
-      std::string name = required_string(item, "name", p);
-      if (const ojson* space = field(item, "namespace")) {
-        if (!space->is_string()) throw wrong_type(p + ".namespace", "a string", *space);
-        name = namespaced_name(space->get<std::string>(), name);
-      }
+      const std::string name = function_name(item, p);
       const std::string& arguments = required_string(item, "arguments", p);
       ojson& turn = assistant_turn();
       if (!turn.contains("tool_calls")) turn["tool_calls"] = ojson::array();
@@ -266,8 +272,46 @@ ojson chat_tools(const ojson& tools, std::set<std::string>& namespaced) {
   return out;
 }
 
+// 400 naming `param` unless `tools` (in chat's shape) declares the function `name`.
+void check_declared(const std::string& name, const ojson& tools, const std::string& param) {
+  if (!declares_function(tools, name)) {
+    throw invalid(param, "names the function '" + name + "', which is not in 'tools'");
+  }
+}
+
+// Responses' {"type": "allowed_tools", "mode", "tools": [{"type": "function", "name",
+// "namespace"?}, ...]} in chat's shape. Its other entries name built-in tools, which the model is
+// not offered (see chat_tools): allowing only those leaves no call to make, "none" unless a call is
+// required.
+ojson chat_allowed_tools(const ojson& choice, const ojson& tools) {
+  const std::string& mode = required_string(choice, "mode", "tool_choice");
+  check_one_of(mode, "tool_choice.mode", {"auto", "required"});
+  const ojson* list = field(choice, "tools");
+  if (!list) throw missing("tool_choice.tools");
+  if (!list->is_array() || list->empty()) {
+    throw wrong_type("tool_choice.tools", "a non-empty array", *list);
+  }
+  ojson functions = ojson::array();
+  for (size_t i = 0; i < list->size(); ++i) {
+    const ojson& entry = (*list)[i];
+    const std::string p = at_index("tool_choice.tools", i);
+    if (!entry.is_object()) throw wrong_type(p, "an object", entry);
+    if (required_string(entry, "type", p) != "function") continue;
+    const std::string name = function_name(entry, p);
+    check_declared(name, tools, p + ".name");
+    functions.push_back({{"type", "function"}, {"function", {{"name", name}}}});
+  }
+  if (functions.empty()) {
+    if (mode == "auto") return "none";
+    throw unsupported("tool_choice.tools",
+                      "allows no function, and this server runs no built-in tools: mode "
+                      "\"required\" has no call to make");
+  }
+  return {{"type", "allowed_tools"}, {"allowed_tools", {{"mode", mode}, {"tools", functions}}}};
+}
+
 // Responses' tool_choice in chat's shape: the strings as they are, {"type":"function","name"}
-// as {"type":"function","function":{"name"}}.
+// as {"type":"function","function":{"name"}}, allowed_tools as chat_allowed_tools writes it.
 ojson chat_tool_choice(const ojson& choice, const ojson& tools) {
   if (choice.is_string()) {
     if (choice != "auto" && choice != "none" && choice != "required") {
@@ -280,17 +324,15 @@ ojson chat_tool_choice(const ojson& choice, const ojson& tools) {
   }
   if (!choice.is_object()) throw wrong_type("tool_choice", "a string or an object", choice);
   const std::string& type = required_string(choice, "type", "tool_choice");
+  if (type == "allowed_tools") return chat_allowed_tools(choice, tools);
   if (type != "function") {
-    throw unsupported(
-        "tool_choice.type",
-        "must be \"function\" (this server runs no built-in tools), got \"" + type + "\"");
+    throw unsupported("tool_choice.type",
+                      "must be \"function\" or \"allowed_tools\" (this server runs no built-in "
+                      "tools), got \"" +
+                          type + "\"");
   }
   const std::string& name = required_string(choice, "name", "tool_choice");
-  bool declared = false;
-  for (const auto& tool : tools) declared = declared || tool["function"]["name"] == name;
-  if (!declared) {
-    throw invalid("tool_choice.name", "names the function '" + name + "', which is not in 'tools'");
-  }
+  check_declared(name, tools, "tool_choice.name");
   return {{"type", "function"}, {"function", {{"name", name}}}};
 }
 

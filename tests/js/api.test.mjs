@@ -250,6 +250,32 @@ describe("tool calls", () => {
     }
   });
 
+  test("tool_choice allowed_tools offers and lets the model call only the functions it names",
+    async () => {
+      // The same as declaring those functions alone with the mode as tool_choice: the prompt (the
+      // others are not rendered) and the answer (the forced output's call to get_weather, not
+      // allowed, comes back as text).
+      const allowed = (mode) => ({
+        tools: TOOLS,
+        tool_choice: {
+          type: "allowed_tools",
+          allowed_tools: { mode, tools: [{ type: "function", function: { name: "get_time" } }] },
+        },
+      });
+      const alone = (mode) => ({ tools: TOOLS.slice(1), tool_choice: mode });
+      for (const mode of ["auto", "required"]) {
+        const [a, b] = await Promise.all([allowed(mode), alone(mode)].map((fields) =>
+          client.chat.completions.create({ model: MODEL, messages: ask("Weather anywhere?"), ...fields })));
+        assert.equal(a.usage.prompt_tokens, b.usage.prompt_tokens, mode);
+        assert.deepEqual(a.choices[0].message, b.choices[0].message, mode);
+        assert.equal(a.choices[0].warning, b.choices[0].warning, mode);
+      }
+      const required = await client.chat.completions.create({
+        model: MODEL, messages: ask("Weather anywhere?"), ...allowed("required") });
+      assert.equal(required.choices[0].message.tool_calls, undefined);
+      assert.match(required.choices[0].warning, /called 'get_weather', which is not among the functions/);
+    });
+
   test("a tool_choice naming an unknown function is a 400 naming the field", async () => {
     await assert.rejects(
       client.chat.completions.create({
@@ -592,6 +618,18 @@ describe("sampling parameters", () => {
     [{ logit_bias: { 99999999: 1 } }, "logit_bias"],
     [{ logprobs: true, top_logprobs: 30 }, "top_logprobs"],
     [{ tool_choice: "sometimes", tools: TOOLS }, "tool_choice"],
+    [{ tool_choice: { type: "custom", custom: { name: "x" } }, tools: TOOLS }, "tool_choice.type"],
+    [{ tool_choice: { type: "allowed_tools" }, tools: TOOLS }, "tool_choice.allowed_tools"],
+    [{ tool_choice: { type: "allowed_tools", allowed_tools: { mode: "sometimes", tools: [] } }, tools: TOOLS },
+      "tool_choice.allowed_tools.mode"],
+    [{ tool_choice: { type: "allowed_tools", allowed_tools: { mode: "auto", tools: [] } }, tools: TOOLS },
+      "tool_choice.allowed_tools.tools"],
+    [{ tool_choice: { type: "allowed_tools", allowed_tools: { mode: "auto", tools: [
+      { type: "function", function: { name: "nope" } }] } }, tools: TOOLS },
+    "tool_choice.allowed_tools.tools[0].function.name"],
+    [{ tool_choice: { type: "allowed_tools", allowed_tools: { mode: "auto", tools: [
+      { type: "custom", custom: { name: "x" } }] } }, tools: TOOLS },
+    "tool_choice.allowed_tools.tools[0].type"],
   ];
   for (const [fields, param] of bad) {
     test(`${JSON.stringify(fields)} is a 400 naming ${param}`, async () => {

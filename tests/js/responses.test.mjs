@@ -388,6 +388,32 @@ describe("whole answers", () => {
     });
     assert.deepEqual(JSON.parse(named.output[0].arguments), { city: "Oslo" });
   });
+
+  test("tool_choice allowed_tools is the functions it names declared alone", async () => {
+    const answer = (fields) => client.responses.create({
+      model: MODEL, input: "Weather anywhere?", store: false, ...fields });
+    const allowed = (mode, tools) => ({
+      tools: [...TOOLS, { type: "web_search" }], tool_choice: { type: "allowed_tools", mode, tools } });
+    const getTime = [{ type: "function", name: "get_time" }];
+    // A namespace's function, named as a function_call item names it.
+    const namespace = CODEX_TOOLS[2];
+    const closeAgent = { input: "Close the sub-agent", tools: CODEX_TOOLS, tool_choice: { type: "allowed_tools",
+      mode: "auto", tools: [{ type: "function", name: "close_agent", namespace: namespace.name }] } };
+    const items = (r) => r.output.map(({ id, call_id, ...rest }) => rest);
+    for (const [a, b] of [
+      [allowed("required", getTime), { tools: TOOLS.slice(1), tool_choice: "required" }],
+      [allowed("auto", getTime), { tools: TOOLS.slice(1) }],
+      // Only a built-in tool allowed: no function may be called.
+      [allowed("auto", [{ type: "web_search" }]), { tools: TOOLS, tool_choice: "none" }],
+      [closeAgent, { input: closeAgent.input, tools: [namespace] }],
+    ]) {
+      const [x, y] = await Promise.all([answer(a), answer(b)]);
+      assert.equal(x.usage.input_tokens, y.usage.input_tokens, JSON.stringify(a.tool_choice));
+      assert.deepEqual(items(x), items(y));
+    }
+    assert.deepEqual(items(await answer(closeAgent)).map(({ type, name, namespace }) => ({ type, name, namespace })),
+      [{ type: "function_call", name: "close_agent", namespace: namespace.name }]);
+  });
 });
 
 describe("structured output", () => {
@@ -620,6 +646,14 @@ describe("errors", () => {
     [{ input: "hi", include: ["file_search_call.results"] }, "include[0]"],
     [{ input: "hi", top_logprobs: 21 }, "top_logprobs"],
     [{ input: "hi", truncation: "auto" }, "truncation"],
+    [{ input: "hi", tools: TOOLS, tool_choice: { type: "allowed_tools", mode: "sometimes", tools: [] } },
+      "tool_choice.mode"],
+    [{ input: "hi", tools: TOOLS, tool_choice: { type: "allowed_tools", mode: "auto", tools: [] } },
+      "tool_choice.tools"],
+    [{ input: "hi", tools: TOOLS, tool_choice: { type: "allowed_tools", mode: "auto",
+      tools: [{ type: "function", name: "nope" }] } }, "tool_choice.tools[0].name"],
+    [{ input: "hi", tools: [...TOOLS, { type: "web_search" }], tool_choice: { type: "allowed_tools",
+      mode: "required", tools: [{ type: "web_search" }] } }, "tool_choice.tools"],
     [{ input: "hi", background: true }, "background"],
     [{ input: "hi", previous_response_id: 7 }, "previous_response_id"],
     [{ input: "hi", id_slot: 99 }, "id_slot"],
