@@ -190,6 +190,9 @@ struct GenerationRequest {
   // response_format json_object or json_schema: the grammar the output must follow
   // (server/structured.h); none for text.
   std::optional<Grammar> response_format;
+  // Responses' truncation "auto": a chat prompt that leaves no room for max_tokens (or for one
+  // token) in the context loses its oldest turns, whole, until it does.
+  bool drop_old_turns = false;
 };
 
 // ApiError 400 naming the field for anything malformed. Chat: a role other than system,

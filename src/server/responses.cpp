@@ -344,12 +344,6 @@ void refuse_unsupported(const ojson& body) {
       throw unsupported(name, "is not supported by this server");
     }
   }
-  if (const ojson* truncation = field(body, "truncation");
-      truncation && *truncation != "disabled") {
-    throw unsupported(
-        "truncation",
-        "must be \"disabled\": this server never drops input items, got " + truncation->dump());
-  }
   if (const ojson* include = field(body, "include")) {
     if (!include->is_array()) throw wrong_type("include", "an array", *include);
     for (size_t i = 0; i < include->size(); ++i) {
@@ -654,6 +648,9 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
   one_of(summary, "reasoning.summary", {"auto", "concise", "detailed"});
   one_of(field(body, "service_tier"), "service_tier",
          {"auto", "default", "flex", "scale", "priority"});
+  const ojson* truncation = field(body, "truncation");
+  one_of(truncation, "truncation", {"auto", "disabled"});
+  out.generation.drop_old_turns = truncation && *truncation == "auto";
   for (const char* name : {"user", "safety_identifier", "prompt_cache_key"}) {
     const ojson* v = field(body, name);
     if (v && !v->is_string() && !v->is_null()) throw wrong_type(name, "a string", *v);
@@ -676,7 +673,7 @@ ResponsesRequest parse_responses_request(const ojson& body, ResponseStore& store
               {"tool_choice", choice ? *choice : ojson("auto")},
               {"tools", field(body, "tools") ? *field(body, "tools") : ojson::array()},
               {"top_p", or_null(field(body, "top_p"))},
-              {"truncation", "disabled"},
+              {"truncation", truncation ? *truncation : ojson("disabled")},
               {"user", or_null(field(body, "user"))}};
   return out;
 }

@@ -636,6 +636,17 @@ class Server {
   // ValueError when the text holds a marker with no part of its kind to fill it (a message that
   // writes <|image|>), rather than the engine's count of positions.
   std::vector<int64_t> with_media(std::vector<int64_t> ids, const std::vector<Media>& media) const;
+  // A chat request's prompt: render_chat's text encoded, with_media's expansion of `media`.
+  // With r.drop_old_turns (Responses' truncation "auto") a prompt that leaves no room for
+  // max_tokens (or one token) in the context starts at a later user turn instead, after the
+  // system and developer messages that open it: the earliest that leaves room, else the last.
+  // The media of the turns left out leave `media`.
+  struct ChatPrompt {
+    std::string text;           // as rendered
+    std::vector<int64_t> ids;   // encoded, media expanded
+    std::string parser_prefix;  // as render_chat set it
+  };
+  ChatPrompt chat_prompt(const GenerationRequest& r, std::vector<Media>& media) const;
   // Builds the jobs of a generation request, one per choice of `n` (choice 0 and its siblings),
   // its prompt checked against the context (ApiError naming `prompt_param`), sharing `box` when
   // given (the other prompts' jobs of one request).
@@ -1646,6 +1657,72 @@ std::vector<int64_t> Server::with_media(std::vector<int64_t> ids,
   return media.empty() ? ids : expand_media_placeholders(ids, media, config);
 }
 
+Server::ChatPrompt Server::chat_prompt(const GenerationRequest& r,
+                                       std::vector<Media>& media) const {
+  const auto encode = [&](const GenerationRequest& g, const std::vector<Media>& m) {
+    ChatPrompt p;
+    p.text = render_chat(g, p.parser_prefix);
+    p.ids = with_media(tokenizer_->encode(p.text, /*add_special_tokens=*/false), m);
+    return p;
+  };
+  ChatPrompt whole = encode(r, media);
+  const int64_t room = std::max<int64_t>(r.max_tokens.value_or(1), 1);
+  const auto fits = [&](const ChatPrompt& p) {
+    return static_cast<int64_t>(p.ids.size()) + room <= options_.engine.context;
+  };
+  if (!r.drop_old_turns || fits(whole)) return whole;
+  const ojson& messages = r.messages;
+  const auto role = [&](size_t i) { return messages[i].value("role", ""); };
+  size_t opening = 0;
+  while (opening < messages.size() && (role(opening) == "system" || role(opening) == "developer")) {
+    ++opening;
+  }
+  std::vector<size_t> cuts;  // the user turns a prompt may start at, leaving one turn out or more
+  for (size_t i = opening + 1; i < messages.size(); ++i) {
+    if (role(i) == "user") cuts.push_back(i);
+  }
+  if (cuts.empty()) return whole;
+  // The media parts of messages [from, to), in the order `media` holds them.
+  const auto media_in = [&](size_t from, size_t to) {
+    int64_t n = 0;
+    for (size_t i = from; i < to; ++i) {
+      const ojson& content = messages[i].contains("content") ? messages[i]["content"] : ojson();
+      if (!content.is_array()) continue;
+      for (const auto& part : content) {
+        n += part.is_object() &&
+             (part.value("type", "") == "image" || part.value("type", "") == "audio");
+      }
+    }
+    return n;
+  };
+  GenerationRequest g = r;
+  g.media.clear();
+  const int64_t first_dropped = media_in(0, opening);
+  const auto cut_at = [&](size_t cut, std::vector<Media>& kept) {
+    g.messages = ojson::array();
+    for (size_t i = 0; i < messages.size(); ++i) {
+      if (i < opening || i >= cut) g.messages.push_back(messages[i]);
+    }
+    kept = media;
+    kept.erase(kept.begin() + first_dropped, kept.begin() + first_dropped + media_in(opening, cut));
+    return encode(g, kept);
+  };
+  // Fewer turns make a shorter prompt: the earliest cut that fits is a binary search away.
+  size_t lo = 0, hi = cuts.size() - 1;
+  std::vector<Media> kept;
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (fits(cut_at(cuts[mid], kept))) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  ChatPrompt cut = cut_at(cuts[lo], kept);
+  media = std::move(kept);
+  return cut;
+}
+
 void Server::check_room(int64_t sequences, const std::string& param,
                         const std::string& what) const {
   const int64_t room = options_.parallel + options_.max_queue;
@@ -1707,8 +1784,10 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
   std::string rendered = r.prompt;
   try {
     if (chat) {
-      rendered = render_chat(r, job->parser_prefix);
-      job->prompt = tokenizer_->encode(rendered, /*add_special_tokens=*/false);
+      ChatPrompt p = chat_prompt(r, job->media);
+      rendered = std::move(p.text);
+      job->prompt = std::move(p.ids);
+      job->parser_prefix = std::move(p.parser_prefix);
     } else if (r.prompt_ids) {
       job->prompt = *r.prompt_ids;
     } else {
@@ -1718,7 +1797,7 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
       const bool has_bos = bos >= 0 && r.prompt.rfind(tokenizer_->decode({bos}), 0) == 0;
       job->prompt = tokenizer_->encode(r.prompt, /*add_special_tokens=*/!has_bos);
     }
-    job->prompt = with_media(std::move(job->prompt), job->media);
+    if (!chat) job->prompt = with_media(std::move(job->prompt), job->media);
     engine_->check_prompt(job->prompt, job->media);
   } catch (const ValueError& e) {
     const auto tokens = static_cast<int64_t>(job->prompt.size());
@@ -2142,12 +2221,9 @@ int64_t Server::prompt_tokens(const GenerationRequest& r, const std::string& par
   check_model(r.model);
   // Images count as the soft tokens the model reads for them, so they are read and preprocessed
   // as for a generation: the count is the prompt's usage.input_tokens.
-  const auto media = read_media(r.media);
-  std::string prefix;
+  auto media = read_media(r.media);
   try {
-    return static_cast<int64_t>(
-        with_media(tokenizer_->encode(render_chat(r, prefix), /*add_special_tokens=*/false), media)
-            .size());
+    return static_cast<int64_t>(chat_prompt(r, media).ids.size());
   } catch (const ValueError& e) {
     throw ApiError(400, e.what(), "invalid_request_error", param, "invalid_value");
   }

@@ -298,6 +298,36 @@ describe("whole answers", () => {
     assert.equal(counted.input_tokens, r.usage.input_tokens);
   });
 
+  test("truncation auto drops the oldest turns, whole, until max_output_tokens fits", async () => {
+    const filler = (label) => `${label}: ${"apple ".repeat(340)}`;
+    const turns = [];
+    for (const label of ["First", "Second", "Third"]) {
+      turns.push({ role: "user", content: filler(label) }, { role: "assistant", content: "Noted." });
+    }
+    turns.push({ role: "user", content: "Say hello" });
+    const request = { model: MODEL, instructions: "Be brief.", input: turns };
+    // The prompt from each user turn on, counted as sent (input_tokens counts past the context).
+    const starts = [0, 2, 4, 6];
+    const counts = await Promise.all(starts.map(async (from) =>
+      (await client.responses.inputTokens.count({ ...request, input: turns.slice(from) })).input_tokens));
+    const context = 1024;
+    await assert.rejects(client.responses.create(request),
+      (e) => e instanceof OpenAI.BadRequestError && e.code === "context_length_exceeded");
+    const kept = [];
+    for (const max of [undefined, 400, 990]) {
+      const r = await client.responses.create({ ...request, truncation: "auto", max_output_tokens: max });
+      assert.equal(r.truncation, "auto");
+      assert.equal(r.output_text, "Hello there, friend.");
+      const from = starts.findIndex((_, i) => counts[i] + (max ?? 1) <= context);
+      assert.equal(r.usage.input_tokens, counts[from], `max_output_tokens ${max}`);
+      const counted = await client.responses.inputTokens.count({ ...request, truncation: "auto", max_output_tokens: max });
+      assert.equal(counted.input_tokens, r.usage.input_tokens);
+      kept.push(from);
+    }
+    // The lengths make each case cut at another turn.
+    assert.deepEqual(kept, [1, 2, 3]);
+  });
+
   test("max_output_tokens cuts the answer: status incomplete, reason max_output_tokens", async () => {
     const r = await client.responses.create({ model: MODEL, input: "Say hello", max_output_tokens: 2 });
     assert.equal(r.status, "incomplete");
@@ -645,7 +675,7 @@ describe("errors", () => {
     [{ input: "hi", user: 5 }, "user"],
     [{ input: "hi", include: ["file_search_call.results"] }, "include[0]"],
     [{ input: "hi", top_logprobs: 21 }, "top_logprobs"],
-    [{ input: "hi", truncation: "auto" }, "truncation"],
+    [{ input: "hi", truncation: "middle" }, "truncation"],
     [{ input: "hi", tools: TOOLS, tool_choice: { type: "allowed_tools", mode: "sometimes", tools: [] } },
       "tool_choice.mode"],
     [{ input: "hi", tools: TOOLS, tool_choice: { type: "allowed_tools", mode: "auto", tools: [] } },
