@@ -230,6 +230,14 @@ describe("whole answers", () => {
     );
   });
 
+  test("cancel: a stored response was no background one (400), an unknown one is a 404", async () => {
+    const r = await client.responses.create({ model: MODEL, input: "Say hello" });
+    await assert.rejects(client.responses.cancel(r.id),
+      (e) => e instanceof OpenAI.BadRequestError && /only background responses can be cancelled/.test(e.message));
+    assert.equal((await client.responses.retrieve(r.id)).status, "completed");
+    await assert.rejects(client.responses.cancel("resp_unknown"), (e) => e instanceof OpenAI.NotFoundError);
+  });
+
   test("DELETE forgets a stored response; other methods and deeper paths are refused", async () => {
     const r = await client.responses.create({ model: MODEL, input: "Say hello" });
     await client.responses.delete(r.id);
@@ -240,7 +248,7 @@ describe("whole answers", () => {
     assert.equal(post.headers.get("allow"), "GET, DELETE");
     await assert.rejects(client.responses.inputItems.list(r.id),
       (e) => e instanceof OpenAI.NotFoundError);
-    const deeper = await fetch(`${server.baseURL}/responses/${r.id}/cancel`, { method: "POST" });
+    const deeper = await fetch(`${server.baseURL}/responses/${r.id}/steps`, { method: "POST" });
     assert.equal(deeper.status, 404);
     assert.match((await deeper.json()).error.message, /unknown route/);
     // A path that is no response id is no route either: not a 405 that suggests GET.
