@@ -9,6 +9,7 @@
 #include "common/errors.h"
 #include "common/shape.h"
 #include "io/aten_view.h"
+#include "io/implied_shapes.h"
 #include "io/safetensors.h"
 #include "ops/dense_linear.h"
 
@@ -21,25 +22,6 @@ constexpr std::array<const char*, kLoraTargets> kTargetNames = {
     "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
     "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
     "mlp.down_proj",    "per_layer_input_gate", "per_layer_projection"};
-
-// [out, in] of layer l's linear t, as config.json gives it.
-std::pair<int64_t, int64_t> target_shape(const ModelConfig& c, int64_t l, LoraTarget t) {
-  const int64_t H = c.hidden_size, F = c.mlp_width(l), P = c.hidden_size_per_layer_input;
-  const int64_t q = c.num_attention_heads * c.layer_head_dim(l);
-  const int64_t kv = c.num_key_value_heads * c.layer_head_dim(l);
-  switch (t) {
-    case LoraTarget::kQ: return {q, H};
-    case LoraTarget::kK:
-    case LoraTarget::kV: return {kv, H};
-    case LoraTarget::kO: return {H, q};
-    case LoraTarget::kGate:
-    case LoraTarget::kUp: return {F, H};
-    case LoraTarget::kDown: return {H, F};
-    case LoraTarget::kPerLayerGate: return {P, H};
-    case LoraTarget::kPerLayerProjection: return {H, P};
-  }
-  return {0, 0};
-}
 
 // Each group's linears and their index among its outputs.
 const std::array<std::vector<std::pair<LoraTarget, int64_t>>, kLoraGroups> kGroups = {{
@@ -106,6 +88,7 @@ LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& config, at::
   // Each adapted linear's A and scaled B in f32, by layer and target, before they are grouped.
   std::vector<std::array<std::pair<at::Tensor, at::Tensor>, kLoraTargets>> pairs(
       config.num_hidden_layers);
+  const auto implied = implied_tensors(config, "");  // each linear's [out, in]
   for (const auto& [where, pair] : found) {
     const auto [layer, t] = where;
     const auto target = static_cast<LoraTarget>(t);
@@ -114,7 +97,14 @@ LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& config, at::
       throw FormatError("LoRA adapter " + path.string() + " has " + module + "'s lora_" +
                         (pair[0] ? "A" : "B") + " but not its lora_" + (pair[0] ? "B" : "A"));
     }
-    const auto [out, in] = target_shape(config, layer, target);
+    const auto linear = implied.find(module + ".weight");
+    if (linear == implied.end()) {
+      throw FormatError("LoRA adapter " + path.string() + " adapts " + module +
+                        ", which the model does not have: its config.json gives no per-layer "
+                        "inputs (hidden_size_per_layer_input 0)");
+    }
+    const std::vector<int64_t> shape = linear->second.shape();
+    const int64_t out = shape[0], in = shape[1];
     const TensorView& a = *pair[0];
     const TensorView& b = *pair[1];
     const int64_t rank = a.shape.empty() ? 0 : a.shape[0];

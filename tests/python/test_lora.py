@@ -294,6 +294,17 @@ def test_what_cannot_be_applied_is_refused_by_name(
         assert word in str(error.value)
 
 
+def test_an_adapter_of_per_layer_inputs_is_refused_by_a_model_without_them(adapters, tmp_path):
+    config = hf_tiny.text_config(**{**CASE["config"], "ple": 0})
+    no_ple = hf_tiny.make(str(tmp_path / "base"), config, seed=CASE["seed"])
+    with pytest.raises(ValueError) as error:
+        tt.Engine(no_ple, context=32, dtype="float32", threads=1, lora=[adapters["first"][0]])
+    assert (
+        "adapts layers.0.per_layer_input_gate, which the model does not have: its config.json "
+        "gives no per-layer inputs (hidden_size_per_layer_input 0)"
+    ) in str(error.value)
+
+
 def test_missing_files_and_names_are_refused(engine, base, adapters, tmp_path):
     with pytest.raises(ValueError, match="has no adapter_config.json"):
         tt.Engine(base, context=32, dtype="float32", threads=1, lora=[str(tmp_path)])
