@@ -203,7 +203,8 @@ struct JpegRead {
   std::string_view bytes;
   Failure failure;
   bool truncated = false;
-  RowBuffer* buffer = nullptr;
+  RowBuffer* buffer = nullptr;  // none: the header alone is read, for its size
+  JDIMENSION width = 0, height = 0;
   std::vector<uint8_t> inks;  // a CMYK scan line (here, not in jpeg_decode, which longjmps)
 };
 
@@ -222,6 +223,8 @@ void cmyk_to_rgb(const uint8_t* cmyk, uint8_t* rgb, JDIMENSION width) {
   }
 }
 
+// r->bytes' frame size and, with a buffer, its pixels as RGB rows. False when libjpeg fails
+// (r->failure says why) or the buffer refuses the size.
 bool jpeg_decode(JpegRead* r) {
   jpeg_decompress_struct cinfo;
   JpegError err;
@@ -237,6 +240,12 @@ bool jpeg_decode(JpegRead* r) {
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(r->bytes.data()),
                static_cast<unsigned long>(r->bytes.size()));
   jpeg_read_header(&cinfo, TRUE);
+  r->width = cinfo.image_width;
+  r->height = cinfo.image_height;
+  if (r->buffer == nullptr) {
+    jpeg_destroy_decompress(&cinfo);
+    return true;
+  }
   // libjpeg reads YCCK to CMYK, not to RGB: those come a line at a time through cmyk_to_rgb.
   const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
@@ -301,29 +310,6 @@ at::Tensor decode_webp(std::string_view bytes, const ImageLimits& limits) {
   return hwc.permute({2, 0, 1}).contiguous();
 }
 
-// jpeg_read_header alone: the frame's size without decoding a scan. False when it does not parse.
-bool jpeg_header_size(std::string_view bytes, Failure* failure, JDIMENSION* width,
-                      JDIMENSION* height) {
-  jpeg_decompress_struct cinfo;
-  JpegError err;
-  cinfo.err = jpeg_std_error(&err.base);
-  err.base.error_exit = jpeg_fail;
-  err.base.emit_message = jpeg_message;
-  err.failure = failure;
-  jpeg_create_decompress(&cinfo);
-  if (setjmp(failure->jump)) {
-    jpeg_destroy_decompress(&cinfo);
-    return false;
-  }
-  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()),
-               static_cast<unsigned long>(bytes.size()));
-  jpeg_read_header(&cinfo, TRUE);
-  *width = cinfo.image_width;
-  *height = cinfo.image_height;
-  jpeg_destroy_decompress(&cinfo);
-  return true;
-}
-
 uint32_t big_endian_u32(std::string_view bytes, size_t at) {
   uint32_t v = 0;
   for (size_t i = 0; i < 4; ++i) v = (v << 8) | static_cast<unsigned char>(bytes[at + i]);
@@ -370,10 +356,10 @@ std::pair<int64_t, int64_t> image_size(std::string_view bytes) {
     return {width, height};
   }
   if (type == "image/jpeg") {
-    Failure failure;
-    JDIMENSION width = 0, height = 0;
-    if (!jpeg_header_size(bytes, &failure, &width, &height)) return {0, 0};
-    return {width, height};
+    JpegRead r;
+    r.bytes = bytes;
+    if (!jpeg_decode(&r)) return {0, 0};
+    return {r.width, r.height};
   }
   if (type == "image/webp") {
     WebPBitstreamFeatures features;
