@@ -295,6 +295,16 @@ void parse_completion_logprobs(const ojson& body, GenerationRequest& r) {
   r.top_logprobs = n;
 }
 
+// The tools of `tools` (chat's shape; parse_chat_request checked every function name) whose
+// function `names` holds, in their order.
+ojson functions_named(const ojson& tools, const std::set<std::string>& names) {
+  ojson kept = ojson::array();
+  for (const auto& tool : tools) {
+    if (names.contains(tool.at("function").at("name").get<std::string>())) kept.push_back(tool);
+  }
+  return kept;
+}
+
 // tool_choice's allowed_tools {"mode": "auto" | "required", "tools": [{"type": "function",
 // "function": {"name"}}, ...]}: the names, each one of `tools`' functions.
 std::set<std::string> allowed_tools(const ojson& choice, const ojson& tools, std::string& mode) {
@@ -354,12 +364,7 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
     }
     // Only the allowed functions are offered and callable; "required" makes the answer a call to
     // one of them, as tool_choice "required" does for all.
-    const std::set<std::string> names = allowed_tools(*choice, r.tools, r.tool_choice);
-    ojson kept = ojson::array();
-    for (const auto& tool : r.tools) {
-      if (names.contains(tool.at("function").at("name").get<std::string>())) kept.push_back(tool);
-    }
-    r.tools = std::move(kept);
+    r.tools = functions_named(r.tools, allowed_tools(*choice, r.tools, r.tool_choice));
     return;
   } else if (type && *type != "function") {
     if (!type->is_string()) throw wrong_type("tool_choice.type", "a string", *type);
@@ -387,11 +392,7 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
                    "invalid_request_error", "tool_choice", "invalid_value");
   }
   if (r.tool_choice == "function") {
-    ojson kept = ojson::array();
-    // parse_chat_request checked every tool's function name before.
-    for (const auto& tool : r.tools) {
-      if (tool.at("function").at("name") == r.tool_choice_function) kept.push_back(tool);
-    }
+    ojson kept = functions_named(r.tools, {r.tool_choice_function});
     if (kept.empty()) {
       throw ApiError(400,
                      "'tool_choice' names the function '" + r.tool_choice_function +

@@ -195,14 +195,15 @@ struct GenerationRequest {
   bool drop_old_turns = false;
 };
 
-// ApiError 400 naming the field for anything malformed. Chat: a role other than system,
-// developer, user, assistant or tool is malformed, and so is a tool without a string
-// function.name; reasoning_effort other than "none" sets template_kwargs.enable_thinking unless
-// chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps only it.
 // The server's id for a model name a client sends: without a trailing ":latest", the tag Ollama
 // gives an untagged name, which Ollama's clients send on every route (its own /v1 included).
 std::string server_model_name(const std::string& name);
 
+// ApiError 400 naming the field for anything malformed. Chat: a role other than system,
+// developer, user, assistant or tool is malformed, and so is a tool without a string
+// function.name; reasoning_effort other than "none" sets template_kwargs.enable_thinking unless
+// chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps only it,
+// allowed_tools only the functions it lists (its mode becoming tool_choice).
 GenerationRequest parse_chat_request(const ojson& body);
 GenerationRequest parse_completion_request(const ojson& body);
 
