@@ -111,7 +111,7 @@ class BoundedStream final : public httplib::Stream {
   // body's length is unclear, or larger than the payload limit, is refused unread.
   void head_parsed(httplib::Request& req) {
     t_head_parsed = true;
-    t_refusal = framing_refusal(req);
+    t_refusal = head_refusal(req);
     // RFC 9110 (14.2) defines Range for GET alone: the library would cut any answer to it, a
     // chat completion's JSON included (a 206 of its first bytes).
     if (req.method != "GET" && req.method != "HEAD") {
@@ -236,12 +236,12 @@ class BoundedStream final : public httplib::Stream {
     return -1;
   }
 
-  // Why the body's framing cannot be trusted, if it cannot (RFC 9112, 6.1 and 6.3): a length
-  // that is not one or two that disagree, a coding the library does not read (it would wait for
-  // a body that never ends), or a length beside a coding. Two parties reading such a request
-  // differently is how requests are smuggled past a front proxy. Then an expectation the server
-  // does not meet, and a body over the limit.
-  std::optional<ReadRefusal> framing_refusal(const httplib::Request& req) const {
+  // Why a parsed head is refused, if it is. First its body's framing, when it cannot be trusted
+  // (RFC 9112, 6.1 and 6.3): a length that is not one or two that disagree, a coding the library
+  // does not read (it would wait for a body that never ends), or a length beside a coding. Two
+  // parties reading such a request differently is how requests are smuggled past a front proxy.
+  // Then an expectation the server does not meet, and a body over the limit.
+  std::optional<ReadRefusal> head_refusal(const httplib::Request& req) const {
     const auto malformed = [](const std::string& message) {
       return ReadRefusal{400, "malformed_request", message};
     };

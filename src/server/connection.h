@@ -127,10 +127,10 @@ struct RequestLimits {
 // for a request line cut off past its limit).
 struct ReadRefusal {
   // 431: a head too large; 413: a body too large; 408: too slow; 400: a body's framing unclear;
-  // 501: a transfer coding other than chunked
+  // 501: a transfer coding other than chunked; 417: an expectation other than 100-continue
   int status;
   // request_header_fields_too_large, request_too_large, request_timeout, malformed_request,
-  // unsupported_transfer_encoding
+  // unsupported_transfer_encoding, expectation_failed
   std::string code;
   std::string message;
 };
