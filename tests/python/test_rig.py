@@ -86,7 +86,8 @@ def source_keys(script: str) -> list[str]:
 def payload_of(metadata: dict[str, str]) -> dict[str, bytes]:
     """The files of the source tarball carried in the metadata values the script names."""
     keys = source_keys(metadata["startup-script"])
-    tar_bytes = lzma.decompress(base64.b64decode("".join(metadata[k] for k in keys)))
+    text = "".join(metadata[k] for k in keys).replace("\n", "")
+    tar_bytes = lzma.decompress(base64.b85decode(text))
     with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
@@ -218,7 +219,7 @@ def repo_with_random_file(tmp_path: Path, size: int) -> Path:
 
 
 def test_oversized_source_is_refused_before_any_gcloud_call(tmp_path, cloud):
-    repo = repo_with_random_file(tmp_path, 400 * 1024)  # base64: about 546 KB
+    repo = repo_with_random_file(tmp_path, 400 * 1024)  # base85: about 512 KB
     proc = subprocess.run(
         [sys.executable, str(repo / "rig" / "rig"), "create"],
         env=cloud.env(),
@@ -233,7 +234,7 @@ def test_oversized_source_is_refused_before_any_gcloud_call(tmp_path, cloud):
 
 
 def test_a_source_over_one_value_is_split_and_reassembled_by_the_script(tmp_path, cloud):
-    repo = repo_with_random_file(tmp_path, 250 * 1024)  # base64: about 347 KB, two values
+    repo = repo_with_random_file(tmp_path, 250 * 1024)  # base85: about 320 KB, two values
     big = (repo / "big.bin").read_bytes()
     cloud.rig("create", rig=repo / "rig" / "rig")
     (call,) = cloud.calls()
@@ -242,10 +243,13 @@ def test_a_source_over_one_value_is_split_and_reassembled_by_the_script(tmp_path
     assert all(len(v.encode()) <= METADATA_VALUE_LIMIT for v in files.values())
     assert payload_of(files)["big.bin"] == big
 
-    # The script's own reader, over the values as files (RIG_METADATA_DIR), gives the tarball
-    # whose SHA-256 the script names.
+    # The script's own reader, over the values as files (RIG_METADATA_DIR) and through the python
+    # stage's venv interpreter, gives the tarball whose SHA-256 the script names.
     metadata = tmp_path / "metadata"
     metadata.mkdir()
+    venv_bin = tmp_path / "root" / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python3").symlink_to(sys.executable)
     for key, value in files.items():
         (metadata / key).write_text(value)
     script = files["startup-script"]
@@ -257,7 +261,7 @@ def test_a_source_over_one_value_is_split_and_reassembled_by_the_script(tmp_path
             "-c",
             f'{functions}\nrig_payload | sha256sum -c <(echo "$RIG_PAYLOAD_SHA256  -")',
         ],
-        env=dict(os.environ, RIG_METADATA_DIR=str(metadata)),
+        env=dict(os.environ, RIG_METADATA_DIR=str(metadata), RIG_ROOT=str(tmp_path / "root")),
         capture_output=True,
         text=True,
     )
