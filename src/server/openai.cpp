@@ -362,9 +362,10 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
     if (!r.tools.is_array() || r.tools.empty()) {
       throw invalid("tool_choice", "of type \"allowed_tools\" needs a non-empty 'tools' list");
     }
-    // Only the allowed functions are offered and callable; "required" makes the answer a call to
-    // one of them, as tool_choice "required" does for all.
-    r.tools = functions_named(r.tools, allowed_tools(*choice, r.tools, r.tool_choice));
+    // Every function stays in the prompt (so the prefix cache outlives a change of the allowed
+    // set, as OpenAI means it to) and only the allowed ones are callable; "required" makes the
+    // answer a call to one of them, as tool_choice "required" does for all.
+    r.callable = allowed_tools(*choice, r.tools, r.tool_choice);
     return;
   } else if (type && *type != "function") {
     if (!type->is_string()) throw wrong_type("tool_choice.type", "a string", *type);
@@ -682,7 +683,8 @@ GenerationRequest parse_chat_request(const ojson& body) {
   refuse_prefill("add_generation_prompt", false);
   parse_reasoning(body, r);
   parse_tool_choice(body, r);
-  if (r.tools.is_array()) {
+  // Unless allowed_tools chose the callable functions, every function offered is one.
+  if (r.callable.empty() && r.tools.is_array()) {
     for (const auto& tool : r.tools) {
       r.callable.insert(tool.at("function").at("name").get<std::string>());
     }

@@ -182,7 +182,8 @@ struct GenerationRequest {
   std::string tool_choice = "auto";
   std::string tool_choice_function;
   // The functions a tool call may name: `tools` as tool_choice leaves them (the one it names,
-  // when it names one; none for "none"). A call to any other is handed back as text.
+  // when it names one; none for "none"), or those allowed_tools lists. A call to any other is
+  // handed back as text.
   std::set<std::string> callable;
   // false (parallel_tool_calls; Messages' disable_parallel_tool_use): a forced call is exactly
   // one call, and an answer keeps only its first call.
@@ -203,7 +204,8 @@ std::string server_model_name(const std::string& name);
 // developer, user, assistant or tool is malformed, and so is a tool without a string
 // function.name; reasoning_effort other than "none" sets template_kwargs.enable_thinking unless
 // chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps only it,
-// allowed_tools only the functions it lists (its mode becoming tool_choice).
+// allowed_tools keeps them all and makes the functions it lists `callable` (its mode becoming
+// tool_choice).
 GenerationRequest parse_chat_request(const ojson& body);
 GenerationRequest parse_completion_request(const ojson& body);
 

@@ -1564,9 +1564,15 @@ std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, b
   std::optional<Grammar> grammar;
   std::string param;
   const bool forced_call = r.tool_choice == "required" || r.tool_choice == "function";
+  // allowed_tools leaves every tool in the prompt, so that a conversation whose allowed set
+  // changes keeps its prefix cache, and holds the calls to the ones it allows.
+  const bool narrowed =
+      r.tools.is_array() && !std::all_of(r.tools.begin(), r.tools.end(), [&](const ojson& tool) {
+        return r.callable.contains(tool.at("function").at("name").get<std::string>());
+      });
   if (chat && forced_call && tool_call_tokens_) {
     grammar = Grammar{GrammarKind::kLark,
-                      tool_call_grammar(r.tools, *tool_call_tokens_,
+                      tool_call_grammar(r.tools, r.callable, *tool_call_tokens_,
                                         r.tool_choice == "function" ? CallStart::kInsideArguments
                                                                     : CallStart::kAfterCallPrefix,
                                         !r.parallel_tool_calls)};
@@ -1575,10 +1581,10 @@ std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, b
     grammar = r.response_format;
     param = grammar->kind == GrammarKind::kJsonSchema ? "response_format.json_schema.schema"
                                                       : "response_format";
-  } else if (chat && options_.constrain_tools && r.tool_choice == "auto" && r.tools.is_array() &&
-             !r.tools.empty() && tool_call_tokens_) {
-    grammar = Grammar{GrammarKind::kLark,
-                      tool_call_grammar(r.tools, *tool_call_tokens_, CallStart::kReply)};
+  } else if (chat && (options_.constrain_tools || narrowed) && r.tool_choice == "auto" &&
+             !r.callable.empty() && tool_call_tokens_) {
+    grammar = Grammar{GrammarKind::kLark, tool_call_grammar(r.tools, r.callable, *tool_call_tokens_,
+                                                            CallStart::kReply)};
     param = "tools";
   }
   if (!grammar) return nullptr;

@@ -49,11 +49,13 @@ class ToolGrammarWriter {
         open_("<[" + std::to_string(tokens.open) + "]>"),
         close_("<[" + std::to_string(tokens.close) + "]>") {}
 
-  std::string grammar(const ojson& tools, CallStart start, bool one_call) {
+  std::string grammar(const ojson& tools, const std::set<std::string>& callable, CallStart start,
+                      bool one_call) {
     std::vector<std::string> calls;
     std::string first;
     for (size_t i = 0; i < tools.size(); ++i) {
       const ojson& function = tools[i]["function"];
+      if (!callable.contains(function["name"].get<std::string>())) continue;
       const std::string path = "tools[" + std::to_string(i) + "].function.parameters";
       const auto parameters = function.find("parameters");
       std::string arguments = parameters == function.end() || parameters->is_null()
@@ -66,7 +68,9 @@ class ToolGrammarWriter {
                                  "arguments are one");
       }
       calls.push_back(add(literal(function["name"].get<std::string>()) + " " + arguments));
-      if (i == 0) first = arguments == "any_object" ? "any_object_rest" : after_brace_[arguments];
+      if (calls.size() == 1) {
+        first = arguments == "any_object" ? "any_object_rest" : after_brace_[arguments];
+      }
     }
     std::string call = calls[0];
     for (size_t i = 1; i < calls.size(); ++i) call += " | " + calls[i];
@@ -318,9 +322,9 @@ std::optional<Grammar> parse_response_format(const ojson& body) {
   return Grammar{GrammarKind::kJsonSchema, schema->dump()};
 }
 
-std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, CallStart start,
-                              bool one_call) {
-  return ToolGrammarWriter(tokens).grammar(tools, start, one_call);
+std::string tool_call_grammar(const ojson& tools, const std::set<std::string>& callable,
+                              const ToolCallTokens& tokens, CallStart start, bool one_call) {
+  return ToolGrammarWriter(tokens).grammar(tools, callable, start, one_call);
 }
 
 }  // namespace torchtpu::server

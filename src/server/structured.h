@@ -5,6 +5,7 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 
 #include "grammar/grammar.h"
@@ -31,14 +32,15 @@ struct ToolCallTokens {
 enum class CallStart { kAfterCallPrefix, kInsideArguments, kReply };
 
 // A Lark grammar (llguidance's dialect) of Gemma 4's calls "<|tool_call>call:NAME{key:value,...}
-// <tool_call|>" to the given tools, from `start` on: one or more calls (kReply: text and any number
-// of calls), arguments following each tool's `parameters` schema, properties in the schema's
-// order. With kInsideArguments the first call is to the only tool. Values are written as the chat
-// template writes them: strings between <|"|> delimiters, numbers, true/false/null bare,
-// {key:value} and [a,b]. ApiError 400 naming the schema's path (tools[i].function.parameters...)
-// for a keyword the grammar cannot enforce.
+// <tool_call|>" to those of `tools` that `callable` names (at least one), from `start` on: one or
+// more calls (kReply: text and any number of calls), arguments following each tool's `parameters`
+// schema, properties in the schema's order. With kInsideArguments the first call is to the only
+// callable tool. Values are written as the chat template writes them: strings between <|"|>
+// delimiters, numbers, true/false/null bare, {key:value} and [a,b]. ApiError 400 naming the
+// schema's path (tools[i].function.parameters..., i counting all of `tools`) for a keyword the
+// grammar cannot enforce.
 // `one_call`: a forced call (kAfterCallPrefix, kInsideArguments) is exactly one call.
-std::string tool_call_grammar(const ojson& tools, const ToolCallTokens& tokens, CallStart start,
-                              bool one_call = false);
+std::string tool_call_grammar(const ojson& tools, const std::set<std::string>& callable,
+                              const ToolCallTokens& tokens, CallStart start, bool one_call = false);
 
 }  // namespace torchtpu::server

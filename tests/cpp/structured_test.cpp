@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -51,8 +52,16 @@ int64_t walk(Constraint& c, const std::string& call) {
   return -1;
 }
 
-Constraint tool_constraint(CallStart start, const ojson& tools = kTools) {
-  return Constraint(vocabulary(), {GrammarKind::kLark, tool_call_grammar(tools, kTokens, start)});
+std::set<std::string> names_of(const ojson& tools) {
+  std::set<std::string> names;
+  for (const auto& tool : tools) names.insert(tool["function"]["name"].get<std::string>());
+  return names;
+}
+
+Constraint tool_constraint(CallStart start, const ojson& tools = kTools,
+                           const std::set<std::string>& callable = names_of(kTools)) {
+  return Constraint(vocabulary(),
+                    {GrammarKind::kLark, tool_call_grammar(tools, callable, kTokens, start)});
 }
 
 TEST(ToolCallGrammar, AcceptsCallsToDeclaredToolsWithArgumentsInSchemaOrder) {
@@ -80,8 +89,19 @@ TEST(ToolCallGrammar, StringsCannotHoldTheDelimitersOpening) {
 
 TEST(ToolCallGrammar, AnOpenedCallStartsInsideTheArguments) {
   const ojson only_book = ojson::array({kTools[0]});
-  Constraint c = tool_constraint(CallStart::kInsideArguments, only_book);
+  Constraint c = tool_constraint(CallStart::kInsideArguments, only_book, {"book"});
   EXPECT_EQ(walk(c, "alpha:3}$"), -1);
+}
+
+TEST(ToolCallGrammar, OnlyTheCallableToolsMayBeCalled) {
+  Constraint ping = tool_constraint(CallStart::kReply, kTools, {"ping"});
+  EXPECT_EQ(walk(ping, "text ^call:ping{}$"), -1);
+  Constraint book = tool_constraint(CallStart::kReply, kTools, {"ping"});
+  EXPECT_EQ(walk(book, "text ^call:b"), 11);
+  Constraint forced = tool_constraint(CallStart::kAfterCallPrefix, kTools, {"book"});
+  EXPECT_EQ(walk(forced, "p"), 0);
+  Constraint inside = tool_constraint(CallStart::kInsideArguments, kTools, {"ping"});
+  EXPECT_EQ(walk(inside, "}$"), -1);  // the first callable tool's arguments, not kTools[0]'s
 }
 
 TEST(ToolCallGrammar, AReplyMayBeTextCallsOrBothButEveryCallIsValid) {
@@ -96,7 +116,7 @@ TEST(ToolCallGrammar, KeywordsItCannotEnforceAre400sNamingTheirPath) {
   ojson tools = kTools;
   tools[0]["function"]["parameters"]["properties"]["zeta"]["minLength"] = 3;
   try {
-    tool_call_grammar(tools, kTokens, CallStart::kAfterCallPrefix);
+    tool_call_grammar(tools, names_of(tools), kTokens, CallStart::kAfterCallPrefix);
     FAIL() << "no error";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.status, 400);
@@ -105,7 +125,15 @@ TEST(ToolCallGrammar, KeywordsItCannotEnforceAre400sNamingTheirPath) {
   tools = kTools;
   tools[1]["function"]["parameters"] = {{"type", "array"}};
   try {
-    tool_call_grammar(tools, kTokens, CallStart::kAfterCallPrefix);
+    tool_call_grammar(tools, names_of(tools), kTokens, CallStart::kAfterCallPrefix);
+    FAIL() << "no error";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tools[1].function.parameters");
+  }
+  // A tool that cannot be called is not compiled, and the path counts every tool.
+  EXPECT_NO_THROW(tool_call_grammar(tools, {"book"}, kTokens, CallStart::kAfterCallPrefix));
+  try {
+    tool_call_grammar(tools, {"ping"}, kTokens, CallStart::kReply);
     FAIL() << "no error";
   } catch (const ApiError& e) {
     EXPECT_EQ(e.param, "tools[1].function.parameters");

@@ -250,30 +250,61 @@ describe("tool calls", () => {
     }
   });
 
-  test("tool_choice allowed_tools offers and lets the model call only the functions it names",
+  const allowedTools = (mode, name) => ({
+    tools: TOOLS,
+    tool_choice: {
+      type: "allowed_tools",
+      allowed_tools: { mode, tools: [{ type: "function", function: { name } }] },
+    },
+  });
+
+  test("tool_choice allowed_tools keeps every tool in the prompt, so its turns share the cache",
     async () => {
-      // The same as declaring those functions alone with the mode as tool_choice: the prompt (the
-      // others are not rendered) and the answer (the forced output's call to get_weather, not
-      // allowed, comes back as text).
-      const allowed = (mode) => ({
-        tools: TOOLS,
-        tool_choice: {
-          type: "allowed_tools",
-          allowed_tools: { mode, tools: [{ type: "function", function: { name: "get_time" } }] },
-        },
-      });
-      const alone = (mode) => ({ tools: TOOLS.slice(1), tool_choice: mode });
+      const create = (fields) => client.chat.completions.create({
+        model: MODEL, messages: ask("What now?"), max_tokens: 4, ...fields });
       for (const mode of ["auto", "required"]) {
-        const [a, b] = await Promise.all([allowed(mode), alone(mode)].map((fields) =>
-          client.chat.completions.create({ model: MODEL, messages: ask("Weather anywhere?"), ...fields })));
-        assert.equal(a.usage.prompt_tokens, b.usage.prompt_tokens, mode);
-        assert.deepEqual(a.choices[0].message, b.choices[0].message, mode);
-        assert.equal(a.choices[0].warning, b.choices[0].warning, mode);
+        const all = await create({ tools: TOOLS, tool_choice: mode });
+        const time = await create(allowedTools(mode, "get_time"));
+        const weather = await create(allowedTools(mode, "get_weather"));
+        assert.equal(time.usage.prompt_tokens, all.usage.prompt_tokens, mode);
+        // All but the last token, which is read again for its logits.
+        assert.ok(weather.usage.prompt_tokens_details.cached_tokens >= weather.usage.prompt_tokens - 1,
+          `${mode}: ${JSON.stringify(weather.usage)}`);
       }
-      const required = await client.chat.completions.create({
-        model: MODEL, messages: ask("Weather anywhere?"), ...allowed("required") });
-      assert.equal(required.choices[0].message.tool_calls, undefined);
-      assert.match(required.choices[0].warning, /called 'get_weather', which is not among the functions/);
+    });
+
+  test("tool_choice allowed_tools holds the model's calls to the functions it names", async () => {
+    // "What now?" matches no forced rule: these are the model's own tokens under the grammar. A
+    // bias on <|tool_call> makes mode auto open calls too. With the prompt and the seed the same,
+    // only the allowed set differs, and every call names the allowed function.
+    const [open] = (await (await fetch(`${server.url}/tokenize`, {
+      method: "POST", body: JSON.stringify({ content: "<|tool_call>" }),
+    })).json()).tokens;
+    for (const [mode, bias] of [["required", {}], ["auto", { [open]: 100 }]]) {
+      for (const name of ["get_time", "get_weather"]) {
+        for (const seed of [1, 2, 3]) {
+          const r = await client.chat.completions.create({
+            model: MODEL, messages: ask("What now?"), ...allowedTools(mode, name), max_tokens: 24,
+            temperature: 1, seed, logit_bias: bias });
+          const { tool_calls: calls = [], content } = r.choices[0].message;
+          const label = `${mode} ${name} seed ${seed}: ${JSON.stringify(r.choices[0].message)}`;
+          // Whole calls are parsed; one cut by max_tokens comes back as text.
+          const called = [...calls.map((c) => c.function.name),
+            ...[...(content ?? "").matchAll(/call:(\w+)/g)].map((m) => m[1])];
+          assert.ok(called.length > 0, label);
+          assert.ok(called.every((c) => c === name), label);
+        }
+      }
+    }
+  });
+
+  test("a forced output's call to a function allowed_tools leaves out comes back as text",
+    async () => {
+      // The test hook's tokens replace the grammar's; the parser still holds calls to the set.
+      const r = await client.chat.completions.create({
+        model: MODEL, messages: ask("Weather anywhere?"), ...allowedTools("required", "get_time") });
+      assert.equal(r.choices[0].message.tool_calls, undefined);
+      assert.match(r.choices[0].warning, /called 'get_weather', which is not among the functions/);
     });
 
   test("a tool_choice naming an unknown function is a 400 naming the field", async () => {

@@ -427,31 +427,38 @@ describe("whole answers", () => {
     assert.deepEqual(JSON.parse(named.output[0].arguments), { city: "Oslo" });
   });
 
-  test("tool_choice allowed_tools is the functions it names declared alone", async () => {
-    const answer = (fields) => client.responses.create({
-      model: MODEL, input: "Weather anywhere?", store: false, ...fields });
-    const allowed = (mode, tools) => ({
-      tools: [...TOOLS, { type: "web_search" }], tool_choice: { type: "allowed_tools", mode, tools } });
-    const getTime = [{ type: "function", name: "get_time" }];
-    // A namespace's function, named as a function_call item names it.
-    const namespace = CODEX_TOOLS[2];
-    const closeAgent = { input: "Close the sub-agent", tools: CODEX_TOOLS, tool_choice: { type: "allowed_tools",
-      mode: "auto", tools: [{ type: "function", name: "close_agent", namespace: namespace.name }] } };
-    const items = (r) => r.output.map(({ id, call_id, ...rest }) => rest);
-    for (const [a, b] of [
-      [allowed("required", getTime), { tools: TOOLS.slice(1), tool_choice: "required" }],
-      [allowed("auto", getTime), { tools: TOOLS.slice(1) }],
+  test("tool_choice allowed_tools keeps every function in the prompt and calls only its own",
+    async () => {
+      const answer = (fields) => client.responses.create({
+        model: MODEL, input: "Weather anywhere?", store: false, ...fields });
+      const allowed = (mode, tools) => ({
+        tools: [...TOOLS, { type: "web_search" }], tool_choice: { type: "allowed_tools", mode, tools } });
+      const getTime = [{ type: "function", name: "get_time" }];
+      const items = (r) => r.output.map(({ id, call_id, ...rest }) => rest);
+      for (const mode of ["required", "auto"]) {
+        const [x, y] = await Promise.all([answer(allowed(mode, getTime)),
+          answer({ tools: TOOLS, tool_choice: mode })]);
+        assert.equal(x.usage.input_tokens, y.usage.input_tokens, mode);  // every function's prompt
+        if (mode === "auto") continue;
+        // The forced output's call to get_weather, not allowed, comes back as text.
+        assert.deepEqual(items(x).map((i) => i.type), ["message"]);
+        assert.match(x.output[0].content[0].text, /get_weather\{city:/);
+        assert.equal(items(y)[0].name, "get_weather");
+      }
       // Only a built-in tool allowed: no function may be called.
-      [allowed("auto", [{ type: "web_search" }]), { tools: TOOLS, tool_choice: "none" }],
-      [closeAgent, { input: closeAgent.input, tools: [namespace] }],
-    ]) {
-      const [x, y] = await Promise.all([answer(a), answer(b)]);
-      assert.equal(x.usage.input_tokens, y.usage.input_tokens, JSON.stringify(a.tool_choice));
+      const [x, y] = await Promise.all([answer(allowed("auto", [{ type: "web_search" }])),
+        answer({ tools: TOOLS, tool_choice: "none" })]);
+      assert.equal(x.usage.input_tokens, y.usage.input_tokens);
       assert.deepEqual(items(x), items(y));
-    }
-    assert.deepEqual(items(await answer(closeAgent)).map(({ type, name, namespace }) => ({ type, name, namespace })),
-      [{ type: "function_call", name: "close_agent", namespace: namespace.name }]);
-  });
+      // A namespace's function, named as a function_call item names it.
+      const namespace = CODEX_TOOLS[2];
+      const closeAgent = await client.responses.create({
+        model: MODEL, input: "Close the sub-agent", tools: CODEX_TOOLS, tool_choice: {
+          type: "allowed_tools", mode: "auto",
+          tools: [{ type: "function", name: "close_agent", namespace: namespace.name }] } });
+      assert.deepEqual(items(closeAgent).map(({ type, name, namespace }) => ({ type, name, namespace })),
+        [{ type: "function_call", name: "close_agent", namespace: namespace.name }]);
+    });
 });
 
 describe("structured output", () => {
