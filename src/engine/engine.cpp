@@ -282,9 +282,11 @@ ValueError Engine::rings_too_big(int64_t rows, const std::string& have) const {
 
 void Engine::check_rings_fit(int64_t rows) const {
   const int64_t available = options_.device.is_cpu() ? available_memory_bytes() : 0;
-  if (available > 0 && layout_.row_bytes * rows > available) {
-    throw rings_too_big(rows, "the " + std::to_string(available >> 20) +
-                                  " MiB of memory available");
+  // A tenth stays for everything else: rings that took all of it left a server paging its
+  // weights (mapped from their files) in and out, its start taking minutes.
+  if (available > 0 && layout_.row_bytes * rows > available / 10 * 9) {
+    throw rings_too_big(
+        rows, "90% of the " + std::to_string(available >> 20) + " MiB of memory available");
   }
 }
 
@@ -457,7 +459,7 @@ void Engine::load_drafter() {
 }
 
 void Engine::sleep() {
-  rings_ = Rings();
+  release_rings();
   audio_.reset();
   vision_.reset();
   drafter_.reset();

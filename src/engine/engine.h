@@ -245,7 +245,7 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   Layout layout() const { return layout_; }
   // ValueError saying what `rows` rows of rings at this engine's context and dtype need, when
-  // that is more than the memory available now (checked on the CPU).
+  // that is more than 90% of the memory available now (checked on the CPU).
   void check_rings_fit(int64_t rows) const;
   // Rings of `rows` rows at this engine's context, dtype and device: check_rings_fit's error, or
   // the same message when the device cannot allocate them.
@@ -269,6 +269,10 @@ class Engine {
   // first call, not at load: it touches a page or two of every tensor, seconds on a cold disk,
   // which only an engine that saves or restores states should pay.
   const std::string& weights_id() const;
+  // Frees the rings of the engine's own decodes (a warm-up's); the next such decode makes them
+  // again. A Batch holds rings of its own, so a server frees these before it makes one. Owner
+  // thread.
+  void release_rings() { rings_ = Rings(); }
   // Frees the weights, the towers and the rings, giving their memory back (a server idle for a
   // while: llama.cpp's --sleep-idle-seconds); the configuration and checks above still answer.
   // Until wake(), nothing that runs the model may be called. Owner thread.

@@ -333,6 +333,7 @@ void Scheduler::run(Engine& engine) {
 
 void Scheduler::run_batch(Engine& engine) {
   std::optional<Batch> batch;
+  engine.release_rings();  // a warm-up's: the batch's rows are all this engine decodes in
   batch.emplace(engine, options_.batch);
   {
     std::lock_guard lock(mutex_);

@@ -779,7 +779,8 @@ class Server {
   std::atomic<State> state_{State::kLoading};
   // What the checkpoint reads besides text; written by load() before state_ becomes kWarmingUp.
   Modalities modalities_;
-  std::exception_ptr load_error_;
+  // Why the engine thread ended early: loading or warming up failed, or the scheduler did.
+  std::exception_ptr engine_error_;
   // Written by the engine thread before state_ becomes kWarmingUp, read-only afterwards.
   std::unique_ptr<Engine> engine_;
   std::optional<Tokenizer> tokenizer_;
@@ -890,6 +891,9 @@ void Server::worker_main() {
   pthread_setname_np(pthread_self(), kEngineThreadName);
   try {
     load();
+    // The rows the scheduler makes once the warm-up's ring is gone, refused before the warm-up
+    // touches any memory (read_every > 1 runs one sequence, which --parallel 1 then is).
+    engine_->check_rings_fit(options_.parallel);
     state_ = State::kWarmingUp;
     const auto start = Clock::now();
     DecodeOptions warm;
@@ -900,13 +904,14 @@ void Server::worker_main() {
     warmup_s_ = seconds_between(start, Clock::now());
     State loading = State::kWarmingUp;
     state_.compare_exchange_strong(loading, State::kReady);
+    scheduler_.run(*engine_);
   } catch (...) {
-    load_error_ = std::current_exception();
+    // A failed load or warm-up, or a scheduler that could not go on (its batch's rows no longer
+    // fitting the memory taken meanwhile): the server ends with the error.
+    engine_error_ = std::current_exception();
     state_ = State::kFailed;
     request_stop();
-    return;
   }
-  scheduler_.run(*engine_);
   // The engine ends on the thread that owns it.
   engine_.reset();
 }
@@ -3278,7 +3283,7 @@ int Server::run() {
   // Stops that came after the wake-up (a signal during shutdown, the engine thread's own stop
   // after a load failure) were for this run, not the next one.
   wait_for_stop(0);
-  if (load_error_) std::rethrow_exception(load_error_);
+  if (engine_error_) std::rethrow_exception(engine_error_);
   return 0;
 }
 

@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -388,13 +389,14 @@ def _available_memory():
     raise AssertionError("no MemAvailable in /proc/meminfo")
 
 
-def test_a_kv_cache_beyond_the_memory_is_refused_before_it_is_made(cli, tiny):
+def test_a_kv_cache_beyond_the_memory_is_refused_before_it_is_made(cli, tiny, tmp_path,
+                                                                    test_tokenizer_dir):
     """The rings a context needs are measured against the memory available before any is made:
     the engine's own row when it is built (it makes it only for its first decode), a batch's
     rows when the batch is, and serve's at start, each naming what it needs."""
     huge = 2**40
-    need = (r"needs \d+ MiB, more than the \d+ MiB of memory available: lower the context or "
-            r"the rows decoded together")
+    need = (r"needs \d+ MiB, more than 90% of the \d+ MiB of memory available: lower the "
+            r"context or the rows decoded together")
     with pytest.raises(ValueError, match=rf"^the KV cache of 1 row at a context of {huge} tokens {need}$"):
         tt.Engine(tiny, context=huge, dtype="float32")
     # One row in about a quarter of what is available, eight in twice that: the engine is built
@@ -410,6 +412,15 @@ def test_a_kv_cache_beyond_the_memory_is_refused_before_it_is_made(cli, tiny):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert re.search(rf"error: the KV cache of 1 row at a context of {huge} tokens {need}", out.stderr), out.stderr
+    # serve counts its --parallel rows before its warm-up makes any ring: an error and exit 2,
+    # not an abort once the rows are half made (nor a warm-up's row of a quarter of the memory).
+    served = cli.make_tiny(tmp_path / "served", tokenizer=test_tokenizer_dir)
+    assert _row_bytes(served, window + 1) - _row_bytes(served, window) == per_position
+    out = subprocess.run([cli.path, "serve", "--model", served, "--port", "0", "--context",
+                          str(context), "--parallel", "8"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, (out.returncode, out.stderr)  # a ValueError's, as for bad flags
+    assert re.search(rf"error: the KV cache of 8 rows at a context of {context} tokens {need}", out.stderr), out.stderr
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 < _available_memory() // 8
 
 
 def test_a_tokenizer_with_more_ids_than_the_model_is_named(cli, tiny, tmp_path, test_tokenizer_dir):
