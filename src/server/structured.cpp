@@ -26,6 +26,104 @@ bool is_annotation(const std::string& key) {
   return kAnnotations.count(key) > 0;
 }
 
+// What the value of a JSON Schema keyword (2020-12's and draft 7's, annotations aside) holds.
+// (A map's values that are not objects, such as dependencies' lists of names, are passed over.)
+enum class Holds { kValue, kSchema, kSchemas, kSchemaOrSchemas, kSchemaMap };
+
+const std::map<std::string, Holds>& schema_keywords() {
+  using enum Holds;
+  static const std::map<std::string, Holds> kKeywords = {
+      {"$ref", kValue},
+      {"$anchor", kValue},
+      {"$dynamicRef", kValue},
+      {"$dynamicAnchor", kValue},
+      {"$recursiveRef", kValue},
+      {"$recursiveAnchor", kValue},
+      {"$vocabulary", kValue},
+      {"$defs", kSchemaMap},
+      {"definitions", kSchemaMap},
+      {"type", kValue},
+      {"enum", kValue},
+      {"const", kValue},
+      {"multipleOf", kValue},
+      {"maximum", kValue},
+      {"exclusiveMaximum", kValue},
+      {"minimum", kValue},
+      {"exclusiveMinimum", kValue},
+      {"maxLength", kValue},
+      {"minLength", kValue},
+      {"pattern", kValue},
+      {"format", kValue},
+      {"maxItems", kValue},
+      {"minItems", kValue},
+      {"uniqueItems", kValue},
+      {"maxContains", kValue},
+      {"minContains", kValue},
+      {"maxProperties", kValue},
+      {"minProperties", kValue},
+      {"required", kValue},
+      {"dependentRequired", kValue},
+      {"contentEncoding", kValue},
+      {"contentMediaType", kValue},
+      {"deprecated", kValue},
+      {"readOnly", kValue},
+      {"writeOnly", kValue},
+      {"allOf", kSchemas},
+      {"anyOf", kSchemas},
+      {"oneOf", kSchemas},
+      {"prefixItems", kSchemas},
+      {"items", kSchemaOrSchemas},
+      {"additionalItems", kSchema},
+      {"unevaluatedItems", kSchema},
+      {"contains", kSchema},
+      {"not", kSchema},
+      {"if", kSchema},
+      {"then", kSchema},
+      {"else", kSchema},
+      {"additionalProperties", kSchema},
+      {"unevaluatedProperties", kSchema},
+      {"propertyNames", kSchema},
+      {"contentSchema", kSchema},
+      {"properties", kSchemaMap},
+      {"patternProperties", kSchemaMap},
+      {"dependentSchemas", kSchemaMap},
+      {"dependencies", kSchemaMap},
+  };
+  return kKeywords;
+}
+
+// ApiError 400 naming the first key of `schema`, or of a schema inside it, that JSON Schema does
+// not define: llguidance passes over keys it does not know, so a misspelled "requried" or
+// OpenAPI's "nullable" would leave the output unheld to what the client meant (OpenAI's strict
+// mode refuses them too). Annotations, extensions named "x-..." and OpenAPI's "discriminator"
+// (pydantic writes it beside the oneOf that holds the union) only describe.
+void check_schema_keywords(const ojson& schema, const std::string& path) {
+  if (!schema.is_object()) return;  // true and false are schemas; other values llguidance names
+  for (const auto& [key, value] : schema.items()) {
+    const std::string p = path + "." + key;
+    if (is_annotation(key) || key.starts_with("x-") || key == "discriminator") continue;
+    const auto keyword = schema_keywords().find(key);
+    if (keyword == schema_keywords().end()) {
+      if (key == "nullable") {
+        throw unsupported_schema(p,
+                                 "is OpenAPI 3.0's, not JSON Schema's: write \"type\": [T, "
+                                 "\"null\"], or anyOf with {\"type\": \"null\"}");
+      }
+      throw unsupported_schema(p,
+                               "is not a JSON Schema keyword, so nothing would enforce it (a "
+                               "misspelling? an extension is named \"x-...\")");
+    }
+    const Holds holds = keyword->second;
+    if (holds == Holds::kSchema || (holds == Holds::kSchemaOrSchemas && !value.is_array())) {
+      check_schema_keywords(value, p);
+    } else if ((holds == Holds::kSchemas || holds == Holds::kSchemaOrSchemas) && value.is_array()) {
+      for (size_t i = 0; i < value.size(); ++i) check_schema_keywords(value[i], at_index(p, i));
+    } else if (holds == Holds::kSchemaMap && value.is_object()) {
+      for (const auto& [name, sub] : value.items()) check_schema_keywords(sub, p + "." + name);
+    }
+  }
+}
+
 // A Lark string literal: JSON's escapes are Lark's.
 std::string literal(const std::string& text) {
   return dump(ojson(text));
@@ -319,6 +417,7 @@ std::optional<Grammar> parse_response_format(const ojson& body) {
   if (!schema->is_object()) {
     throw wrong_type("response_format.json_schema.schema", "a JSON Schema object", *schema);
   }
+  check_schema_keywords(*schema, "response_format.json_schema.schema");
   return Grammar{GrammarKind::kJsonSchema, schema->dump()};
 }
 

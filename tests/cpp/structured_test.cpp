@@ -149,6 +149,40 @@ std::string format_error(const ojson& format) {
   return "no error";
 }
 
+// The param of the 400 for `schema` as response_format's json_schema, or "no error".
+std::string schema_error(const char* schema) {
+  return format_error({{"type", "json_schema"},
+                       {"json_schema", {{"name", "n"}, {"schema", ojson::parse(schema)}}}});
+}
+
+TEST(ResponseFormat, KeysJsonSchemaDoesNotDefineAre400sNamingThem) {
+  const std::string s = "response_format.json_schema.schema";
+  EXPECT_EQ(schema_error(R"({"type": "object", "requried": ["a"]})"), s + ".requried");
+  EXPECT_EQ(schema_error(R"({"type": "object", "properties": {"a": {"type": "string",
+              "nullable": true}}})"),
+            s + ".properties.a.nullable");
+  EXPECT_EQ(schema_error(R"({"type": "array", "items": {"maxItem": 1}})"), s + ".items.maxItem");
+  EXPECT_EQ(schema_error(R"({"anyOf": [{"type": "null"}, {"frobnicate": true}]})"),
+            s + ".anyOf[1].frobnicate");
+  EXPECT_EQ(schema_error(R"({"$defs": {"P": {"type": "object", "propertys": {}}},
+              "$ref": "#/$defs/P"})"),
+            s + ".$defs.P.propertys");
+  EXPECT_EQ(schema_error(R"({"prefixItems": [true, {"tpye": "string"}]})"),
+            s + ".prefixItems[1].tpye");
+}
+
+TEST(ResponseFormat, KeywordsAnnotationsAndExtensionsPass) {
+  // A property may be named like a misspelled keyword; dependencies may list names; pydantic's
+  // discriminator, x- extensions and annotations describe.
+  EXPECT_EQ(schema_error(R"({"type": "object", "title": "T", "x-order": 1, "$comment": "c",
+              "properties": {"requried": {"type": "string", "deprecated": true,
+                                          "examples": ["a"], "readOnly": false}},
+              "dependencies": {"requried": ["other"], "other": {"required": ["requried"]}},
+              "oneOf": [{"type": "object"}], "discriminator": {"propertyName": "kind"},
+              "items": [{"type": "string"}], "additionalProperties": false})"),
+            "no error");
+}
+
 TEST(ResponseFormat, TextIsNoGrammarJsonObjectAndJsonSchemaAre) {
   EXPECT_FALSE(parse_response_format(ojson::object()));
   EXPECT_FALSE(parse_response_format({{"response_format", {{"type", "text"}}}}));

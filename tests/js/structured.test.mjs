@@ -295,6 +295,12 @@ describe("errors name the field", () => {
     [{ response_format: { type: "json_schema", json_schema: { schema: {}, strict: "yes" } } }, "response_format.json_schema.strict"],
     [{ response_format: { type: "json_schema", json_schema: { schema: {}, format: 1 } } }, "response_format.json_schema.format"],
     [{ response_format: { type: "json_object" }, ignore_eos: true }, "ignore_eos"],
+    // Keys JSON Schema does not define, which the grammar would pass over.
+    [{ response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object",
+      properties: { a: { type: "string" } }, requried: ["a"] } } } }, "response_format.json_schema.schema.requried"],
+    [{ response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object",
+      properties: { a: { type: "string", nullable: true } } } } } },
+    "response_format.json_schema.schema.properties.a.nullable"],
   ];
   for (const [extra, param] of cases) {
     test(`${JSON.stringify(extra)} is a 400 on ${param}`, async () => {
