@@ -12,8 +12,10 @@
 #include "common/json_depth.h"
 
 extern "C" {
-int tt_jinja_render(const char* source, const char* context_json, char** out, char** err);
+int tt_jinja_render(const char* source, const char* context_json, char** out, size_t* out_len,
+                    char** err);
 void tt_jinja_free(char* s);
+void tt_jinja_free_text(char* p, size_t len);
 }
 
 namespace torchtpu {
@@ -101,6 +103,13 @@ ojson normalize_message(const ojson& message, size_t index) {
 struct JinjaString {
   char* p = nullptr;
   ~JinjaString() { tt_jinja_free(p); }
+};
+
+// The rendered text: its bytes and their count, since the messages' text may hold NULs.
+struct JinjaText {
+  char* p = nullptr;
+  size_t size = 0;
+  ~JinjaText() { tt_jinja_free_text(p, size); }
 };
 
 }  // namespace
@@ -240,11 +249,11 @@ std::string ChatTemplate::render(const ojson& messages, const ojson& tools,
     throw ValueError(std::string("chat messages, tools or kwargs are not valid UTF-8: ") +
                      e.what());
   }
-  JinjaString out;
+  JinjaText out;
   JinjaString err;
-  const int status =
-      tt_jinja_render(select(!tools.is_null()).c_str(), context_json.c_str(), &out.p, &err.p);
-  if (status == kJinjaOk) return out.p;
+  const int status = tt_jinja_render(select(!tools.is_null()).c_str(), context_json.c_str(), &out.p,
+                                     &out.size, &err.p);
+  if (status == kJinjaOk) return std::string(out.p, out.size);
   if (status == kJinjaRaised) throw ValueError(err.p);
   throw ValueError(std::string("chat template: ") + err.p);
 }

@@ -217,6 +217,8 @@ def conversations():
     thought = "<|channel>thought\nLet me think about this.<channel|>"
     convs = {
         "user_only": [u("Hello")],
+        # Text that cannot cross a C string whole: the rendering keeps the NUL.
+        "control_characters": [u("a\x00b\x07c\r\nd\u2028e")],
         "system": [{"role": "system", "content": "Be brief."}, u("Hi")],
         "developer": [
             {"role": "developer", "content": "  Answer in French.  "},

@@ -208,7 +208,8 @@ fn describe(err: &Error) -> String {
 }
 
 fn into_c_string(s: String) -> *mut c_char {
-    // Interior NULs cannot cross a C string; templates and JSON never need them in the output.
+    // An error message crosses as a C string, which cannot hold a NUL; the rendered text, which
+    // holds what the messages hold, crosses with its length instead.
     CString::new(s.replace('\0', "\u{FFFD}"))
         .unwrap()
         .into_raw()
@@ -216,19 +217,24 @@ fn into_c_string(s: String) -> *mut c_char {
 
 /// Renders `source` with the variables of the JSON object `context_json`.
 ///
-/// On success returns 0 and sets `*out`; otherwise returns a nonzero status (1 template error,
-/// 2 `raise_exception` called, 3 bad input) and sets `*err`. Free either with `tt_jinja_free`.
+/// On success returns 0 and sets `*out` to the rendered UTF-8 bytes (NULs included, no
+/// terminator) and `*out_len` to their count: free them with `tt_jinja_free_text`. Otherwise
+/// returns a nonzero status (1 template error, 2 `raise_exception` called, 3 bad input) and sets
+/// `*err`, a C string: free it with `tt_jinja_free`.
 ///
 /// # Safety
-/// `source` and `context_json` are NUL-terminated strings; `out` and `err` are valid pointers.
+/// `source` and `context_json` are NUL-terminated strings; `out`, `out_len` and `err` are valid
+/// pointers.
 #[no_mangle]
 pub unsafe extern "C" fn tt_jinja_render(
     source: *const c_char,
     context_json: *const c_char,
-    out: *mut *mut c_char,
+    out: *mut *mut u8,
+    out_len: *mut usize,
     err: *mut *mut c_char,
 ) -> i32 {
     *out = std::ptr::null_mut();
+    *out_len = 0;
     *err = std::ptr::null_mut();
     let (Ok(source), Ok(context)) = (
         CStr::from_ptr(source).to_str(),
@@ -239,7 +245,9 @@ pub unsafe extern "C" fn tt_jinja_render(
     };
     match catch_unwind(AssertUnwindSafe(|| render(source, context))) {
         Ok(Ok(text)) => {
-            *out = into_c_string(text);
+            let bytes = text.into_bytes().into_boxed_slice();
+            *out_len = bytes.len();
+            *out = Box::into_raw(bytes).cast::<u8>();
             TT_OK
         }
         Ok(Err((code, message))) => {
@@ -253,14 +261,25 @@ pub unsafe extern "C" fn tt_jinja_render(
     }
 }
 
-/// Frees a string returned by `tt_jinja_render`.
+/// Frees an error message returned by `tt_jinja_render`.
 ///
 /// # Safety
-/// `s` is null or a pointer returned by `tt_jinja_render`, not freed before.
+/// `s` is null or an `*err` of `tt_jinja_render`, not freed before.
 #[no_mangle]
 pub unsafe extern "C" fn tt_jinja_free(s: *mut c_char) {
     if !s.is_null() {
         drop(CString::from_raw(s));
+    }
+}
+
+/// Frees rendered text returned by `tt_jinja_render`.
+///
+/// # Safety
+/// `p` is null or an `*out` of `tt_jinja_render` with its `*out_len` as `len`, not freed before.
+#[no_mangle]
+pub unsafe extern "C" fn tt_jinja_free_text(p: *mut u8, len: usize) {
+    if !p.is_null() {
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, len)));
     }
 }
 
