@@ -3,6 +3,8 @@
 #include <iterator>
 #include <tuple>
 
+#include "model/sampling.h"
+
 namespace torchtpu {
 namespace {
 
@@ -24,7 +26,7 @@ std::vector<TokenLogprob> entries(const at::Tensor& rows, const std::vector<int6
     ranks = (at::stack(above) + 1).to(at::kCPU);
   }
   if (top > 0) {
-    std::tie(top_values, top_ids) = rows.topk(top, 1);
+    std::tie(top_values, top_ids) = top_first(rows, top);
     top_values = top_values.to(at::kCPU).contiguous();
     top_ids = top_ids.to(at::kCPU).contiguous();
   }

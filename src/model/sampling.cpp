@@ -193,11 +193,7 @@ at::Tensor Sampler::next(const at::Tensor& logits, int64_t first) {
     // their leading values are the same either way), else the vocabulary's order.
     const auto scaled = x / columns[kTemperature];
     at::Tensor values = scaled, order;
-    if (sorted) {
-      std::tie(values, order) = candidates < vocab_
-                                    ? scaled.topk(candidates, /*dim=*/1)
-                                    : scaled.sort(/*dim=*/1, /*descending=*/true);
-    }
+    if (sorted) std::tie(values, order) = top_first(scaled, candidates);
     if (sorted && unsorted) {
       const auto by_row = columns[kSorted] > 0;
       values = at::where(by_row, values, scaled);
@@ -229,6 +225,16 @@ at::Tensor Sampler::next(const at::Tensor& logits, int64_t first) {
   if (repetition) seen.scatter_(1, token, true);
   if (occurrence) counts.scatter_add_(1, token, at::ones_like(token, counts.options()));
   return token.view({count});
+}
+
+std::tuple<at::Tensor, at::Tensor> top_first(const at::Tensor& x, int64_t k) {
+  if (k >= x.size(1)) return x.sort(/*stable=*/true, /*dim=*/1, /*descending=*/true);
+  // topk orders equal values as it likes: by index first, then stably by value.
+  const auto [values, ids] = x.topk(k, /*dim=*/1);
+  const auto [by_id, from] = ids.sort(/*dim=*/1);
+  const auto [sorted, to] = values.gather(1, from).sort(/*stable=*/true, /*dim=*/1,
+                                                        /*descending=*/true);
+  return {sorted, by_id.gather(1, to)};
 }
 
 }  // namespace torchtpu

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <tuple>
 #include <vector>
 
 namespace torchtpu {
@@ -30,6 +31,12 @@ struct SamplingParams {
   // ValueError naming the parameter for values outside their ranges.
   void validate(int64_t vocab) const;
 };
+
+// The k largest values of each row of `x` [rows, n] and their indices, the largest first and,
+// among equal values, the smaller index first: argmax_last's rule, so that a greedy token leads
+// its top_logprobs and top-p's candidates. (Which of the values tied at the k-th place are kept
+// is topk's choice.)
+std::tuple<at::Tensor, at::Tensor> top_first(const at::Tensor& x, int64_t k);
 
 // The sampling state of `rows` sequences over one vocabulary: per-row parameters on the host,
 // per-row histories and biases as [rows, vocab] tensors on the device. Rows are set when a

@@ -17,6 +17,8 @@
 
 #include "common/errors.h"
 #include "engine/engine.h"
+#include "engine/logprobs.h"
+#include "model/sampling.h"
 #include "standin_device.h"
 #include "tiny_checkpoint.h"
 
@@ -84,6 +86,34 @@ std::map<int64_t, DecodeResult> run(Batch& batch) {
     for (const int64_t id : batch.step()) results[id] = batch.take_result(id);
   }
   return results;
+}
+
+// Logits with three equal largest values, where ATen's topk and sort each put a different one
+// first: greedy decoding, the first candidate of top-p and the first top_logprobs entry are all
+// the smallest of the three ids (argmax_last's rule).
+TEST(Sampler, EqualLargestLogitsGoToTheSmallestIdEverywhere) {
+  constexpr int64_t kVocab = 4096;
+  at::manual_seed(0);
+  const auto logits = at::randn({1, kVocab});
+  for (const int64_t id : {kVocab / 3, int64_t{7}, kVocab - 5}) logits[0][id] = 10.0;
+  SamplingParams greedy;
+  SamplingParams top_p;  // only the first candidate survives
+  top_p.temperature = 1.0;
+  top_p.top_p = 1e-9;
+  top_p.seed = 1;
+  SamplingParams top_k_and_p = top_p;  // candidates through topk rather than a whole sort
+  top_k_and_p.top_k = 3;
+  for (const auto& params : {greedy, top_p, top_k_and_p}) {
+    Sampler sampler(1, kVocab, at::kCPU, /*fixed_shape=*/false);
+    sampler.set(0, params, {});
+    EXPECT_EQ(sampler.next(logits).item<int64_t>(), 7) << params.top_k << " " << params.top_p;
+  }
+  const TokenLogprob entry = token_logprob(logits[0].log_softmax(0), 7, 3, /*ranked=*/true);
+  ASSERT_EQ(entry.top.size(), 3u);
+  EXPECT_EQ(entry.top[0].first, 7);
+  EXPECT_EQ(entry.top[1].first, kVocab / 3);
+  EXPECT_EQ(entry.top[2].first, kVocab - 5);
+  EXPECT_EQ(entry.rank, 1);
 }
 
 TEST(Batch, GreedyRowsGiveTheTokensEachGivesAlone) {
