@@ -1,14 +1,26 @@
-// How error messages name a JSON value's type ("a string", "an array", ...), shared by the request
-// parsers and the MCP tools. Header-only and torch-free (the fuzz harnesses compile it).
+// How error messages name a JSON value's type ("a string", "an array", ...) and quote what the
+// JSON parser found wrong, shared by the request parsers, the MCP tools and the file readers.
+// Header-only and torch-free (the fuzz harnesses compile it).
 #pragma once
-
-#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 namespace torchtpu {
+
+// nlohmann's message without its "[json.exception.parse_error.101] " tag, which names the
+// library's exception class, not anything in the input.
+inline std::string json_error_text(const nlohmann::json::exception& e) {
+  std::string_view text = e.what();
+  if (text.starts_with("[json.exception.")) {
+    const size_t end = text.find("] ");
+    if (end != std::string_view::npos) text.remove_prefix(end + 2);
+  }
+  return std::string(text);
+}
 
 inline const char* json_type_name(const nlohmann::ordered_json& v) {
   if (v.is_null()) return "null";

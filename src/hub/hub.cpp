@@ -19,6 +19,7 @@
 
 #include "build_info.h"
 #include "common/errors.h"
+#include "common/json_type.h"
 #include "hub/cache.h"
 #include "hub/digest.h"
 #include "hub/files.h"
@@ -161,7 +162,7 @@ nlohmann::json parse_json(const HttpResponse& r) {
   try {
     return nlohmann::json::parse(r.body);
   } catch (const nlohmann::json::exception& e) {
-    throw FormatError("the reply from " + r.url + " is not JSON (" + e.what() +
+    throw FormatError("the reply from " + r.url + " is not JSON (" + json_error_text(e) +
                       "); does HF_ENDPOINT point at a Hugging Face Hub?");
   }
 }
@@ -257,7 +258,8 @@ std::optional<std::string> cached_snapshot(const RepoCache& cache, const std::st
           }
         }
       } catch (const nlohmann::json::exception& e) {
-        throw FormatError((snap / f.path).string() + ": unreadable safetensors index: " + e.what());
+        throw FormatError((snap / f.path).string() +
+                          ": unreadable safetensors index: " + json_error_text(e));
       }
     }
   }

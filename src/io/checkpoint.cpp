@@ -8,6 +8,7 @@
 
 #include "common/errors.h"
 #include "common/json_depth.h"
+#include "common/json_type.h"
 #include "io/config.h"
 
 namespace torchtpu {
@@ -59,7 +60,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
                           std::to_string(kMaxJsonDepth) + " levels");
       });
     } catch (const json::exception& e) {
-      throw FormatError(where + ": invalid JSON: " + e.what());
+      throw FormatError(where + ": invalid JSON: " + json_error_text(e));
     }
     if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
       throw FormatError(where + ": missing the \"weight_map\" object");

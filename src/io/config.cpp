@@ -12,6 +12,7 @@
 
 #include "common/errors.h"
 #include "common/json_depth.h"
+#include "common/json_type.h"
 
 namespace torchtpu {
 namespace {
@@ -112,7 +113,7 @@ json parse_json(const std::string& text, const std::string& path) {
                         std::to_string(kMaxJsonDepth) + " levels");
     });
   } catch (const json::exception& e) {
-    throw FormatError(path + ": invalid JSON: " + e.what());
+    throw FormatError(path + ": invalid JSON: " + json_error_text(e));
   }
   if (!j.is_object()) throw FormatError(path + ": expected a JSON object, got " + j.dump());
   return j;

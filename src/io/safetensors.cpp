@@ -17,6 +17,7 @@
 #include "common/errors.h"
 #include "common/fnv1a.h"
 #include "common/json_depth.h"
+#include "common/json_type.h"
 
 namespace torchtpu {
 namespace {
@@ -90,7 +91,7 @@ json parse_header_json(const char* begin, size_t size, const std::string& path) 
   try {
     header = json::parse(begin, begin + size, cb);
   } catch (const json::exception& e) {
-    throw FormatError(path + ": invalid header JSON: " + e.what());
+    throw FormatError(path + ": invalid header JSON: " + json_error_text(e));
   }
   if (!duplicate.empty()) {
     throw FormatError(path + ": invalid header JSON: duplicate key \"" + duplicate + "\"");

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/json_type.h"
 #include "media/kinds.h"
 
 namespace torchtpu {
@@ -445,7 +446,7 @@ AudioFeatureOptions load_audio_feature_options(const std::string& model_dir) {
     try {
       return json::parse(text.str());
     } catch (const json::exception& e) {
-      throw FormatError(path.string() + ": invalid JSON: " + e.what());
+      throw FormatError(path.string() + ": invalid JSON: " + json_error_text(e));
     }
   };
   std::string file, prefix;

@@ -16,6 +16,7 @@
 
 #include "common/cpu_float.h"
 #include "common/errors.h"
+#include "common/json_type.h"
 #include "io/aten_view.h"
 #include "io/checkpoint.h"
 #include "io/config.h"
@@ -482,7 +483,7 @@ QuantizeSummary quantize_checkpoint(const std::string& in_dir, const std::string
   try {
     config = ordered_json::parse(config_text);
   } catch (const nlohmann::json::exception& e) {
-    throw FormatError(config_path.string() + ": invalid JSON: " + e.what());
+    throw FormatError(config_path.string() + ": invalid JSON: " + json_error_text(e));
   }
   const bool has_text_config = config.contains("text_config") && config["text_config"].is_object();
   if (config.contains("quantization_config") ||

@@ -722,7 +722,8 @@ ojson call_tool(const McpTarget& target, const ojson& params, const McpNotify& n
     result["isError"] = true;
     return result;
   } catch (const nlohmann::json::exception& e) {
-    ojson result = text_result(server.url() + " answered with unreadable JSON: " + e.what());
+    ojson result =
+        text_result(server.url() + " answered with unreadable JSON: " + json_error_text(e));
     result["isError"] = true;
     return result;
   }
@@ -883,7 +884,7 @@ void serve_mcp_stdio(const McpTarget& target, std::istream& in, std::ostream& ou
       message = parse_json(line);
     } catch (const nlohmann::json::exception& e) {
       // Not only parse_error: a number beyond double's range (1e999) is out_of_range.
-      write(rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + e.what()));
+      write(rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + json_error_text(e)));
       continue;
     } catch (const JsonTooDeep& e) {
       write(rpc_error(nullptr, kParseError, std::string("refused JSON: ") + e.what()));
@@ -949,8 +950,9 @@ void handle_mcp_post(const McpFiles& files, McpCalls& calls, const httplib::Requ
   try {
     message = parse_json(req.body);
   } catch (const nlohmann::json::exception& e) {
-    send_json(res, 400,
-              rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + e.what()));
+    send_json(
+        res, 400,
+        rpc_error(nullptr, kParseError, std::string("unreadable JSON: ") + json_error_text(e)));
     return;
   } catch (const JsonTooDeep& e) {
     send_json(res, 400, rpc_error(nullptr, kParseError, std::string("refused JSON: ") + e.what()));

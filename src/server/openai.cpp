@@ -4,6 +4,7 @@
 #include <random>
 #include <set>
 
+#include "common/json_type.h"
 #include "server/media_parts.h"
 #include "server/structured.h"
 
@@ -538,7 +539,7 @@ ojson parse_body_value(const std::string& text) {
     body = parse_json(text);
   } catch (const nlohmann::json::exception& e) {
     // Not only parse_error: a number beyond double's range (1e999) is out_of_range.
-    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what(),
+    throw ApiError(400, std::string("the request body is not valid JSON: ") + json_error_text(e),
                    "invalid_request_error", "", "invalid_json");
   } catch (const JsonTooDeep& e) {
     throw ApiError(400, std::string("the request body is refused: ") + e.what(),

@@ -31,6 +31,7 @@
 #include "common/error_message.h"
 #include "common/errors.h"
 #include "common/fnv1a.h"
+#include "common/json_type.h"
 #include "common/utf8.h"
 #include "engine/logprobs.h"
 #include "engine/report.h"
@@ -268,7 +269,7 @@ std::vector<ForcedOutput> read_forced_outputs() {
     }
   } catch (const nlohmann::json::exception& e) {
     throw FormatError(std::string("TORCHTPU_TEST_FORCED_OUTPUT ") + path +
-                      ": expected [{\"prompt_contains\", \"output\"}, ...]: " + e.what());
+                      ": expected [{\"prompt_contains\", \"output\"}, ...]: " + json_error_text(e));
   }
   std::cerr << "torchtpu-cpp serve: TEST HOOK: outputs forced from " << path << "\n";
   return rules;
@@ -285,7 +286,7 @@ SamplingRequest read_generation_defaults(const std::string& model_dir) {
     g = nlohmann::json::parse(file);
   } catch (const nlohmann::json::exception& e) {
     // Not only parse_error: a number beyond double's range (1e999) is out_of_range.
-    throw FormatError(path.string() + " is not valid JSON: " + e.what());
+    throw FormatError(path.string() + " is not valid JSON: " + json_error_text(e));
   }
   auto number = [&](const char* key) -> std::optional<double> {
     if (g.contains(key) && g[key].is_number()) return g[key].get<double>();

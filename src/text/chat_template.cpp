@@ -10,6 +10,7 @@
 
 #include "common/errors.h"
 #include "common/json_depth.h"
+#include "common/json_type.h"
 
 extern "C" {
 int tt_jinja_render(const char* source, const char* context_json, char** out, size_t* out_len,
@@ -53,7 +54,7 @@ ojson read_json(const fs::path& path) {
     });
   } catch (const ojson::exception& e) {
     // Not only parse_error: a number beyond double's range (1e999) is out_of_range.
-    throw FormatError(path.string() + " is not valid JSON: " + e.what());
+    throw FormatError(path.string() + " is not valid JSON: " + json_error_text(e));
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "common/errors.h"
 #include "common/json_depth.h"
+#include "common/json_type.h"
 
 namespace torchtpu {
 
@@ -626,7 +627,7 @@ class TokenizerReader {
     return dom_parser_.end_array();
   }
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
-    if (error.empty()) error = std::string("not valid JSON: ") + e.what();
+    if (error.empty()) error = std::string("not valid JSON: ") + json_error_text(e);
     return false;
   }
 
@@ -982,7 +983,7 @@ Tokenizer Tokenizer::from_json_string(std::string_view json_text, const std::str
     load_added_tokens(*m, j.value("added_tokens", json()));
     build_tables(*m);
   } catch (const json::exception& e) {
-    m->fail(std::string("unexpected JSON structure: ") + e.what());
+    m->fail(std::string("unexpected JSON structure: ") + json_error_text(e));
   }
   return Tokenizer(std::move(m));
 }
