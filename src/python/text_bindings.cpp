@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "common/json_type.h"
 #include "python/bindings.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -29,7 +30,13 @@ nlohmann::ordered_json to_json(py::handle obj, const char* what) {
                      "None): " +
                      std::string(py::str(e.value())));
   }
-  return nlohmann::ordered_json::parse(text.cast<std::string>());
+  try {
+    return nlohmann::ordered_json::parse(text.cast<std::string>());
+  } catch (const nlohmann::json::exception& e) {
+    // json.dumps writes a lone surrogate ("\ud800"), which no UTF-8 text can hold, as an escape.
+    throw ValueError(std::string(what) +
+                     " must be valid Unicode text (a lone surrogate?): " + json_error_text(e));
+  }
 }
 
 std::string read_text_file(const std::string& path) {

@@ -910,6 +910,9 @@ def test_render_chat_keeps_key_order_and_rejects_non_json():
         tt.render_chat([{"role": "user", "content": object()}], template=template)
     with pytest.raises(ValueError, match="messages must be JSON"):
         tt.render_chat([{"role": "user", "content": float("nan")}], template=template)
+    with pytest.raises(ValueError, match=r"^messages must be valid Unicode text \(a lone surrogate\?\): "
+                       r"parse error at line 1, column \d+: .*surrogate U\+D800"):
+        template.render([{"role": "user", "content": "a\ud800b"}])
     with pytest.raises(TypeError, match="template must be"):
         tt.render_chat(messages, template=3)
 
