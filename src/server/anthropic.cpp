@@ -381,6 +381,16 @@ MessagesRequest parse_messages_request(const ojson& body, bool for_count) {
 }
 
 ApiError as_messages_error(const ApiError& error) {
+  // A tool's schema, chat's tools[N].function.parameters, is Messages' tools.N.input_schema
+  // (chat_tools keeps every tool in its place).
+  const std::string& param = error.param;
+  const size_t close = param.find(']');
+  const std::string schema = ".function.parameters";
+  if (param.starts_with("tools[") && close != std::string::npos &&
+      param.compare(close + 1, schema.size(), schema) == 0) {
+    return renamed(error, {{param.substr(0, close + 1 + schema.size()),
+                            "tools." + param.substr(6, close - 6) + ".input_schema"}});
+  }
   return renamed(error, {{"response_format.json_schema", "output_config.format"},
                          {"response_format", "output_config.format"}});
 }

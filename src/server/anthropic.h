@@ -22,7 +22,8 @@ struct MessagesRequest {
 MessagesRequest parse_messages_request(const ojson& body, bool for_count = false);
 
 // An error about a chat field that a Messages field became, renamed to that field
-// ("response_format.json_schema.schema" is "output_config.format.schema"); others as they are.
+// ("response_format.json_schema.schema" is "output_config.format.schema", a tool's
+// "tools[1].function.parameters.properties" "tools.1.input_schema.properties"); others as they are.
 ApiError as_messages_error(const ApiError& error);
 
 // {"type":"error","error":{"type","message"}}, the type being Anthropic's word for the status

@@ -62,6 +62,16 @@ const ojson* field(const ojson& body, const char* name) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
+ojson rendered_tools(const GenerationRequest& r) {
+  if (r.tool_choice != "function") return r.tools;
+  ojson kept = ojson::array();
+  for (const auto& tool : r.tools) {
+    if (r.callable.contains(tool.at("function").at("name").get<std::string>()))
+      kept.push_back(tool);
+  }
+  return kept;
+}
+
 bool declares_function(const ojson& tools, const std::string& name) {
   return std::any_of(tools.begin(), tools.end(),
                      [&](const ojson& tool) { return tool.at("function").at("name") == name; });
@@ -296,16 +306,6 @@ void parse_completion_logprobs(const ojson& body, GenerationRequest& r) {
   r.top_logprobs = n;
 }
 
-// The tools of `tools` (chat's shape; parse_chat_request checked every function name) whose
-// function `names` holds, in their order.
-ojson functions_named(const ojson& tools, const std::set<std::string>& names) {
-  ojson kept = ojson::array();
-  for (const auto& tool : tools) {
-    if (names.contains(tool.at("function").at("name").get<std::string>())) kept.push_back(tool);
-  }
-  return kept;
-}
-
 // tool_choice's allowed_tools {"mode": "auto" | "required", "tools": [{"type": "function",
 // "function": {"name"}}, ...]}: the names, each one of `tools`' functions.
 std::set<std::string> allowed_tools(const ojson& choice, const ojson& tools, std::string& mode) {
@@ -394,14 +394,15 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
                    "invalid_request_error", "tool_choice", "invalid_value");
   }
   if (r.tool_choice == "function") {
-    ojson kept = functions_named(r.tools, {r.tool_choice_function});
-    if (kept.empty()) {
+    if (!declares_function(r.tools, r.tool_choice_function)) {
       throw ApiError(400,
                      "'tool_choice' names the function '" + r.tool_choice_function +
                          "', which is not in 'tools'",
                      "invalid_request_error", "tool_choice.function.name", "invalid_value");
     }
-    r.tools = std::move(kept);
+    // The prompt offers it alone (rendered_tools); `tools` stays whole, so that an error in its
+    // parameters names its place in the request.
+    r.callable = {r.tool_choice_function};
   }
 }
 

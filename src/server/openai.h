@@ -196,6 +196,9 @@ struct GenerationRequest {
   bool drop_old_turns = false;
 };
 
+// The tools the prompt offers: `tools`, or the one function a named tool_choice forces.
+ojson rendered_tools(const GenerationRequest& r);
+
 // The server's id for a model name a client sends: without a trailing ":latest", the tag Ollama
 // gives an untagged name, which Ollama's clients send on every route (its own /v1 included).
 std::string server_model_name(const std::string& name);
@@ -203,9 +206,9 @@ std::string server_model_name(const std::string& name);
 // ApiError 400 naming the field for anything malformed. Chat: a role other than system,
 // developer, user, assistant or tool is malformed, and so is a tool without a string
 // function.name; reasoning_effort other than "none" sets template_kwargs.enable_thinking unless
-// chat_template_kwargs sets it; tool_choice "none" drops tools, a named function keeps only it,
-// allowed_tools keeps them all and makes the functions it lists `callable` (its mode becoming
-// tool_choice).
+// chat_template_kwargs sets it; tool_choice "none" drops tools, a named function and
+// allowed_tools keep them all and make the functions they name `callable` (allowed_tools' mode
+// becoming tool_choice).
 GenerationRequest parse_chat_request(const ojson& body);
 GenerationRequest parse_completion_request(const ojson& body);
 

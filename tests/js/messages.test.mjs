@@ -407,6 +407,9 @@ describe("errors", () => {
     [{ tools: [{ type: "web_search_20250305", name: "web_search" }] }, "tools.0.type"],
     [{ tools: TOOLS, tool_choice: { type: "tool", name: "nope" } }, "tool_choice.name"],
     [{ tools: TOOLS, tool_choice: { type: "sometimes" } }, "tool_choice.type"],
+    // A forced tool's schema keyword the grammar cannot enforce, named in Messages' terms.
+    [{ tools: [...TOOLS, { name: "f", input_schema: { type: "object", properties: { s: { type: "string",
+      minLength: 3 } } } }], tool_choice: { type: "tool", name: "f" } }, "tools.1.input_schema.properties.s.minLength"],
     [{ tool_choice: { type: "any" } }, "tool_choice"],
     // llama-server's and vLLM's fields, passed on as chat completions take them.
     [{ id_slot: 99 }, "id_slot"],
