@@ -26,6 +26,27 @@ void load_device_library(const std::string& path) {
   }
 }
 
+// What is wrong with the first word after the options before the command, when it names no
+// command of `app`; empty otherwise.
+std::string unknown_command(CLI::App& app, int argc, char** argv) {
+  const auto commands = app.get_subcommands([](CLI::App*) { return true; });
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    if (word == "--device-library") {
+      ++i;  // its value
+      continue;
+    }
+    if (word.starts_with("-")) return "";
+    std::string names;
+    for (const CLI::App* command : commands) {
+      if (command->check_name(word)) return "";
+      names += (names.empty() ? "" : ", ") + command->get_name();
+    }
+    return "unknown command '" + word + "'; the commands are " + names;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,6 +67,11 @@ int main(int argc, char** argv) {
   torchtpu::cli::add_mcp_command(app);
   torchtpu::cli::add_proxy_command(app);
   torchtpu::cli::add_launch_command(app);
+  // CLI11 answers a misspelled command ("serv") with "A subcommand is required".
+  if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
+    std::cerr << "error: " << unknown << "\n";
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

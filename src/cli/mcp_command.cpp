@@ -32,7 +32,7 @@ void add_mcp_command(CLI::App& app) {
                   "Largest image file ask and stream read")
       ->capture_default_str();
   cmd->add_option("--max-audio-bytes", options->media.max_audio_bytes,
-                  "Largest WAV file ask and stream read")
+                  "Largest audio file (WAV or MP3) ask and stream read")
       ->capture_default_str();
   cmd->callback([options] {
     default_from_env(options->api_key, "TORCHTPU_API_KEY");

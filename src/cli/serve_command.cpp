@@ -97,7 +97,8 @@ void add_serve_command(CLI::App& app) {
                   "Largest image accepted, as encoded (a data: URL's base64 counts in "
                   "--max-body-bytes too)")
       ->capture_default_str();
-  cmd->add_option("--max-audio-bytes", options->media.max_audio_bytes, "Largest WAV file accepted")
+  cmd->add_option("--max-audio-bytes", options->media.max_audio_bytes,
+                  "Largest audio file (WAV or MP3) accepted")
       ->capture_default_str();
   cmd->add_option("--image-tokens", options->media.image_tokens,
                   "An image's soft tokens when a request's detail is auto: 70, 140, 280, 560 or "

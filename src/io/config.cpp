@@ -701,6 +701,10 @@ ModelConfig parse_config_json(const std::string& json_text, const std::string& p
 
 void check_checkpoint_dir(const std::string& dir) {
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    throw NotFoundError("checkpoint directory " + dir +
+                        " is a file: give the directory that holds config.json");
+  }
   if (!fs::is_directory(dir, ec)) {
     throw NotFoundError("checkpoint directory " + dir + " does not exist");
   }

@@ -296,6 +296,11 @@ def test_every_usage_error_exits_2(cli, tmp_path):
         out = subprocess.run([cli.path, *args], capture_output=True, text=True)
         assert out.returncode == 2, (args, out.returncode, out.stderr)
     assert subprocess.run([cli.path, "generate", "--help"], capture_output=True).returncode == 0
+    # A misspelled command is named, not "A subcommand is required".
+    out = subprocess.run([cli.path, "serv", "--port", "0"], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert out.stderr == ("error: unknown command 'serv'; the commands are make-tiny, generate, "
+                          "quantize, download, serve, bench, mcp, proxy, launch\n")
 
 
 def test_generate_keeps_no_logits_for_the_tokens_it_decodes(cli, chat_tiny):
@@ -380,6 +385,10 @@ def test_a_missing_directory_is_file_not_found(tiny, tmp_path):
     ):
         with pytest.raises(FileNotFoundError, match=f"{words} {missing} does not exist"):
             tt.Engine(**kwargs, context=16, dtype="float32")
+    config = f"{tiny}/config.json"
+    with pytest.raises(FileNotFoundError, match=f"^checkpoint directory {config} is a file: give "
+                       "the directory that holds config.json$"):
+        tt.Engine(config, context=16, dtype="float32")
 
 
 def _available_memory():
