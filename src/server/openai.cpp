@@ -62,16 +62,6 @@ const ojson* field(const ojson& body, const char* name) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
-ojson rendered_tools(const GenerationRequest& r) {
-  if (r.tool_choice != "function") return r.tools;
-  ojson kept = ojson::array();
-  for (const auto& tool : r.tools) {
-    if (r.callable.contains(tool.at("function").at("name").get<std::string>()))
-      kept.push_back(tool);
-  }
-  return kept;
-}
-
 bool declares_function(const ojson& tools, const std::string& name) {
   return std::any_of(tools.begin(), tools.end(),
                      [&](const ojson& tool) { return tool.at("function").at("name") == name; });
@@ -400,8 +390,9 @@ void parse_tool_choice(const ojson& body, GenerationRequest& r) {
                          "', which is not in 'tools'",
                      "invalid_request_error", "tool_choice.function.name", "invalid_value");
     }
-    // The prompt offers it alone (rendered_tools); `tools` stays whole, so that an error in its
-    // parameters names its place in the request.
+    // Every tool stays in the prompt, as with allowed_tools (a conversation that forces a call
+    // on one turn keeps its prefix cache on the next), and the prompt ends with the opening of
+    // this one's call; an error in its parameters names its place in the request.
     r.callable = {r.tool_choice_function};
   }
 }

@@ -196,9 +196,6 @@ struct GenerationRequest {
   bool drop_old_turns = false;
 };
 
-// The tools the prompt offers: `tools`, or the one function a named tool_choice forces.
-ojson rendered_tools(const GenerationRequest& r);
-
 // The server's id for a model name a client sends: without a trailing ":latest", the tag Ollama
 // gives an untagged name, which Ollama's clients send on every route (its own /v1 included).
 std::string server_model_name(const std::string& name);

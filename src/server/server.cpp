@@ -1540,8 +1540,8 @@ std::shared_ptr<Active> Server::admit() {
 }
 
 std::string Server::render_chat(const GenerationRequest& r, std::string& parser_prefix) const {
-  std::string prompt = template_->render(r.messages, rendered_tools(r),
-                                         /*add_generation_prompt=*/true, r.template_kwargs);
+  std::string prompt =
+      template_->render(r.messages, r.tools, /*add_generation_prompt=*/true, r.template_kwargs);
   // After a tool response with thinking on, the template opens the reply's thinking channel
   // itself: the model continues inside it, so its output is parsed from the opening on. The
   // opening is the prompt's end (`<|channel>thought\n`); one in a message's text has the turn's

@@ -258,7 +258,7 @@ describe("tool calls", () => {
     },
   });
 
-  test("tool_choice allowed_tools keeps every tool in the prompt, so its turns share the cache",
+  test("allowed_tools and a named function keep every tool in the prompt, so turns share the cache",
     async () => {
       const create = (fields) => client.chat.completions.create({
         model: MODEL, messages: ask("What now?"), max_tokens: 4, ...fields });
@@ -271,6 +271,13 @@ describe("tool calls", () => {
         assert.ok(weather.usage.prompt_tokens_details.cached_tokens >= weather.usage.prompt_tokens - 1,
           `${mode}: ${JSON.stringify(weather.usage)}`);
       }
+      // A named function's prompt is the one all tools give, then the opening of its call.
+      const plain = await create({ tools: TOOLS });
+      const named = await create({ tools: TOOLS,
+        tool_choice: { type: "function", function: { name: "get_time" } } });
+      assert.ok(named.usage.prompt_tokens > plain.usage.prompt_tokens);
+      assert.ok(named.usage.prompt_tokens_details.cached_tokens >= plain.usage.prompt_tokens - 1,
+        JSON.stringify([plain.usage, named.usage]));
     });
 
   test("tool_choice allowed_tools holds the model's calls to the functions it names", async () => {

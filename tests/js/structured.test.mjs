@@ -351,7 +351,7 @@ describe("errors name the field", () => {
       client.chat.completions.create({ model: MODEL, messages: ask("Hi"), max_tokens: 4, tools, tool_choice: "required" }),
       (e) => e instanceof OpenAI.BadRequestError && e.param === "tools[0].function.parameters.properties.s.minLength",
     );
-    // A named function is the only one offered, and its path is still its place in the request.
+    // A named function's path is its place in the request.
     await assert.rejects(
       client.chat.completions.create({ model: MODEL, messages: ask("Hi"), max_tokens: 4,
         tools: [{ type: "function", function: { name: "g" } }, ...tools],
