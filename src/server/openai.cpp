@@ -676,7 +676,8 @@ GenerationRequest parse_chat_request(const ojson& body) {
   refuse_prefill("add_generation_prompt", false);
   parse_reasoning(body, r);
   parse_tool_choice(body, r);
-  // Unless allowed_tools chose the callable functions, every function offered is one.
+  // Unless tool_choice chose the callable functions (a named one, allowed_tools), every function
+  // offered is one.
   if (r.callable.empty() && r.tools.is_array()) {
     for (const auto& tool : r.tools) {
       r.callable.insert(tool.at("function").at("name").get<std::string>());

@@ -181,9 +181,8 @@ struct GenerationRequest {
   // allowed in tool_choice_function.
   std::string tool_choice = "auto";
   std::string tool_choice_function;
-  // The functions a tool call may name: `tools` as tool_choice leaves them (the one it names,
-  // when it names one; none for "none"), or those allowed_tools lists. A call to any other is
-  // handed back as text.
+  // The functions a tool call may name: every one of `tools`, the one a named tool_choice names,
+  // or those allowed_tools lists (none for "none"). A call to any other is handed back as text.
   std::set<std::string> callable;
   // false (parallel_tool_calls; Messages' disable_parallel_tool_use): a forced call is exactly
   // one call, and an answer keeps only its first call.

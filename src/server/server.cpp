@@ -1570,8 +1570,9 @@ std::shared_ptr<Constraint> Server::constraint_for(const GenerationRequest& r, b
   std::optional<Grammar> grammar;
   std::string param;
   const bool forced_call = r.tool_choice == "required" || r.tool_choice == "function";
-  // allowed_tools leaves every tool in the prompt, so that a conversation whose allowed set
-  // changes keeps its prefix cache, and holds the calls to the ones it allows.
+  // allowed_tools (like a named function) leaves every tool in the prompt, so that a
+  // conversation whose allowed set changes keeps its prefix cache, and holds the calls to the
+  // ones it allows.
   const bool narrowed =
       r.tools.is_array() && !std::all_of(r.tools.begin(), r.tools.end(), [&](const ojson& tool) {
         return r.callable.contains(tool.at("function").at("name").get<std::string>());
