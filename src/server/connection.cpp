@@ -1,10 +1,8 @@
 #include "server/connection.h"
 
-#include <dirent.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -31,17 +29,12 @@ bool numeric_address(const sockaddr_storage& addr, socklen_t len, std::string& i
   return true;
 }
 
-bool address_is(const sockaddr_storage& addr, socklen_t len, const std::string& host, int port) {
-  std::string ip;
-  int at = 0;
-  return numeric_address(addr, len, ip, at) && ip == host && at == port;
-}
-
 using Clock = std::chrono::steady_clock;
 
 thread_local std::optional<ReadRefusal> t_refusal;
 thread_local bool t_head_parsed = false;
 thread_local bool t_end_after_answer = false;
+thread_local int t_socket = -1;  // the connection this thread is answering, -1 between them
 
 // Whether the connection of the request answered on this thread ends with the answer: after a
 // head that could not be read (refused here, malformed, a request line too long) or a body left
@@ -389,6 +382,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
                        timeout(read_timeout_sec_, read_timeout_usec_),
                        timeout(write_timeout_sec_, write_timeout_usec_));
   bool ok = false;
+  t_socket = sock;
   for (size_t left = keep_alive_max_count_; svr_sock_ != INVALID_SOCKET && left > 0 &&
                                             stream.next_request(seconds(keep_alive_timeout_sec_));
        --left) {
@@ -410,37 +404,13 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       break;
     }
   }
+  t_socket = -1;
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
   return ok;
 }
 
-int find_connection_socket(const std::string& local_addr, int local_port,
-                           const std::string& remote_addr, int remote_port) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return -1;
-  int found = -1;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st;
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t peer_len = sizeof(peer), local_len = sizeof(local);
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0 ||
-        getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) {
-      continue;
-    }
-    if (address_is(peer, peer_len, remote_addr, remote_port) &&
-        address_is(local, local_len, local_addr, local_port)) {
-      found = static_cast<int>(fd);
-      break;
-    }
-  }
-  closedir(dir);
-  return found;
-}
+int connection_socket() { return t_socket; }
 
 bool peer_closed(int fd) {
   if (fd < 0) return false;

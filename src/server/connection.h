@@ -18,10 +18,11 @@
 
 namespace torchtpu::server {
 
-// The descriptor of the connection local_addr:local_port <-> remote_addr:remote_port (numeric
-// addresses as cpp-httplib writes them), or -1 if none is open.
-int find_connection_socket(const std::string& local_addr, int local_port,
-                           const std::string& remote_addr, int remote_port);
+// The descriptor of the connection whose request this thread is answering, in a handler of an
+// HttpServer (a streamed answer's content provider included): it stays open until that returns.
+// -1 on any other thread. The handler runs on the thread that reads and writes the connection, so
+// nothing needs looking up, and a descriptor another thread is closing is never touched.
+int connection_socket();
 
 // True once the peer has closed or reset the connection (poll + recv(MSG_PEEK), as newer
 // cpp-httplib does for Request::is_connection_closed). Never blocks; false for fd < 0.

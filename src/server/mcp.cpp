@@ -966,8 +966,7 @@ void handle_mcp_post(const McpFiles& files, McpCalls& calls, const httplib::Requ
   if (message.is_object() && message.value("method", ojson()) == "initialize") {
     res.set_header("Mcp-Session-Id", new_completion_id("mcp-"));
   }
-  const int fd =
-      find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  const int fd = connection_socket();
   const McpCallContext context{&calls, req.get_header_value("Mcp-Session-Id"),
                                [fd] { return peer_closed(fd); }};
   const bool wants_progress =

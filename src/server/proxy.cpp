@@ -419,8 +419,7 @@ std::optional<std::string> Proxy::upstream_authorization() const {
 
 void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
   if (!(req.method == "GET" && req.path == "/health") && !authorized(req, res)) return;
-  const int fd =
-      find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  const int fd = connection_socket();
   const bool idempotent = req.method == "GET" || req.method == "HEAD" || req.method == "OPTIONS";
   std::shared_ptr<Exchange> x;
   std::string url;

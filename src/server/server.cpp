@@ -1863,8 +1863,7 @@ Choices Server::prepare_jobs(const httplib::Request& req, const GenerationReques
     job->decode.constraint.reset();  // the rule's output replaces whatever the grammar allowed
     break;
   }
-  job->fd =
-      find_connection_socket(req.local_addr, req.local_port, req.remote_addr, req.remote_port);
+  job->fd = connection_socket();
   Choices jobs{job};
   for (int64_t i = 1; i < r.n; ++i) {
     jobs.push_back(job->sibling(

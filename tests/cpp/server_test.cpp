@@ -633,13 +633,6 @@ struct Loopback {
   }
 };
 
-TEST(Connection, FindsTheAcceptedSocketByItsAddresses) {
-  Loopback c;
-  EXPECT_EQ(find_connection_socket("127.0.0.1", c.server_port, "127.0.0.1", c.client_port),
-            c.accepted);
-  EXPECT_EQ(find_connection_socket("127.0.0.1", c.server_port, "127.0.0.1", c.client_port + 1), -1);
-}
-
 TEST(Connection, PeerClosedOnlyOnceTheClientHasGone) {
   Loopback c;
   EXPECT_FALSE(peer_closed(c.accepted));
@@ -707,6 +700,14 @@ TEST(Connection, BindListenerRefusesAPortAnotherServerListensOn) {
 // An HttpServer on a free loopback port with small limits (a body of 64 KiB at most, after 400 ms
 // coming at 100 bytes a second or more): GET /echo answers the peer's address as the request has
 // it, POST /echo the body; refused requests get read_refusal()'s status and code.
+// The peer's port of socket `fd`, -1 when it has none.
+int peer_port(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return -1;
+  return ntohs(addr.sin_port);
+}
+
 struct BoundedServer {
   HttpServer http{
       RequestLimits{4096, std::chrono::milliseconds(600), std::chrono::milliseconds(400), 100}};
@@ -722,6 +723,19 @@ struct BoundedServer {
       res.set_chunked_content_provider("text/plain", [](size_t offset, httplib::DataSink& sink) {
         if (offset == 0) return sink.write("first,", 6);
         sink.write("second", 6);
+        sink.done();
+        return true;
+      });
+    });
+    // The client port of the connection connection_socket() names, in the handler and in a
+    // streamed answer's content provider, beside the port the library read.
+    http.Get("/peer", [](const httplib::Request& req, httplib::Response& res) {
+      const std::string in_handler = std::to_string(peer_port(connection_socket()));
+      const std::string read = std::to_string(req.remote_port);
+      res.set_chunked_content_provider("text/plain", [=](size_t, httplib::DataSink& sink) {
+        const std::string got =
+            read + " " + in_handler + " " + std::to_string(peer_port(connection_socket()));
+        sink.write(got.data(), got.size());
         sink.done();
         return true;
       });
@@ -858,6 +872,21 @@ TEST(HttpServer, AMalformedHeadIsAnsweredOnceAndItsConnectionClosed) {
   EXPECT_EQ(got.rfind("HTTP/1.1 400 ", 0), 0u) << got;
   EXPECT_EQ(got.find("HTTP/1.1", 1), std::string::npos) << got;
   expect_says_it_closes(got);
+}
+
+// A handler and its content provider find their connection's socket, which is what cancels a
+// generation when the client leaves; a thread that answers no request has none.
+TEST(HttpServer, AHandlerFindsItsConnectionsSocket) {
+  BoundedServer server;
+  EXPECT_EQ(connection_socket(), -1);
+  for (int i = 0; i < 2; ++i) {
+    int client_port = 0;
+    const int fd = server.connect_client(&client_port);
+    send_all(fd, "GET /peer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    const std::string got = read_until_closed(fd);
+    const std::string port = std::to_string(client_port);
+    EXPECT_NE(got.find("\r\n" + port + " " + port + " " + port + "\r\n"), std::string::npos) << got;
+  }
 }
 
 // A body left unread (refused for its Content-Encoding) leaves no telling where the next request
