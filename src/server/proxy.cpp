@@ -242,6 +242,11 @@ struct Exchange {
     aborted = true;
     client->stop();
   }
+  // Whether the upstream's answer has ended; for a thread that does not hold the mutex.
+  bool ended() {
+    const std::lock_guard lock(mutex);
+    return finished;
+  }
   ~Exchange() {
     if (thread.joinable()) thread.join();
   }
@@ -499,7 +504,7 @@ void Proxy::forward(const httplib::Request& req, httplib::Response& res) {
           return true;
         },
         [x](bool) {
-          if (!x->finished) x->abort();
+          if (!x->ended()) x->abort();
         });
     return;
   }
