@@ -108,13 +108,14 @@ ApiError unreadable(const MediaSource& s, const std::string& why) {
 // pixels (3 bytes each, a transient copy as many again, and preprocessing's buffers, about 7 in
 // all) are freed before the lease is.
 ImagePatches read_image(const MediaSource& s, const std::string& bytes, int64_t max_bytes,
-                        const ImageProcessorOptions& options, DecodeBudget& budget) {
+                        const ImageProcessorOptions& options, DecodeBudget& budget,
+                        const DecodeBudget::Gone& gone) {
   ImageLimits image_limits;
   image_limits.max_bytes = max_bytes;
   const auto [width, height] = image_size(bytes);
   // An image over the limit is refused before its pixels are allocated: it holds nothing.
   const int64_t pixels = width * height <= image_limits.max_pixels ? width * height : 0;
-  const DecodeBudget::Lease lease = budget.acquire(pixels);
+  const DecodeBudget::Lease lease = budget.acquire(pixels, gone);
   at::Tensor rgb;
   try {
     rgb = decode_image(bytes, image_limits);
@@ -140,10 +141,16 @@ DecodeBudget::Lease::~Lease() {
   if (budget_ != nullptr) budget_->release(pixels_);
 }
 
-DecodeBudget::Lease DecodeBudget::acquire(int64_t pixels) {
+DecodeBudget::Lease DecodeBudget::acquire(int64_t pixels, const Gone& gone) {
   pixels = std::clamp<int64_t>(pixels, 0, capacity_);
   std::unique_lock lock(mutex_);
-  freed_.wait(lock, [&] { return held_ + pixels <= capacity_; });
+  const auto fits = [&] { return held_ + pixels <= capacity_; };
+  while (!freed_.wait_for(lock, std::chrono::milliseconds(50), fits)) {
+    if (gone && gone()) {
+      throw ApiError(499, "the client closed the connection while its image waited to be decoded",
+                     "invalid_request_error", "", "client_closed_request");
+    }
+  }
   held_ += pixels;
   peak_ = std::max(peak_, held_);
   return Lease(this, pixels);
@@ -169,7 +176,8 @@ DecodeBudget& image_decode_budget() {
 
 std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
                                   const MediaLimits& limits, const Modalities& modalities,
-                                  const ImageOptionsFor& image_options, DecodeBudget& budget) {
+                                  const ImageOptionsFor& image_options, DecodeBudget& budget,
+                                  const DecodeBudget::Gone& gone) {
   if (static_cast<int64_t>(sources.size()) > limits.max_items) {
     const std::string& param = sources[limits.max_items].param;
     throw ApiError(400,
@@ -238,7 +246,7 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
       ImageProcessorOptions options;
       options.max_soft_tokens = part.image_tokens;
       if (image_options) options = image_options(part.image_tokens);
-      part.patches = read_image(s, part.bytes, max_bytes, options, budget);
+      part.patches = read_image(s, part.bytes, max_bytes, options, budget, gone);
     } else {
       try {
         part.wave = decode_audio(part.bytes);

@@ -37,9 +37,15 @@ class DecodeBudget {
     int64_t pixels_;
   };
 
+  // Asked while a decode waits: whether its client has left.
+  using Gone = std::function<bool()>;
+
   // Waits until `pixels` (at most the capacity: a larger image waits for the whole) fit beside
-  // those held. Leases are held one at a time and only while decoding, so every wait ends.
-  Lease acquire(int64_t pixels);
+  // those held. Leases are held one at a time and only while decoding, so every wait ends. With
+  // `gone`, asked every 50 ms of the wait: ApiError 499 once it is true, so that nothing is decoded
+  // for a client that left (one that timed out and sent the request again would otherwise have
+  // every copy decoded, one after the other, ahead of the clients still waiting).
+  Lease acquire(int64_t pixels, const Gone& gone = {});
 
   int64_t capacity() const { return capacity_; }
   int64_t peak() const;  // the most pixels held at once so far
@@ -76,11 +82,12 @@ struct MediaPart {
 // item checked against the limits, its media type and what the checkpoint reads, and decoded
 // once so that a corrupt file is refused here, before anything is queued. Images are decoded and
 // preprocessed (with image_options, ImageProcessorOptions' defaults when empty) one at a time,
-// each within a lease of `budget`. ApiError 400 naming the source's field and the limit or value
-// for anything wrong.
+// each within a lease of `budget` (whose wait ends with ApiError 499 once `gone` says the client
+// left). ApiError 400 naming the source's field and the limit or value for anything wrong.
 std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
                                   const MediaLimits& limits, const Modalities& modalities,
                                   const ImageOptionsFor& image_options = {},
-                                  DecodeBudget& budget = image_decode_budget());
+                                  DecodeBudget& budget = image_decode_budget(),
+                                  const DecodeBudget::Gone& gone = {});
 
 }  // namespace torchtpu::server

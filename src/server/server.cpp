@@ -1634,7 +1634,9 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
 std::vector<Media> Server::read_media(const std::vector<MediaSource>& sources) const {
   std::vector<Media> media;
   const auto image_options = [this](int64_t tokens) { return engine_->image_options(tokens); };
-  for (const MediaPart& part : load_media(sources, options_.media, modalities_, image_options)) {
+  const auto gone = [fd = connection_socket()] { return peer_closed(fd); };
+  for (const MediaPart& part : load_media(sources, options_.media, modalities_, image_options,
+                                          image_decode_budget(), gone)) {
     try {
       media.push_back(part.kind == MediaKind::kImage ? image_media(part.patches)
                                                      : audio_media(audio_features_from_waveform(

@@ -5,7 +5,10 @@
 // specification. The SDKs' view is tests/js/media.test.mjs.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -295,6 +298,33 @@ TEST(LoadMedia, ConcurrentDecodesStayWithinTheBudget) {
   }
   for (std::thread& t : requests) t.join();
   EXPECT_EQ(read, std::vector<size_t>(8, 4));
+  EXPECT_EQ(budget.peak(), 1);
+}
+
+// A request whose client left while its image waited for the budget is dropped with a 499 before
+// anything is decoded; the budget is still held meanwhile. (Were the wait deaf to the client, the
+// lease would end after 5 s and the image be read: the test fails rather than hangs.)
+TEST(LoadMedia, AnImageWaitingForTheBudgetIsDroppedOnceItsClientLeaves) {
+  DecodeBudget budget(1);
+  std::optional<DecodeBudget::Lease> held(budget.acquire(1));
+  std::atomic<bool> gone = false;
+  std::atomic<bool> returned = false;
+  std::thread client([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    gone = true;
+    for (int i = 0; i < 500 && !returned; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    held.reset();
+  });
+  const ApiError e = error_of([&] {
+    load_media({image_from_url(kPngUrl, "u", 70)}, {}, kBoth, {}, budget,
+               [&] { return gone.load(); });
+  });
+  returned = true;
+  client.join();
+  EXPECT_EQ(e.status, 499);
+  EXPECT_STREQ(e.what(), "the client closed the connection while its image waited to be decoded");
   EXPECT_EQ(budget.peak(), 1);
 }
 
