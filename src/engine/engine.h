@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -410,7 +411,9 @@ class Engine {
   std::unique_ptr<AudioTower> audio_;
   AudioFeatureOptions audio_options_;
   Rings rings_;
-  double load_s_ = 0;
+  // Written by load(), again on each wake(), while any thread may read it (the server's
+  // /v1/engine).
+  std::atomic<double> load_s_ = 0;
   struct LoadedLora {
     LoraReport report;
     int64_t nbytes = 0;
