@@ -650,17 +650,17 @@ class Server {
   ChatPrompt chat_prompt(const GenerationRequest& r, std::vector<Media>& media) const;
   // Builds the jobs of a generation request, one per choice of `n` (choice 0 and its siblings),
   // its prompt checked against the context (ApiError naming `prompt_param`), sharing `box` when
-  // given (the other prompts' jobs of one request).
-  Choices prepare_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
-                       const std::string& prompt_param, std::shared_ptr<Mailbox> box = nullptr);
+  // given (the other prompts' jobs of one request). Called on the thread answering the request:
+  // the jobs watch its connection (connection_socket) to end when the client leaves.
+  Choices prepare_jobs(const GenerationRequest& r, bool chat, const std::string& prompt_param,
+                       std::shared_ptr<Mailbox> box = nullptr);
   // prepare_jobs, then queues all of them or none (429).
-  Choices start_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
-                     const std::string& prompt_param);
+  Choices start_jobs(const GenerationRequest& r, bool chat, const std::string& prompt_param);
   // ApiError 400 naming `param`, its message opening with `what`, unless `sequences` fit in the
   // rows and the queue at once: the queue could never take them whole.
   void check_room(int64_t sequences, const std::string& param, const std::string& what) const;
   // A completions request's jobs: each prompt's choices, the prompts in order, queued together.
-  Choices start_completions(const httplib::Request& req, const GenerationRequest& r);
+  Choices start_completions(const GenerationRequest& r);
   void handle_generation(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_responses(const httplib::Request& req, httplib::Response& res);
   void handle_messages(const httplib::Request& req, httplib::Response& res);
@@ -1623,7 +1623,7 @@ void Server::handle_generation(const httplib::Request& req, httplib::Response& r
   auto active = admit();
   const ojson body = parse_body(req.body);
   GenerationRequest r = chat ? parse_chat_request(body) : parse_completion_request(body);
-  Choices jobs = chat ? start_jobs(req, r, true, "messages") : start_completions(req, r);
+  Choices jobs = chat ? start_jobs(r, true, "messages") : start_completions(r);
   if (r.stream) {
     stream_response(res, std::move(jobs), chat, r.include_usage, std::move(active));
   } else {
@@ -1751,26 +1751,25 @@ void Server::check_room(int64_t sequences, const std::string& param,
   }
 }
 
-Choices Server::start_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
-                           const std::string& prompt_param) {
-  Choices jobs = prepare_jobs(req, r, chat, prompt_param);
+Choices Server::start_jobs(const GenerationRequest& r, bool chat, const std::string& prompt_param) {
+  Choices jobs = prepare_jobs(r, chat, prompt_param);
   enqueue(jobs);
   return jobs;
 }
 
-Choices Server::start_completions(const httplib::Request& req, const GenerationRequest& r) {
-  if (r.more_prompts.empty()) return start_jobs(req, r, false, "prompt");
+Choices Server::start_completions(const GenerationRequest& r) {
+  if (r.more_prompts.empty()) return start_jobs(r, false, "prompt");
   const auto prompts = static_cast<int64_t>(r.more_prompts.size()) + 1;
   check_room(prompts * r.n, "prompt",
              "'prompt' lists " + std::to_string(prompts) + " prompts of " + std::to_string(r.n) +
                  " choices each ('n')");
   GenerationRequest one = r;
   one.more_prompts.clear();
-  Choices jobs = prepare_jobs(req, one, false, at_index("prompt", 0));
+  Choices jobs = prepare_jobs(one, false, at_index("prompt", 0));
   for (size_t i = 0; i < r.more_prompts.size(); ++i) {
     one.prompt = r.more_prompts[i].text;
     one.prompt_ids = r.more_prompts[i].ids;
-    for (auto& job : prepare_jobs(req, one, false, at_index("prompt", i + 1), jobs.front()->box)) {
+    for (auto& job : prepare_jobs(one, false, at_index("prompt", i + 1), jobs.front()->box)) {
       jobs.push_back(std::move(job));
     }
   }
@@ -1778,8 +1777,8 @@ Choices Server::start_completions(const httplib::Request& req, const GenerationR
   return jobs;
 }
 
-Choices Server::prepare_jobs(const httplib::Request& req, const GenerationRequest& r, bool chat,
-                             const std::string& prompt_param, std::shared_ptr<Mailbox> box) {
+Choices Server::prepare_jobs(const GenerationRequest& r, bool chat, const std::string& prompt_param,
+                             std::shared_ptr<Mailbox> box) {
   check_model(r.model);
   check_room(r.n, "n", "'n' is " + std::to_string(r.n));
   if (r.id_slot >= options_.parallel) {
@@ -1976,7 +1975,7 @@ void Server::handle_responses(const httplib::Request& req, httplib::Response& re
   const ResponsesRequest r = parse_responses_request(parse_body(req.body), responses_);
   std::shared_ptr<Job> job;
   try {
-    job = start_jobs(req, r.generation, true, "input").front();
+    job = start_jobs(r.generation, true, "input").front();
   } catch (const ApiError& e) {
     throw as_responses_error(e);  // a text.format schema the grammar cannot enforce
   }
@@ -1989,7 +1988,7 @@ void Server::handle_messages(const httplib::Request& req, httplib::Response& res
   const MessagesRequest r = parse_messages_request(parse_body(req.body));
   std::shared_ptr<Job> job;
   try {
-    job = start_jobs(req, r.generation, true, "messages").front();
+    job = start_jobs(r.generation, true, "messages").front();
   } catch (const PromptTooLong& e) {
     // Anthropic's words, which Claude Code recognizes to compact the conversation.
     throw ApiError(400,
@@ -2024,7 +2023,7 @@ void Server::handle_ollama(const httplib::Request& req, httplib::Response& res, 
   auto active = admit();
   std::shared_ptr<Job> job;
   try {
-    job = start_jobs(req, r.generation, r.templated, chat ? "messages" : "prompt").front();
+    job = start_jobs(r.generation, r.templated, chat ? "messages" : "prompt").front();
   } catch (const ApiError& e) {
     throw as_ollama_error(e);  // a format schema the grammar cannot enforce
   }
@@ -2215,7 +2214,7 @@ void Server::handle_transcription(const httplib::Request& req, httplib::Response
   // The pieces queue together (side by side in the batch); a refusal of one drops those before.
   Choices jobs;
   try {
-    for (const auto& piece : r.pieces) jobs.push_back(start_jobs(req, piece, true, "file").front());
+    for (const auto& piece : r.pieces) jobs.push_back(start_jobs(piece, true, "file").front());
   } catch (const ApiError& e) {
     abandon(jobs);
     throw as_transcription_error(e);

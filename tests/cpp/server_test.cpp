@@ -607,7 +607,6 @@ TEST(Metrics, CacheInfoWaitsForTheEngineAndCompatIsChecked) {
 // A loopback TCP connection: the server's accepted end and the client's end.
 struct Loopback {
   int listener = -1, client = -1, accepted = -1;
-  int server_port = 0, client_port = 0;
   Loopback() {
     listener = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
@@ -617,14 +616,9 @@ struct Loopback {
     listen(listener, 1);
     socklen_t len = sizeof(addr);
     getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-    server_port = ntohs(addr.sin_port);
     client = socket(AF_INET, SOCK_STREAM, 0);
     connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
     accepted = accept(listener, nullptr, nullptr);
-    sockaddr_in mine{};
-    len = sizeof(mine);
-    getsockname(client, reinterpret_cast<sockaddr*>(&mine), &len);
-    client_port = ntohs(mine.sin_port);
   }
   ~Loopback() {
     for (int fd : {listener, client, accepted}) {
@@ -697,9 +691,6 @@ TEST(Connection, BindListenerRefusesAPortAnotherServerListensOn) {
   EXPECT_EQ(bind_listener(second, "127.0.0.1", port), -1);
 }
 
-// An HttpServer on a free loopback port with small limits (a body of 64 KiB at most, after 400 ms
-// coming at 100 bytes a second or more): GET /echo answers the peer's address as the request has
-// it, POST /echo the body; refused requests get read_refusal()'s status and code.
 // The peer's port of socket `fd`, -1 when it has none.
 int peer_port(int fd) {
   sockaddr_in addr{};
@@ -708,6 +699,9 @@ int peer_port(int fd) {
   return ntohs(addr.sin_port);
 }
 
+// An HttpServer on a free loopback port with small limits (a body of 64 KiB at most, after 400 ms
+// coming at 100 bytes a second or more): GET /echo answers the peer's address as the request has
+// it, POST /echo the body; refused requests get read_refusal()'s status and code.
 struct BoundedServer {
   HttpServer http{
       RequestLimits{4096, std::chrono::milliseconds(600), std::chrono::milliseconds(400), 100}};
