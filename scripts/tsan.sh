@@ -47,7 +47,7 @@ for suite in "${suites[@]}"; do
     fail "$suite: $logs/$suite.out"
 done
 
-# start NAME ARGS...: `torchtpu-cpp ARGS --port 0 --threads 1` in the background, until its
+# start NAME ARGS...: `torchtpu-cpp ARGS --port 0` in the background, until its
 # /health answers 200; sets pid and port (from the "on http://HOST:PORT" line it prints first).
 start() {
   local name=$1
