@@ -104,6 +104,12 @@ ApiError unreadable(const MediaSource& s, const std::string& why) {
                   "invalid_request_error", s.param, image ? "invalid_image" : "invalid_audio");
 }
 
+// A value the preprocessing refused, as the 400 naming the part.
+ApiError invalid_value(const MediaSource& s, const std::string& why) {
+  return ApiError(400, "'" + s.param + "': " + why, "invalid_request_error", s.param,
+                  "invalid_value");
+}
+
 // decode_image, then preprocess_image, within a lease for the image's pixels: the full-size
 // pixels (3 bytes each, a transient copy as many again, and preprocessing's buffers, about 7 in
 // all) are freed before the lease is.
@@ -125,8 +131,29 @@ ImagePatches read_image(const MediaSource& s, const std::string& bytes, int64_t 
   try {
     return preprocess_image(rgb, options);
   } catch (const c10::ValueError& e) {
-    throw ApiError(400, "'" + s.param + "': " + e.what_without_backtrace(), "invalid_request_error",
-                   s.param, "invalid_value");
+    throw invalid_value(s, e.what_without_backtrace());
+  }
+}
+
+// decode_audio, then the clip's features, so that its samples at the file's rate are freed before
+// the next clip is decoded. A clip longer than the extractor's max_samples is refused as it
+// decodes, as audio_features_from_file refuses it.
+AudioFeatures read_clip(const MediaSource& s, const std::string& bytes,
+                        const AudioFeatureOptions& options) {
+  Waveform wave;
+  try {
+    wave = decode_audio(bytes, static_cast<double>(options.max_samples) / options.sampling_rate);
+  } catch (const c10::ValueError& e) {
+    throw unreadable(s, e.what_without_backtrace());
+  } catch (const ValueError& e) {
+    throw unreadable(s, e.what());
+  }
+  try {
+    return audio_features_from_waveform(wave, options);
+  } catch (const c10::ValueError& e) {
+    throw invalid_value(s, e.what_without_backtrace());
+  } catch (const ValueError& e) {
+    throw invalid_value(s, e.what());
   }
 }
 
@@ -176,7 +203,8 @@ DecodeBudget& image_decode_budget() {
 
 std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
                                   const MediaLimits& limits, const Modalities& modalities,
-                                  const ImageOptionsFor& image_options, DecodeBudget& budget,
+                                  const ImageOptionsFor& image_options,
+                                  const AudioFeatureOptions& audio_options, DecodeBudget& budget,
                                   const DecodeBudget::Gone& gone) {
   if (static_cast<int64_t>(sources.size()) > limits.max_items) {
     const std::string& param = sources[limits.max_items].param;
@@ -248,13 +276,7 @@ std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
       if (image_options) options = image_options(part.image_tokens);
       part.patches = read_image(s, part.bytes, max_bytes, options, budget, gone);
     } else {
-      try {
-        part.wave = decode_audio(part.bytes);
-      } catch (const c10::ValueError& e) {
-        throw unreadable(s, e.what_without_backtrace());
-      } catch (const ValueError& e) {
-        throw unreadable(s, e.what());
-      }
+      part.audio = read_clip(s, part.bytes, audio_options);
     }
     parts.push_back(std::move(part));
   }

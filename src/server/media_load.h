@@ -67,12 +67,13 @@ DecodeBudget& image_decode_budget();
 using ImageOptionsFor = std::function<ImageProcessorOptions(int64_t max_soft_tokens)>;
 
 // A content part read and checked: its bytes decode (decode_image / decode_audio) within the
-// limits; an image is preprocessed as it is decoded, and its full-size pixels are not kept.
+// limits; an image is preprocessed as it is decoded and a clip's features are extracted as it is
+// decoded, so neither its full-size pixels nor its samples are kept.
 struct MediaPart {
   MediaKind kind = MediaKind::kImage;
   std::string bytes;
   ImagePatches patches;      // images: preprocess_image's result
-  Waveform wave;             // clips: the decoded samples at the file's rate
+  AudioFeatures audio;       // clips: audio_features_from_waveform's result
   std::string mime;          // image/png | image/jpeg | image/webp | one of the WAV or MP3 types
   int64_t image_tokens = 0;  // images: one of kImageSoftTokenBudgets
   std::string param;         // the field it came from, for errors found later
@@ -83,10 +84,14 @@ struct MediaPart {
 // once so that a corrupt file is refused here, before anything is queued. Images are decoded and
 // preprocessed (with image_options, ImageProcessorOptions' defaults when empty) one at a time,
 // each within a lease of `budget` (whose wait ends with ApiError 499 once `gone` says the client
-// left). ApiError 400 naming the source's field and the limit or value for anything wrong.
+// left); clips are decoded and their features extracted (with audio_options) one at a time, so a
+// request holds at most one clip's samples (up to 8 M floats for 8 MB of 8-bit WAV at 384 kHz)
+// however many it sends. ApiError 400 naming the source's field and the limit or value for
+// anything wrong.
 std::vector<MediaPart> load_media(const std::vector<MediaSource>& sources,
                                   const MediaLimits& limits, const Modalities& modalities,
                                   const ImageOptionsFor& image_options = {},
+                                  const AudioFeatureOptions& audio_options = {},
                                   DecodeBudget& budget = image_decode_budget(),
                                   const DecodeBudget::Gone& gone = {});
 

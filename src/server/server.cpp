@@ -1636,18 +1636,9 @@ std::vector<Media> Server::read_media(const std::vector<MediaSource>& sources) c
   const auto image_options = [this](int64_t tokens) { return engine_->image_options(tokens); };
   const auto gone = [fd = connection_socket()] { return peer_closed(fd); };
   for (const MediaPart& part : load_media(sources, options_.media, modalities_, image_options,
-                                          image_decode_budget(), gone)) {
-    try {
-      media.push_back(part.kind == MediaKind::kImage ? image_media(part.patches)
-                                                     : audio_media(audio_features_from_waveform(
-                                                           part.wave, engine_->audio_options())));
-    } catch (const ValueError& e) {
-      throw ApiError(400, "'" + part.param + "': " + e.what(), "invalid_request_error", part.param,
-                     "invalid_value");
-    } catch (const c10::ValueError& e) {
-      throw ApiError(400, "'" + part.param + "': " + e.what_without_backtrace(),
-                     "invalid_request_error", part.param, "invalid_value");
-    }
+                                          engine_->audio_options(), image_decode_budget(), gone)) {
+    media.push_back(part.kind == MediaKind::kImage ? image_media(part.patches)
+                                                   : audio_media(part.audio));
   }
   return media;
 }

@@ -278,12 +278,37 @@ TEST(LoadMedia, CorruptFilesAreRefusedBeforeAnythingIsQueued) {
 TEST(LoadMedia, KeepsPatchesNotDecodedPixels) {
   DecodeBudget budget(1);
   const auto parts = load_media({image_from_url(kPngUrl, "u", 70), image_from_url(kPngUrl, "v", 0)},
-                                {}, kBoth, {}, budget);
+                                {}, kBoth, {}, {}, budget);
   ASSERT_EQ(parts.size(), 2u);
   EXPECT_EQ(parts[0].patches.soft_tokens, 64);
   EXPECT_EQ(parts[0].patches.pixels.size(1), 3 * 16 * 16);
   EXPECT_EQ(parts[1].patches.soft_tokens, 256);
   EXPECT_EQ(budget.peak(), 1);
+}
+
+// A clip's features are extracted as it is read, with the options given (the checkpoint's): a
+// request keeps features, not samples at the file's rate, and a clip longer than the options'
+// max_samples is refused as it decodes.
+TEST(LoadMedia, KeepsAClipsFeaturesNotItsSamples) {
+  AudioFeatureOptions options;
+  options.feature_size = 64;
+  options.max_samples = 3200;
+  const std::string wav = wav_bytes(1600);
+  const MediaSource clip{MediaKind::kAudio, "", "audio/wav", base64(wav), "a", "f", 0};
+  const auto parts = load_media({clip, clip}, {}, kBoth, {}, options);
+  ASSERT_EQ(parts.size(), 2u);
+  const AudioFeatures expected = audio_features_from_file(wav, options);
+  EXPECT_EQ(parts[1].audio.features.size(1), 64);
+  EXPECT_TRUE(at::equal(parts[1].audio.features, expected.features));
+  EXPECT_TRUE(at::equal(parts[1].audio.mask, expected.mask));
+  EXPECT_EQ(parts[1].audio.soft_tokens, expected.soft_tokens);
+  const MediaSource longer{
+      MediaKind::kAudio, "", "audio/wav", base64(wav_bytes(4000)), "a", "f", 0};
+  const ApiError e = error_of([&] { load_media({longer}, {}, kBoth, {}, options); });
+  EXPECT_EQ(e.code, "invalid_audio");
+  EXPECT_STREQ(e.what(),
+               "'a' is not a readable WAV or MP3 file: audio clip is 0.25 s long, more than the "
+               "limit of 0.20 s");
 }
 
 // Concurrent requests take turns at decoding: with room for one 1x1 image, eight requests of four
@@ -294,7 +319,8 @@ TEST(LoadMedia, ConcurrentDecodesStayWithinTheBudget) {
   std::vector<size_t> read(8);
   std::vector<std::thread> requests;
   for (size_t i = 0; i < read.size(); ++i) {
-    requests.emplace_back([&, i] { read[i] = load_media(sources, {}, kBoth, {}, budget).size(); });
+    requests.emplace_back(
+        [&, i] { read[i] = load_media(sources, {}, kBoth, {}, {}, budget).size(); });
   }
   for (std::thread& t : requests) t.join();
   EXPECT_EQ(read, std::vector<size_t>(8, 4));
@@ -318,7 +344,7 @@ TEST(LoadMedia, AnImageWaitingForTheBudgetIsDroppedOnceItsClientLeaves) {
     held.reset();
   });
   const ApiError e = error_of([&] {
-    load_media({image_from_url(kPngUrl, "u", 70)}, {}, kBoth, {}, budget,
+    load_media({image_from_url(kPngUrl, "u", 70)}, {}, kBoth, {}, {}, budget,
                [&] { return gone.load(); });
   });
   returned = true;
