@@ -87,12 +87,23 @@ std::vector<int64_t> Scheduler::submit(std::vector<Submission> submissions) {
     std::lock_guard lock(mutex_);
     const auto waiting = static_cast<int64_t>(waiting_.size());
     const auto count = static_cast<int64_t>(submissions.size());
-    // The rows free now take the first of those waiting; what is left over waits for a row.
-    const int64_t free_rows = std::max<int64_t>(0, stats_.batch.rows - stats_.running);
-    if (waiting + count > options_.max_queue + free_rows) {
-      const std::string queue = std::to_string(waiting) + " sequences wait for a row already, " +
-                                std::to_string(free_rows) + " rows are free and max_queue is " +
-                                std::to_string(options_.max_queue);
+    // The rows free now take those waiting as the owner thread will place them, a sequence that
+    // asks for a row only that one; what is left over waits for a row.
+    std::vector<int64_t> wanted;
+    for (const auto& entry : waiting_) wanted.push_back(entry.submission.options.row);
+    for (const auto& submission : submissions) wanted.push_back(submission.options.row);
+    const auto placed = place_in_rows(wanted, free_rows_);
+    if (std::count(placed.begin(), placed.end(), -1) > options_.max_queue) {
+      std::string busy;  // a row asked for and not free: the others do not serve it
+      for (int64_t k = count - 1; k >= 0; --k) {
+        const int64_t row = submissions[k].options.row;
+        if (row >= 0 && placed[waiting + k] < 0) busy = std::to_string(row);
+      }
+      const std::string queue =
+          std::to_string(waiting) + " sequences wait for a row already, " +
+          std::to_string(std::count(free_rows_.begin(), free_rows_.end(), true)) +
+          " rows are free" + (busy.empty() ? "" : " but not row " + busy + ", which it asks for") +
+          " and max_queue is " + std::to_string(options_.max_queue);
       throw QueueFull(count == 1 ? queue
                                  : "the request's " + std::to_string(count) +
                                        " sequences do not fit: " + queue);
@@ -110,7 +121,16 @@ std::vector<int64_t> Scheduler::submit(std::vector<Submission> submissions) {
 void Scheduler::cancel(int64_t ticket) {
   {
     std::lock_guard lock(mutex_);
-    cancels_.insert(ticket);
+    // A waiting sequence gives up its place in the queue at once, even while the owner thread is
+    // inside one long decode (read_every): it hears the cancel when it next looks.
+    const auto at = std::find_if(waiting_.begin(), waiting_.end(),
+                                 [&](const Entry& entry) { return entry.ticket == ticket; });
+    if (at == waiting_.end()) {
+      cancels_.insert(ticket);
+    } else {
+      dropped_.push_back(std::move(*at));
+      waiting_.erase(at);
+    }
   }
   changed_.notify_all();
 }
@@ -217,8 +237,8 @@ Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
                                       std::vector<EngineTask>& tasks) {
   std::unique_lock lock(mutex_);
   auto ready = [&] {
-    return !idle || !waiting_.empty() || !cancels_.empty() || !actions_.empty() ||
-           !tasks_.empty() || stopping_ || sleep_asked_;
+    return !idle || !waiting_.empty() || !cancels_.empty() || !dropped_.empty() ||
+           !actions_.empty() || !tasks_.empty() || stopping_ || sleep_asked_;
   };
   const auto idle_since = Clock::now();
   while (!ready()) {
@@ -234,29 +254,26 @@ Scheduler::Taken Scheduler::take_work(bool idle, std::vector<bool> free,
   }
   // Tasks queued before stop() still run; those after it are refused.
   tasks = std::exchange(tasks_, {});
-  if (idle && waiting_.empty() && actions_.empty() && tasks.empty() && stopping_) {
+  if (idle && waiting_.empty() && dropped_.empty() && actions_.empty() && tasks.empty() &&
+      stopping_) {
     return Taken::kStopped;
   }
-  if (idle && sleep_asked_ && waiting_.empty() && actions_.empty() && cancels_.empty()) {
+  if (idle && sleep_asked_ && waiting_.empty() && actions_.empty() && cancels_.empty() &&
+      dropped_.empty()) {
     sleep_asked_ = false;
     return Taken::kIdleTooLong;
   }
   cancels = std::exchange(cancels_, {});
   actions = std::exchange(actions_, {});
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if (cancels.erase(it->ticket) > 0) {
-      dropped.push_back(std::move(*it));
-      it = waiting_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  dropped = std::exchange(dropped_, {});
   std::vector<int64_t> wanted;
   for (const auto& entry : waiting_) wanted.push_back(entry.submission.options.row);
-  const auto placed = place_in_rows(wanted, std::move(free));
+  free_rows_ = std::move(free);
+  const auto placed = place_in_rows(wanted, free_rows_);
   std::deque<Entry> still;
   for (size_t k = 0; k < placed.size(); ++k) {
     if (placed[k] >= 0) {
+      free_rows_[placed[k]] = false;
       admitted.push_back(std::move(waiting_[k]));
     } else {
       still.push_back(std::move(waiting_[k]));
@@ -316,6 +333,7 @@ bool Scheduler::wake(Engine& engine, std::vector<Entry>& admitted,
 
 void Scheduler::publish(const Batch& batch) {
   stats_.batch = batch.stats();
+  free_rows_ = batch.free_rows();
   add_counters(stats_.batch, ended_);
 }
 
@@ -437,6 +455,7 @@ void Scheduler::run_serial(Engine& engine) {
     stats_.batch.rows = 1;
     stats_.batch.capacity = engine.options().context;
     stats_.batch.row_stats.assign(1, RowStats{});
+    free_rows_.assign(1, true);
   }
   while (true) {
     std::vector<Entry> admitted, dropped;
@@ -468,15 +487,20 @@ void Scheduler::run_serial(Engine& engine) {
       auto on_tokens = [&](const std::vector<int64_t>& tokens) {
         const auto count = static_cast<int64_t>(tokens.size());
         positions += count;
+        std::vector<Entry> gone;
+        bool cancelled;
         {
           std::lock_guard lock(mutex_);
           stats_.batch.positions = positions;
           stats_.batch.row_stats[0].reading = false;
           stats_.batch.row_stats[0].generated += count;
           stats_.batch.row_stats[0].remaining -= count;
-          if (cancels_.erase(entry.ticket) > 0) return false;
+          cancelled = cancels_.erase(entry.ticket) > 0;
+          gone = std::exchange(dropped_, {});
         }
-        return !s.on_tokens || s.on_tokens(tokens);
+        // Those that left the queue hear it now rather than when this sequence ends.
+        for (auto& e : gone) e.submission.on_done(cancelled_before_start(e.submission), nullptr);
+        return !cancelled && (!s.on_tokens || s.on_tokens(tokens));
       };
       const auto start = Clock::now();
       DecodeResult result;
@@ -491,6 +515,7 @@ void Scheduler::run_serial(Engine& engine) {
         stats_.running = 0;
         stats_.batch.positions = 0;
         stats_.batch.row_stats[0] = RowStats{};
+        free_rows_.assign(1, true);
         stats_.busy_s += seconds_since(start);
       }
       s.on_done(std::move(result), error);

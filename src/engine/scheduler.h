@@ -88,7 +88,8 @@ class Scheduler {
   explicit Scheduler(const SchedulerOptions& options);
 
   // Any thread. Queues a sequence and returns its ticket. QueueFull when it would leave more than
-  // max_queue sequences waiting once the rows free now are taken (before run() starts, none are);
+  // max_queue sequences waiting once the rows free now are taken (before run() starts, none are;
+  // a sequence asking for a row takes only that one);
   // the submission is then dropped without a call to on_done. ValueError for a row
   // (DecodeOptions::row) outside the batch. A queued submission ends any keep_alive(): the
   // engine sleeps after sleep_idle_s again.
@@ -185,7 +186,11 @@ class Scheduler {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Entry> waiting_;
-  std::set<int64_t> cancels_;
+  std::set<int64_t> cancels_;  // of sequences past the queue
+  // Cancelled while waiting: out of the queue, their on_done still to call on the owner thread.
+  std::vector<Entry> dropped_;
+  // The rows free as the owner thread last placed or stepped them (none before run() starts).
+  std::vector<bool> free_rows_;
   std::vector<SlotEntry> actions_;
   std::vector<EngineTask> tasks_;
   int64_t next_ticket_ = 0;

@@ -685,6 +685,96 @@ TEST(Scheduler, ASequenceAskingForABusyRowHoldsBackNoOne) {
   EXPECT_THROW(scheduler.submit(recording(prompt_of(3, 1), options, never, unused)), ValueError);
 }
 
+// With max_queue 0 a sequence asking for a busy row is refused, since no other row serves it,
+// and the rows that are free still take the others.
+TEST(Scheduler, ASequenceAskingForABusyRowTakesAPlaceInTheQueue) {
+  auto engine = make_engine();
+  Scheduler scheduler(SchedulerOptions{.batch = {.rows = 2}, .max_queue = 0});
+  std::vector<Seen> seen(2);
+  std::vector<std::promise<void>> done(2);
+  auto first = recording(prompt_of(6, 30), options_of(200, false, 0), seen[0], done[0]);
+  std::promise<void> first_started;
+  first.on_start = [&] {
+    seen[0].started = true;
+    first_started.set_value();
+  };
+  Running running(scheduler, engine);
+  // Until the owner thread has made the batch no row is free, and max_queue 0 refuses all.
+  while (scheduler.stats().batch.rows == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const int64_t ticket = scheduler.submit(std::move(first));
+  first_started.get_future().wait();
+  auto pinned = options_of(2, false, 0);
+  pinned.row = 0;
+  Seen refused;
+  std::promise<void> never;
+  try {
+    scheduler.submit(recording(prompt_of(3, 31), pinned, refused, never));
+    FAIL() << "a sequence asking for the busy row 0 was queued with max_queue 0";
+  } catch (const QueueFull& e) {
+    EXPECT_STREQ(e.what(),
+                 "0 sequences wait for a row already, 1 rows are free but not row 0, which it "
+                 "asks for and max_queue is 0");
+  }
+  scheduler.submit(recording(prompt_of(3, 32), options_of(2, false, 0), seen[1], done[1]));
+  done[1].get_future().wait();
+  EXPECT_EQ(seen[1].result.tokens.size(), 2u);
+  scheduler.cancel(ticket);
+  done[0].get_future().wait();
+  EXPECT_FALSE(refused.started);
+}
+
+// One sequence at a time, a decode runs to its end before the owner thread takes more work;
+// sequences cancelled while they wait still leave the queue at once, and hear that they ended
+// at the running sequence's next read, not at its end.
+TEST(Scheduler, ReadEveryAboveOneFreesTheQueuePlacesOfCancelledSequencesAtOnce) {
+  auto engine = make_engine();
+  Scheduler scheduler(SchedulerOptions{.batch = {.rows = 1}, .max_queue = 2, .read_every = 4});
+  std::vector<Seen> seen(4);
+  std::vector<std::promise<void>> done(4);
+  std::mutex order_mutex;
+  std::vector<int> order;  // which sequences ended, in order
+  auto submission = [&](int i, int64_t max_new) {
+    auto options = options_of(max_new, false, 0);
+    options.read_every = 4;
+    auto s = recording(prompt_of(4, 40 + i), options, seen[i], done[i]);
+    s.on_done = [&, i, on_done = s.on_done](DecodeResult r, std::exception_ptr e) {
+      {
+        std::lock_guard lock(order_mutex);
+        order.push_back(i);
+      }
+      on_done(std::move(r), e);
+    };
+    return s;
+  };
+  // The first holds its first read until the others have come and gone.
+  std::promise<void> reading, release;
+  auto first = submission(0, 40);
+  first.on_tokens = [&, record = first.on_tokens, once = true](const auto& tokens) mutable {
+    if (std::exchange(once, false)) {
+      reading.set_value();
+      release.get_future().wait();
+    }
+    return record(tokens);
+  };
+  Running running(scheduler, engine);
+  scheduler.submit(std::move(first));
+  reading.get_future().wait();
+  const int64_t a = scheduler.submit(submission(1, 2));
+  const int64_t b = scheduler.submit(submission(2, 2));
+  scheduler.cancel(a);
+  scheduler.cancel(b);
+  EXPECT_EQ(scheduler.stats().waiting, 0);
+  scheduler.submit(submission(3, 2));
+  release.set_value();
+  for (auto& d : done) d.get_future().wait();
+  EXPECT_EQ(order, (std::vector<int>{1, 2, 0, 3}));
+  EXPECT_EQ(seen[1].result.finish, "cancelled");
+  EXPECT_FALSE(seen[2].started);
+  EXPECT_EQ(seen[0].result.tokens.size(), 40u);
+  EXPECT_EQ(seen[3].result.tokens.size(), 2u);
+}
+
 TEST(Scheduler, StopReturnsOnceNothingIsLeft) {
   auto engine = make_engine();
   Scheduler scheduler(SchedulerOptions{});
