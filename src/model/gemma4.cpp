@@ -261,7 +261,9 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
     per_layer_projection_norm_ = norm("per_layer_projection_norm.weight");
   }
 
-  // Vocabulary tables: the emb4 twin's int4 tables win over the main checkpoint's.
+  // Vocabulary tables: the emb4 twin's int4 tables win over the main checkpoint's; a dense table
+  // comes from the main checkpoint alone (the twin `quantize --emb4` writes holds int4 tables).
+  bool emb4_read = false;
   auto table = [&](const std::string& name,
                    const std::string& family) -> std::optional<VocabTable> {
     // Named as the main checkpoint names it: the emb4 twin's prefix may be another.
@@ -285,8 +287,10 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
                             "int4(g" + std::to_string(packed.group_size) + ", " +
                                 dtype_label(packed.scale.scalar_type()) + " scales)",
                             where_label(o.device, o.device.is_cpu()), packed.nbytes()});
+        emb4_read = emb4_read || source == emb4;
         return VocabTable::int4(std::move(packed), o.dtype);
       }
+      if (source != &ckpt) continue;
       if (const auto* view = source->find(module + ".weight")) {
         expect_weight(*view, expected);
         auto t = load_dense(*view, o.device, o.dtype);
@@ -313,6 +317,11 @@ void Gemma4::load(const Checkpoint& ckpt, const Checkpoint* emb4) {
   // quantize_int4. The packed pages of a head that was copied leave the resident set (a tied int4
   // embed_tokens faults back only the rows its lookups touch).
   auto head = table("lm_head", "lm_head");
+  if (emb4 && !emb4_read) {
+    throw FormatError("--emb4 " + emb4->dir() +
+                      " holds no int4 vocabulary table (embed_tokens, embed_tokens_per_layer or "
+                      "lm_head, packed): it takes the twin that quantize --emb4 writes");
+  }
   if (!head && !c.tie_word_embeddings) {
     throw FormatError("checkpoint " + ckpt.dir() +
                       " has no lm_head.weight and config.json sets tie_word_embeddings false");

@@ -531,6 +531,27 @@ def test_emb4_twin_reads_back_through_our_reader(emb4_twin, tmp_path):
         assert torch.equal(ours[f"{module}.rows"], theirs[rows]), module
 
 
+def test_an_emb4_directory_without_int4_tables_is_refused(emb4_twin, cli):
+    """--emb4 takes the int4 tables of the twin; a checkpoint holding only dense ones (the dense
+    source, or the W4A16 output) would have its tables replace the model's, silently."""
+    directory, _ = emb4_twin
+    ids = "2,5,9"
+    for dense in (directory / "in", directory / "out"):
+        proc = subprocess.run(
+            [cli.path, "generate", "--model", directory / "out", "--emb4", dense, "--ids", ids,
+             "--max-new", "1", "--json"],
+            capture_output=True, text=True, timeout=600,
+        )
+        assert proc.returncode == 1, proc.stderr  # a FormatError, as a damaged checkpoint's
+        assert (
+            f"--emb4 {dense} holds no int4 vocabulary table (embed_tokens, "
+            "embed_tokens_per_layer or lm_head, packed): it takes the twin that quantize --emb4 "
+            "writes"
+        ) in proc.stderr, proc.stderr
+    cli("generate", "--model", directory / "out", "--emb4", directory / "emb4", "--ids", ids,
+        "--max-new", "1", "--json")
+
+
 def test_a_refused_quantize_leaves_no_output(tmp_path):
     """Groups that do not fit are found before anything is written; a failure once OUT is made
     (an --emb4 directory that cannot be) removes it; --emb4 cannot be OUT or inside it."""
