@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <thread>
 #include <utility>
@@ -24,8 +25,8 @@
 #include "common/fnv1a.h"
 #include "common/memory.h"
 #include "engine/draft.h"
-#include "io/checkpoint.h"
 #include "engine/sequence.h"
+#include "io/checkpoint.h"
 
 namespace torchtpu {
 namespace {
@@ -70,6 +71,13 @@ at::Device parse_device(const std::string& name) {
     throw ValueError("unknown device '" + name +
                      "' (expected cpu, cuda, cuda:N, or the name of a registered backend: tpu "
                      "after importing torch_tpu, or one loaded with --device-library)");
+  }
+  // at::Device keeps the index in an int8: cpu:250 would come back as cpu:-6, past every check.
+  if (const auto colon = name.rfind(':');
+      colon != std::string::npos && name.substr(colon + 1) != std::to_string(device->index())) {
+    throw ValueError("device '" + name + "': index " + name.substr(colon + 1) +
+                     " is past the largest torch numbers a device by, " +
+                     std::to_string(std::numeric_limits<c10::DeviceIndex>::max()));
   }
   check_device(*device, name);
   return *device;

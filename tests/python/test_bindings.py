@@ -110,6 +110,9 @@ def test_bad_input_is_value_error(engine, call, words):
         ({"device": "meta"}, ["device 'meta' holds no data"]),
         ({"device": "mps"}, ["device 'mps'", "no mps backend"]),
         ({"device": "cpu:7"}, ["device 'cpu:7'", "the CPU is one device"]),
+        # torch keeps a device's index in an int8, where 250 is -6 and 256 is 0.
+        ({"device": "cpu:250"}, ["device 'cpu:250': index 250 is past", "127"]),
+        ({"device": "cpu:256"}, ["device 'cpu:256': index 256 is past", "127"]),
         ({"like": torch.zeros(1, device="meta")}, ["device 'meta' holds no data"]),
         ({"context": 0}, ["context", "0"]),
         ({"threads": -1}, ["threads", "-1"]),
