@@ -742,6 +742,7 @@ LoraConfig parse_lora_config_json(const std::string& json_text, const std::strin
   c.r = f.positive("r", c.r);
   c.lora_alpha = f.number("lora_alpha", c.lora_alpha);
   c.use_rslora = f.boolean("use_rslora", false);
+  c.rank_pattern = !f.at("rank_pattern").is_null() && !f.at("rank_pattern").empty();
   c.base_model = f.string("base_model_name_or_path", "");
   f.require_false("use_dora", "DoRA's magnitude vectors are not applied");
   f.require_false("lora_bias", "LoRA biases are not applied");

@@ -165,6 +165,9 @@ struct LoraConfig {
   int64_t r = 8;
   double lora_alpha = 8;
   bool use_rslora = false;  // scaling lora_alpha / sqrt(r) instead of lora_alpha / r
+  // A non-empty rank_pattern gives modules other ranks than r: a module's rank is then its
+  // tensors' own; without one every module's must be r, as PEFT's load requires.
+  bool rank_pattern = false;
   std::string base_model;   // base_model_name_or_path, "" when absent (reports only)
 
   // PEFT's scaling for a module of rank r (rank_pattern's ranks are the tensors' own).

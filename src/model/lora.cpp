@@ -116,6 +116,15 @@ LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& config, at::
                         shape_str({out, in}) + ", so [r, " + std::to_string(in) + "] and [" +
                         std::to_string(out) + ", r]");
     }
+    if (!config_.rank_pattern && rank != config_.r) {
+      throw FormatError("LoRA adapter " + path.string() + ": " + module + "'s lora_A is " +
+                        shape_str(a.shape) + ", rank " + std::to_string(rank) +
+                        ", but its adapter_config.json gives r " + std::to_string(config_.r) +
+                        " and no rank_pattern");
+    }
+    // Integer tensors' bits would pass for weights, and their values as f32 are not the terms.
+    expect_floating(a);
+    expect_floating(b);
     // Shared layers read their source's K/V: their own k/v projections, adapted or not, are
     // dead weights (Gemma4's forward never computes them).
     if (config.is_shared(layer) && (target == LoraTarget::kK || target == LoraTarget::kV)) {

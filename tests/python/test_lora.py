@@ -266,6 +266,13 @@ Q0 = "base_model.model.model.layers.0.self_attn.q_proj"
         ({"alpha_pattern": {"q_proj": 3}}, None, ["alpha_pattern", "not supported"]),
         ({"bias": "all"}, None, ['bias = "all" is not supported']),
         ({"r": 0}, None, ["r must be positive, got 0"]),
+        # PEFT refuses an r its tensors contradict (unless rank_pattern gives their rank).
+        ({"r": 3}, None, ["q_proj's lora_A is [", "but its adapter_config.json gives r 3"]),
+        (
+            None,
+            lambda t: {k: v.to(torch.int32) for k, v in t.items()},
+            ["has dtype I32, not a floating-point one"],
+        ),
         (
             None,
             _drop(Q0 + ".lora_B.weight"),
