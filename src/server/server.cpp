@@ -704,6 +704,10 @@ class Server {
   void abandon(const Choices& jobs);
   // abandon() for every job submitted and not ended (a stop asked for twice).
   void abandon_all();
+  // A cancelled job's answer: 503 shutting_down when abandon_all() cancelled it (a client may
+  // retry elsewhere), else 499 client_closed_request, which the logs and /metrics show (its
+  // client left, or only shut down its sending side, which is taken as leaving).
+  [[noreturn]] void throw_cancelled() const;
   void wait_done(Job& job);
   ojson engine_json() const;
   // llama-server's GET /props: what clients written for it read to find the context, the slots,
@@ -818,6 +822,7 @@ class Server {
   // Every job submitted and not ended, for abandon_all().
   std::mutex live_mutex_;
   std::map<const Job*, std::weak_ptr<Job>> live_;
+  std::atomic<bool> abandoned_all_{false};  // abandon_all() was called
 
   // Requests in flight that apply each adapter (a nonzero scale), by name, waiting for a row and
   // in one.
@@ -1132,6 +1137,7 @@ void Server::abandon(const Choices& jobs) {
 }
 
 void Server::abandon_all() {
+  abandoned_all_ = true;
   Choices jobs;
   {
     std::lock_guard lock(live_mutex_);
@@ -1140,6 +1146,19 @@ void Server::abandon_all() {
     }
   }
   abandon(jobs);
+}
+
+void Server::throw_cancelled() const {
+  if (abandoned_all_) {
+    throw ApiError(503,
+                   "the server is stopping: a second stop cancelled the requests still being "
+                   "answered",
+                   "server_error", "", "shutting_down");
+  }
+  throw ApiError(499,
+                 "the client closed the connection before its answer was complete (one that "
+                 "only shuts down its sending side is taken as gone too)",
+                 "invalid_request_error", "", "client_closed_request");
 }
 
 void Server::wait_done(Job& job) {
@@ -1309,11 +1328,7 @@ void Server::answer_whole(httplib::Response& res, const Choices& jobs, bool chat
     if (job->error) throw *job->error;
   }
   for (const auto& job : jobs) {
-    if (job->finish == "cancelled") {
-      // Nobody is listening; 499 (client closed request) is what the logs and /metrics show.
-      res.status = 499;
-      return;
-    }
+    if (job->finish == "cancelled") throw_cancelled();
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
     if (jobs[i]->shares_prompt_scores) {
@@ -1903,10 +1918,7 @@ void Server::answer_rendered(httplib::Response& res, Choices jobs,
       }
       if (job->error || job->finish == "cancelled") abandon(jobs);  // the pieces after it
       if (job->error) throw *job->error;
-      if (job->finish == "cancelled") {
-        res.status = 499;  // as answer_whole: nobody is listening
-        return;
-      }
+      if (job->finish == "cancelled") throw_cancelled();
     }
     renderer->finish(outcome(jobs, reasoning));
     res.set_content(dump(renderer->body()), "application/json");
@@ -2216,7 +2228,7 @@ void Server::handle_transcription(const httplib::Request& req, httplib::Response
   const bool stream = r.stream;
   answer_rendered(res, jobs, std::make_shared<TranscriptionRenderer>(stream), stream,
                   std::move(active));
-  if (r.text && !stream && res.status != 499) {
+  if (r.text && !stream) {
     res.set_content(parse_json(res.body)["text"].get<std::string>(), "text/plain; charset=utf-8");
   }
 }

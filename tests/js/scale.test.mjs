@@ -305,27 +305,44 @@ describe("the drain", () => {
     });
 });
 
-// A long stream, then SIGINT twice: the line that says the server waits, and the cut.
+// A long stream and a long whole answer, then SIGINT twice: the line that says the server waits,
+// the stream's cut and the whole answer's 503, which clients may retry elsewhere.
 async function stopTwice(server) {
+  const long = { prompt: "Hi.", max_tokens: 8000, ignore_eos: true };
   const res = await fetch(`${server.url}/v1/completions`, { method: "POST",
     headers: { "Content-Type": "application/json" },
-    body: JSON.stringify({ prompt: "Hi.", max_tokens: 8000, ignore_eos: true, stream: true }) });
+    body: JSON.stringify({ ...long, stream: true }) });
   assert.equal(res.status, 200);
   const reader = res.body.getReader();
   await reader.read();
+  // Read as it comes: a cut connection drops what was left unread.
+  const streamed = (async () => {
+    let text = "";
+    try {
+      for (let chunk; !(chunk = await reader.read()).done;) text += Buffer.from(chunk.value);
+    } catch (error) {
+      assert.equal(error.message, "terminated");
+    }
+    return text;
+  })();
+  const whole = post(server.url, "/v1/completions", long, { "Content-Type": "application/json" });
+  await eventually(async () => {
+    const engine = await (await fetch(`${server.url}/v1/engine`)).json();
+    return engine.scheduler.running === 2;
+  }, "both requests running", 10_000);
   server.child.kill("SIGINT");
   await eventually(async () => server.stderr().includes("stop again (Ctrl-C) to cancel"),
     "the stopping line", 10_000);
   assert.match(server.stderr(),
-    /stopping: 1 request\(s\) still being answered; stop again \(Ctrl-C\) to cancel them/);
+    /stopping: 2 request\(s\) still being answered; stop again \(Ctrl-C\) to cancel them/);
   server.child.kill("SIGINT");
+  const cancelled = await whole;
+  assert.equal(cancelled.status, 503, JSON.stringify(cancelled.body));
+  assert.equal(cancelled.body.error.code, "shutting_down");
+  assert.equal(cancelled.body.error.message,
+    "the server is stopping: a second stop cancelled the requests still being answered");
   // The stream is cut off, as llama-server's second interrupt cuts its own.
-  let text = "";
-  try {
-    for (let chunk; !(chunk = await reader.read()).done;) text += Buffer.from(chunk.value);
-  } catch (error) {
-    assert.equal(error.message, "terminated");
-  }
+  const text = await streamed;
   const { code, signal } = await server.exited;
   assert.deepEqual({ code, signal }, { code: 0, signal: null });
   assert.match(server.stderr(), /cancelling the requests still being answered/);

@@ -166,9 +166,10 @@ async function cancelled(url) {
   return metric(await metrics(url), "torchtpu_requests_cancelled_total");
 }
 
-// Writes `parts` to a fresh loopback connection `gapMs` apart (a slow client), then reads until
+// Writes `parts` to a fresh loopback connection `gapMs` apart (a slow client), then, with
+// `halfClose`, shuts down its sending side (as `nc -N` and Go's CloseWrite do), then reads until
 // the server closes it. Resolves to {status, body (parsed JSON or null), ms}.
-function rawExchange(url, parts, gapMs) {
+function rawExchange(url, parts, gapMs, { halfClose = false } = {}) {
   const { hostname, port } = new URL(url);
   return new Promise((resolve, reject) => {
     const start = Date.now();
@@ -192,6 +193,7 @@ function rawExchange(url, parts, gapMs) {
         socket.write(part);
         if (gapMs > 0) await new Promise((r) => setTimeout(r, gapMs));
       }
+      if (halfClose && !socket.destroyed) socket.end();
     })();
   });
 }
@@ -361,6 +363,24 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
     const after = metric(await metrics(server.url), "torchtpu_generated_tokens_total");
     assert.equal(after - before, 4 * (probes + 2));
     assert.equal((await fetch(`${server.url}/health`)).status, 200);
+  });
+
+  // A shut-down sending side cannot be told from a client gone (both are a FIN until an answer is
+  // written), and a generation is cancelled when its client goes, as llama-server's is: the
+  // client that only half-closed reads a 499 saying so; other routes answer it.
+  test("a client that shuts down its sending side gets a 499 that says why", async () => {
+    const chat = JSON.stringify({ messages: [{ role: "user", content: "Hi." }], max_tokens: 400,
+      ignore_eos: true });
+    const r = await rawExchange(server.url, [post("/v1/chat/completions", chat)], 0,
+      { halfClose: true });
+    assert.deepEqual([r.status, r.body.error], [499, {
+      message: "the client closed the connection before its answer was complete (one that only " +
+        "shuts down its sending side is taken as gone too)",
+      type: "invalid_request_error", param: null, code: "client_closed_request" }]);
+    const models = await rawExchange(server.url,
+      ["GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"], 0,
+      { halfClose: true });
+    assert.equal(models.status, 200);
   });
 });
 
