@@ -271,6 +271,12 @@ Engine::Engine(const EngineOptions& options) : options_(options) {
   }
   // Before the weights load, not after.
   check_lora_specs(options.lora, options.max_lora);
+  if (load_config(options.model_dir).assistant) {
+    throw ValueError("checkpoint " + options.model_dir +
+                     " is a Gemma 4 assistant (model_type \"gemma4_assistant\"), which drafts for "
+                     "the model it was made for: give it as the draft model (--draft-model) "
+                     "beside that model");
+  }
   load();
   config_ = model_->config();
   model_options_ = model_->options();

@@ -141,6 +141,9 @@ def test_an_assistant_that_does_not_fit_is_refused(target, assistant, tmp_path):
     path = target[0]
     with pytest.raises(ValueError, match="is not a Gemma 4 assistant"):
         tt.Engine(path, dtype="float32", threads=1, draft_model=path)
+    # The other way round: the assistant as the model.
+    with pytest.raises(ValueError, match=r"is a Gemma 4 assistant .*--draft-model"):
+        tt.Engine(assistant, dtype="float32", threads=1)
     other = hf_tiny.make_assistant(str(tmp_path / "other"), seed=6, backbone=96)
     with pytest.raises(ValueError, match=r"backbone_hidden_size is 96, the model's 64"):
         tt.Engine(path, dtype="float32", threads=1, draft_model=other)
