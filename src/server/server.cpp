@@ -3305,9 +3305,11 @@ EngineOptions resolve_hub_ids(EngineOptions options, const hub::Options& hub) {
 
 int run(const ServeOptions& options, EngineFactory make_engine) {
   check_port(options.port);
-  // The engine refuses a context below 1 as it loads, after the "serving" line.
-  if (options.engine.context < 1) {
-    throw ValueError("--context must be at least 1, got " + std::to_string(options.engine.context));
+  // Refused here, before the "serving" line: the engine would refuse it as it loads, and the
+  // warm-up's prompt (BOS and "Hello") as it decodes.
+  if (options.engine.context < 2) {
+    throw ValueError("--context must be at least 2, the warm-up's prompt, got " +
+                     std::to_string(options.engine.context));
   }
   check_max_body_bytes(options.max_body_bytes);
   if (options.parallel < 1 || options.parallel > 256) {

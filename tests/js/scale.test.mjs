@@ -495,7 +495,9 @@ describe("bad values of the new flags", () => {
       [["--port", "70000"], "error: --port must be between 0 (any free port) and 65535, got 70000"],
       [["--port", "-5"], "error: --port must be between 0 (any free port) and 65535, got -5"],
       // Both used to print the serving line first (the engine refused the context as it loaded).
-      [["--context", "-5"], "error: --context must be at least 1, got -5"],
+      [["--context", "-5"], "error: --context must be at least 2, the warm-up's prompt, got -5"],
+      // The warm-up's prompt (BOS and "Hello") did not fit, after the serving line.
+      [["--context", "1"], "error: --context must be at least 2, the warm-up's prompt, got 1"],
       [["--max-body-bytes", "0"], "error: --max-body-bytes must be at least 1024, got 0: below " +
         "that even a short request's body is refused"],
       [["--parallel", "0"], "error: --parallel must be between 1 and 256, got 0"],
