@@ -365,6 +365,27 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
     assert.equal((await fetch(`${server.url}/health`)).status, 200);
   });
 
+  // Connections that send nothing (a browser's preconnects, a balancer's pool) each hold one of
+  // the server's threads until their head comes or times out: 60 of them must not keep /health
+  // from answering while they are still open.
+  test("/health answers while 60 connections sit idle", async () => {
+    const { hostname, port } = new URL(server.url);
+    const open = () => new Promise((resolve, reject) => {
+      const socket = net.connect(Number(port), hostname, () => resolve(socket));
+      socket.on("error", reject);
+    });
+    const idle = await Promise.all(Array.from({ length: 60 }, open));
+    const closed = idle.map((socket) => new Promise((resolve) => socket.on("close", resolve)));
+    let closedFirst = 0;
+    for (const c of closed) c.then(() => closedFirst++);
+    try {
+      assert.equal((await fetch(`${server.url}/health`)).status, 200);
+      assert.equal(closedFirst, 0, "idle connections were timed out before /health was answered");
+    } finally {
+      for (const socket of idle) socket.destroy();
+    }
+  });
+
   // A shut-down sending side cannot be told from a client gone (both are a FIN until an answer is
   // written), and a generation is cancelled when its client goes, as llama-server's is: the
   // client that only half-closed reads a 499 saying so; other routes answer it.
