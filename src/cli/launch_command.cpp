@@ -42,12 +42,13 @@ struct Launch {
 };
 
 httplib::Result get(const std::string& origin, const std::string& api_key, const char* path) {
-  httplib::Client http(origin);
+  const server::BaseUrl base = server::split_base_url(origin);
+  httplib::Client http(base.origin);
   http.set_connection_timeout(5);
   http.set_read_timeout(30);
   httplib::Headers headers;
   if (!api_key.empty()) headers.emplace("Authorization", "Bearer " + api_key);
-  return http.Get(path, headers);
+  return http.Get(base.path + path, headers);
 }
 
 // The ids `origin`'s /v1/models lists, and the base model's (the first without a parent; the

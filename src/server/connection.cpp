@@ -412,6 +412,15 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
 
 int connection_socket() { return t_socket; }
 
+BaseUrl split_base_url(const std::string& url) {
+  const size_t scheme = url.find("://");
+  const size_t slash = url.find('/', scheme == std::string::npos ? 0 : scheme + 3);
+  if (slash == std::string::npos) return {url, ""};
+  std::string path = url.substr(slash);
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  return {url.substr(0, slash), path};
+}
+
 bool peer_closed(int fd) {
   if (fd < 0) return false;
   pollfd p{fd, POLLIN | POLLRDHUP, 0};

@@ -40,9 +40,24 @@ inline std::string describe(httplib::Error error) {
     case httplib::Error::Read: return "the connection closed or timed out while reading";
     case httplib::Error::Write: return "the connection closed while writing";
     case httplib::Error::Canceled: return "cancelled";
+    case httplib::Error::SSLConnection:
+      return "the TLS handshake failed (an https:// URL for a server that speaks http://?)";
+    case httplib::Error::SSLLoadingCerts: return "the system's CA certificates could not be loaded";
+    case httplib::Error::SSLServerVerification:
+      return "the server's TLS certificate could not be verified";
+    case httplib::Error::ExceedRedirectCount: return "too many redirects";
     default: return httplib::to_string(error);
   }
 }
+
+// A server's base URL as httplib::Client takes it: scheme, host and port (`origin`), and the
+// path its routes sit under (`path`, "" or "/..." without a trailing slash: a server behind a
+// reverse proxy at https://host/llm), which every request's path is put after.
+struct BaseUrl {
+  std::string origin;
+  std::string path;
+};
+BaseUrl split_base_url(const std::string& url);
 
 // Called by a handler of an HttpServer that answers without reading a body the request has (a
 // 415, a 413): where the next request on the connection starts is then unknown, so the answer

@@ -75,9 +75,13 @@ ojson text_result(const std::string& text, std::optional<ojson> structured = {})
 class ServerClient {
  public:
   explicit ServerClient(const McpTarget& target)
-      : url_(origin_of(target.base_url)), authorization_(target.authorization) {}
+      : url_(origin_of(target.base_url)),
+        base_(split_base_url(url_)),
+        authorization_(target.authorization) {}
 
   const std::string& url() const { return url_; }
+  // Where the server's routes sit: url_ cut for httplib::Client, the path put before each.
+  const std::string& route_prefix() const { return base_.path; }
 
   httplib::Headers headers() const {
     httplib::Headers h;
@@ -86,7 +90,7 @@ class ServerClient {
   }
 
   std::unique_ptr<httplib::Client> client(int read_timeout_s) const {
-    auto c = std::make_unique<httplib::Client>(url_);
+    auto c = std::make_unique<httplib::Client>(base_.origin);
     if (!c->is_valid()) throw ToolError("the server URL " + url_ + " is not an http:// URL");
     c->set_connection_timeout(5);
     c->set_read_timeout(read_timeout_s);
@@ -94,7 +98,7 @@ class ServerClient {
   }
 
   httplib::Response get(const std::string& path, int read_timeout_s = 30) const {
-    auto result = client(read_timeout_s)->Get(path.c_str(), headers());
+    auto result = client(read_timeout_s)->Get(base_.path + path, headers());
     if (!result) throw unreachable(path, result.error());
     return *result;
   }
@@ -124,6 +128,7 @@ class ServerClient {
 
  private:
   std::string url_;
+  BaseUrl base_;
   std::string authorization_;
 };
 
@@ -576,7 +581,7 @@ ojson answer(const ServerClient& server, const McpFiles& files, const ojson& arg
   };
   httplib::Request req;
   req.method = "POST";
-  req.path = path;
+  req.path = server.route_prefix() + path;
   req.headers = server.headers();
   req.headers.emplace("Accept", "text/event-stream");
   req.body = dump(chat_body(g, media, true));

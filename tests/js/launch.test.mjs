@@ -5,12 +5,12 @@
 // back. The demo
 // checkpoint has random weights: the servers run with the forced-output test hook.
 import assert from "node:assert/strict";
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { RULES, startForcedServer } from "./forced_output.mjs";
-import { cliPath, closedPort, tempDir } from "./server_helpers.mjs";
+import { cliPath, closedPort, pathProxy, tempDir } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
 const KEY = "sk-launch-test";
@@ -41,17 +41,35 @@ after(async () => {
 // Runs `torchtpu-cpp launch ARGS` with the stand-ins first on PATH (or `path`); returns its exit
 // status, output, and what the agent wrote (null when no agent ran).
 function launch(args, { env = {}, pathVar } = {}) {
-  const dir = tempDir("torchtpu-launch-");
-  const out = path.join(dir, "agent.json");
+  const { out, options } = launchSetup(env, pathVar);
+  const r = spawnSync(cliPath(), ["launch", ...args], { ...options, encoding: "utf8" });
+  return { status: r.status, stdout: r.stdout, stderr: r.stderr, agent: agentOutput(out) };
+}
+
+// launch() without blocking this process, for a server that lives in it.
+async function launchAsync(args, { env = {}, pathVar } = {}) {
+  const { out, options } = launchSetup(env, pathVar);
+  const child = spawn(cliPath(), ["launch", ...args], options);
+  let stdout = "";
+  let stderr = "";
+  child.stdout.on("data", (d) => (stdout += d));
+  child.stderr.on("data", (d) => (stderr += d));
+  const status = await new Promise((resolve) => child.on("exit", resolve));
+  return { status, stdout, stderr, agent: agentOutput(out) };
+}
+
+function launchSetup(env, pathVar) {
+  const out = path.join(tempDir("torchtpu-launch-"), "agent.json");
   const base = { ...process.env };
   delete base.TORCHTPU_API_KEY;
-  const r = spawnSync(cliPath(), ["launch", ...args], {
+  return { out, options: {
     env: { ...base, PATH: pathVar ?? `${bin}:${process.env.PATH}`, FAKE_AGENT_OUT: out, ...env },
-    encoding: "utf8",
     timeout: 60_000,
-  });
-  const agent = fs.existsSync(out) ? JSON.parse(fs.readFileSync(out, "utf8")) : null;
-  return { status: r.status, stdout: r.stdout, stderr: r.stderr, agent };
+  } };
+}
+
+function agentOutput(out) {
+  return fs.existsSync(out) ? JSON.parse(fs.readFileSync(out, "utf8")) : null;
 }
 
 describe("claude", () => {
@@ -126,6 +144,19 @@ describe("codex", () => {
     assert.deepEqual(r.agent.replies, { [MODEL]: HELLO });
   });
 
+  // Behind a reverse proxy at /llm: every request launch and the agent send goes under it.
+  test("a server under a path, as a reverse proxy serves it", async () => {
+    const proxy = await pathProxy(open.url, "/llm");
+    try {
+      const r = await launchAsync(["codex", "--url", `${proxy.url}/`]);
+      assert.equal(r.status, 0, r.stderr);
+      assert.equal(r.agent.config["model_providers.torchtpu.base_url"], `${proxy.url}/v1`);
+      assert.deepEqual(r.agent.replies, { [MODEL]: HELLO });
+    } finally {
+      await proxy.close();
+    }
+  });
+
   test("a server without a key gets a provider without env_key", () => {
     const r = launch(["codex", "--url", open.url.replace("http://", "")]);
     assert.equal(r.status, 0, r.stderr);
@@ -173,6 +204,10 @@ describe("errors name what to do, and no agent runs", () => {
     assert.equal(r.agent, null);
     assert.match(r.stderr, new RegExp(`error: no server answers at http://127\\.0\\.0\\.1:${port} ` +
       "\\(connection refused or unreachable\\): start one with `torchtpu-cpp serve`, or name yours with --url"));
+    const tls = launch(["claude", "--url", open.url.replace("http://", "https://")]);
+    assert.equal(tls.status, 1);
+    assert.match(tls.stderr,
+      /\(the TLS handshake failed \(an https:\/\/ URL for a server that speaks http:\/\/\?\)\)/);
   });
 
   test("a server that wants a key, without one or with a wrong one", () => {

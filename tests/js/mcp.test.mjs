@@ -14,7 +14,8 @@ import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js"
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import { McpError } from "@modelcontextprotocol/sdk/types.js";
 import {
-  PNG, cliPath, eventually, makeMultimodalCheckpoint, metric, metrics, startServer, tempDir, wav,
+  PNG, cliPath, eventually, makeMultimodalCheckpoint, metric, metrics, pathProxy, startServer,
+  tempDir, wav,
 } from "./server_helpers.mjs";
 
 const MODEL = "torchtpu-demo-random-weights";
@@ -61,12 +62,21 @@ before(async () => {
   expected = (await res.json()).choices[0].message.content;
 });
 
+const proxies = [];  // pathProxy()s the transports made
 after(async () => {
+  await Promise.all(proxies.map((proxy) => proxy.close()));
   if (server) await server.stop();
 });
 
 const transports = {
   stdio: () => new StdioClientTransport({ command: cliPath(), args: ["mcp", "--url", `${server.url}/v1`], stderr: "pipe" }),
+  // Behind a reverse proxy at /llm: every request the tools send goes under it.
+  "stdio, the server under a path": async () => {
+    const proxy = await pathProxy(server.url, "/llm");
+    proxies.push(proxy);
+    return new StdioClientTransport({ command: cliPath(), args: ["mcp", "--url", `${proxy.url}/v1`],
+      stderr: "pipe" });
+  },
   "streamable HTTP": () => new StreamableHTTPClientTransport(new URL(`${server.url}/mcp`)),
 };
 
@@ -83,7 +93,7 @@ for (const [name, makeTransport] of Object.entries(transports)) {
     const wire = [];
     before(async () => {
       client = new Client({ name: "torchtpu-test", version: "1.0.0" });
-      const transport = makeTransport();
+      const transport = await makeTransport();
       transport.onmessage = (message) => wire.push(message);
       await client.connect(transport);
     });

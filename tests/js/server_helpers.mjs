@@ -2,6 +2,7 @@
 // files and bench/serve_bench.mjs.
 import { execFileSync, spawn } from "node:child_process";
 import fs from "node:fs";
+import http from "node:http";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -161,6 +162,33 @@ export async function closedPort() {
   const { port } = s.address();
   await new Promise((resolve) => s.close(resolve));
   return port;
+}
+
+// A reverse proxy that serves `target` (http://host:port) under `prefix` ("/llm"), as one in front
+// of a server at https://host/llm does: resolves to {url (with the prefix), close()}.
+export async function pathProxy(target, prefix) {
+  const { hostname, port } = new URL(target);
+  const server = http.createServer((req, res) => {
+    if (!req.url.startsWith(`${prefix}/`)) {
+      res.writeHead(404).end();
+      return;
+    }
+    const up = http.request({ hostname, port, path: req.url.slice(prefix.length), method: req.method,
+      headers: req.headers }, (answer) => {
+      res.writeHead(answer.statusCode, answer.headers);
+      answer.pipe(res);
+    });
+    // A client that leaves closes the upstream request too, as nginx's proxy does by default.
+    res.on("close", () => {
+      if (!res.writableFinished) up.destroy();
+    });
+    req.pipe(up);
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return {
+    url: `http://127.0.0.1:${server.address().port}${prefix}`,
+    close: () => new Promise((resolve) => server.close(resolve)),
+  };
 }
 
 // `torchtpu-cpp proxy --port 0 ARGS`: {child, url (a promise), exited (its code), stderr()}.
