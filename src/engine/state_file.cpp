@@ -114,7 +114,13 @@ PrefixState read_prefix_state(const std::string& path, const std::string& weight
                         shape_text(scalar_type(view.dtype), view.shape) + " where this engine's " +
                         "rings hold " + shape_text(dtype, shape));
     }
-    return host_tensor(view).clone().to(device);
+    at::Tensor t = host_tensor(view).clone();
+    // The digest holds against damage, not against a writer who recomputes it: values no decode
+    // writes are refused here, rather than failing (or changing) a request that reuses them.
+    if (at::isFloatingType(dtype) && !at::isfinite(t).all().item<bool>()) {
+      throw FormatError(path + ": " + name + " holds a value that is not finite");
+    }
+    return t.to(device);
   };
 
   PrefixState state;
@@ -145,8 +151,13 @@ PrefixState read_prefix_state(const std::string& path, const std::string& weight
       const std::vector<int64_t> shape = {heads, ring.slots, dim};
       state.sliding_k.push_back(take(ring_tensor("sliding", j, "k"), dtype, shape));
       state.sliding_v.push_back(take(ring_tensor("sliding", j, "v"), dtype, shape));
-      state.sliding_kpos.push_back(
-          take(ring_tensor("sliding", j, "kpos"), at::kLong, {ring.slots}));
+      const std::string kpos = ring_tensor("sliding", j, "kpos");
+      state.sliding_kpos.push_back(take(kpos, at::kLong, {ring.slots}));
+      const auto& positions = state.sliding_kpos.back();
+      if (positions.min().item<int64_t>() < -1 || positions.max().item<int64_t>() >= p) {
+        throw FormatError(path + ": " + kpos + " holds a position outside -1 (an empty slot) to " +
+                          std::to_string(p - 1) + ", the state's last");
+      }
       expected += 3;
     }
   }

@@ -8,8 +8,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -18,6 +20,8 @@
 #include "common/errors.h"
 #include "engine/batch.h"
 #include "engine/engine.h"
+#include "engine/state_file.h"
+#include "model/rings.h"
 #include "tiny_checkpoint.h"
 
 namespace torchtpu {
@@ -445,6 +449,32 @@ TEST(SlotState, AFileOfOtherWeightsRingsOrContextIsAFormatErrorSayingSo) {
               std::string::npos) << e.what();
   }
   EXPECT_EQ(small.stats().cache.states, 0);
+  // Written again with a digest that matches (anyone can compute one): values no decode leaves in
+  // a ring are refused as the file is read, not met by the request that reuses them.
+  Rings rings(engine.config(), engine.options().context, 1, at::kFloat, at::kCPU);
+  const auto forged = [&](const std::function<void(PrefixState&)>& edit,
+                          const std::string& needle) {
+    PrefixState state = read_prefix_state(file, engine.weights_id(), rings);
+    edit(state);
+    const auto path = file + ".forged";
+    write_prefix_state(path, state, engine.weights_id());
+    try {
+      batch.restore_slot(0, path);
+      ADD_FAILURE() << "restored a file whose state has " << needle;
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(batch.stats().cache.states, 0);
+    std::filesystem::remove(path);
+  };
+  forged([](PrefixState& s) { s.full_k[0].view(-1)[5] = NAN; },
+         "full.0.k holds a value that is "
+         "not finite");
+  forged([](PrefixState& s) { s.sliding_v[0].view(-1)[0] = INFINITY; },
+         "sliding.0.v holds a value that is not finite");
+  forged([](PrefixState& s) { s.sliding_kpos[0][0] = int64_t{1} << 62; },
+         "sliding.0.kpos holds a position outside -1 (an empty slot) to 47, the state's last");
+  forged([](PrefixState& s) { s.sliding_kpos[0][0] = -5; }, "sliding.0.kpos holds a position");
   std::filesystem::remove(file);
   std::filesystem::remove(cut);
   std::filesystem::remove(flipped);
