@@ -135,6 +135,13 @@ LoraAdapter::LoraAdapter(const std::string& dir, const ModelConfig& config, at::
     // constructor. PEFT multiplies the product by the scaling; folded into B once.
     pairs[layer][t] = {host_tensor(a).to(at::kFloat, /*non_blocking=*/false, /*copy=*/true),
                        host_tensor(b).to(at::kFloat) * config_.scaling(rank)};
+    for (const auto& [part, values] :
+         {std::pair{"A", &pairs[layer][t].first}, std::pair{"B", &pairs[layer][t].second}}) {
+      if (!at::isfinite(*values).all().item<bool>()) {
+        throw FormatError("LoRA adapter " + path.string() + ": " + module + "'s lora_" + part +
+                          " holds a value that is not finite");
+      }
+    }
   }
   const auto stored = lora_dtype(device, dtype);
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {

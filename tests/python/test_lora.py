@@ -275,6 +275,11 @@ Q0 = "base_model.model.model.layers.0.self_attn.q_proj"
         ),
         (
             None,
+            lambda t: {k: v.index_fill(0, torch.tensor([0]), float("nan")) for k, v in t.items()},
+            ["q_proj's lora_A holds a value that is not finite"],
+        ),
+        (
+            None,
             _drop(Q0 + ".lora_B.weight"),
             ["layers.0.self_attn.q_proj's lora_A but not its lora_B"],
         ),
