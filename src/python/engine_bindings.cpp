@@ -310,6 +310,19 @@ std::optional<uint64_t> to_seed(py::handle seed) {
                    std::string(py::repr(seed)));
 }
 
+// A sequence's id as Batch.submit returned it: an int (not a bool), ValueError otherwise, where
+// pybind would answer a TypeError listing the signature (an int past int64) or take True as 1.
+int64_t to_sequence_id(py::handle id, const char* method) {
+  if (PyLong_Check(id.ptr()) && !PyBool_Check(id.ptr())) {
+    int overflow = 0;
+    const long long value = PyLong_AsLongLongAndOverflow(id.ptr(), &overflow);
+    if (overflow == 0 && !PyErr_Occurred()) return value;
+    PyErr_Clear();
+  }
+  throw ValueError(std::string(method) + ": id must be an int that Batch.submit returned, got " +
+                   std::string(py::repr(id)));
+}
+
 // Binds `f(self, first, on_tokens, DecodeArgs, extra...)` as method `name` taking `first` (named
 // by `first_name`), DecodeArgs' fields, then keyword arguments of types `Extra` that `extra_args`
 // name: every method that decodes takes the same names and defaults, and a Batch's take the prefix
@@ -911,13 +924,18 @@ void bind_engine(py::module_& m) {
           "finished (their results wait in result()). GIL released; on_tokens callables run "
           "with it, and an exception from one ends its sequence and is raised here.")
       .def(
-          "cancel", [](PyBatch& self, int64_t id) { self.batch("Batch.cancel").cancel(id); },
+          "cancel",
+          [](PyBatch& self, py::handle id) {
+            self.batch("Batch.cancel").cancel(to_sequence_id(id, "Batch.cancel"));
+          },
           "Ends a queued or running sequence at the next step (finish 'cancelled'). ValueError "
           "for an id that is neither.",
           py::arg("id"))
       .def(
           "result",
-          [](PyBatch& self, int64_t id) { return self.batch("Batch.result").take_result(id); },
+          [](PyBatch& self, py::handle id) {
+            return self.batch("Batch.result").take_result(to_sequence_id(id, "Batch.result"));
+          },
           "The DecodeResult of a finished sequence, handed over once. ValueError otherwise.",
           py::arg("id"))
       .def(

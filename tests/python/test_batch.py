@@ -123,6 +123,12 @@ def test_on_tokens_streams_each_sequence_and_a_falsy_return_cancels_it(engine):
         (lambda e: e.batch().submit([2, 5], 4, temperature=-1), ["temperature"]),
         (lambda e: e.batch().cancel(3), ["sequence 3", "not queued or running"]),
         (lambda e: e.batch().result(0), ["sequence 0", "no result"]),
+        # Past int64 pybind answered a TypeError listing the signature; True was taken as id 1.
+        (
+            lambda e: e.batch().cancel(2**70),
+            ["Batch.cancel: id must be an int that Batch.submit returned, got " + str(2**70)],
+        ),
+        (lambda e: e.batch().result(True), ["Batch.result: id must be an int", "got True"]),
         (lambda e: e.batch().decode_many("abc", 4), ["prompts", "str"]),
         (
             lambda e: e.batch().decode_many([[2, 5], [2, "x"]], 4),
