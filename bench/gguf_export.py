@@ -27,6 +27,7 @@ for `llama-server --lora` or node-llama-cpp's `lora` option.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
 import sys
@@ -223,6 +224,19 @@ def plan_tensors(dense: Checkpoint, text: dict) -> list[tuple[str, str]]:
     return plan
 
 
+@contextlib.contextmanager
+def written_whole(out_path):
+    """A path beside `out_path` to write, moved into its place when the block ends and removed if
+    it raises: a refused export leaves no partial file where the GGUF was asked for."""
+    out_path = pathlib.Path(out_path)
+    partial = out_path.with_name(out_path.name + ".partial")
+    try:
+        yield partial
+        partial.replace(out_path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def export(
     model_dir,
     out_path,
@@ -246,117 +260,152 @@ def export(
         "bf16": gguf.LlamaFileType.MOSTLY_BF16,
         "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
     }[out_type]
-    writer = gguf.GGUFWriter(str(out_path), "gemma4")
-    writer.add_name(pathlib.Path(model_dir).name)
-    writer.add_file_type(file_type)
-    add_hparams(writer, text)
-    eos = text.get("eos_token_id", 1)
-    dummy_vocab(
-        writer,
-        text["vocab_size"],
-        text.get("bos_token_id", 2),
-        eos[0] if isinstance(eos, list) else eos,
-    )
+    with written_whole(out_path) as partial:
+        writer = gguf.GGUFWriter(str(partial), "gemma4")
+        writer.add_name(pathlib.Path(model_dir).name)
+        writer.add_file_type(file_type)
+        add_hparams(writer, text)
+        eos = text.get("eos_token_id", 1)
+        dummy_vocab(
+            writer,
+            text["vocab_size"],
+            text.get("bos_token_id", 2),
+            eos[0] if isinstance(eos, list) else eos,
+        )
 
-    def packed_source(hf_name: str):
-        """(checkpoint, module) holding hf_name as int4, or None to write it from dense values."""
-        if out_type != "q4_0" or not hf_name.endswith(".weight"):
+        def packed_source(hf_name: str):
+            """(checkpoint, module) holding hf_name as int4, or None to write it from dense
+            values."""
+            if out_type != "q4_0" or not hf_name.endswith(".weight"):
+                return None
+            module = hf_name[: -len(".weight")]
+            short = hf_name.removeprefix(dense.prefix)
+            if emb4 is not None and (short in VOCAB_TABLES or hf_name == "lm_head.weight"):
+                return (emb4, module)
+            if quantized.has(module + ".weight_packed"):
+                return (quantized, module)
             return None
-        module = hf_name[: -len(".weight")]
-        short = hf_name.removeprefix(dense.prefix)
-        if emb4 is not None and (short in VOCAB_TABLES or hf_name == "lm_head.weight"):
-            return (emb4, module)
-        if quantized.has(module + ".weight_packed"):
-            return (quantized, module)
-        return None
 
-    producers = []
-    for hf_name, gg_name in plan_tensors(dense, text):
-        source = packed_source(hf_name)
-        shape = dense.shape(hf_name)
-        if source is not None:
-            ckpt, module = source
-            if not ckpt.has(module + ".weight_packed"):
-                raise ValueError(f"{ckpt.dir}: {module} is not pack-quantized")
-            nbytes = shape[0] * shape[1] // Q4_BLOCK * Q4_BLOCK_BYTES
-            byte_shape = [shape[0], shape[1] // Q4_BLOCK * Q4_BLOCK_BYTES]
-            writer.add_tensor_info(
-                gg_name, byte_shape, np.dtype(np.uint8), nbytes, gguf.GGMLQuantizationType.Q4_0
-            )
-            producers.append(
-                lambda ckpt=ckpt, module=module, shape=shape: repack_q4_0(
-                    ckpt.get(module + ".weight_packed"),
-                    ckpt.get(module + ".weight_scale"),
-                    shape,
-                    module,
+        producers = []
+        for hf_name, gg_name in plan_tensors(dense, text):
+            source = packed_source(hf_name)
+            shape = dense.shape(hf_name)
+            if source is not None:
+                ckpt, module = source
+                if not ckpt.has(module + ".weight_packed"):
+                    raise ValueError(f"{ckpt.dir}: {module} is not pack-quantized")
+                nbytes = shape[0] * shape[1] // Q4_BLOCK * Q4_BLOCK_BYTES
+                byte_shape = [shape[0], shape[1] // Q4_BLOCK * Q4_BLOCK_BYTES]
+                writer.add_tensor_info(
+                    gg_name, byte_shape, np.dtype(np.uint8), nbytes, gguf.GGMLQuantizationType.Q4_0
                 )
-            )
-        elif out_type == "f32" or len(shape) < 2:
-            numel = int(np.prod(shape))
-            writer.add_tensor_info(gg_name, shape, np.dtype(np.float32), numel * 4)
-            producers.append(lambda n=hf_name: dense.get(n).to(torch.float32).contiguous().numpy())
-        else:
-            numel = int(np.prod(shape))
-            writer.add_tensor_info(
-                gg_name, shape, np.dtype(np.uint16), numel * 2, gguf.GGMLQuantizationType.BF16
-            )
-            producers.append(
-                lambda n=hf_name: (
-                    dense.get(n)
-                    .to(torch.bfloat16)
-                    .contiguous()
-                    .view(torch.int16)
-                    .numpy()
-                    .view(np.uint16)
+                producers.append(
+                    lambda ckpt=ckpt, module=module, shape=shape: repack_q4_0(
+                        ckpt.get(module + ".weight_packed"),
+                        ckpt.get(module + ".weight_scale"),
+                        shape,
+                        module,
+                    )
                 )
-            )
-    freqs = rope_freqs(text)
-    writer.add_tensor_info("rope_freqs.weight", freqs.shape, freqs.dtype, freqs.nbytes)
-    producers.append(lambda: freqs)
+            elif out_type == "f32" or len(shape) < 2:
+                numel = int(np.prod(shape))
+                writer.add_tensor_info(gg_name, shape, np.dtype(np.float32), numel * 4)
+                producers.append(
+                    lambda n=hf_name: dense.get(n).to(torch.float32).contiguous().numpy()
+                )
+            else:
+                numel = int(np.prod(shape))
+                writer.add_tensor_info(
+                    gg_name, shape, np.dtype(np.uint16), numel * 2, gguf.GGMLQuantizationType.BF16
+                )
+                producers.append(
+                    lambda n=hf_name: (
+                        dense.get(n)
+                        .to(torch.bfloat16)
+                        .contiguous()
+                        .view(torch.int16)
+                        .numpy()
+                        .view(np.uint16)
+                    )
+                )
+        freqs = rope_freqs(text)
+        writer.add_tensor_info("rope_freqs.weight", freqs.shape, freqs.dtype, freqs.nbytes)
+        producers.append(lambda: freqs)
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for produce in producers:
-        writer.write_tensor_data(produce())
-    writer.close()
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for produce in producers:
+            writer.write_tensor_data(produce())
+        writer.close()
     return pathlib.Path(out_path)
+
+
+# adapter_config.json's fields whose adapters llama.cpp's GGUF LoRA cannot hold (it applies
+# B·A times one alpha over each pair's rank, and nothing else): written anyway, llama.cpp would
+# apply them wrongly. The engine refuses the same ones.
+UNEXPORTABLE = {
+    "use_dora": "DoRA's magnitude vectors",
+    "lora_bias": "LoRA biases",
+    "alpha_pattern": "per-module alphas",
+    "modules_to_save": "modules trained whole",
+    "layer_replication": "replicated layers",
+    "trainable_token_indices": "trained token rows",
+}
 
 
 def export_lora(adapter_dir, out_path) -> pathlib.Path:
     """Writes a PEFT adapter's GGUF for llama.cpp; returns its path. llama.cpp scales each pair by
-    adapter.lora.alpha / r, so use_rslora's lora_alpha / sqrt(r) is written as
-    lora_alpha * sqrt(r)."""
+    adapter.lora.alpha / rank, the rank its tensors give, where PEFT scales by lora_alpha / r (or
+    lora_alpha / sqrt(r) with use_rslora), r rank_pattern's for its modules: alpha is written as
+    lora_alpha * sqrt(r) under use_rslora, and each lora_B whose scaling that alpha does not give
+    (a rank_pattern rank under use_rslora) is scaled by the difference. ValueError for an adapter
+    llama.cpp cannot apply as PEFT does (UNEXPORTABLE)."""
     adapter_dir = pathlib.Path(adapter_dir)
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    for key, what in UNEXPORTABLE.items():
+        if config.get(key):
+            raise ValueError(f"{adapter_dir}: {key} ({what}) has no place in a GGUF LoRA")
+    if config.get("bias", "none") != "none":
+        raise ValueError(f"{adapter_dir}: bias {config['bias']!r} (trained biases) has no place in "
+                         "a GGUF LoRA")
     r, alpha = config["r"], float(config["lora_alpha"])
-    if config.get("use_rslora"):
-        alpha *= r**0.5
+    rslora = bool(config.get("use_rslora"))
+    written_alpha = alpha * r**0.5 if rslora else alpha
+
+    def b_factor(rank: int) -> float:
+        """PEFT's scaling of a pair of `rank` over the one llama.cpp gives it."""
+        peft = alpha / rank**0.5 if rslora else alpha / rank
+        return peft / (written_alpha / rank)
+
     tensors = {}
     with safe_open(str(adapter_dir / "adapter_model.safetensors"), "pt") as f:
         for key in f.keys():
             tensors[key] = f.get_tensor(key).to(torch.float32)
-    writer = gguf.GGUFWriter(str(out_path), "gemma4")
-    writer.add_type(gguf.GGUFType.ADAPTER)
-    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
-    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
-    for key in sorted(tensors):
-        if ".lora_A." not in key:
-            continue
-        module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
-        layer, _, name = module.partition("layers.")[2].partition(".")
-        gg = LAYER_NAMES.get(name + ".weight")
-        if gg is None:
-            raise ValueError(f"{adapter_dir}: {module} has no llama.cpp tensor")
-        base = f"blk.{layer}.{gg}.weight"
-        writer.add_tensor(base + ".lora_a", tensors[key].contiguous().numpy())
-        writer.add_tensor(
-            base + ".lora_b", tensors[key.replace(".lora_A.", ".lora_B.")].contiguous().numpy()
-        )
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    with written_whole(out_path) as partial:
+        writer = gguf.GGUFWriter(str(partial), "gemma4")
+        writer.add_type(gguf.GGUFType.ADAPTER)
+        writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, written_alpha)
+        for key in sorted(tensors):
+            if ".lora_A." not in key:
+                continue
+            module = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+            layer, _, name = module.partition("layers.")[2].partition(".")
+            gg = LAYER_NAMES.get(name + ".weight")
+            if gg is None:
+                raise ValueError(f"{adapter_dir}: {module} has no llama.cpp tensor")
+            base = f"blk.{layer}.{gg}.weight"
+            a, b = tensors[key], tensors[key.replace(".lora_A.", ".lora_B.")]
+            factor = b_factor(a.shape[0])
+            writer.add_tensor(base + ".lora_a", a.contiguous().numpy())
+            writer.add_tensor(
+                base + ".lora_b", (b if factor == 1.0 else b * factor).contiguous().numpy()
+            )
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
     return pathlib.Path(out_path)
 
 

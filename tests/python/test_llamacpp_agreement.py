@@ -308,3 +308,61 @@ def test_llamacpp_applies_a_lora_adapter_as_we_do(cli, tmp_path, report):
     assert moved > 0
     assert theirs["tokens"] == ours["tokens"]
     assert gap < LOGPROB_TOL
+
+
+def test_export_lora_writes_pefts_scaling_or_refuses(tmp_path):
+    """llama.cpp scales each pair by one alpha over the pair's own rank: under use_rslora with a
+    rank_pattern no single alpha gives every module PEFT's lora_alpha / sqrt(rank), so the
+    others' lora_B carry the difference. What a GGUF LoRA cannot hold is refused, and leaves no
+    file."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(5)
+    prefix = "base_model.model.model.layers.0."
+    ranks = {"self_attn.q_proj": 8, "self_attn.o_proj": 4}
+    tensors = {}
+    for module, rank in ranks.items():
+        tensors[f"{prefix}{module}.lora_A.weight"] = torch.randn(rank, 16, generator=g)
+        tensors[f"{prefix}{module}.lora_B.weight"] = torch.randn(32, rank, generator=g)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    save_file(tensors, str(adapter / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 16.0, "use_rslora": True,
+              "rank_pattern": {"q_proj": 8}}
+    (adapter / "adapter_config.json").write_text(json.dumps(config))
+    out = gguf_export.export_lora(adapter, tmp_path / "adapter.gguf")
+
+    import gguf
+
+    reader = gguf.GGUFReader(str(out))
+    alpha = float(reader.fields["adapter.lora.alpha"].parts[-1][0])
+    written = {t.name: torch.from_numpy(np.array(t.data)) for t in reader.tensors}
+    for module, rank in ranks.items():
+        gg = gguf_export.LAYER_NAMES[module + ".weight"]
+        b = written[f"blk.0.{gg}.weight.lora_b"].reshape(32, rank)
+        # llama.cpp's product of the written tensors equals PEFT's of the adapter's.
+        theirs = b * (alpha / rank)
+        peft = tensors[f"{prefix}{module}.lora_B.weight"] * (16.0 / rank**0.5)
+        assert torch.allclose(theirs, peft, rtol=1e-6), module
+
+    for key, value in [("use_dora", True), ("lora_bias", True), ("alpha_pattern", {"q_proj": 2}),
+                       ("bias", "all")]:
+        (adapter / "adapter_config.json").write_text(json.dumps({**config, key: value}))
+        refused = tmp_path / f"{key}.gguf"
+        with pytest.raises(ValueError, match=f"{key} .* has no place in a GGUF LoRA"):
+            gguf_export.export_lora(adapter, refused)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter", "adapter.gguf"], key
+
+
+def test_an_export_that_fails_leaves_no_file(tmp_path):
+    """A GGUF is written beside its path and moved there whole: an export refused midway (a
+    q4_0 scale that fp16 does not hold, found tensor by tensor) left gigabytes of partial file."""
+    out = tmp_path / "model.gguf"
+    with pytest.raises(RuntimeError, match="midway"):
+        with gguf_export.written_whole(out) as partial:
+            partial.write_bytes(b"GGUF")
+            raise RuntimeError("midway")
+    assert list(tmp_path.iterdir()) == []
+    with gguf_export.written_whole(out) as partial:
+        partial.write_bytes(b"GGUF")
+    assert [p.name for p in tmp_path.iterdir()] == ["model.gguf"]
