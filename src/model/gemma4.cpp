@@ -130,6 +130,8 @@ Gemma4::Gemma4(const std::string& model_dir, const ModelOptions& options)
   if (options_.int4 == Int4Weights::kAuto) {
     options_.int4 = options_.device.is_cpu() ? Int4Weights::kPacked : Int4Weights::kDequantized;
   }
+  // Float32 activations take the dequantized product, which has no 8-bit form: 16 is in effect.
+  if (options_.dtype == at::kFloat) options_.int4_activation_bits = 16;
   checkpoint_ = std::make_shared<Checkpoint>(model_dir);
   if (!options.emb4_dir.empty()) emb4_ = std::make_shared<Checkpoint>(options.emb4_dir);
   load(*checkpoint_, emb4_.get());

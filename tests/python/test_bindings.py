@@ -173,10 +173,12 @@ def test_int4_operator_threads_and_weights_from_python(cli, tmp_path):
         ({}, "packed"),
         ({"int4": "dequantized"}, "dequantized"),
         ({"int4_activation_bits": 8}, "packed"),
+        # Float32 activations take the dequantized product: 8 bits are not in effect.
+        ({"int4_activation_bits": 8, "dtype": "float32"}, "packed"),
     ):
         report = tt.Engine(str(tmp_path / "q"), context=32, **kwargs).report()
         assert report["int4"]["weights"] == weights
-        bits = kwargs.get("int4_activation_bits", 16)
+        bits = 16 if kwargs.get("dtype") == "float32" else kwargs.get("int4_activation_bits", 16)
         assert report["int4"]["activation_bits"] == bits
         # Default: OMP_NUM_THREADS, which conftest.py sets.
         assert report["threads"] == kwargs.get("threads", int(os.environ["OMP_NUM_THREADS"]))
