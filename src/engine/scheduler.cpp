@@ -483,6 +483,7 @@ void Scheduler::run_serial(Engine& engine) {
         stats_.batch.row_stats[0] = {entry.ticket, true, positions, 0,
                                      engine.token_budget(positions, s.options.max_new),
                                      s.options.draft.tokens > 0};
+        stats_.batch.reading = 1;
       }
       auto on_tokens = [&](const std::vector<int64_t>& tokens) {
         const auto count = static_cast<int64_t>(tokens.size());
@@ -492,6 +493,9 @@ void Scheduler::run_serial(Engine& engine) {
         {
           std::lock_guard lock(mutex_);
           stats_.batch.positions = positions;
+          stats_.batch.reading = 0;
+          stats_.batch.decoding = 1;
+          stats_.batch.steps += count;  // one token a step (a drafting pass's count as its own)
           stats_.batch.row_stats[0].reading = false;
           stats_.batch.row_stats[0].generated += count;
           stats_.batch.row_stats[0].remaining -= count;
@@ -514,6 +518,8 @@ void Scheduler::run_serial(Engine& engine) {
         std::lock_guard lock(mutex_);
         stats_.running = 0;
         stats_.batch.positions = 0;
+        stats_.batch.reading = 0;
+        stats_.batch.decoding = 0;
         stats_.batch.row_stats[0] = RowStats{};
         free_rows_.assign(1, true);
         stats_.busy_s += seconds_since(start);

@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -328,15 +329,19 @@ TEST(Scheduler, ReadEveryAboveOneRunsOneSequenceAtATime) {
     d.read_every = 4;
     options.push_back(d);
   }
-  // The one row as each read leaves it (the server's /slots).
+  // The one row as each read leaves it (the server's /slots), and the batch's gauges and step
+  // count (/v1/engine, /metrics).
   std::vector<std::vector<RowStats>> rows(3);
+  std::vector<std::vector<std::array<int64_t, 3>>> gauges(3);  // reading, decoding, steps
   std::vector<int64_t> tickets;
   {
     Running running(scheduler, engine);
     for (int i = 0; i < 3; ++i) {
       auto submission = recording(prompt_of(3 + i, i), options[i], seen[i], done[i]);
       submission.on_tokens = [&, i, record = submission.on_tokens](const auto& tokens) {
-        rows[i].push_back(scheduler.stats().batch.row_stats.at(0));
+        const auto stats = scheduler.stats();
+        rows[i].push_back(stats.batch.row_stats.at(0));
+        gauges[i].push_back({stats.batch.reading, stats.batch.decoding, stats.batch.steps});
         return record(tokens);
       };
       tickets.push_back(scheduler.submit(std::move(submission)));
@@ -355,7 +360,12 @@ TEST(Scheduler, ReadEveryAboveOneRunsOneSequenceAtATime) {
       EXPECT_EQ(row.generated + row.remaining, 9);
     }
     EXPECT_EQ(generated, (std::vector<int64_t>{1, 5, 9}));
+    using Gauges = std::array<int64_t, 3>;
+    EXPECT_EQ(gauges[i],
+              (std::vector<Gauges>{{0, 1, 9 * i + 1}, {0, 1, 9 * i + 5}, {0, 1, 9 * i + 9}}));
   }
+  EXPECT_EQ(scheduler.stats().batch.decoding, 0);
+  EXPECT_EQ(scheduler.stats().batch.reading, 0);
   EXPECT_EQ(scheduler.stats().batch.capacity, 256);
   EXPECT_EQ(scheduler.stats().batch.row_stats.at(0).sequence, -1);
 
