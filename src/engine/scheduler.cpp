@@ -495,7 +495,7 @@ void Scheduler::run_serial(Engine& engine) {
           stats_.batch.positions = positions;
           stats_.batch.reading = 0;
           stats_.batch.decoding = 1;
-          stats_.batch.steps += count;  // one token a step (a drafting pass's count as its own)
+          stats_.batch.steps += count;  // counted by tokens: a pass that keeps drafts counts each
           stats_.batch.row_stats[0].reading = false;
           stats_.batch.row_stats[0].generated += count;
           stats_.batch.row_stats[0].remaining -= count;
