@@ -110,9 +110,15 @@ PrefixState read_prefix_state(const std::string& path, const std::string& weight
     if (it == tensors.end()) throw FormatError(path + " has no tensor " + name);
     const TensorView& view = it->second;
     if (scalar_type(view.dtype) != dtype || view.shape != shape) {
+      // A sliding ring holds min(sliding_window, context) slots: only its slot count differs.
+      const bool slots = name.starts_with("sliding.") && view.shape.size() == shape.size() &&
+                         view.shape.size() > 1 && view.shape[1] != shape[1];
       throw FormatError(path + ": " + name + " is " +
                         shape_text(scalar_type(view.dtype), view.shape) + " where this engine's " +
-                        "rings hold " + shape_text(dtype, shape));
+                        "rings hold " + shape_text(dtype, shape) +
+                        (slots ? " (a sliding ring holds the last min(sliding_window, context) "
+                                 "positions: the state was saved with another context)"
+                               : ""));
     }
     at::Tensor t = host_tensor(view).clone();
     // The digest holds against damage, not against a writer who recomputes it: values no decode

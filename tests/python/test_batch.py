@@ -291,7 +291,7 @@ def test_a_second_turn_reuses_the_first_from_the_prefix_cache(engine):
             engine.batch(cache_mb=cache_mb, cache_block=0)
 
 
-def test_a_slots_state_in_a_file_gives_another_engine_the_next_turn(engine, tiny, tmp_path):
+def test_a_slots_state_in_a_file_gives_another_engine_the_next_turn(engine, tiny, cli, tmp_path):
     """llama-server's slot save and restore: a second engine on the same weights (a restarted
     host) starts the next turn from the file, with the tokens of reading it all."""
     batch = engine.batch(rows=2, cache_mb=16, cache_block=16)
@@ -320,6 +320,15 @@ def test_a_slots_state_in_a_file_gives_another_engine_the_next_turn(engine, tiny
         bf16.batch(cache_mb=16).restore_slot(0, str(path))
     with pytest.raises(ValueError, match="prefix cache is off"):
         engine.batch(rows=1).save_slot(0, str(path))
+    # A sliding ring holds min(window, context) slots: a state saved under a context past a
+    # window of 32 does not fit an engine whose context is below it, and the refusal says why.
+    wide = cli.make_tiny(tmp_path / "wide", seed=7, dtype="f32", window=32)
+    saving = tt.Engine(wide, context=64, dtype="float32", threads=1).batch(rows=1, cache_mb=16)
+    saving.decode_many([_prompt(6, 3)], 4, stop=())
+    saving.save_slot(0, str(tmp_path / "wide.safetensors"))
+    short = tt.Engine(wide, context=24, dtype="float32", threads=1).batch(rows=1, cache_mb=16)
+    with pytest.raises(ValueError, match="the state was saved with another context"):
+        short.restore_slot(0, str(tmp_path / "wide.safetensors"))
 
 
 def _run(batch, prompt, max_new, via, **kwargs):
