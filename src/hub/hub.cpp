@@ -226,11 +226,21 @@ std::optional<std::string> cached_snapshot(const RepoCache& cache, const std::st
     return std::nullopt;
   }
   std::vector<std::string> missing;
+  std::vector<std::string> short_files;  // there, but fewer bytes than the listing gives
   std::vector<RepoFile> wanted;
   if (auto tree = cache.read_tree(commit)) {
     wanted = select_files(*tree, include);
     for (const auto& f : wanted) {
-      if (!file_has_size(cache.pointer(commit, f.path), f.size)) missing.push_back(f.path);
+      const fs::path at = cache.pointer(commit, f.path);
+      if (file_has_size(at, f.size)) continue;
+      std::error_code ec;
+      const auto size = fs::file_size(at, ec);
+      if (ec) {
+        missing.push_back(f.path);
+      } else {
+        short_files.push_back(f.path + " (" + std::to_string(size) + " of " +
+                              std::to_string(f.size) + " bytes)");
+      }
     }
   } else {
     // No listing was cached (files fetched one by one): judge by what the snapshot holds, and
@@ -267,8 +277,11 @@ std::optional<std::string> cached_snapshot(const RepoCache& cache, const std::st
     *why_not = "the cached snapshot " + snap.string() + " holds none of the files asked for";
     return std::nullopt;
   }
-  if (!missing.empty()) {
-    *why_not = "the cached snapshot " + snap.string() + " lacks " + join(missing);
+  if (!missing.empty() || !short_files.empty()) {
+    *why_not = "the cached snapshot " + snap.string() +
+               (missing.empty() ? "" : " lacks " + join(missing)) +
+               (missing.empty() || short_files.empty() ? "" : " and") +
+               (short_files.empty() ? "" : " holds " + join(short_files) + " cut short");
     return std::nullopt;
   }
   return snap.string();

@@ -429,6 +429,17 @@ TEST(HubOffline, ServesACompleteCachedSnapshotWithoutNetwork) {
     EXPECT_NE(std::string(e.what()).find("HF_HUB_OFFLINE"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("lacks model.safetensors"), std::string::npos);
   }
+  // A download cut short (a truncated blob) is there, but not whole: named so.
+  write(c.blob(weights.etag()), "ab");
+  c.link(commit, weights.path, weights.etag());
+  try {
+    download("org/name", "main", o);
+    FAIL() << "expected NotFoundError";
+  } catch (const NotFoundError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds model.safetensors (2 of 3 bytes) cut short"),
+              std::string::npos)
+        << e.what();
+  }
   write(c.blob(weights.etag()), "abc");
   c.link(commit, weights.path, weights.etag());
   EXPECT_EQ(fs::path(download("org/name", "main", o)), c.snapshot(commit));
