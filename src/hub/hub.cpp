@@ -226,18 +226,17 @@ std::optional<std::string> cached_snapshot(const RepoCache& cache, const std::st
     return std::nullopt;
   }
   std::vector<std::string> missing;
-  std::vector<std::string> short_files;  // there, but fewer bytes than the listing gives
+  // There, but not of the size the listing gives: a download cut short.
+  std::vector<std::string> short_files;
   std::vector<RepoFile> wanted;
   if (auto tree = cache.read_tree(commit)) {
     wanted = select_files(*tree, include);
     for (const auto& f : wanted) {
-      const fs::path at = cache.pointer(commit, f.path);
-      if (file_has_size(at, f.size)) continue;
       std::error_code ec;
-      const auto size = fs::file_size(at, ec);
+      const auto size = fs::file_size(cache.pointer(commit, f.path), ec);
       if (ec) {
         missing.push_back(f.path);
-      } else {
+      } else if (static_cast<int64_t>(size) != f.size) {
         short_files.push_back(f.path + " (" + std::to_string(size) + " of " +
                               std::to_string(f.size) + " bytes)");
       }
