@@ -17,7 +17,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--model", options->model_dir,
                   "Checkpoint directory or Hub id (org/name[@rev]), downloaded into the Hub cache "
                   "while /health answers 503");
-  cmd->add_option("--emb4", options->engine.emb4_dir, "Directory with int4 vocabulary tables");
+  cmd->add_option("--emb4", options->engine.emb4_dir,
+                  "Directory or Hub id with int4 vocabulary tables");
   cmd->add_option("--model-id", options->model_id,
                   "Id the model is served under (default: the first --served-model-name, else "
                   "the directory's name)");
@@ -28,8 +29,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--port", options->port, "Port (0: any free port)")->capture_default_str();
   add_engine_settings(*cmd, options->engine);
   cmd->add_option("--api-key", options->api_key,
-                  "Require 'Authorization: Bearer KEY' on everything but /health, /livez and "
-                  "/metrics (default: $TORCHTPU_API_KEY)");
+                  "Require 'Authorization: Bearer KEY' on everything but the probes (/health, "
+                  "/livez, /ping), /metrics without --metrics-auth, and the chat page, which asks "
+                  "for the key (default: $TORCHTPU_API_KEY)");
   cmd->add_flag("--metrics-auth", options->metrics_auth, "/metrics needs the API key too");
   cmd->add_flag("--no-slots", options->no_slots,
                 "GET /slots answers 501: which requests run where stays unseen");

@@ -36,8 +36,9 @@ def _parse_args(argv):
     p.add_argument(
         "--api-key",
         default=os.environ.get("TORCHTPU_API_KEY", ""),
-        help="require 'Authorization: Bearer KEY' on everything but /health "
-        "(default: $TORCHTPU_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on everything but the probes (/health, "
+        "/livez, /ping), /metrics without --metrics-auth, and the chat page, which asks "
+        "for the key (default: $TORCHTPU_API_KEY)",
     )
     p.add_argument(
         "--parallel",
