@@ -344,6 +344,16 @@ HttpServer& HttpServer::set_pre_routing_handler(HandlerWithResponse handler) {
           res.status = t_refusal->status;
           return HandlerResponse::Handled;
         }
+        // The library inflates a gzip or deflate body with no bound on what it inflates to (the
+        // payload limit counts the bytes sent: 400 KB of gzip took a server past 15 GB), on every
+        // route and method, one it has no route for included. So a body with any Content-Encoding
+        // but identity is left unread with status 415, before any route, as vLLM and
+        // llama-server decode none either; the error handler words it (content_coding_refusal).
+        if (has_content_coding(req)) {
+          res.status = 415;
+          end_connection_after_answer();
+          return HandlerResponse::Handled;
+        }
         return pre_routing_ ? pre_routing_(req, res) : HandlerResponse::Unhandled;
       });
   return *this;

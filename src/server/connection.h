@@ -64,42 +64,32 @@ BaseUrl split_base_url(const std::string& url);
 // ends the connection, as after a head that could not be read.
 void end_connection_after_answer();
 
-// Whether the request's body comes with a Content-Encoding other than identity, which handle_post
+// Whether the request's body comes with a Content-Encoding other than identity, which HttpServer
 // refuses with 415 unread.
 inline bool has_content_coding(const httplib::Request& req) {
   const std::string coding = ascii_lower(req.get_header_value("Content-Encoding"));
   return !coding.empty() && coding != "identity";
 }
 
-// What a 415 of handle_post's says, naming the coding sent.
+// What HttpServer's 415 says, naming the coding sent.
 inline std::string content_coding_refusal(const httplib::Request& req) {
   return "the request body is sent with Content-Encoding '" +
          req.get_header_value("Content-Encoding") +
          "': this server reads request bodies uncompressed only";
 }
 
-// Registers `handler` for POST requests to `pattern`, as http.Post does but for two things:
-// - cpp-httplib 0.11 reads the body of a POST with neither Content-Length nor Transfer-Encoding
-//   until the connection closes, where RFC 9112 (6.3) says it has none, so `curl -X POST URL`
-//   (the calls llama.cpp and vLLM document for /slots, /sleep, /wake_up) waited out the read
-//   timeout for a 400. Here the body is read only when the request says it has one: whole, or a
-//   form's parts into `files` as the library reads them.
-// - The library inflates a gzip or deflate body with no bound on what it inflates to (the payload
-//   limit counts the bytes sent: 400 KB of gzip took a server past 15 GB), so a body with any
-//   Content-Encoding but identity is left unread with status 415, as vLLM and llama-server
-//   decode none either.
-// A body the library refuses (past the payload limit, cut short) leaves its status, 413 or 400,
-// for the error handler, as the 415 does.
+// Registers `handler` for POST requests to `pattern`, as http.Post does but for this:
+// cpp-httplib 0.11 reads the body of a POST with neither Content-Length nor Transfer-Encoding
+// until the connection closes, where RFC 9112 (6.3) says it has none, so `curl -X POST URL` (the
+// calls llama.cpp and vLLM document for /slots, /sleep, /wake_up) waited out the read timeout for
+// a 400. Here the body is read only when the request says it has one: whole, or a form's parts
+// into `files` as the library reads them. A body the library refuses (past the payload limit, cut
+// short) leaves its status, 413 or 400, for the error handler.
 inline void handle_post(httplib::Server& http, const std::string& pattern,
                         httplib::Server::Handler handler) {
   http.Post(pattern,
             [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
                                            const httplib::ContentReader& read) {
-              if (has_content_coding(req)) {
-                res.status = 415;
-                end_connection_after_answer();
-                return;
-              }
               httplib::Request whole = req;
               if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
                 bool ok = false;
@@ -163,7 +153,8 @@ std::optional<ReadRefusal> read_refusal();
 // larger than it before answering 413: here it is refused unread). One stream serves a
 // connection's requests in turn, so bytes of a pipelined request read with the one before are
 // kept for it; after a request that could not be read (refused, malformed, a request line too
-// long), or a body left unread, the connection is closed with the answer.
+// long), or a body left unread, the connection is closed with the answer. A body sent with a
+// Content-Encoding other than identity is refused with 415 before any route, unread.
 //
 // An answer that ends its connection says so (`Connection: close`, without the `Keep-Alive` the
 // library adds to every answer of a connection it means to keep), so that a client does not send
@@ -172,7 +163,8 @@ class HttpServer : public httplib::Server {
  public:
   explicit HttpServer(RequestLimits limits = {});
 
-  // Hides the library's: `handler` sees only requests that were not refused as they were read.
+  // Hides the library's: `handler` sees only requests that were not refused as they were read, nor
+  // for their content coding.
   HttpServer& set_pre_routing_handler(HandlerWithResponse handler);
   // Hides the library's: `handler` runs after the headers of an answer that ends its connection
   // are set, as the library's runs after its own headers.

@@ -623,7 +623,7 @@ int Proxy::run() {
   http.Patch(everything, forward);
   http.Delete(everything, forward);
   http.Options(everything, forward);
-  // handle_post's 415 (a compressed body, left unread) and a refused request still need their
+  // HttpServer's 415 (a compressed body, left unread) and a refused request still need their
   // words.
   http.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
                                                                  httplib::Response& res) {

@@ -600,17 +600,17 @@ void Server::set_up_routes(HttpServer& http) {
                false));
   // OpenAI cancels only responses made with background: true, which this server refuses: a
   // stored response is answered as OpenAI answers a foreground one, 400.
-  http.Post(R"(/v1/responses/([^/]+)/cancel)",
-            guarded(
-                [this, not_stored](const httplib::Request& req, httplib::Response&) {
-                  if (!responses_.get(req.matches[1])) throw not_stored(req.matches[1]);
-                  throw ApiError(400,
-                                 "response '" + req.matches[1].str() +
-                                     "' was not created with background: true; only background "
-                                     "responses can be cancelled, and this server runs none",
-                                 "invalid_request_error", "", "invalid_value");
-                },
-                false));
+  handle_post(http, R"(/v1/responses/([^/]+)/cancel)",
+              guarded(
+                  [this, not_stored](const httplib::Request& req, httplib::Response&) {
+                    if (!responses_.get(req.matches[1])) throw not_stored(req.matches[1]);
+                    throw ApiError(400,
+                                   "response '" + req.matches[1].str() +
+                                       "' was not created with background: true; only background "
+                                       "responses can be cancelled, and this server runs none",
+                                   "invalid_request_error", "", "invalid_value");
+                  },
+                  false));
   handle_post(http, "/v1/responses/input_tokens",
               guarded([this](const httplib::Request& req,
                              httplib::Response& res) { handle_input_tokens(req, res); },

@@ -202,21 +202,31 @@ describe("the server", () => {
     const refusal = (coding) =>
       `the request body is sent with Content-Encoding '${coding}': this server reads request ` +
       "bodies uncompressed only";
+    const openai = (b) => b.error.message;
+    // Every method that carries a body, on routes that take it and on routes that do not: the
+    // library inflated whatever it read before any route saw the request.
     const cases = [
-      ["/v1/chat/completions", "gzip", (b) => b.error.message],
-      ["/v1/messages", "gzip", (b) => b.type === "error" && b.error.type ===
+      ["POST", "/v1/chat/completions", "gzip", openai],
+      ["POST", "/v1/messages", "gzip", (b) => b.type === "error" && b.error.type ===
         "invalid_request_error" && b.error.message],
-      ["/api/chat", "deflate", (b) => b.error],
-      ["/mcp", "br", (b) => b.error.message],
+      ["POST", "/api/chat", "deflate", (b) => b.error],
+      ["POST", "/mcp", "br", openai],
+      ["POST", "/v1/responses/resp_none/cancel", "gzip", openai],
+      ["DELETE", "/v1/responses/resp_none", "gzip", openai],
+      ["DELETE", "/api/delete", "gzip", (b) => b.error],
+      ["DELETE", "/mcp", "gzip", openai],
+      ["PUT", "/v1/chat/completions", "gzip", openai],
+      ["PATCH", "/v1/models", "gzip", openai],
+      ["POST", "/no/such/route", "gzip", openai],
     ];
-    for (const [path, coding, message] of cases) {
+    for (const [method, path, coding, message] of cases) {
       const res = await fetch(`${server.url}${path}`, {
-        method: "POST", body: bomb,
+        method, body: bomb,
         headers: { "Content-Type": "application/json", "Content-Encoding": coding,
           Authorization: `Bearer ${KEY}` },
       });
-      assert.equal(res.status, 415, path);
-      assert.equal(message(await res.json()), refusal(coding), path);
+      assert.equal(res.status, 415, `${method} ${path}`);
+      assert.equal(message(await res.json()), refusal(coding), `${method} ${path}`);
     }
     const plain = await call(server.url, ["POST", "/v1/chat/completions", chat],
       { Authorization: `Bearer ${KEY}`, "Content-Encoding": "identity" });
@@ -357,13 +367,16 @@ describe("the proxy", () => {
 
   test("refuses a compressed body unread, as the server does", async () => {
     const url = await proxy([]);
-    const res = await fetch(`${url}/v1/chat/completions`, {
-      method: "POST", body: zlib.gzipSync(Buffer.alloc(16 << 20, "a")),
-      headers: { "Content-Type": "application/json", "Content-Encoding": "gzip" },
-    });
-    assert.equal(res.status, 415);
-    assert.equal((await res.json()).error.message, "the request body is sent with " +
-      "Content-Encoding 'gzip': this server reads request bodies uncompressed only");
+    const bomb = zlib.gzipSync(Buffer.alloc(16 << 20, "a"));
+    for (const method of ["POST", "PUT", "PATCH", "DELETE"]) {
+      const res = await fetch(`${url}/v1/chat/completions`, {
+        method, body: bomb,
+        headers: { "Content-Type": "application/json", "Content-Encoding": "gzip" },
+      });
+      assert.equal(res.status, 415, method);
+      assert.equal((await res.json()).error.message, "the request body is sent with " +
+        "Content-Encoding 'gzip': this server reads request bodies uncompressed only", method);
+    }
   });
 
   test("holds no body past its --max-body-bytes, chunked or not, and refuses a limit too small",

@@ -312,6 +312,8 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
         ["POST /wake_up HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"], 0),
       noBodyChat: rawExchange(server.url,
         ["POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"], 0),
+      noBodyCancel: rawExchange(server.url, ["POST /v1/responses/resp_none/cancel HTTP/1.1\r\n" +
+        "Host: 127.0.0.1\r\nConnection: close\r\n\r\n"], 0),
       // The same on a route that takes GET only: its 405, not the library's 400 of a body it
       // cannot read.
       noBodyModels: rawExchange(server.url,
@@ -354,6 +356,7 @@ describe(`soak (${PROFILE_NAME}: ${PROFILE.requests} requests, ${PROFILE.clients
     assert.deepEqual([r.deepJson.status, r.deepJson.body.error.code], [400, "json_too_deep"]);
     assert.equal(r.noBodyWake.status, 200);
     assert.deepEqual([r.noBodyChat.status, r.noBodyChat.body.error.code], [400, "invalid_json"]);
+    assert.deepEqual([r.noBodyCancel.status, r.noBodyCancel.body.error.code], [404, "not_found"]);
     assert.deepEqual([r.noBodyModels.status, r.noBodyModels.body.error.message],
       [405, "POST is not allowed on /v1/models (use GET)"]);
     assert.equal(r.deepMcp.status, 400);
