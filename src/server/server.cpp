@@ -168,8 +168,6 @@ SamplingRequest read_generation_defaults(const std::string& model_dir) {
 // Idle keep-alive connections hold shutdown back for at most this long.
 constexpr int kKeepAliveSeconds = 2;
 
-// The names the model is served under: the id (--model-id, else the first --served-model-name,
-// else the demo's id or the checkpoint directory's name), then the other aliases, each once.
 SchedulerOptions scheduler_options(const ServeOptions& options) {
   SchedulerOptions o;
   o.batch.rows = options.parallel;
@@ -183,6 +181,8 @@ SchedulerOptions scheduler_options(const ServeOptions& options) {
   return o;
 }
 
+// The names the model is served under: the id (--model-id, else the first --served-model-name,
+// else the demo's id or the checkpoint directory's name), then the other aliases, each once.
 std::vector<std::string> model_names(const ServeOptions& options) {
   std::vector<std::string> names;
   if (!options.model_id.empty()) names.push_back(options.model_id);

@@ -60,8 +60,8 @@ struct ServeOptions {
   int64_t pass_rows = 0;
   // Decode steps per host read; above 1 needs parallel 1 (a batch reads every step).
   int64_t read_every = 1;
-  // Speculative decoding by prompt lookup for every request (engine.h, Drafting); tokens above 0
-  // need parallel 1.
+  // Speculative decoding for every request (engine.h, Drafting): by prompt lookup, or from the
+  // assistant of --draft-model; rows draft side by side in the batch.
   Drafting draft;
   // tool_choice "auto" with tools: calls the model writes are held to the declared tools and
   // their parameters too (as tool_choice "required" always is), text around them is free.
