@@ -106,8 +106,12 @@ class BoundedStream final : public httplib::Stream {
     t_head_parsed = true;
     t_refusal = head_refusal(req);
     // RFC 9110 (14.2) defines Range for GET alone: the library would cut any answer to it, a
-    // chat completion's JSON included (a 206 of its first bytes).
-    if (req.method != "GET" && req.method != "HEAD") {
+    // chat completion's JSON included (a 206 of its first bytes). And it lets a server ignore a
+    // Range of several parts, which the library would build whole in memory, overlapping parts
+    // included: 2,700 parts of `0-` in one 8 KiB header line made the chat page's 25 KB script
+    // a 68 MB answer, for anyone who reaches the port. One part is served; several get the whole
+    // answer once.
+    if ((req.method != "GET" && req.method != "HEAD") || req.ranges.size() > 1) {
       req.ranges.clear();
       req.headers.erase("Range");
     }
@@ -383,6 +387,11 @@ HttpServer& HttpServer::set_post_routing_handler(Handler handler) {
   return *this;
 }
 
+HttpServer& HttpServer::leave_ranges_to_upstream() {
+  apply_ranges_ = false;
+  return *this;
+}
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
   using std::chrono::milliseconds, std::chrono::seconds, std::chrono::microseconds;
   const auto timeout = [](time_t s, time_t us) {
@@ -398,8 +407,10 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
        --left) {
     bool closed = false;
     // The library calls this once it has read and parsed the request's head, before routing.
-    ok = process_request(stream, left == 1, closed,
-                         [&stream](httplib::Request& req) { stream.head_parsed(req); });
+    ok = process_request(stream, left == 1, closed, [this, &stream](httplib::Request& req) {
+      stream.head_parsed(req);
+      if (!apply_ranges_) req.ranges.clear();
+    });
     if (!ok || closed) break;
     if (ends_after_answer()) {
       // Closing with the client's bytes unread would reset it, and a reset can drop the answer

@@ -169,11 +169,15 @@ class HttpServer : public httplib::Server {
   // Hides the library's: `handler` runs after the headers of an answer that ends its connection
   // are set, as the library's runs after its own headers.
   HttpServer& set_post_routing_handler(Handler handler);
+  // A proxy's: a request's Range goes on to the upstream, whose answer (a 206 of the part asked
+  // for) is passed on as it comes; the library would cut that part again.
+  HttpServer& leave_ranges_to_upstream();
 
  private:
   bool process_and_close_socket(socket_t sock) override;
 
   RequestLimits limits_;
+  bool apply_ranges_ = true;
   HandlerWithResponse pre_routing_;
   Handler post_routing_;
 };

@@ -579,6 +579,7 @@ int Proxy::run() {
   sigaction(SIGPIPE, &ignore, &old_pipe);
 
   HttpServer http;
+  http.leave_ranges_to_upstream();
   http.new_task_queue = [] { return new httplib::ThreadPool(64); };
   http.set_tcp_nodelay(true);
   http.set_keep_alive_timeout(2);

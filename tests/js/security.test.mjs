@@ -233,6 +233,18 @@ describe("the server", () => {
     assert.equal(plain.status, 200);
   });
 
+  test("a Range of many parts gets the whole answer once; one part is served", async () => {
+    const whole = await (await fetch(`${server.url}/web/chat.js`)).text();
+    // As many parts as one header line holds (8 KiB): each was the whole script again.
+    const many = await fetch(`${server.url}/web/chat.js`,
+      { headers: { Range: `bytes=${Array(2700).fill("0-").join(",")}` } });
+    assert.equal(many.status, 200);
+    assert.equal(await many.text(), whole);
+    const one = await fetch(`${server.url}/web/chat.js`, { headers: { Range: "bytes=0-9" } });
+    assert.equal(one.status, 206);
+    assert.equal(await one.text(), whole.slice(0, 10));
+  });
+
   test("only the probes, /metrics and the chat page (no secrets) answer without the key", async () => {
     for (const path of ["/health", "/livez", "/metrics", "/", "/web/chat.js", "/web/chat.css"]) {
       assert.equal((await fetch(`${server.url}${path}`)).status, 200, path);
@@ -271,6 +283,12 @@ describe("the proxy", () => {
   const started = [];
   before(async () => {
     upstream = http.createServer((req, res) => {
+      // A part of a 20-byte answer, for the Range a client sent.
+      if (req.url === "/part") {
+        res.writeHead(206, { "Content-Type": "text/plain", "Content-Range": "bytes 5-9/20",
+          "X-Range-Asked": req.headers.range ?? "none" });
+        return res.end("56789");
+      }
       res.setHeader("Content-Type", "application/json");
       res.setHeader("Access-Control-Allow-Origin", "*");
       const { "x-api-key": apiKey, origin } = req.headers;
@@ -363,6 +381,15 @@ describe("the proxy", () => {
     assert.equal(res.status, 200, JSON.stringify(res.body));
     assert.equal(res.body.object, "chat.completion");
     assert.equal(res.headers["access-control-allow-origin"], page);
+  });
+
+  test("passes on the upstream's part of a Range, uncut", async () => {
+    const url = await proxy([]);
+    const res = await fetch(`${url}/part`, { headers: { Range: "bytes=5-9" } });
+    assert.equal(res.status, 206);
+    assert.equal(res.headers.get("x-range-asked"), "bytes=5-9");
+    assert.equal(res.headers.get("content-range"), "bytes 5-9/20");
+    assert.equal(await res.text(), "56789");
   });
 
   test("refuses a compressed body unread, as the server does", async () => {
