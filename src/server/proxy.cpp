@@ -259,6 +259,11 @@ const std::set<std::string> kHopHeaders = {
 
 bool is_hop_header(const std::string& name) { return kHopHeaders.count(ascii_lower(name)) > 0; }
 
+// What cpp-httplib adds to a request's headers itself: the connection's two ends, which are the
+// proxy's to know, not the upstream's (and which a client may send too, in the same names).
+const std::set<std::string> kAddressHeaders = {"remote_addr", "remote_port", "local_addr",
+                                               "local_port"};
+
 bool is_header(const std::string& name, const char* lower) { return ascii_lower(name) == lower; }
 
 // httplib reads a multipart/form-data body into `files` and leaves `body` empty (an upload to
@@ -308,7 +313,8 @@ std::shared_ptr<Exchange> start_exchange(const std::string& url, const httplib::
   for (const auto& [name, value] : in.headers) {
     // A page's Origin is the proxy's to judge (Proxy::page_allowed): the upstream would judge it
     // against its own address, which no page the proxy serves is on.
-    if (is_hop_header(name) || is_header(name, "origin") ||
+    if (is_hop_header(name) || kAddressHeaders.count(ascii_lower(name)) > 0 ||
+        is_header(name, "origin") ||
         (authorization && (is_header(name, "authorization") || is_header(name, "x-api-key")))) {
       continue;
     }

@@ -277,7 +277,8 @@ describe("the server", () => {
 
 describe("the proxy", () => {
   // A stand-in upstream that answers every request with the Authorization header it received (and
-  // the x-api-key and Origin headers, when it received them), letting any page read its answers.
+  // the x-api-key and Origin headers, and any of the names cpp-httplib gives a request's
+  // addresses among its headers, when it received them), letting any page read its answers.
   let upstream;
   let upstreamUrl;
   const started = [];
@@ -292,8 +293,11 @@ describe("the proxy", () => {
       res.setHeader("Content-Type", "application/json");
       res.setHeader("Access-Control-Allow-Origin", "*");
       const { "x-api-key": apiKey, origin } = req.headers;
+      const addresses = ["remote_addr", "remote_port", "local_addr", "local_port"]
+        .filter((name) => name in req.headers);
       res.end(JSON.stringify({ authorization: req.headers.authorization ?? null,
-        ...(apiKey ? { apiKey } : {}), ...(origin ? { origin } : {}) }));
+        ...(apiKey ? { apiKey } : {}), ...(origin ? { origin } : {}),
+        ...(addresses.length ? { addresses } : {}) }));
     });
     await new Promise((resolve) => upstream.listen(0, "127.0.0.1", resolve));
     upstreamUrl = `http://127.0.0.1:${upstream.address().port}`;
