@@ -766,12 +766,9 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
     c["finish_reason"] = finish;
     return c;
   };
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [this, jobs, s, chat, include_usage, chunk, choice](size_t, httplib::DataSink& sink) {
-        std::string out;
+  stream_events(
+      res, "text/event-stream", jobs, std::move(active),
+      [this, jobs, s, chat, include_usage, chunk, choice](std::string& out) {
         auto event = [&](const ojson& j) { out += "data: " + dump(j) + "\n\n"; };
         if (!s->started) {
           s->started = true;
@@ -828,7 +825,7 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
         if (taken.done) {
           if (job.finish == "cancelled") {
             abandon(jobs);
-            return false;
+            return StreamStep::kCut;
           }
           if (job.error) {
             // One choice failing ends the response: the stream has no error of a single choice.
@@ -849,11 +846,26 @@ void Server::stream_response(httplib::Response& res, Choices jobs, bool chat, bo
           }
           if (over) out += "data: [DONE]\n\n";
         }
+        return over ? StreamStep::kEnd : StreamStep::kMore;
+      });
+}
+
+void Server::stream_events(httplib::Response& res, const std::string& content_type,
+                           const Choices& jobs, std::shared_ptr<Active> active,
+                           std::function<StreamStep(std::string&)> next) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      content_type,
+      [this, jobs, next = std::move(next)](size_t, httplib::DataSink& sink) {
+        std::string out;
+        const StreamStep step = next(out);
+        if (step == StreamStep::kCut) return false;
         if (!out.empty() && !sink.write(out.data(), out.size())) {
           abandon(jobs);
           return false;
         }
-        if (over) sink.done();
+        if (step == StreamStep::kEnd) sink.done();
         return true;
       },
       // Runs when the response ends, written or not: the engine must be done with the jobs (and
@@ -1249,47 +1261,32 @@ void Server::answer_rendered(httplib::Response& res, Choices jobs,
     std::string reasoning;
   };
   auto s = std::make_shared<Stream>();
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
-  res.set_chunked_content_provider(
-      renderer->content_type(),
-      [this, jobs, renderer, s](size_t, httplib::DataSink& sink) {
-        std::string out;
-        bool ended = false;
-        // The opening events go out at once, before the first token is decoded.
-        if (!s->started) {
-          s->started = true;
-          out = renderer->start();
-        } else {
-          const auto& job = jobs[s->at];
-          Taken taken = take({job});
-          s->reasoning += taken.delta.reasoning;
-          pass_logprobs(*job, taken.delta, *renderer);
-          out = renderer->add(taken.delta);
-          if (taken.done) {
-            if (job->finish == "cancelled") return false;
-            if (job->error) {
-              out += renderer->error(*job->error);
-              ended = true;
-            } else if (++s->at == jobs.size()) {
-              out += renderer->finish(outcome(jobs, s->reasoning));
-              ended = true;
-            }
-          }
-        }
-        if (!out.empty() && !sink.write(out.data(), out.size())) {
-          abandon(jobs);
-          return false;
-        }
-        if (ended) sink.done();
-        return true;
-      },
-      // As stream_response's: the engine must be done with the jobs before the connection
-      // closes.
-      [this, jobs, active](bool) {
-        abandon(jobs);
-        for (const auto& job : jobs) wait_done(*job);
-      });
+  stream_events(res, renderer->content_type(), jobs, std::move(active),
+                [this, jobs, renderer, s](std::string& out) {
+                  bool ended = false;
+                  // The opening events go out at once, before the first token is decoded.
+                  if (!s->started) {
+                    s->started = true;
+                    out = renderer->start();
+                  } else {
+                    const auto& job = jobs[s->at];
+                    Taken taken = take({job});
+                    s->reasoning += taken.delta.reasoning;
+                    pass_logprobs(*job, taken.delta, *renderer);
+                    out = renderer->add(taken.delta);
+                    if (taken.done) {
+                      if (job->finish == "cancelled") return StreamStep::kCut;
+                      if (job->error) {
+                        out += renderer->error(*job->error);
+                        ended = true;
+                      } else if (++s->at == jobs.size()) {
+                        out += renderer->finish(outcome(jobs, s->reasoning));
+                        ended = true;
+                      }
+                    }
+                  }
+                  return ended ? StreamStep::kEnd : StreamStep::kMore;
+                });
 }
 
 void Server::handle_responses(const httplib::Request& req, httplib::Response& res) {

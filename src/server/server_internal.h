@@ -232,6 +232,15 @@ class Server {
   void pass_logprobs(const Job& job, const Piece& piece, Renderer& renderer) const;
   // The jobs' ending (the last one's) and token counts (their sums).
   GenerationOutcome outcome(const Choices& jobs, const std::string& reasoning) const;
+  // What one call of a stream's `next` says of the answer: more to come, ended by the events it
+  // gave, or cut (a cancelled job: the connection closes with no ending).
+  enum class StreamStep { kMore, kEnd, kCut };
+  // Streams an answer as `content_type`: each call of `next` appends the events of what the jobs
+  // produced next to its string. The headers every stream carries, a client that left (its jobs
+  // abandoned) and the engine done with the jobs before the connection closes are here, for
+  // every wire format.
+  void stream_events(httplib::Response& res, const std::string& content_type, const Choices& jobs,
+                     std::shared_ptr<Active> active, std::function<StreamStep(std::string&)> next);
   void stream_response(httplib::Response& res, Choices jobs, bool chat, bool include_usage,
                        std::shared_ptr<Active> active);
   void answer_whole(httplib::Response& res, const Choices& jobs, bool chat);
