@@ -163,8 +163,8 @@ class HttpServer : public httplib::Server {
  public:
   explicit HttpServer(RequestLimits limits = {});
 
-  // Hides the library's: `handler` sees only requests that were not refused as they were read, nor
-  // for their content coding.
+  // Hides the library's: `handler` sees only requests that were refused neither as they were read
+  // nor for their body's content coding.
   HttpServer& set_pre_routing_handler(HandlerWithResponse handler);
   // Hides the library's: `handler` runs after the headers of an answer that ends its connection
   // are set, as the library's runs after its own headers.
