@@ -101,8 +101,9 @@ class BoundedStream final : public httplib::Stream {
   }
 
   // Called once the library has parsed the head, before anything is routed: a request whose
-  // body's length is unclear, or larger than the payload limit, is refused unread.
-  void head_parsed(httplib::Request& req) {
+  // body's length is unclear, or larger than the payload limit, is refused unread. Without
+  // `apply_ranges` (HttpServer::leave_ranges_to_upstream) a Range is only passed on.
+  void head_parsed(httplib::Request& req, bool apply_ranges) {
     t_head_parsed = true;
     t_refusal = head_refusal(req);
     // RFC 9110 (14.2) defines Range for GET alone: the library would cut any answer to it, a
@@ -115,6 +116,7 @@ class BoundedStream final : public httplib::Stream {
       req.ranges.clear();
       req.headers.erase("Range");
     }
+    if (!apply_ranges) req.ranges.clear();
   }
 
   bool is_readable() const override { return off_ < size_ || wait_for(fd_, POLLIN, read_timeout_); }
@@ -408,8 +410,7 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     bool closed = false;
     // The library calls this once it has read and parsed the request's head, before routing.
     ok = process_request(stream, left == 1, closed, [this, &stream](httplib::Request& req) {
-      stream.head_parsed(req);
-      if (!apply_ranges_) req.ranges.clear();
+      stream.head_parsed(req, apply_ranges_);
     });
     if (!ok || closed) break;
     if (ends_after_answer()) {
